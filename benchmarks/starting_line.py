@@ -1,0 +1,94 @@
+"""Starting-line timings (no targets yet): cupy-dwgn next to PyTorch on the same
+GPU, in one process, with CUDA events, warm-up and the median of repeats.
+
+    PYTHONPATH=. python benchmarks/starting_line.py [--json results.json]
+"""
+
+import argparse
+import datetime
+import json
+import sys
+
+import cupy
+import numpy
+
+import cupy_dwgn
+from harness import copy_bandwidth_bytes_per_us, time_us
+
+
+def depthwise_case(torch, bandwidth, n=64, c=144, hw=56, k=3):
+    x = cupy.random.standard_normal((n, c, hw, hw), dtype=cupy.float32)
+    w = cupy.random.standard_normal((c, 1, k, k), dtype=cupy.float32)
+    ours = time_us(lambda: cupy_dwgn.depthwise_conv2d(x, w, padding=k // 2))
+    tx, tw = torch.from_dlpack(x), torch.from_dlpack(w)
+    conv = torch.nn.functional.conv2d
+    torch_nchw = time_us(lambda: conv(tx, tw, padding=k // 2, groups=c))
+    tx_cl = tx.contiguous(memory_format=torch.channels_last)
+    torch_cl = time_us(lambda: conv(tx_cl, tw, padding=k // 2, groups=c))
+    floor = 2 * x.nbytes / bandwidth
+    return {
+        "case": f"depthwise fwd {n}x{c}x{hw}x{hw} {k}x{k} fp32",
+        "cupy_dwgn_us": ours, "torch_nchw_us": torch_nchw, "torch_channels_last_us": torch_cl,
+        "floor_us": floor, "fraction_of_copy_bandwidth": floor / ours,
+    }
+
+
+def group_norm_case(torch, bandwidth, n=1, hw=512, c=128, groups=32):
+    x = cupy.random.standard_normal((n, hw, hw, c), dtype=cupy.float32).astype(cupy.float16)
+    w = cupy.ones(c, cupy.float32)
+    b = cupy.zeros(c, cupy.float32)
+    dy = cupy.random.standard_normal(x.shape, dtype=cupy.float32).astype(cupy.float16)
+
+    def fwd_bwd():
+        y, mean, rstd = cupy_dwgn.group_norm(x, groups, w, b, return_stats=True)
+        cupy_dwgn.group_norm_backward(dy, x, mean, rstd, groups, w, b)
+
+    ours_fwd = time_us(lambda: cupy_dwgn.group_norm(x, groups, w, b))
+    ours_fwd_bwd = time_us(fwd_bwd)
+    # PyTorch on the same buffer: an NCHW-shaped channels_last view of the NHWC data.
+    tx = torch.from_dlpack(x).permute(0, 3, 1, 2).requires_grad_(True)
+    tw = torch.from_dlpack(w).half().requires_grad_(True)
+    tb = torch.from_dlpack(b).half().requires_grad_(True)
+    tdy = torch.from_dlpack(dy).permute(0, 3, 1, 2)
+    gn = torch.nn.functional.group_norm
+    torch_fwd = time_us(lambda: gn(tx, groups, tw, tb))
+    torch_fwd_bwd = time_us(lambda: torch.autograd.grad(gn(tx, groups, tw, tb), (tx, tw, tb), tdy))
+    return {
+        "case": f"group_norm NHWC {n}x{hw}x{hw}x{c} fp16 G={groups}",
+        "cupy_dwgn_fwd_us": ours_fwd, "cupy_dwgn_fwd_bwd_us": ours_fwd_bwd,
+        "torch_channels_last_fwd_us": torch_fwd, "torch_channels_last_fwd_bwd_us": torch_fwd_bwd,
+        "fwd_floor_us": 2 * x.nbytes / bandwidth, "fwd_bwd_floor_us": 5 * x.nbytes / bandwidth,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--skip-group-norm", action="store_true")
+    args = parser.parse_args()
+    import torch
+
+    bandwidth = copy_bandwidth_bytes_per_us()
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    results = {
+        "device": props["name"].decode(), "date": datetime.date.today().isoformat(),
+        "cupy": cupy.__version__, "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "copy_bandwidth_TBps": bandwidth / 1e6, "cases": [depthwise_case(torch, bandwidth)],
+    }
+    if not args.skip_group_norm:
+        results["cases"].append(group_norm_case(torch, bandwidth))
+    print(f"{results['device']}  copy bandwidth {results['copy_bandwidth_TBps']:.2f} TB/s (read+write)")
+    for case in results["cases"]:
+        print(case["case"])
+        for key, value in case.items():
+            if key != "case":
+                print(f"    {key:34} {value:10.2f}" if isinstance(value, float) else f"    {key:34} {value}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Kernel loading: .cu text -> one cupy.RawModule per used specialization.
+
+* The .cu files live in ``kernels/`` (shipped in the wheel as ``cupy_dwgn/_kernels``).
+* The shared header is inlined into the source text, because CuPy keys its
+  on-disk cubin cache on the source text, not on ``-I`` includes.
+* One module per name expression, memoized per device: only what is used is
+  compiled, and CuPy >= 14.2 caches each one on disk across processes.
+* Name expressions are spelled as the demangler prints them
+  (``"dwgn_dwconv2d_fwd<float, 3, 3, int>"``), so the disk cache always hits.
+"""
+
+import functools
+import os
+import pathlib
+import re
+import sys
+import time
+
+from .errors import KernelCompileError
+
+#: Options given to NVRTC for every kernel (CuPy adds -arch, -ftz=true and its
+#: include directories).  Spelled out so CuPy 14's defaults cannot drift.
+OPTIONS = ("--std=c++17",)
+
+_HEADER = "dwgn_common.cuh"
+_INCLUDE_RE = re.compile(r'^#include "([A-Za-z0-9_.]+)"\s*$', re.MULTILINE)
+
+
+def kernel_dir():
+    """Folder holding the .cu files.
+
+    ``CUPY_DWGN_KERNEL_DIR`` overrides; an installed wheel has them in
+    ``cupy_dwgn/_kernels``; a source checkout or editable install reads the live
+    ``kernels/`` beside the package.
+    """
+    override = os.environ.get("CUPY_DWGN_KERNEL_DIR")
+    if override:
+        return pathlib.Path(override)
+    package = pathlib.Path(__file__).resolve().parent
+    for candidate in (package / "_kernels", package.parent / "kernels"):
+        if (candidate / _HEADER).is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"cupy_dwgn kernels not found in {package / '_kernels'} or {package.parent / 'kernels'}; "
+        "reinstall cupy-dwgn or set CUPY_DWGN_KERNEL_DIR"
+    )
+
+
+@functools.cache
+def kernel_source(filename):
+    """Source text of ``filename`` with our own headers inlined."""
+    folder = kernel_dir()
+
+    def inline(match):
+        return (folder / match.group(1)).read_text()
+
+    return _INCLUDE_RE.sub(inline, (folder / filename).read_text())
+
+
+def name_expression(kernel, *template_args):
+    """``name_expression("k", "float", 3, "int")`` -> ``"k<float, 3, int>"``."""
+    return f"{kernel}<{', '.join(str(a) for a in template_args)}>"
+
+
+def _cupy_version():
+    try:
+        import cupy
+
+        return cupy.__version__
+    except ImportError:  # pragma: no cover - reporting only
+        return "not installed"
+
+
+def _load(filename, expression):
+    import cupy
+
+    module = cupy.RawModule(
+        code=kernel_source(filename), options=OPTIONS, name_expressions=(expression,)
+    )
+    try:
+        return module.get_function(expression)
+    except cupy.cuda.compiler.CompileException as error:
+        raise KernelCompileError(expression, OPTIONS, _cupy_version(), str(error)) from error
+
+
+def _memoized_loader():
+    import cupy
+
+    return cupy.memoize(for_each_device=True)(_load)
+
+
+_loader = None
+
+
+def get_kernel(filename, expression):
+    """The compiled kernel for one specialization on the current device."""
+    global _loader
+    if _loader is None:
+        _loader = _memoized_loader()
+    return _loader(filename, expression)
+
+
+def load_specializations(specializations, *, progress=True, stream=None):
+    """Compile (or load from CuPy's disk cache) each ``(filename, name_expression)``
+    on the current device.  Returns how many were loaded; prints one line of
+    progress per kernel on ``stream`` (default stderr) when ``progress`` is true.
+    """
+    stream = sys.stderr if stream is None else stream
+    specializations = list(dict.fromkeys(specializations))
+    start = time.perf_counter()
+    for index, (filename, expression) in enumerate(specializations, 1):
+        t0 = time.perf_counter()
+        get_kernel(filename, expression)
+        if progress:
+            print(
+                f"[{index}/{len(specializations)}] {expression}  "
+                f"{time.perf_counter() - t0:.2f} s",
+                file=stream,
+                flush=True,
+            )
+    if progress:
+        print(
+            f"cupy_dwgn: {len(specializations)} kernels ready in "
+            f"{time.perf_counter() - start:.1f} s",
+            file=stream,
+            flush=True,
+        )
+    return len(specializations)
+
+
+_OP_MODULES = {
+    "depthwise_conv2d": "depthwise",
+    "depthwise_conv2d_backward_input": "depthwise",
+    "depthwise_conv2d_backward_weight": "depthwise",
+    "group_norm": "group_norm",
+    "group_norm_backward": "group_norm",
+}
+
+
+def specializations(ops=None, **selection):
+    """Every ``(file, name expression)`` the given ops can launch.
+
+    ops: op names (default: all of them).  ``selection`` narrows the set:
+    ``dtypes``, ``filter_sizes`` (depthwise), ``activations`` (group_norm),
+    ``large_index`` (False, True or both).
+    """
+    import importlib
+
+    ops = tuple(_OP_MODULES) if ops is None else ((ops,) if isinstance(ops, str) else tuple(ops))
+    specs = []
+    for op in ops:
+        if op not in _OP_MODULES:
+            raise ValueError(f"ops: expected names from {sorted(_OP_MODULES)}, got {op!r}")
+        module = importlib.import_module(f"cupy_dwgn.{_OP_MODULES[op]}")
+        # Each op module names the selection keys it understands.
+        own = {k: v for k, v in selection.items() if k in module.SELECTION_KEYS}
+        specs += module.specializations(op, **own)
+    return list(dict.fromkeys(specs))
+
+
+def precompile(ops=None, *, dtypes=None, filter_sizes=None, activations=None, large_index=False, progress=True):
+    """Compile, or load from the disk cache, every kernel a model needs, on the
+    current device, so that no compilation happens later (for example during
+    CUDA-graph capture or timing).
+
+    Args:
+        ops: op names, e.g. ``["depthwise_conv2d", "group_norm"]`` (default: all).
+        dtypes: e.g. ``[cupy.float16]`` (default: all four).
+        filter_sizes: depthwise (KH, KW) pairs, e.g. ``[(3, 3), (7, 7)]``
+            (default: the specialized sizes and the generic kernel).
+        activations: GroupNorm activations (default: all).
+        large_index: also (True) or only ("only") the 64-bit-index kernels.
+        progress: print a line per kernel to stderr.
+
+    Returns:
+        The number of kernels loaded.
+
+    Example:
+        >>> cupy_dwgn.precompile(["depthwise_conv2d"], dtypes=[cupy.float16], filter_sizes=[(3, 3)])
+    """
+    widths = {False: (False,), True: (False, True), "only": (True,)}[large_index]
+    selection = {"dtypes": dtypes, "large_index": widths}
+    if filter_sizes is not None:
+        selection["filter_sizes"] = filter_sizes
+    if activations is not None:
+        selection["activations"] = activations
+    return load_specializations(specializations(ops, **selection), progress=progress)
+
+
+# ---------------------------------------------------------------------------
+# Compile without a GPU (CI, `python -m cupy_dwgn check`): NVRTC only.
+
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+)'")
+_PTXAS_FRAME = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+def _cuda_include_dir():
+    import cuda.pathfinder
+
+    return cuda.pathfinder.find_nvidia_header_directory("cudart")
+
+
+def nvrtc_compile(filename, expressions, arch):
+    """Compile ``expressions`` of ``filename`` for ``sm_<arch>`` with NVRTC alone.
+
+    Needs no GPU and no driver.  Returns ``{expression: report}`` where report
+    holds ``registers``, ``stack_frame``, ``spill_stores`` and ``spill_loads``
+    as read from ``-Xptxas=-v``.  Raises KernelCompileError on failure.
+    """
+    from cupy_backends.cuda.libs import nvrtc
+
+    options = OPTIONS + (
+        f"-arch=sm_{arch}",
+        "-ftz=true",
+        "--device-as-default-execution-space",
+        "-Xptxas=-v",
+        f"-I{_cuda_include_dir()}",
+    )
+    program = nvrtc.createProgram(kernel_source(filename), filename, [], [])
+    try:
+        for expression in expressions:
+            nvrtc.addNameExpression(program, expression)
+        try:
+            nvrtc.compileProgram(program, list(options))
+        except nvrtc.NVRTCError as error:
+            log = nvrtc.getProgramLog(program)
+            raise KernelCompileError(
+                ", ".join(expressions), options, _cupy_version(), log
+            ) from error
+        log = nvrtc.getProgramLog(program)
+        lowered = {nvrtc.getLoweredName(program, e): e for e in expressions}
+    finally:
+        nvrtc.destroyProgram(program)
+    return _parse_ptxas(log, lowered)
+
+
+def _parse_ptxas(log, lowered):
+    reports = {}
+    current = None
+    for line in log.splitlines():
+        if (m := _PTXAS_ENTRY.search(line)) is not None:
+            current = reports.setdefault(lowered.get(m.group(1), m.group(1)), {})
+        elif current is not None and (m := _PTXAS_FRAME.search(line)) is not None:
+            current["stack_frame"], current["spill_stores"], current["spill_loads"] = map(
+                int, m.groups()
+            )
+        elif current is not None and (m := _PTXAS_REGS.search(line)) is not None:
+            current["registers"] = int(m.group(1))
+    return reports

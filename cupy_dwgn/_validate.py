@@ -1,0 +1,227 @@
+"""Argument checks and normalization shared by every op.
+
+Pure Python/NumPy (no CuPy import), so the NumPy references use the same
+rules.  Every error names the argument, the expected and the actual value,
+and is raised before any launch: TypeError for the kind or dtype of an
+argument, ValueError for its shape, layout, device or value.
+"""
+
+import collections
+import numbers
+
+import numpy
+
+from . import _dtypes
+
+
+def _type_name(obj):
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" else cls.__name__
+
+
+def cupy_ndarray():
+    import cupy
+
+    return cupy.ndarray
+
+
+def check_array(name, array, ndim=None, shape_doc="", kind=None):
+    """A C-contiguous array of a supported dtype (and rank ``ndim``).
+
+    kind: the array class expected (default cupy.ndarray; cupy_dwgn.host
+    passes numpy.ndarray so NumPy inputs get the very same checks).
+    """
+    kind = cupy_ndarray() if kind is None else kind
+    if not isinstance(array, kind):
+        hint = (
+            " (for NumPy arrays use cupy_dwgn.host)"
+            if isinstance(array, numpy.ndarray) and kind is not numpy.ndarray
+            else ""
+        )
+        expected = f"{kind.__module__.split('.')[0]}.{kind.__name__}"
+        raise TypeError(f"{name}: expected a {expected}, got {_type_name(array)}{hint}")
+    check_dtype(name, array.dtype)
+    if ndim is not None and array.ndim != ndim:
+        raise ValueError(
+            f"{name}: expected a {ndim}-D array {shape_doc}, got shape {tuple(array.shape)}".replace(
+                "  ", " "
+            )
+        )
+    if not array.flags.c_contiguous:
+        raise ValueError(
+            f"{name}: expected a C-contiguous array, got strides {array.strides} for shape "
+            f"{tuple(array.shape)}; pass {kind.__module__.split('.')[0]}.ascontiguousarray({name})"
+        )
+    return array
+
+
+def check_dtype(name, dtype):
+    if dtype not in _dtypes.CTYPES:
+        raise TypeError(
+            f"{name}: expected dtype {', '.join(_dtypes.SUPPORTED_NAMES)}, got {dtype}"
+        )
+
+
+def check_same_dtype(name, array, reference_name, reference):
+    if array.dtype != reference.dtype:
+        raise TypeError(
+            f"{name}: expected dtype {reference.dtype} (the dtype of {reference_name}), "
+            f"got {array.dtype}"
+        )
+
+
+def check_same_device(**arrays):
+    """All non-None arrays on one CUDA device; returns that device (None for
+    host arrays, which have no CUDA device)."""
+    items = [(name, a) for name, a in arrays.items() if a is not None]
+    if not hasattr(items[0][1].device, "id"):
+        return None
+    first_name, first = items[0]
+    for name, array in items[1:]:
+        if array.device.id != first.device.id:
+            raise ValueError(
+                f"{name}: expected an array on device {first.device.id} (the device of "
+                f"{first_name}), got device {array.device.id}"
+            )
+    return first.device
+
+
+def check_shape(name, array, expected, what=""):
+    if tuple(array.shape) != tuple(expected):
+        raise ValueError(
+            f"{name}: expected shape {tuple(expected)}{what}, got {tuple(array.shape)}"
+        )
+
+
+def check_out(out, shape, dtype, kind=None, name="out"):
+    """Check a caller-given output array (None passes)."""
+    if out is None:
+        return
+    kind = cupy_ndarray() if kind is None else kind
+    if not isinstance(out, kind):
+        raise TypeError(f"{name}: expected a {kind.__name__} or None, got {_type_name(out)}")
+    check_shape(name, out, shape)
+    if out.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {numpy.dtype(dtype)}, got {out.dtype}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array, got strides {out.strides}")
+
+
+def empty_unless_given(out, shape, dtype):
+    """``out`` (already checked) or a new cupy array, on the current device."""
+    import cupy
+
+    return cupy.empty(shape, dtype=dtype) if out is None else out
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def int_pair(name, value, minimum):
+    """An int or a pair of ints, each >= minimum -> (a, b)."""
+    pair = (value, value) if _is_int(value) else value
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(map(_is_int, pair))):
+        raise TypeError(f"{name}: expected an int or a pair of ints, got {value!r}")
+    if min(pair) < minimum:
+        raise ValueError(f"{name}: expected values >= {minimum}, got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def check_layout(layout):  # noqa: D103
+    if layout != "NCHW":
+        raise ValueError(
+            f"layout: expected 'NCHW', got {layout!r} (NHWC is not implemented yet)"
+        )
+
+
+ConvGeometry = collections.namedtuple(
+    "ConvGeometry",
+    "batch channels height width multiplier filter_height filter_width out_height out_width "
+    "stride_h stride_w pad_top pad_bottom pad_left pad_right dilation_h dilation_w",
+)
+ConvGeometry.__doc__ = "Every size of one depthwise convolution, normalized."
+
+
+def _padding(padding, filter_size, dilation, stride):
+    """int | (h, w) | ((top, bottom), (left, right)) | 'same' | 'valid' -> 4 ints."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0, 0, 0, 0
+        if padding == "same":
+            if stride != (1, 1):
+                raise ValueError(
+                    f"padding: 'same' needs stride 1, got stride {stride} "
+                    "(the output size would not equal the input size)"
+                )
+            sides = []
+            for k, d in zip(filter_size, dilation):
+                total = d * (k - 1)  # the extra row/column goes after, as in PyTorch
+                sides += [total // 2, total - total // 2]
+            return tuple(sides)
+        raise ValueError(f"padding: expected an int, a pair, 'same' or 'valid', got {padding!r}")
+    if _is_int(padding):
+        sides = (padding,) * 4
+    elif isinstance(padding, (tuple, list)) and len(padding) == 2 and all(map(_is_int, padding)):
+        sides = (padding[0], padding[0], padding[1], padding[1])
+    elif (
+        isinstance(padding, (tuple, list))
+        and len(padding) == 2
+        and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in padding)
+        and all(_is_int(v) for p in padding for v in p)
+    ):
+        sides = (padding[0][0], padding[0][1], padding[1][0], padding[1][1])
+    else:
+        raise TypeError(
+            "padding: expected an int, (pad_h, pad_w), ((top, bottom), (left, right)), "
+            f"'same' or 'valid', got {padding!r}"
+        )
+    if min(sides) < 0:
+        raise ValueError(f"padding: expected values >= 0, got {padding!r}")
+    return tuple(int(v) for v in sides)
+
+
+def conv_geometry(input_shape, weight_shape, stride, padding, dilation, input_name="x"):
+    """Normalize the arguments of a depthwise convolution.
+
+    input_shape: (N, C, H, W); weight_shape: (C*M, 1, KH, KW).
+    """
+    batch, channels, height, width = input_shape
+    out_channels, one, filter_height, filter_width = weight_shape
+    if one != 1 or channels == 0 or out_channels % channels != 0 or out_channels == 0:
+        raise ValueError(
+            f"weight: expected shape (C*M, 1, KH, KW) with C = {channels} (channels of "
+            f"{input_name}) and depth multiplier M >= 1, got {tuple(weight_shape)}"
+        )
+    if filter_height < 1 or filter_width < 1:
+        raise ValueError(f"weight: expected a filter of at least 1x1, got {tuple(weight_shape)}")
+    stride = int_pair("stride", stride, 1)
+    dilation = int_pair("dilation", dilation, 1)
+    pad_top, pad_bottom, pad_left, pad_right = _padding(
+        padding, (filter_height, filter_width), dilation, stride
+    )
+    span_h = dilation[0] * (filter_height - 1) + 1
+    span_w = dilation[1] * (filter_width - 1) + 1
+    out_height = (height + pad_top + pad_bottom - span_h) // stride[0] + 1
+    out_width = (width + pad_left + pad_right - span_w) // stride[1] + 1
+    if out_height <= 0 or out_width <= 0:
+        raise ValueError(
+            f"{input_name}: the output size would be {out_height}x{out_width}: the padded input "
+            f"({height + pad_top + pad_bottom}x{width + pad_left + pad_right}) must be at least "
+            f"as large as the dilated filter ({span_h}x{span_w})"
+        )
+    return ConvGeometry(
+        batch, channels, height, width, out_channels // channels, filter_height, filter_width,
+        out_height, out_width, stride[0], stride[1], pad_top, pad_bottom, pad_left, pad_right,
+        dilation[0], dilation[1],
+    )
+
+
+def check_int_shape(name, shape, ndim):
+    if not (
+        isinstance(shape, (tuple, list)) and len(shape) == ndim and all(map(_is_int, shape))
+    ):
+        raise TypeError(f"{name}: expected a tuple of {ndim} ints, got {shape!r}")
+    if min(shape) < 0:
+        raise ValueError(f"{name}: expected sizes >= 0, got {tuple(shape)}")
+    return tuple(int(s) for s in shape)

@@ -1,0 +1,27 @@
+"""Exceptions raised by cupy-dwgn (argument errors are plain TypeError/ValueError)."""
+
+
+class KernelCompileError(RuntimeError):
+    """NVRTC could not compile a kernel specialization.
+
+    Carries everything needed to reproduce the failure: the name expression,
+    the compile options, the CuPy version and NVRTC's log.
+    """
+
+    def __init__(self, name_expression, options, cupy_version, log):
+        self.name_expression = name_expression
+        self.options = tuple(options)
+        self.cupy_version = cupy_version
+        self.log = log
+        hint = ""
+        if "cannot open source file" in log:
+            hint = (
+                "\nhint: the CUDA runtime headers were not found; install the extra that "
+                "matches your CUDA driver (pip install 'cupy-dwgn[cuda12]' or "
+                "'cupy-dwgn[cuda13]') or set CUDA_PATH to a CUDA toolkit."
+            )
+        super().__init__(
+            f"NVRTC failed to compile {name_expression!r} "
+            f"(options {self.options}, CuPy {cupy_version}):\n{log}{hint}\n"
+            "Set CUPY_DUMP_CUDA_SOURCE_ON_ERROR=1 to print the numbered source."
+        )

@@ -1,0 +1,200 @@
+// Depthwise 2-D convolution, NCHW, forward / backward-input / backward-weight.
+//
+// Template parameters of every kernel:
+//   T          element type: float, double, __half, __nv_bfloat16
+//   KH_, KW_   filter size known at compile time (taps fully unrolled), or
+//              0, 0 for the generic kernel that reads the size at run time
+//   IndexT     int, or long long when a tensor has >= 2**31 elements
+//
+// Shapes: x (N, C, H, W); weight (C*M, 1, KH, KW); y (N, C*M, OH, OW), with
+// M the depth multiplier: output channel oc reads input channel oc / M.
+// Padding is passed as the top/left amounts only; the bottom/right amounts
+// are implied by OH/OW (any tap outside the input reads zero).
+// Accumulation is in float (double for double): half inputs never sum in half.
+
+#include "dwgn_common.cuh"
+
+using dwgn::AccType;
+using dwgn::from_acc;
+using dwgn::to_acc;
+
+// One thread per output element; grid.y over the N*C*M output planes.
+template <typename T, int KH_, int KW_, typename IndexT>
+__global__ void __launch_bounds__(256, 4) dwgn_dwconv2d_fwd(
+    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+    T* __restrict__ y, int batch, int channels, int height, int width, int multiplier,
+    int out_height, int out_width, int filter_height_rt, int filter_width_rt,
+    int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w) {
+  using Acc = typename AccType<T>::type;
+  const int filter_height = KH_ > 0 ? KH_ : filter_height_rt;
+  const int filter_width = KW_ > 0 ? KW_ : filter_width_rt;
+  const int out_channels = channels * multiplier;
+  const int out_plane = out_height * out_width;
+  DWGN_FOR_EACH_PLANE(plane, batch * out_channels) {
+    const int oc = plane % out_channels;
+    const int n = plane / out_channels;
+    const int ic = oc / multiplier;
+    const T* x_plane = x + (static_cast<IndexT>(n) * channels + ic) * height * width;
+    const T* w_filter = weight + oc * filter_height * filter_width;
+    const Acc bias_value = bias != nullptr ? to_acc(bias[oc]) : Acc(0);
+    T* y_plane = y + static_cast<IndexT>(plane) * out_plane;
+    DWGN_FOR_EACH_IN_PLANE(r, out_plane) {
+      const int oh = r / out_width;
+      const int ow = r - oh * out_width;
+      const int ih0 = oh * stride_h - pad_top;
+      const int iw0 = ow * stride_w - pad_left;
+      Acc sum = bias_value;
+#pragma unroll
+      for (int kh = 0; kh < filter_height; ++kh) {
+        const int ih = ih0 + kh * dilation_h;
+        if (ih < 0 || ih >= height) continue;
+        const T* x_row = x_plane + ih * width;
+#pragma unroll
+        for (int kw = 0; kw < filter_width; ++kw) {
+          const int iw = iw0 + kw * dilation_w;
+          if (iw < 0 || iw >= width) continue;
+          sum += to_acc(x_row[iw]) * to_acc(w_filter[kh * filter_width + kw]);
+        }
+      }
+      y_plane[r] = from_acc<T>(sum);
+    }
+  }
+}
+
+// One thread per input element; grid.y over the N*C input planes.  Gathers
+// every (output, tap) pair that read the element and writes grad_in outright
+// (no read-modify-write, so the caller need not zero it).
+template <typename T, int KH_, int KW_, typename IndexT>
+__global__ void __launch_bounds__(256, 4) dwgn_dwconv2d_bwd_input(
+    const T* __restrict__ grad_out, const T* __restrict__ weight, T* __restrict__ grad_in,
+    int batch, int channels, int height, int width, int multiplier, int out_height,
+    int out_width, int filter_height_rt, int filter_width_rt, int stride_h, int stride_w,
+    int pad_top, int pad_left, int dilation_h, int dilation_w) {
+  using Acc = typename AccType<T>::type;
+  const int filter_height = KH_ > 0 ? KH_ : filter_height_rt;
+  const int filter_width = KW_ > 0 ? KW_ : filter_width_rt;
+  const int out_plane = out_height * out_width;
+  const int in_plane = height * width;
+  DWGN_FOR_EACH_PLANE(plane, batch * channels) {
+    const int ic = plane % channels;
+    // Output planes n*C*M + ic*M + m, m < M, are consecutive: plane*M + m.
+    const T* g_planes = grad_out + static_cast<IndexT>(plane) * multiplier * out_plane;
+    const T* w_filters = weight + ic * multiplier * filter_height * filter_width;
+    T* dx_plane = grad_in + static_cast<IndexT>(plane) * in_plane;
+    DWGN_FOR_EACH_IN_PLANE(r, in_plane) {
+      const int ih = r / width;
+      const int iw = r - ih * width;
+      Acc sum = 0;
+      for (int m = 0; m < multiplier; ++m) {
+        const T* g_plane = g_planes + static_cast<IndexT>(m) * out_plane;
+        const T* w_filter = w_filters + m * filter_height * filter_width;
+#pragma unroll
+        for (int kh = 0; kh < filter_height; ++kh) {
+          // Output row oh read input row ih through tap kh iff
+          // oh * stride_h - pad_top + kh * dilation_h == ih.
+          const int th = ih + pad_top - kh * dilation_h;
+          if (th < 0 || th % stride_h != 0) continue;
+          const int oh = th / stride_h;
+          if (oh >= out_height) continue;
+          const T* g_row = g_plane + oh * out_width;
+#pragma unroll
+          for (int kw = 0; kw < filter_width; ++kw) {
+            const int tw = iw + pad_left - kw * dilation_w;
+            if (tw < 0 || tw % stride_w != 0) continue;
+            const int ow = tw / stride_w;
+            if (ow >= out_width) continue;
+            sum += to_acc(g_row[ow]) * to_acc(w_filter[kh * filter_width + kw]);
+          }
+        }
+      }
+      dx_plane[r] = from_acc<T>(sum);
+    }
+  }
+}
+
+// Weight gradient, pass 1 of 2, deterministic (no atomics).
+// grid = (C*M output channels, num_splits, KH*KW / TAPS tap groups);
+// block = 256 threads.  Block (oc, s, g) sums grad_out * x over split s of the
+// N*OH*OW output positions for the TAPS consecutive taps of group g, held in
+// registers (the host picks TAPS: all taps for specialized float sizes, one
+// filter row for double 7x7, one tap for the generic kernel).
+// The fixed thread-to-position mapping and fixed reduction tree make the sum
+// bit-identical from run to run.
+template <typename T, int KH_, int KW_, int TAPS, typename IndexT>
+__global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_partial(
+    const T* __restrict__ grad_out, const T* __restrict__ x,
+    typename AccType<T>::type* __restrict__ partial, int batch, int channels, int height,
+    int width, int multiplier, int out_height, int out_width, int filter_height_rt,
+    int filter_width_rt, int stride_h, int stride_w, int pad_top, int pad_left,
+    int dilation_h, int dilation_w) {
+  using Acc = typename AccType<T>::type;
+  constexpr int kTaps = TAPS;
+  static_assert(KH_ == 0 ? TAPS == 1 : (KH_ * KW_) % TAPS == 0, "TAPS must split the filter");
+  __shared__ Acc scratch[kTaps * 32];
+  const int filter_height = KH_ > 0 ? KH_ : filter_height_rt;
+  const int filter_width = KW_ > 0 ? KW_ : filter_width_rt;
+  const int filter_taps = filter_height * filter_width;
+  const int first_tap = static_cast<int>(blockIdx.z) * kTaps;
+  const int oc = blockIdx.x;
+  const int ic = oc / multiplier;
+  const int split = blockIdx.y;
+  const int num_splits = gridDim.y;
+  const int out_channels = channels * multiplier;
+  const int out_plane = out_height * out_width;
+  const IndexT positions = static_cast<IndexT>(batch) * out_plane;
+  // Contiguous, nearly equal slices of the positions; depends on the shape only.
+  const IndexT begin = positions / num_splits * split + min(static_cast<IndexT>(split), positions % num_splits);
+  const IndexT end = begin + positions / num_splits + (split < positions % num_splits ? 1 : 0);
+
+  Acc acc[kTaps];
+#pragma unroll
+  for (int t = 0; t < kTaps; ++t) acc[t] = 0;
+
+  // Position p = n * out_plane + r; (n, r) advance by blockDim.x per step
+  // without a 64-bit division (out_plane may be smaller than blockDim.x).
+  IndexT n = (begin + threadIdx.x) / out_plane;
+  int r = static_cast<int>(begin + threadIdx.x - n * out_plane);
+  for (IndexT p = begin + threadIdx.x; p < end; p += blockDim.x) {
+    const int oh = r / out_width;
+    const int ow = r - oh * out_width;
+    const Acc g = to_acc(grad_out[(n * out_channels + oc) * out_plane + r]);
+    const T* x_plane = x + (n * channels + ic) * height * width;
+    const int ih0 = oh * stride_h - pad_top;
+    const int iw0 = ow * stride_w - pad_left;
+#pragma unroll
+    for (int t = 0; t < kTaps; ++t) {
+      const int tap = first_tap + t;
+      const int kh = tap / filter_width;
+      const int kw = tap - kh * filter_width;
+      const int ih = ih0 + kh * dilation_h;
+      const int iw = iw0 + kw * dilation_w;
+      if (ih >= 0 && ih < height && iw >= 0 && iw < width) {
+        acc[t] += g * to_acc(x_plane[ih * width + iw]);
+      }
+    }
+    for (r += blockDim.x; r >= out_plane; r -= out_plane) ++n;
+  }
+  dwgn::block_sum(acc, scratch);
+  if (threadIdx.x == 0) {
+    Acc* out = partial + (static_cast<IndexT>(oc) * num_splits + split) * filter_taps + first_tap;
+#pragma unroll
+    for (int t = 0; t < kTaps; ++t) out[t] = acc[t];
+  }
+}
+
+// Weight gradient, pass 2 of 2: grad_weight[oc, tap] = sum over splits, in
+// split order, of partial[oc, split, tap].  One thread per weight element.
+template <typename T>
+__global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_finalize(
+    const typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_weight,
+    int out_channels, int filter_taps, int num_splits) {
+  using Acc = typename AccType<T>::type;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= out_channels * filter_taps) return;
+  const int oc = i / filter_taps;
+  const int tap = i - oc * filter_taps;
+  const Acc* p = partial + static_cast<long long>(oc) * num_splits * filter_taps + tap;
+  Acc sum = 0;
+  for (int s = 0; s < num_splits; ++s) sum += p[static_cast<long long>(s) * filter_taps];
+  grad_weight[i] = from_acc<T>(sum);
+}

@@ -1,0 +1,75 @@
+// Shared device code for every cupy-dwgn kernel: dtype conversion, index
+// types, deterministic warp/block reductions.  This header is inlined into
+// each .cu source by cupy_dwgn._compile (CuPy keys its disk cache on the
+// source text, so an -I include would not invalidate cached cubins).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace dwgn {
+
+// Accumulation type: half types accumulate in float, float64 in double.
+template <typename T> struct AccType { using type = float; };
+template <> struct AccType<double> { using type = double; };
+
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_acc(float v);
+template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <typename T> __device__ __forceinline__ T from_acc(double v);
+template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
+
+// Plane-wise launch: grid.y walks the planes (one (n, c) image each) and
+// grid.x the elements inside a plane.  In-plane indices stay 32-bit (the host
+// checks every plane has < 2**31 elements); only the plane's base offset is
+// computed in IndexT (long long when a tensor has >= 2**31 elements), so no
+// 64-bit division is ever needed.
+#define DWGN_FOR_EACH_PLANE(plane, num_planes) \
+  for (int plane = blockIdx.y; plane < (num_planes); plane += gridDim.y)
+#define DWGN_FOR_EACH_IN_PLANE(r, plane_size)                                 \
+  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < (plane_size); \
+       r += gridDim.x * blockDim.x)
+
+// Butterfly sum over the 32 lanes of a warp; every lane gets the total.
+// The order of additions is fixed, so the result is deterministic.
+template <typename Acc>
+__device__ __forceinline__ Acc warp_sum(Acc v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+// Sums NUM values across the whole block (blockDim.x a multiple of 32, at
+// most 1024).  `scratch` holds NUM * 32 accumulators.  The result is valid in
+// thread 0 only.  Every thread of the block must call it (it has barriers).
+template <int NUM, typename Acc>
+__device__ __forceinline__ void block_sum(Acc (&values)[NUM], Acc* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int num_warps = blockDim.x >> 5;
+#pragma unroll
+  for (int i = 0; i < NUM; ++i) {
+    const Acc v = warp_sum(values[i]);
+    if (lane == 0) scratch[i * 32 + warp] = v;
+  }
+  __syncthreads();  // the per-warp partials are visible to warp 0
+  if (warp == 0) {
+#pragma unroll
+    for (int i = 0; i < NUM; ++i) {
+      const Acc v = lane < num_warps ? scratch[i * 32 + lane] : Acc(0);
+      values[i] = warp_sum(v);
+    }
+  }
+  __syncthreads();  // scratch may be reused by the caller right after
+}
+
+}  // namespace dwgn

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Everything one lent-GPU call should do, with logs under $OUT:
+#   device facts, cold-start timing, the GPU test suite (with its compile
+#   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
+# STEPS selects parts (default: all): facts cold tests sanitizer bench
+# SANITIZER_ARGS pick kernel families (depthwise group_norm); BENCH_ARGS go to benchmarks/starting_line.py.
+# PYTEST_ARGS adds pytest arguments (e.g. "-k group_norm" or "-m 'gpu and not slow'").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD:$PWD/benchmarks PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/dwgn_out}; mkdir -p "$OUT"
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/dwgn_cupy_cache}
+STEPS=${STEPS:-facts cold tests sanitizer bench}
+status=0
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+if has facts; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/device.txt"
+  python3 -c "import cupy, numpy, torch; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)" | tee -a "$OUT/device.txt"
+fi
+if has cold; then
+  python3 benchmarks/cold_start.py 2>&1 | tee "$OUT/cold_start.txt"
+fi
+if has tests; then
+  start=$(date +%s)
+  eval python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  echo "pytest wall time: $(( $(date +%s) - start )) s" | tee -a "$OUT/pytest.txt"
+fi
+if has sanitizer; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitizer_workload.py ${SANITIZER_ARGS:-} 2>&1 \
+      | tail -n 30 | tee "$OUT/sanitizer_$tool.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+if has bench; then
+  python3 benchmarks/starting_line.py --json "$OUT/starting_line.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/starting_line.txt"
+fi
+exit $status

@@ -1,0 +1,50 @@
+"""A small run of every kernel family on awkward shapes, for compute-sanitizer
+(memcheck: out-of-bounds and misaligned accesses; racecheck: shared memory)."""
+
+import cupy
+
+import cupy_dwgn
+
+rng = cupy.random.default_rng(0)
+
+
+def depthwise():
+    for dtype in (cupy.float32, cupy.float16):
+        for x_shape, w_shape, conv in [
+            ((2, 3, 13, 11), (6, 1, 3, 3), dict(padding=1)),
+            ((1, 2, 9, 17), (2, 1, 5, 3), dict(stride=(2, 1), padding=((2, 3), (0, 1)), dilation=(1, 2))),
+            ((2, 2, 15, 15), (2, 1, 7, 7), dict(padding=3)),
+            ((1, 2, 20, 20), (2, 1, 11, 9), dict(padding="same")),
+        ]:
+            x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+            w = rng.standard_normal(w_shape, dtype=cupy.float32).astype(dtype)
+            y = cupy_dwgn.depthwise_conv2d(x, w, **conv)
+            cupy_dwgn.depthwise_conv2d_backward_input(y, w, x.shape, **conv)
+            cupy_dwgn.depthwise_conv2d_backward_weight(y, x, w.shape, **conv)
+
+
+def group_norm():
+    for dtype in (cupy.float32, cupy.float16):
+        for shape, groups in [((2, 7, 9, 136), 17), ((1, 97, 12), 4), ((3, 5, 5, 5, 64), 32), ((2, 393), 3)]:
+            x = (3 + rng.standard_normal(shape, dtype=cupy.float32)).astype(dtype)
+            c = shape[-1]
+            w = rng.standard_normal(c, dtype=cupy.float32)
+            b = rng.standard_normal(c, dtype=cupy.float32)
+            for activation in ("identity", "silu"):
+                y, mean, rstd = cupy_dwgn.group_norm(x, groups, w, b, activation=activation, return_stats=True)
+                cupy_dwgn.group_norm_backward(y, x, mean, rstd, groups, w, b, activation=activation)
+            # an unaligned view (data pointer not 16-byte aligned)
+            base = cupy.empty(x.size + 1, dtype)
+            view = base[1:].reshape(shape)
+            view[...] = x
+            cupy_dwgn.group_norm(view, groups)
+
+
+if __name__ == "__main__":
+    import sys
+
+    families = sys.argv[1:] or ["depthwise", "group_norm"]
+    for family in families:
+        {"depthwise": depthwise, "group_norm": group_norm}[family]()
+    cupy.cuda.Device().synchronize()
+    print("sanitizer workload done")

@@ -1,0 +1,42 @@
+"""Comparison helpers shared by the GPU tests."""
+
+import ml_dtypes
+import numpy
+
+BFLOAT16 = numpy.dtype(ml_dtypes.bfloat16)
+DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float64), numpy.dtype(numpy.float16), BFLOAT16]
+DTYPE_IDS = [str(d) for d in DTYPES]
+
+#: Relative error-norm bounds of DESIGN.md §5.
+TOLERANCE = {
+    numpy.dtype(numpy.float64): 1e-12,
+    numpy.dtype(numpy.float32): 1e-5,
+    numpy.dtype(numpy.float16): 2e-3,
+    BFLOAT16: 1.6e-2,
+}
+
+
+def random(rng, shape, dtype, offset=0.0):
+    """Random normal data rounded to ``dtype`` (a NumPy array of that dtype)."""
+    return (offset + rng.standard_normal(shape)).astype(dtype)
+
+
+def relative_error(out, ref):
+    """||out - ref|| / ||ref|| in float64; fails on any NaN/inf in ``out``."""
+    import cupy
+
+    got = cupy.asnumpy(out).astype(numpy.float64)
+    ref = numpy.asarray(ref, dtype=numpy.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert numpy.isfinite(got).all(), f"{(~numpy.isfinite(got)).sum()} non-finite outputs (unwritten?)"
+    denominator = numpy.linalg.norm(ref)
+    if denominator == 0:
+        return float(numpy.linalg.norm(got))
+    return float(numpy.linalg.norm(got - ref) / denominator)
+
+
+def poisoned(shape, dtype):
+    """A device array full of NaN, to catch elements a kernel fails to write."""
+    import cupy
+
+    return cupy.full(shape, numpy.nan, dtype=numpy.float32).astype(dtype)

@@ -1,0 +1,47 @@
+"""Shared test setup: the `gpu` marker skips (visibly) without a CUDA GPU."""
+
+import zlib
+
+import numpy
+import pytest
+
+
+def _gpu_status():
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as error:  # no CuPy, no driver, no device
+        return 0, f"no CUDA GPU available ({type(error).__name__}: {error})"
+    if count == 0:
+        return 0, "no CUDA GPU available (0 devices)"
+    return count, ""
+
+
+GPU_COUNT, NO_GPU_REASON = _gpu_status()
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPU_COUNT:
+        return
+    skip = pytest.mark.skip(reason=NO_GPU_REASON)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng(request):
+    """A NumPy generator seeded from the test's id: fresh inputs per test,
+    reproducible run to run."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    return numpy.random.default_rng(seed)
+
+
+def pytest_report_header(config):
+    if GPU_COUNT:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        return f"cupy {cupy.__version__}, {GPU_COUNT} GPU(s): {props['name'].decode()}"
+    return f"GPU tests will be skipped: {NO_GPU_REASON}"

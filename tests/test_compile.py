@@ -1,0 +1,84 @@
+"""Kernel loading, checked without a GPU: every shipped specialization compiles
+with NVRTC for sm_80 and sm_90, with no stack frame and no spills."""
+
+import collections
+import functools
+
+import pytest
+
+from cupy_dwgn import _compile
+from cupy_dwgn.errors import KernelCompileError
+
+ARCHS = (80, 90)
+ALL_SPECIALIZATIONS = _compile.specializations(large_index=(False, True))
+
+
+@functools.cache
+def _reports(filename, arch):
+    expressions = [e for f, e in ALL_SPECIALIZATIONS if f == filename]
+    return _compile.nvrtc_compile(filename, expressions, arch)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("spec", ALL_SPECIALIZATIONS, ids=lambda s: s[1])
+def test_specialization_compiles_without_stack_or_spills(spec, arch):
+    filename, expression = spec
+    report = _reports(filename, arch)[expression]
+    assert report["registers"] > 0
+    assert report["stack_frame"] == 0, report
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report
+
+
+def test_every_op_has_specializations():
+    by_op = {op: _compile.specializations(op) for op in _compile._OP_MODULES}
+    assert all(by_op.values()), {op: len(s) for op, s in by_op.items()}
+    files = collections.Counter(f for f, _ in ALL_SPECIALIZATIONS)
+    assert set(files) == {"depthwise_conv2d.cu", "group_norm.cu"}
+
+
+def test_name_expressions_are_spelled_like_the_demangler():
+    # CuPy >= 14.2 keys its disk cache on the exact spelling; ", " separators.
+    for _, expression in ALL_SPECIALIZATIONS:
+        assert "<" in expression and expression.endswith(">")
+        assert ",," not in expression and "  " not in expression
+        inner = expression[expression.index("<") + 1 : -1]
+        assert all(part == part.strip() for part in inner.split(", "))
+    assert _compile.name_expression("k", "float", 3, "long long") == "k<float, 3, long long>"
+
+
+def test_header_is_inlined_into_the_source():
+    source = _compile.kernel_source("depthwise_conv2d.cu")
+    assert '#include "dwgn_common.cuh"' not in source
+    assert "namespace dwgn" in source
+    assert "#include <cuda_bf16.h>" in source  # system headers stay includes
+
+
+def test_compile_error_carries_expression_options_and_log(tmp_path, monkeypatch):
+    (tmp_path / "dwgn_common.cuh").write_text("#pragma once\n")
+    (tmp_path / "broken.cu").write_text(
+        '#include "dwgn_common.cuh"\ntemplate <typename T> __global__ void k(T* p) { p[0] = undefined_name; }\n'
+    )
+    monkeypatch.setenv("CUPY_DWGN_KERNEL_DIR", str(tmp_path))
+    _compile.kernel_source.cache_clear()
+    try:
+        with pytest.raises(KernelCompileError) as info:
+            _compile.nvrtc_compile("broken.cu", ["k<float>"], 90)
+    finally:
+        _compile.kernel_source.cache_clear()
+    error = info.value
+    assert error.name_expression == "k<float>"
+    assert "--std=c++17" in error.options
+    assert "undefined_name" in error.log and "undefined_name" in str(error)
+    assert "CuPy" in str(error)
+
+
+def test_precompile_selection_narrows_the_set():
+    specs = _compile.specializations(
+        ["depthwise_conv2d"], dtypes=["float16"], filter_sizes=[(3, 3), (2, 9)], large_index=(False,)
+    )
+    assert [e for _, e in specs] == [
+        "dwgn_dwconv2d_fwd<__half, 3, 3, int>",
+        "dwgn_dwconv2d_fwd<__half, 0, 0, int>",
+    ]
+    with pytest.raises(ValueError, match="ops: expected names from"):
+        _compile.specializations(["conv3d"])

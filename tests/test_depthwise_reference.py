@@ -1,0 +1,96 @@
+"""The float64 depthwise references, checked on the CPU against independent computations."""
+
+import numpy
+import pytest
+import scipy.signal
+
+from cupy_dwgn import reference
+
+CASES = [
+    # x shape, weight shape, stride, padding, dilation
+    ((2, 3, 9, 8), (3, 1, 3, 3), 1, 1, 1),
+    ((1, 2, 11, 7), (4, 1, 3, 5), (2, 1), ((1, 2), (0, 3)), 1),
+    ((2, 2, 10, 10), (6, 1, 2, 3), 1, 0, (2, 3)),
+    ((1, 1, 6, 6), (1, 1, 3, 3), 3, 4, 1),
+    ((1, 2, 8, 9), (2, 1, 4, 4), 1, "same", 1),
+]
+
+
+def _correlate_valid(x, weight, bias, stride, padding, dilation):
+    """Per-channel scipy.signal.correlate2d on the explicitly padded, dilated problem."""
+    from cupy_dwgn import _validate
+
+    g = _validate.conv_geometry(x.shape, weight.shape, stride, padding, dilation)
+    xp = numpy.pad(x, ((0, 0), (0, 0), (g.pad_top, g.pad_bottom), (g.pad_left, g.pad_right)))
+    y = numpy.zeros((g.batch, g.channels * g.multiplier, g.out_height, g.out_width))
+    for n in range(g.batch):
+        for oc in range(g.channels * g.multiplier):
+            kernel = numpy.zeros(((g.filter_height - 1) * g.dilation_h + 1, (g.filter_width - 1) * g.dilation_w + 1))
+            kernel[:: g.dilation_h, :: g.dilation_w] = weight[oc, 0]
+            full = scipy.signal.correlate2d(xp[n, oc // g.multiplier], kernel, mode="valid")
+            y[n, oc] = full[:: g.stride_h, :: g.stride_w][: g.out_height, : g.out_width]
+            if bias is not None:
+                y[n, oc] += bias[oc]
+    return y
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_forward_matches_scipy_correlate2d(case, rng):
+    x_shape, w_shape, stride, padding, dilation = case
+    x = rng.standard_normal(x_shape)
+    weight = rng.standard_normal(w_shape)
+    bias = rng.standard_normal(w_shape[0])
+    got = reference.depthwise_conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation)
+    want = _correlate_valid(x, weight, bias, stride, padding, dilation)
+    numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def _finite_difference(f, a, direction, h=1e-6):
+    return (f(a + h * direction) - f(a - h * direction)) / (2 * h)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_backward_input_matches_finite_differences(case, rng):
+    x_shape, w_shape, stride, padding, dilation = case
+    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    x = rng.standard_normal(x_shape)
+    weight = rng.standard_normal(w_shape)
+    grad_out = rng.standard_normal(reference.depthwise_conv2d(x, weight, **kw).shape)
+    dx = reference.depthwise_conv2d_backward_input(grad_out, weight, x_shape, **kw)
+    for _ in range(3):
+        direction = rng.standard_normal(x_shape)
+        numeric = _finite_difference(
+            lambda a: numpy.vdot(grad_out, reference.depthwise_conv2d(a, weight, **kw)), x, direction
+        )
+        assert numpy.vdot(dx, direction) == pytest.approx(numeric, rel=1e-7, abs=1e-7)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_backward_weight_matches_finite_differences(case, rng):
+    x_shape, w_shape, stride, padding, dilation = case
+    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    x = rng.standard_normal(x_shape)
+    weight = rng.standard_normal(w_shape)
+    grad_out = rng.standard_normal(reference.depthwise_conv2d(x, weight, **kw).shape)
+    dw = reference.depthwise_conv2d_backward_weight(grad_out, x, w_shape, **kw)
+    for _ in range(3):
+        direction = rng.standard_normal(w_shape)
+        numeric = _finite_difference(
+            lambda a: numpy.vdot(grad_out, reference.depthwise_conv2d(x, a, **kw)), weight, direction
+        )
+        assert numpy.vdot(dw, direction) == pytest.approx(numeric, rel=1e-7, abs=1e-7)
+
+
+def test_backward_weight_elementwise_against_a_direct_loop(rng):
+    """Each element of a non-square filter's gradient, from its definition
+    (the seed indexed 3x5 filters with filter_height in place of filter_width)."""
+    x = rng.standard_normal((2, 2, 7, 8))
+    weight_shape = (2, 1, 3, 5)
+    grad_out = rng.standard_normal((2, 2, 7, 8))
+    dw = reference.depthwise_conv2d_backward_weight(grad_out, x, weight_shape, padding=(1, 2))
+    xp = numpy.pad(x, ((0, 0), (0, 0), (1, 1), (2, 2)))
+    for c in range(2):
+        for kh in range(3):
+            for kw in range(5):
+                want = numpy.sum(grad_out[:, c] * xp[:, c, kh : kh + 7, kw : kw + 8])
+                assert dw[c, 0, kh, kw] == pytest.approx(want, rel=1e-12)
