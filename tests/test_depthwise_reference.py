@@ -94,3 +94,39 @@ def test_backward_weight_elementwise_against_a_direct_loop(rng):
             for kw in range(5):
                 want = numpy.sum(grad_out[:, c] * xp[:, c, kh : kh + 7, kw : kw + 8])
                 assert dw[c, 0, kh, kw] == pytest.approx(want, rel=1e-12)
+
+
+# Hypothesis draws geometries over the whole argument space: the reference
+# forward and backward passes must be exact adjoints of each other.
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def geometries(draw):
+    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dilation = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    padding = tuple((draw(st.integers(0, 6)), draw(st.integers(0, 6))) for _ in range(2))
+    span_h, span_w = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
+    height = draw(st.integers(max(1, span_h - sum(padding[0])), 12))
+    width = draw(st.integers(max(1, span_w - sum(padding[1])), 12))
+    channels, multiplier = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    batch = draw(st.integers(1, 2))
+    return (batch, channels, height, width), (channels * multiplier, 1, kh, kw), stride, padding, dilation
+
+
+@settings(max_examples=60, deadline=None)
+@given(geometries(), st.integers(0, 2**32 - 1))
+def test_reference_passes_are_adjoint(geometry, seed):
+    x_shape, w_shape, stride, padding, dilation = geometry
+    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    rng = numpy.random.default_rng(seed)
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    y = reference.depthwise_conv2d(x, w, **kw)
+    dy = rng.standard_normal(y.shape)
+    inner = numpy.vdot(y, dy)
+    dx = reference.depthwise_conv2d_backward_input(dy, w, x_shape, **kw)
+    dw = reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **kw)
+    assert numpy.vdot(x, dx) == pytest.approx(inner, rel=1e-10, abs=1e-10)
+    assert numpy.vdot(w, dw) == pytest.approx(inner, rel=1e-10, abs=1e-10)
