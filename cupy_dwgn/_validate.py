@@ -19,6 +19,10 @@ def _type_name(obj):
     return f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" else cls.__name__
 
 
+def _kind_name(kind):
+    return f"{kind.__module__.split('.')[0]}.{kind.__name__}"
+
+
 def cupy_ndarray():
     import cupy
 
@@ -38,8 +42,7 @@ def check_array(name, array, ndim=None, shape_doc="", kind=None):
             if isinstance(array, numpy.ndarray) and kind is not numpy.ndarray
             else ""
         )
-        expected = f"{kind.__module__.split('.')[0]}.{kind.__name__}"
-        raise TypeError(f"{name}: expected a {expected}, got {_type_name(array)}{hint}")
+        raise TypeError(f"{name}: expected a {_kind_name(kind)}, got {_type_name(array)}{hint}")
     check_dtype(name, array.dtype)
     if ndim is not None and array.ndim != ndim:
         raise ValueError(
@@ -50,7 +53,7 @@ def check_array(name, array, ndim=None, shape_doc="", kind=None):
     if not array.flags.c_contiguous:
         raise ValueError(
             f"{name}: expected a C-contiguous array, got strides {array.strides} for shape "
-            f"{tuple(array.shape)}; pass {kind.__module__.split('.')[0]}.ascontiguousarray({name})"
+            f"{tuple(array.shape)}; pass {_kind_name(kind).split('.')[0]}.ascontiguousarray({name})"
         )
     return array
 
@@ -99,7 +102,7 @@ def check_out(out, shape, dtype, kind=None, name="out"):
         return
     kind = cupy_ndarray() if kind is None else kind
     if not isinstance(out, kind):
-        raise TypeError(f"{name}: expected a {kind.__name__} or None, got {_type_name(out)}")
+        raise TypeError(f"{name}: expected a {_kind_name(kind)} or None, got {_type_name(out)}")
     check_shape(name, out, shape)
     if out.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {numpy.dtype(dtype)}, got {out.dtype}")

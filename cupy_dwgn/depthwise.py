@@ -13,6 +13,12 @@ KERNEL_FILE = "depthwise_conv2d.cu"
 SPECIALIZED_FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
 
 _FINALIZE = "dwgn_dwconv2d_bwd_weight_finalize"
+# Stride-1 shared-memory kernel (forward and backward-input) for the
+# specialized filter sizes; its tile of destination elements per block and
+# the largest source window (tile + dilated halo) it stages in shared memory.
+_TILED = "dwgn_dwconv2d_tiled"
+_TILE = 32
+_TILE_SHARED_LIMIT = 32 * 1024
 # The templated kernels each public op launches (the weight gradient also
 # launches _FINALIZE, templated on the dtype only).
 _OP_KERNELS = {
@@ -32,6 +38,9 @@ def _template_size(geometry):
     size = (geometry.filter_height, geometry.filter_width)
     return size if size in SPECIALIZED_FILTER_SIZES else (0, 0)
 
+
+# The ops that take the tiled kernel at stride 1: kernel -> its BACKWARD flag.
+_TILED_OPS = {"dwgn_dwconv2d_fwd": False, "dwgn_dwconv2d_bwd_input": True}
 
 #: The keyword arguments of specializations() that cupy_dwgn.precompile forwards.
 SELECTION_KEYS = ("dtypes", "filter_sizes", "large_index")
@@ -62,6 +71,8 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                 for large in large_index:
                     index = "long long" if large else "int"
                     specs.append((KERNEL_FILE, _expression(kernel, dtype, size, index)))
+                    if kernel in _TILED_OPS and size != (0, 0):
+                        specs.append((KERNEL_FILE, _expression(_TILED, dtype, size, index, _TILED_OPS[kernel])))
         if "dwgn_dwconv2d_bwd_weight_partial" in kernels:
             specs.append((KERNEL_FILE, _compile.name_expression(_FINALIZE, ctype)))
     return specs
@@ -79,11 +90,56 @@ def _taps_per_block(dtype, template_size):
     return kh * kw
 
 
-def _expression(name, dtype, template_size, index):
+def _expression(name, dtype, template_size, index, backward=False):
     args = [_dtypes.ctype(dtype), *template_size]
     if name == "dwgn_dwconv2d_bwd_weight_partial":
         args.append(_taps_per_block(dtype, template_size))
+    elif name == _TILED:
+        args.append("true" if backward else "false")
     return _compile.name_expression(name, *args, index)
+
+
+def _tile_bytes(g, dtype):
+    window = (_TILE + (g.filter_height - 1) * g.dilation_h) * (_TILE + (g.filter_width - 1) * g.dilation_w)
+    return window * _dtypes.accumulator_dtype(dtype).itemsize
+
+
+def _use_tiled(g, dtype):
+    """Stride 1, a specialized filter size, and a source window that fits."""
+    return (
+        (g.stride_h, g.stride_w) == (1, 1)
+        and _template_size(g) != (0, 0)
+        and _tile_bytes(g, dtype) <= _TILE_SHARED_LIMIT
+    )
+
+
+def _launch_tiled(src, weight, bias, dst, g, backward):
+    """One launch of the stride-1 shared-memory kernel (see depthwise_conv2d.cu)."""
+    if backward:
+        src_size, dst_size = (g.out_height, g.out_width), (g.height, g.width)
+        # Backward-input is the forward correlation with the rotated filter,
+        # offset by the dilated span - 1 - padding.
+        offset = (
+            (g.filter_height - 1) * g.dilation_h - g.pad_top,
+            (g.filter_width - 1) * g.dilation_w - g.pad_left,
+        )
+        planes = g.batch * g.channels
+    else:
+        src_size, dst_size = (g.height, g.width), (g.out_height, g.out_width)
+        offset = (g.pad_top, g.pad_left)
+        planes = g.batch * g.channels * g.multiplier
+    index = _launch.index_type(src.size, dst.size)
+    kernel = _compile.get_kernel(
+        KERNEL_FILE, _expression(_TILED, dst.dtype, _template_size(g), index, backward)
+    )
+    tiles = -(-dst_size[0] // _TILE) * -(-dst_size[1] // _TILE)
+    kernel(
+        (tiles, min(planes, _launch.MAX_GRID_Y)), (_TILE, 8),
+        (src, weight, _launch.pointer_or_null(bias), dst, i32(g.batch), i32(g.channels),
+         i32(g.multiplier), i32(src_size[0]), i32(src_size[1]), i32(dst_size[0]),
+         i32(dst_size[1]), i32(offset[0]), i32(offset[1]), i32(g.dilation_h), i32(g.dilation_w)),
+        shared_mem=_tile_bytes(g, dst.dtype),
+    )
 
 
 def _kernel(name, dtype, geometry, index):
@@ -132,6 +188,9 @@ def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, l
         out = _validate.empty_unless_given(out, shape, x.dtype)
         if out.size == 0:
             return out
+        if _use_tiled(g, x.dtype):
+            _launch_tiled(x, weight, bias, out, g, backward=False)
+            return out
         kernel = _kernel("dwgn_dwconv2d_fwd", x.dtype, g, _launch.index_type(x.size, out.size))
         kernel(
             _launch.grid_planes(g.batch * g.channels * g.multiplier, g.out_height * g.out_width),
@@ -163,6 +222,9 @@ def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, 
     with grad_out.device:
         out = _validate.empty_unless_given(out, tuple(input_shape), grad_out.dtype)
         if out.size == 0:
+            return out
+        if _use_tiled(g, grad_out.dtype):
+            _launch_tiled(grad_out, weight, None, out, g, backward=True)
             return out
         index = _launch.index_type(grad_out.size, out.size)
         kernel = _kernel("dwgn_dwconv2d_bwd_input", grad_out.dtype, g, index)

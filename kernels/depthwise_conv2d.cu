@@ -61,6 +61,94 @@ __global__ void __launch_bounds__(256, 4) dwgn_dwconv2d_fwd(
   }
 }
 
+// Stride-1 convolution through a shared-memory tile: the seed's "Small"
+// kernel generalized to images of any size.  A block of 32x8 threads computes
+// a 32x32 tile of one destination plane, four rows per thread; the source
+// window the tile needs (tile plus dilated halo) is read from global memory
+// once, converted to Acc, into dynamic shared memory.  Out-of-image source
+// elements read as zero, so padding needs no special case.
+//   Forward (BACKWARD = false): dst = y plane (n, oc), src = x plane
+//     (n, oc / M), filter oc, offset = (pad_top, pad_left), plus bias.
+//   Backward input (BACKWARD = true): with stride 1 the input gradient is the
+//     correlation of grad_out with the 180-degree rotated filter: dst = dx
+//     plane (n, ic), summed over the M sources grad_out (n, ic*M + m) with
+//     filter ic*M + m rotated, offset = dilated span - 1 - pad.
+constexpr int kTile = 32;
+constexpr int kTileRowsPerPass = 8;
+
+template <typename T, int KH, int KW, bool BACKWARD, typename IndexT>
+__global__ void __launch_bounds__(256) dwgn_dwconv2d_tiled(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias,
+    T* __restrict__ dst, int batch, int channels, int multiplier, int src_height,
+    int src_width, int dst_height, int dst_width, int offset_top, int offset_left,
+    int dilation_h, int dilation_w) {
+  using Acc = typename AccType<T>::type;
+  constexpr int kRows = kTile / kTileRowsPerPass;
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  Acc* tile = reinterpret_cast<Acc*>(shared_raw);
+  const int tile_height = kTile + (KH - 1) * dilation_h;
+  const int tile_width = kTile + (KW - 1) * dilation_w;
+  const int tiles_across = (dst_width + kTile - 1) / kTile;
+  const int row0 = static_cast<int>(blockIdx.x) / tiles_across * kTile;
+  const int col0 = static_cast<int>(blockIdx.x) % tiles_across * kTile;
+  const int thread = threadIdx.y * kTile + threadIdx.x;
+  const int out_channels = channels * multiplier;
+  const int num_planes = batch * (BACKWARD ? channels : out_channels);
+  const int sources = BACKWARD ? multiplier : 1;
+
+  DWGN_FOR_EACH_PLANE(plane, num_planes) {
+    Acc acc[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) acc[j] = 0;
+    int filter = 0;
+    for (int s = 0; s < sources; ++s) {
+      int src_plane;
+      if (BACKWARD) {
+        filter = (plane % channels) * multiplier + s;
+        src_plane = (plane / channels) * out_channels + filter;
+      } else {
+        filter = plane % out_channels;
+        src_plane = (plane / out_channels) * channels + filter / multiplier;
+      }
+      const T* src_p = src + static_cast<IndexT>(src_plane) * src_height * src_width;
+      __syncthreads();  // every thread is done reading the previous tile
+      for (int i = thread; i < tile_height * tile_width; i += kTile * kTileRowsPerPass) {
+        const int r = i / tile_width;
+        const int c = i - r * tile_width;
+        const int sr = row0 - offset_top + r;
+        const int sc = col0 - offset_left + c;
+        tile[i] = (sr >= 0 && sr < src_height && sc >= 0 && sc < src_width)
+                      ? to_acc(src_p[sr * src_width + sc])
+                      : Acc(0);
+      }
+      Acc w[KH * KW];
+      const T* w_filter = weight + filter * KH * KW;
+#pragma unroll
+      for (int t = 0; t < KH * KW; ++t) w[t] = to_acc(w_filter[BACKWARD ? KH * KW - 1 - t : t]);
+      __syncthreads();  // the tile is complete
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        const Acc* window = tile + (threadIdx.y + j * kTileRowsPerPass) * tile_width + threadIdx.x;
+#pragma unroll
+        for (int kh = 0; kh < KH; ++kh) {
+#pragma unroll
+          for (int kw = 0; kw < KW; ++kw) {
+            acc[j] += window[kh * dilation_h * tile_width + kw * dilation_w] * w[kh * KW + kw];
+          }
+        }
+      }
+    }
+    const Acc bias_value = (!BACKWARD && bias != nullptr) ? to_acc(bias[filter]) : Acc(0);
+    T* dst_p = dst + static_cast<IndexT>(plane) * dst_height * dst_width;
+    const int c = col0 + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int r = row0 + threadIdx.y + j * kTileRowsPerPass;
+      if (r < dst_height && c < dst_width) dst_p[r * dst_width + c] = from_acc<T>(acc[j] + bias_value);
+    }
+  }
+}
+
 // One thread per input element; grid.y over the N*C input planes.  Gathers
 // every (output, tap) pair that read the element and writes grad_in outright
 // (no read-modify-write, so the caller need not zero it).

@@ -78,6 +78,7 @@ def test_precompile_selection_narrows_the_set():
     )
     assert [e for _, e in specs] == [
         "dwgn_dwconv2d_fwd<__half, 3, 3, int>",
+        "dwgn_dwconv2d_tiled<__half, 3, 3, false, int>",
         "dwgn_dwconv2d_fwd<__half, 0, 0, int>",
     ]
     with pytest.raises(ValueError, match="ops: expected names from"):

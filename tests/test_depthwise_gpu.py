@@ -39,6 +39,14 @@ EDGE_CASES = [
     ("same dilated", (1, 3, 9, 10), (3, 1, 3, 3), 1, "same", 2),
     ("valid", (2, 3, 8, 9), (3, 1, 5, 5), 1, "valid", 1),
     ("output 1x1", (1, 4, 3, 3), (4, 1, 3, 3), 1, 0, 1),
+    # The stride-1 shared-memory kernel: ragged tiles, dilated halo, M sources
+    # summed in backward-input, asymmetric and oversized padding, and a
+    # dilation whose window no longer fits (falls back to the direct kernel).
+    ("tiled 3x3 ragged 70x45", (2, 5, 70, 45), (5, 1, 3, 3), 1, 1, 1),
+    ("tiled 5x5 dilation 2 M=3", (2, 2, 40, 37), (6, 1, 5, 5), 1, 4, 2),
+    ("tiled 7x7 asymmetric padding", (1, 3, 33, 34), (3, 1, 7, 7), 1, ((6, 0), (1, 5)), 1),
+    ("tiled 3x3 padding 5", (2, 2, 9, 40), (2, 1, 3, 3), 1, 5, 1),
+    ("7x7 dilation 12 untiled", (1, 2, 80, 80), (2, 1, 7, 7), 1, 36, 12),
 ]
 
 
@@ -150,8 +158,10 @@ def test_launches_on_the_current_stream(rng):
 
 def test_precompile_loads_kernels_then_ops_reuse_them(capsys):
     count = cupy_dwgn.precompile(["depthwise_conv2d"], dtypes=[numpy.float32], filter_sizes=[(3, 3)])
-    assert count == 1
-    assert "dwgn_dwconv2d_fwd<float, 3, 3, int>" in capsys.readouterr().err
+    assert count == 2  # the direct kernel and the stride-1 tiled kernel
+    err = capsys.readouterr().err
+    assert "dwgn_dwconv2d_fwd<float, 3, 3, int>" in err
+    assert "dwgn_dwconv2d_tiled<float, 3, 3, false, int>" in err
 
 
 # --- seed bugs (DESIGN.md §7), each with the input that broke the seed --------

@@ -109,8 +109,9 @@ def geometries(draw):
     dilation = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     padding = tuple((draw(st.integers(0, 6)), draw(st.integers(0, 6))) for _ in range(2))
     span_h, span_w = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
-    height = draw(st.integers(max(1, span_h - sum(padding[0])), 12))
-    width = draw(st.integers(max(1, span_w - sum(padding[1])), 12))
+    min_height, min_width = max(1, span_h - sum(padding[0])), max(1, span_w - sum(padding[1]))
+    height = draw(st.integers(min_height, min_height + 10))
+    width = draw(st.integers(min_width, min_width + 10))
     channels, multiplier = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     batch = draw(st.integers(1, 2))
     return (batch, channels, height, width), (channels * multiplier, 1, kh, kw), stride, padding, dilation

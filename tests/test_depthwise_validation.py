@@ -96,7 +96,7 @@ def test_gpu_op_rejects_numpy_input_with_a_hint():
 @pytest.mark.parametrize(
     "out, error, pattern",
     [
-        ("numpy", TypeError, r"out: expected a ndarray or None, got numpy.ndarray"),
+        ("numpy", TypeError, r"out: expected a cupy.ndarray or None, got numpy.ndarray"),
         ((2, 3, 8, 7), ValueError, r"out: expected shape \(2, 3, 8, 8\), got \(2, 3, 8, 7\)"),
         ("float64", TypeError, r"out: expected dtype float32, got float64"),
         ("strided", ValueError, r"out: expected a C-contiguous array"),
@@ -130,3 +130,16 @@ def test_gpu_op_rejects_arrays_on_different_devices():
         w = cupy.asarray(W)
     with pytest.raises(ValueError, match=r"weight: expected an array on device 0 \(the device of x\), got device 1"):
         cupy_dwgn.depthwise_conv2d(x, w, padding=1)
+
+
+def test_stride_one_specialized_sizes_take_the_tiled_kernel():
+    from cupy_dwgn import _validate
+
+    def tiled(w_shape, stride=1, dilation=1, dtype=numpy.float32):
+        g = _validate.conv_geometry((1, 2, 64, 64), w_shape, stride, 0 if stride != 1 else "same", dilation)
+        return depthwise._use_tiled(g, numpy.dtype(dtype))
+
+    assert tiled((2, 1, 3, 3)) and tiled((2, 1, 7, 7), dtype=numpy.float64)
+    assert not tiled((2, 1, 3, 3), stride=2)  # strided: direct kernel
+    assert not tiled((2, 1, 4, 4))  # generic size: generic kernel
+    assert not tiled((2, 1, 7, 7), dilation=12)  # window over the shared-memory budget
