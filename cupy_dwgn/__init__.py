@@ -12,8 +12,8 @@ _LAZY = {
     "depthwise_conv2d": "depthwise",
     "depthwise_conv2d_backward_input": "depthwise",
     "depthwise_conv2d_backward_weight": "depthwise",
-    "group_norm": "group_norm",
-    "group_norm_backward": "group_norm",
+    "group_norm": "_group_norm",
+    "group_norm_backward": "_group_norm",
     "precompile": "_compile",
 }
 

@@ -14,7 +14,7 @@ Example:
 
 import numpy
 
-from . import depthwise
+from . import _group_norm, depthwise
 
 
 def _to_device(*arrays):
@@ -47,3 +47,22 @@ def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, pad
     return depthwise.depthwise_conv2d_backward_weight(
         grad_out, x, weight_shape, stride=stride, padding=padding, dilation=dilation, layout=layout
     ).get()
+
+
+def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="identity", return_stats=False):
+    """:func:`cupy_dwgn.group_norm` on NumPy arrays (mean/rstd too with ``return_stats``)."""
+    _group_norm.check_forward_args(x, num_groups, weight, bias, eps, activation, None, numpy.ndarray)
+    x, weight, bias = _to_device(x, weight, bias)
+    result = _group_norm.group_norm(
+        x, num_groups, weight, bias, eps=eps, activation=activation, return_stats=return_stats
+    )
+    return tuple(r.get() for r in result) if return_stats else result.get()
+
+
+def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=None, *, activation="identity"):
+    """:func:`cupy_dwgn.group_norm_backward` on NumPy arrays; returns (dx, dw, db)
+    with dw/db None when weight/bias are None."""
+    _group_norm.check_backward_args(grad_out, x, mean, rstd, num_groups, weight, bias, activation, numpy.ndarray)
+    arrays = _to_device(grad_out, x, mean, rstd, weight, bias)
+    result = _group_norm.group_norm_backward(*arrays[:4], num_groups, *arrays[4:], activation=activation)
+    return tuple(None if r is None else r.get() for r in result)

@@ -1,0 +1,384 @@
+"""Channels-last GroupNorm with a fused activation, on CuPy arrays: forward and backward.
+
+x is (N, *spatial, C) with 0 to 3 spatial dimensions, C fastest in memory
+(NHWC for images; a PyTorch ``channels_last`` tensor seen through DLPack is
+one ``transpose(0, 2, 3, 1)`` away).  Statistics are per (sample, group) over
+the spatial positions and the C / num_groups channels of the group, with the
+biased variance, accumulated in float32 (float64 for float64 inputs).
+"""
+
+import numbers
+
+import cupy
+import numpy
+
+from . import _compile, _dtypes, _launch, _validate
+from ._launch import i32
+
+KERNEL_FILE = "group_norm.cu"
+
+#: Activations, in the order of their template code in group_norm.cu.
+ACTIVATIONS = ("identity", "relu", "silu", "gelu", "gelu_tanh")
+_ACT_CODE = {name: code for code, name in enumerate(ACTIVATIONS)}
+
+#: The keyword arguments of specializations() that cupy_dwgn.precompile forwards.
+SELECTION_KEYS = ("dtypes", "activations", "large_index")
+
+_STATS = "dwgn_gn_stats_partial"
+_FWD_FINALIZE = "dwgn_gn_fwd_finalize"
+_APPLY = "dwgn_gn_fwd_apply"
+_BWD_REDUCE = "dwgn_gn_bwd_reduce"
+_BWD_FINALIZE = "dwgn_gn_bwd_finalize"
+_BWD_DX = "dwgn_gn_bwd_dx"
+
+# Statistics split: about this many blocks in the column-reduction kernels,
+# each summing at least _MIN_ROWS_PER_CHUNK rows.  Depends on the shape only
+# (never on the device), so results are bit-identical everywhere.
+_TARGET_BLOCKS = 1024
+_MIN_ROWS_PER_CHUNK = 32
+_COLUMN_BLOCK = 256  # block size of the column kernels (their shared scratch is sized for it)
+
+
+def _vec_width(dtype):
+    """Elements per 16-byte access."""
+    return 16 // numpy.dtype(dtype).itemsize
+
+
+def weight_dtypes(dtype):
+    """The weight/bias dtypes accepted with inputs of ``dtype``: the same dtype,
+    and float32 too for float16/bfloat16 (mixed precision)."""
+    dtype = numpy.dtype(dtype)
+    if dtype.itemsize == 2:
+        return (dtype, numpy.dtype(numpy.float32))
+    return (dtype,)
+
+
+def _acc_ctype(dtype):
+    return _dtypes.ctype(_dtypes.accumulator_dtype(dtype))
+
+
+def specializations(op=None, dtypes=None, activations=None, large_index=(False, True)):
+    """``(file, name expression)`` for each kernel specialization of ``op``
+    ("group_norm", "group_norm_backward"; default both).
+
+    dtypes: input dtypes (default: all four; the weight dtypes each accepts are
+    included); activations: names from ACTIVATIONS (default: all);
+    large_index: which index widths (False: 32-bit, True: 64-bit).
+    """
+    ops = ("group_norm", "group_norm_backward") if op is None else (op,)
+    for o in ops:
+        if o not in ("group_norm", "group_norm_backward"):
+            raise ValueError(f"op: expected 'group_norm' or 'group_norm_backward', got {o!r}")
+    dtypes = tuple(_dtypes.CTYPES) if dtypes is None else tuple(numpy.dtype(d) for d in dtypes)
+    activations = ACTIVATIONS if activations is None else tuple(activations)
+    for name in activations:
+        _check_activation(name)
+    large_index = (large_index,) if isinstance(large_index, bool) else tuple(large_index)
+    indices = ["long long" if large else "int" for large in large_index]
+    name = _compile.name_expression
+    specs = []
+    for dtype in dtypes:
+        t = _dtypes.ctype(dtype)
+        acc = _acc_ctype(dtype)
+        ws = [_dtypes.ctype(w) for w in weight_dtypes(dtype)]
+        vecs = (1, _vec_width(dtype))
+        for op_name in ops:
+            if op_name == "group_norm":
+                specs += [name(_STATS, t, i) for i in indices]
+                specs += [name(_FWD_FINALIZE, acc, w) for w in ws]
+                specs += [
+                    name(_APPLY, t, _ACT_CODE[a], v, i)
+                    for a in activations for v in vecs for i in indices
+                ]
+            else:
+                specs += [
+                    name(_BWD_REDUCE, t, w, _ACT_CODE[a], i)
+                    for w in ws for a in activations for i in indices
+                ]
+                specs += [name(_BWD_FINALIZE, acc, w) for w in ws]
+                specs += [
+                    name(_BWD_DX, t, _ACT_CODE[a], v, i)
+                    for a in activations for v in vecs for i in indices
+                ]
+    return [(KERNEL_FILE, e) for e in dict.fromkeys(specs)]
+
+
+def _kernel(kernel, *template_args):
+    return _compile.get_kernel(KERNEL_FILE, _compile.name_expression(kernel, *template_args))
+
+
+def _aligned(*arrays):
+    return all(a.data.ptr % 16 == 0 for a in arrays)
+
+
+def _split(batch, rows, channels):
+    """(rows_per_chunk, num_chunks, column blocks) of the column kernels."""
+    cols = min(channels, _COLUMN_BLOCK)
+    column_blocks = -(-channels // cols)
+    per_sample = max(1, -(-_TARGET_BLOCKS // (min(batch, _launch.MAX_GRID_Y) * column_blocks)))
+    rows_per_chunk = max(_MIN_ROWS_PER_CHUNK, -(-rows // per_sample))
+    num_chunks = -(-rows // rows_per_chunk)
+    return rows_per_chunk, num_chunks, column_blocks
+
+
+def _group_block(channels_per_group):
+    """Block size of the finalize kernels: a multiple of 32 in [32, 256]."""
+    return min(256, max(32, -(-channels_per_group // 32) * 32))
+
+
+def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="identity", out=None, return_stats=False):
+    """Channels-last GroupNorm followed by an activation:
+    ``y = act((x - mean) * rstd * weight + bias)``.
+
+    Args:
+        x: cupy.ndarray (N, *spatial, C), 0 to 3 spatial dims, C-contiguous;
+            float16, float32, float64 or bfloat16.
+        num_groups: int dividing C; every group is C // num_groups consecutive
+            channels (num_groups == C is InstanceNorm, 1 is LayerNorm over
+            (spatial, C)).
+        weight, bias: optional (C,) arrays, both of one dtype: x's dtype, or
+            float32 for float16/bfloat16 x (mixed precision).  Absent means
+            scale 1 / shift 0 (no array is made for them).
+        eps: added to the variance, > 0.
+        activation: "identity", "relu", "silu", "gelu" (erf form) or
+            "gelu_tanh" (tanh approximation), applied after the affine transform.
+        out: optional C-contiguous array of x's shape and dtype for y.
+        return_stats: also return mean and rstd = 1/sqrt(var + eps), each
+            (N, num_groups), float32 (float64 for float64 x), for
+            :func:`group_norm_backward`.
+
+    Returns:
+        y, or (y, mean, rstd) when return_stats.  Statistics are accumulated in
+        float32 (float64 for float64); the variance is biased, as in PyTorch.
+        With no spatial positions (S == 0) y is empty and mean/rstd are NaN.
+
+    Example:
+        >>> x = cupy.random.randn(2, 64, 64, 320).astype(cupy.float16)   # NHWC
+        >>> w = cupy.ones(320, cupy.float32); b = cupy.zeros(320, cupy.float32)
+        >>> y, mean, rstd = group_norm(x, 32, w, b, activation="silu", return_stats=True)
+        >>> y.shape, mean.shape
+        ((2, 64, 64, 320), (2, 32))
+    """
+    batch, rows, channels, groups = check_forward_args(
+        x, num_groups, weight, bias, eps, activation, out
+    )
+    acc_dtype = _dtypes.accumulator_dtype(x.dtype)
+    acc_scalar = acc_dtype.type
+    with x.device:
+        y = _validate.empty_unless_given(out, x.shape, x.dtype)
+        mean = cupy.empty((batch, groups), dtype=acc_dtype)
+        rstd = cupy.empty((batch, groups), dtype=acc_dtype)
+        if x.size == 0:
+            mean.fill(numpy.nan)  # mean of nothing (a no-op when N == 0)
+            rstd.fill(numpy.nan)
+            return (y, mean, rstd) if return_stats else y
+        index = _launch.index_type(x.size)
+        t = _dtypes.ctype(x.dtype)
+        w_dtype = weight.dtype if weight is not None else (bias.dtype if bias is not None else x.dtype)
+        rows_per_chunk, num_chunks, column_blocks = _split(batch, rows, channels)
+        grid_y = min(batch, _launch.MAX_GRID_Y)
+        partial = cupy.empty((batch, num_chunks, 2, channels), dtype=acc_dtype)
+        shift = cupy.empty((batch, channels), dtype=acc_dtype)
+        _kernel(_STATS, t, index)(
+            (num_chunks, grid_y, column_blocks), (_COLUMN_BLOCK,),
+            (x, partial, shift, i32(batch), i32(rows), i32(channels), i32(rows_per_chunk)),
+        )
+        coefficients = cupy.empty((batch, 3, channels), dtype=acc_dtype)
+        _kernel(_FWD_FINALIZE, _acc_ctype(x.dtype), _dtypes.ctype(w_dtype))(
+            (groups, grid_y), (_group_block(channels // groups),),
+            (
+                partial, shift, _launch.pointer_or_null(weight), _launch.pointer_or_null(bias),
+                mean, rstd, coefficients, i32(batch), i32(rows), i32(channels), i32(groups),
+                i32(num_chunks), acc_scalar(eps),
+            ),
+        )
+        vec = _vec_width(x.dtype)
+        if channels % vec != 0 or not _aligned(x, y):
+            vec = 1
+        num_vectors = x.size // vec
+        index_scalar = numpy.int64 if index == "long long" else numpy.int32
+        _kernel(_APPLY, t, _ACT_CODE[activation], vec, index)(
+            _launch.grid_1d(num_vectors), (_launch.BLOCK,),
+            (x, coefficients, y, index_scalar(num_vectors), i32(rows), i32(channels)),
+        )
+    return (y, mean, rstd) if return_stats else y
+
+
+def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=None, *, activation="identity"):
+    """Gradients of :func:`group_norm` with respect to x, weight and bias.
+
+    Args:
+        grad_out: (N, *spatial, C), the gradient of y, x's dtype.
+        x: the forward input.
+        mean, rstd: (N, num_groups) as returned by ``group_norm(...,
+            return_stats=True)``: float32 (float64 for float64 x).
+        num_groups, weight, bias, activation: as in the forward call (bias
+            only matters through the activation's derivative, and for the
+            presence of its gradient).
+
+    Returns:
+        (grad_x, grad_weight, grad_bias): grad_x of x's shape and dtype;
+        grad_weight/grad_bias (C,) in the weight's dtype, or None when weight /
+        bias is None.  Deterministic (no atomics).
+
+    Example:
+        >>> y, mean, rstd = group_norm(x, 32, w, b, activation="silu", return_stats=True)
+        >>> dx, dw, db = group_norm_backward(dy, x, mean, rstd, 32, w, b, activation="silu")
+    """
+    batch, rows, channels, groups = check_backward_args(
+        grad_out, x, mean, rstd, num_groups, weight, bias, activation
+    )
+    acc_dtype = _dtypes.accumulator_dtype(x.dtype)
+    w_dtype = weight.dtype if weight is not None else (bias.dtype if bias is not None else x.dtype)
+    with x.device:
+        grad_in = cupy.empty(x.shape, dtype=x.dtype)
+        grad_weight = None if weight is None else cupy.empty((channels,), dtype=w_dtype)
+        grad_bias = None if bias is None else cupy.empty((channels,), dtype=w_dtype)
+        if x.size == 0:  # sums over nothing
+            for g in (grad_weight, grad_bias):
+                if g is not None:
+                    g.fill(0)
+            return grad_in, grad_weight, grad_bias
+        index = _launch.index_type(x.size)
+        t = _dtypes.ctype(x.dtype)
+        w_ctype = _dtypes.ctype(w_dtype)
+        act = _ACT_CODE[activation]
+        rows_per_chunk, num_chunks, column_blocks = _split(batch, rows, channels)
+        partial = cupy.empty((batch, num_chunks, 2, channels), dtype=acc_dtype)
+        weight_ptr = _launch.pointer_or_null(weight)
+        bias_ptr = _launch.pointer_or_null(bias)
+        _kernel(_BWD_REDUCE, t, w_ctype, act, index)(
+            (num_chunks, min(batch, _launch.MAX_GRID_Y), column_blocks), (_COLUMN_BLOCK,),
+            (
+                grad_out, x, mean, rstd, weight_ptr, bias_ptr, partial, i32(batch), i32(rows),
+                i32(channels), i32(groups), i32(rows_per_chunk),
+            ),
+        )
+        coefficients = cupy.empty((batch, 6, channels), dtype=acc_dtype)
+        _kernel(_BWD_FINALIZE, _acc_ctype(x.dtype), w_ctype)(
+            (groups, min(batch + 1, _launch.MAX_GRID_Y)), (_group_block(channels // groups),),
+            (
+                partial, mean, rstd, weight_ptr, bias_ptr, coefficients,
+                _launch.pointer_or_null(grad_weight), _launch.pointer_or_null(grad_bias),
+                i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks),
+            ),
+        )
+        vec = _vec_width(x.dtype)
+        if channels % vec != 0 or not _aligned(x, grad_out, grad_in):
+            vec = 1
+        num_vectors = x.size // vec
+        index_scalar = numpy.int64 if index == "long long" else numpy.int32
+        _kernel(_BWD_DX, t, act, vec, index)(
+            _launch.grid_1d(num_vectors), (_launch.BLOCK,),
+            (grad_out, x, coefficients, grad_in, index_scalar(num_vectors), i32(rows), i32(channels)),
+        )
+    return grad_in, grad_weight, grad_bias
+
+
+# ---------------------------------------------------------------------------
+# Argument checks: duck-typed over the array class (``kind``), so
+# cupy_dwgn.host runs the very same checks on NumPy inputs before any transfer.
+
+_X_DOC = "(N, *spatial, C) with 0 to 3 spatial dims"
+
+
+def _check_activation(activation):
+    if not isinstance(activation, str):
+        raise TypeError(
+            f"activation: expected a str, one of {', '.join(map(repr, ACTIVATIONS))}, "
+            f"got {type(activation).__name__}"
+        )
+    if activation not in _ACT_CODE:
+        raise ValueError(
+            f"activation: expected one of {', '.join(map(repr, ACTIVATIONS))}, got {activation!r}"
+        )
+
+
+def _check_num_groups(num_groups, channels):
+    if not isinstance(num_groups, numbers.Integral) or isinstance(num_groups, bool):
+        raise TypeError(f"num_groups: expected an int, got {type(num_groups).__name__}")
+    if num_groups <= 0:
+        raise ValueError(f"num_groups: expected a positive int, got {num_groups}")
+    if channels % num_groups != 0:
+        raise ValueError(
+            f"num_groups: expected a divisor of C = {channels} (the last dim of x), got {num_groups}"
+        )
+    return int(num_groups)
+
+
+def _check_eps(eps):
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+        raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
+    if not eps > 0 or not numpy.isfinite(eps):
+        raise ValueError(f"eps: expected a finite value > 0, got {eps!r}")
+
+
+def _check_x(name, x, kind):
+    _validate.check_array(name, x, None, "", kind)
+    if not 2 <= x.ndim <= 5:
+        raise ValueError(f"{name}: expected a 2-D to 5-D array {_X_DOC}, got shape {tuple(x.shape)}")
+    channels = x.shape[-1]
+    if channels == 0:
+        raise ValueError(f"{name}: expected at least one channel (last dim), got shape {tuple(x.shape)}")
+    batch = x.shape[0]
+    rows = 1
+    for s in x.shape[1:-1]:
+        rows *= s
+    if rows >= _launch.INT32_LIMIT or batch * channels >= _launch.INT32_LIMIT:
+        raise ValueError(
+            f"{name}: expected fewer than 2**31 spatial positions and N*C < 2**31, got shape "
+            f"{tuple(x.shape)}"
+        )
+    return batch, rows, channels
+
+
+def _check_affine(weight, bias, x, channels, kind):
+    allowed = weight_dtypes(x.dtype)
+    allowed_doc = " or ".join(str(d) for d in allowed)
+    for name, a in (("weight", weight), ("bias", bias)):
+        if a is None:
+            continue
+        _validate.check_array(name, a, 1, "(C,)", kind)
+        if a.dtype not in allowed:
+            raise TypeError(
+                f"{name}: expected dtype {allowed_doc} (for x of dtype {x.dtype}), got {a.dtype}"
+            )
+        _validate.check_shape(name, a, (channels,), " (C,), C the last dim of x")
+    if weight is not None and bias is not None:
+        _validate.check_same_dtype("bias", bias, "weight", weight)
+
+
+def check_forward_args(x, num_groups, weight, bias, eps, activation, out, kind=None):
+    """Validate group_norm's arguments; returns (N, S, C, num_groups)."""
+    batch, rows, channels = _check_x("x", x, kind)
+    groups = _check_num_groups(num_groups, channels)
+    _check_affine(weight, bias, x, channels, kind)
+    _check_eps(eps)
+    _check_activation(activation)
+    _validate.check_out(out, x.shape, x.dtype, kind)
+    _validate.check_same_device(x=x, weight=weight, bias=bias, out=out)
+    return batch, rows, channels, groups
+
+
+def check_backward_args(grad_out, x, mean, rstd, num_groups, weight, bias, activation, kind=None):
+    """Validate group_norm_backward's arguments; returns (N, S, C, num_groups)."""
+    _validate.check_array("grad_out", grad_out, None, "", kind)
+    batch, rows, channels = _check_x("x", x, kind)
+    _validate.check_same_dtype("grad_out", grad_out, "x", x)
+    _validate.check_shape("grad_out", grad_out, x.shape, " (the shape of x)")
+    groups = _check_num_groups(num_groups, channels)
+    acc_dtype = _dtypes.accumulator_dtype(x.dtype)
+    for name, a in (("mean", mean), ("rstd", rstd)):
+        _validate.check_array(name, a, 2, "(N, num_groups)", kind)
+        if a.dtype != acc_dtype:
+            raise TypeError(
+                f"{name}: expected dtype {acc_dtype} (the statistics dtype for x of dtype "
+                f"{x.dtype}), got {a.dtype}"
+            )
+        _validate.check_shape(name, a, (batch, groups), " (N, num_groups)")
+    _check_affine(weight, bias, x, channels, kind)
+    _check_activation(activation)
+    _validate.check_same_device(
+        x=x, grad_out=grad_out, mean=mean, rstd=rstd, weight=weight, bias=bias
+    )
+    return batch, rows, channels, groups

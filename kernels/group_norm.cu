@@ -1,0 +1,435 @@
+// Channels-last GroupNorm with a fused activation: forward and backward.
+//
+// x is (N, S, C) in memory (S = the product of the spatial sizes, C fastest);
+// the C channels form G groups of D = C / G consecutive channels.  Statistics
+// are per (n, g) over S*D elements, biased variance, accumulated in Acc
+// (float for float/__half/__nv_bfloat16, double for double).
+//
+//   z = (x - mean) * rstd * w[c] + b[c]   (w = 1, b = 0 when absent)
+//   y = act(z)
+//
+// Template parameters:
+//   T       element type of x, y, grad_out, grad_in
+//   W       element type of weight/bias (T, or float for half types)
+//   Acc     accumulator type (the finalize kernels are templated on it
+//           rather than on T, so that __half and bfloat16 share them)
+//   ACT     activation: 0 identity, 1 relu, 2 silu, 3 gelu (erf), 4 gelu_tanh
+//   VEC     elements per 16-byte vector access (1: scalar path, used when C
+//           is not a multiple of the vector width or a pointer is misaligned)
+//   IndexT  int, or long long when a tensor has >= 2**31 elements
+//
+// Launches (no atomics, no host synchronization; the reduction order depends
+// on the shapes only, so results are bit-reproducible):
+//   forward:  stats_partial -> fwd_finalize -> fwd_apply  (3 launches, reads x
+//             twice).  TODO(perf): the floor is 2 passes (read x, write y):
+//             fuse stats and apply with a grid-wide dependency, or keep x in
+//             shared memory/L2 for SD-size tensors.
+//   backward: bwd_reduce -> bwd_finalize -> bwd_dx  (reads x and grad_out
+//             twice; the floor is 3 passes: read x, grad_out, write grad_in).
+//
+// Numerics: every per-(n, c) sum is taken relative to a shift, x[n, 0, c], so
+// that inputs with a large mean (x = 1000 + randn in float32) lose no digits
+// to cancellation; channels are combined with Chan's parallel formula.  The
+// forward applies y = (x - shift_c) * scale_c + offset_c, never x*scale +
+// shift, for the same reason.
+
+#include "dwgn_common.cuh"
+
+using dwgn::AccType;
+using dwgn::from_acc;
+using dwgn::to_acc;
+
+namespace gn {
+
+constexpr int kIdentity = 0;
+constexpr int kRelu = 1;
+constexpr int kSilu = 2;
+constexpr int kGelu = 3;
+constexpr int kGeluTanh = 4;
+
+__device__ __forceinline__ float exp_acc(float v) { return expf(v); }
+__device__ __forceinline__ double exp_acc(double v) { return exp(v); }
+__device__ __forceinline__ float erf_acc(float v) { return erff(v); }
+__device__ __forceinline__ double erf_acc(double v) { return erf(v); }
+__device__ __forceinline__ float tanh_acc(float v) { return tanhf(v); }
+__device__ __forceinline__ double tanh_acc(double v) { return tanh(v); }
+__device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }
+__device__ __forceinline__ double rsqrt_acc(double v) { return rsqrt(v); }
+
+template <int ACT, typename Acc>
+__device__ __forceinline__ Acc activation(Acc z) {
+  if (ACT == kRelu) return z > Acc(0) ? z : Acc(0);
+  if (ACT == kSilu) return z / (Acc(1) + exp_acc(-z));
+  if (ACT == kGelu) return Acc(0.5) * z * (Acc(1) + erf_acc(z * Acc(0.7071067811865476)));
+  if (ACT == kGeluTanh) {
+    const Acc inner = Acc(0.7978845608028654) * (z + Acc(0.044715) * z * z * z);
+    return Acc(0.5) * z * (Acc(1) + tanh_acc(inner));
+  }
+  return z;
+}
+
+// d act(z) / dz.
+template <int ACT, typename Acc>
+__device__ __forceinline__ Acc activation_grad(Acc z) {
+  if (ACT == kRelu) return z > Acc(0) ? Acc(1) : Acc(0);
+  if (ACT == kSilu) {
+    const Acc s = Acc(1) / (Acc(1) + exp_acc(-z));
+    return s * (Acc(1) + z * (Acc(1) - s));
+  }
+  if (ACT == kGelu) {
+    const Acc cdf = Acc(0.5) * (Acc(1) + erf_acc(z * Acc(0.7071067811865476)));
+    const Acc pdf = exp_acc(Acc(-0.5) * z * z) * Acc(0.3989422804014327);  // 1/sqrt(2 pi)
+    return cdf + z * pdf;
+  }
+  if (ACT == kGeluTanh) {
+    const Acc z2 = z * z;
+    const Acc t = tanh_acc(Acc(0.7978845608028654) * (z + Acc(0.044715) * z2 * z));
+    return Acc(0.5) * (Acc(1) + t) +
+           Acc(0.5) * z * (Acc(1) - t * t) * Acc(0.7978845608028654) *
+               (Acc(1) + Acc(3) * Acc(0.044715) * z2);
+  }
+  return Acc(1);
+}
+
+// VEC consecutive elements, one 16-byte (or element-size) access.
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+// Thread layout of the two column-reduction kernels (stats_partial and
+// bwd_reduce): the block covers `cols` consecutive channels starting at
+// blockIdx.z * cols, and `lanes` rows at a time (cols * lanes <= blockDim.x;
+// extra threads idle but still reach every barrier).
+struct ColumnLayout {
+  int cols, lanes, col, lane, c;
+  bool valid;
+  __device__ __forceinline__ ColumnLayout(int C) {
+    cols = C < static_cast<int>(blockDim.x) ? C : static_cast<int>(blockDim.x);
+    lanes = blockDim.x / cols;
+    col = threadIdx.x % cols;
+    lane = threadIdx.x / cols;
+    c = blockIdx.z * cols + col;
+    valid = lane < lanes && c < C;
+  }
+};
+
+// Sums NUM per-thread values over the `lanes` threads that share a column, in
+// a fixed order; the result is valid in the lane-0 thread of each column.
+// Every thread of the block must call it.
+template <int NUM, typename Acc>
+__device__ __forceinline__ void column_sum(Acc (&v)[NUM], const ColumnLayout& L, Acc* scratch) {
+#pragma unroll
+  for (int i = 0; i < NUM; ++i) scratch[i * blockDim.x + threadIdx.x] = v[i];
+  __syncthreads();
+  if (L.lane == 0) {
+#pragma unroll
+    for (int i = 0; i < NUM; ++i) {
+      Acc total = Acc(0);
+      for (int j = 0; j < L.lanes; ++j) total += scratch[i * blockDim.x + j * L.cols + L.col];
+      v[i] = total;
+    }
+  }
+  __syncthreads();  // scratch is reused by the next iteration
+}
+
+}  // namespace gn
+
+// ---------------------------------------------------------------------------
+// The column kernels carry no __launch_bounds__(256): with it ptxas (CUDA 13,
+// sm_80/sm_90) squeezed dwgn_gn_bwd_reduce to 32 registers and spilled.
+
+// Forward pass 1: per (n, chunk of rows, c) sums of (x - shift_c) and its
+// square, shift_c = x[n, 0, c].
+// grid (num_chunks, min(N, 65535), ceil(C / cols)); block 256.
+// partial: (N, num_chunks, 2, C) Acc; shift: (N, C) Acc (written by chunk 0).
+template <typename T, typename IndexT>
+__global__ void dwgn_gn_stats_partial(
+    const T* __restrict__ x, typename AccType<T>::type* __restrict__ partial,
+    typename AccType<T>::type* __restrict__ shift, int N, int S, int C, int rows_per_chunk) {
+  using Acc = typename AccType<T>::type;
+  __shared__ Acc scratch[2 * 256];
+  const gn::ColumnLayout L(C);
+  const int chunk = blockIdx.x;
+  const int num_chunks = gridDim.x;
+  const int row0 = chunk * rows_per_chunk;
+  const int row1 = min(S, row0 + rows_per_chunk);
+  for (int n = blockIdx.y; n < N; n += gridDim.y) {
+    const T* xn = x + static_cast<IndexT>(n) * S * C;
+    Acc v[2] = {Acc(0), Acc(0)};
+    Acc sh = Acc(0);
+    if (L.valid) {
+      sh = to_acc(xn[L.c]);
+      for (int r = row0 + L.lane; r < row1; r += L.lanes) {
+        const Acc d = to_acc(xn[static_cast<IndexT>(r) * C + L.c]) - sh;
+        v[0] += d;
+        v[1] += d * d;
+      }
+    }
+    gn::column_sum<2>(v, L, scratch);
+    if (L.valid && L.lane == 0) {
+      Acc* p = partial + (static_cast<long long>(n) * num_chunks + chunk) * 2 * C + L.c;
+      p[0] = v[0];
+      p[C] = v[1];
+      if (chunk == 0) shift[static_cast<long long>(n) * C + L.c] = sh;
+    }
+  }
+}
+
+// Forward pass 2: one block per (g, n).  Combines the partials over chunks
+// (fixed order) and over the D channels of the group (Chan's formula, every
+// channel has S elements), writes mean/rstd (N, G) and the per-(n, c)
+// coefficients ws (N, 3, C): shift_c, scale_c = rstd * w[c] and
+// offset_c = b[c] - (mean - shift_c) * scale_c.
+// grid (G, min(N, 65535)); block a multiple of 32, <= 1024.
+template <typename Acc, typename W>
+__global__ void dwgn_gn_fwd_finalize(
+    const Acc* __restrict__ partial, const Acc* __restrict__ shift, const W* __restrict__ weight,
+    const W* __restrict__ bias, Acc* __restrict__ mean_out, Acc* __restrict__ rstd_out,
+    Acc* __restrict__ ws, int N, int S, int C, int G, int num_chunks, Acc eps) {
+  __shared__ Acc scratch[2 * 32];
+  __shared__ Acc broadcast[2];
+  const int g = blockIdx.x;
+  const int D = C / G;
+  const int c0 = g * D;
+  const Acc inv_s = Acc(1) / Acc(S);
+  for (int n = blockIdx.y; n < N; n += gridDim.y) {
+    const Acc* sh = shift + static_cast<long long>(n) * C;
+    const Acc ref = sh[c0];  // the group's reference point
+    Acc* wn = ws + static_cast<long long>(n) * 3 * C;
+    // Per channel: m_c = mean_c - ref (small), M2_c; sum both over the group.
+    Acc v[2] = {Acc(0), Acc(0)};
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+      const int c = c0 + j;
+      Acc s1 = Acc(0), s2 = Acc(0);
+      const Acc* p = partial + static_cast<long long>(n) * num_chunks * 2 * C + c;
+      for (int k = 0; k < num_chunks; ++k) {
+        s1 += p[0];
+        s2 += p[C];
+        p += 2 * C;
+      }
+      const Acc local_mean = s1 * inv_s;
+      const Acc m2 = s2 - s1 * local_mean;
+      const Acc m = (sh[c] - ref) + local_mean;
+      wn[c] = m;  // parked here until the group mean is known (same thread reads it)
+      v[0] += m;
+      v[1] += m2 > Acc(0) ? m2 : Acc(0);
+    }
+    dwgn::block_sum<2>(v, scratch);
+    if (threadIdx.x == 0) broadcast[0] = v[0] / Acc(D);
+    __syncthreads();
+    const Acc dmean = broadcast[0];  // group mean - ref
+    Acc spread[1] = {Acc(0)};
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+      const Acc d = wn[c0 + j] - dmean;
+      spread[0] += d * d;
+    }
+    // v[1] (sum of the within-channel M2) is still valid in thread 0.
+    dwgn::block_sum<1>(spread, scratch);
+    if (threadIdx.x == 0) {
+      const Acc var = (v[1] + Acc(S) * spread[0]) * inv_s / Acc(D);
+      const Acc rstd = gn::rsqrt_acc(var + eps);
+      mean_out[static_cast<long long>(n) * G + g] = ref + dmean;
+      rstd_out[static_cast<long long>(n) * G + g] = rstd;
+      broadcast[1] = rstd;
+    }
+    __syncthreads();
+    const Acc rstd = broadcast[1];
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+      const int c = c0 + j;
+      const Acc scale = weight != nullptr ? rstd * to_acc(weight[c]) : rstd;
+      const Acc b = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+      // mean - shift_c = (ref + dmean) - shift_c, kept small.
+      const Acc delta = (ref - sh[c]) + dmean;
+      wn[c] = sh[c];
+      wn[C + c] = scale;
+      wn[2 * C + c] = b - delta * scale;
+    }
+    __syncthreads();  // broadcast is rewritten by the next n
+  }
+}
+
+// Forward pass 3: y = act((x - shift_c) * scale_c + offset_c), VEC channels
+// per thread and access; grid-stride over the N*S*C/VEC vectors.
+template <typename T, int ACT, int VEC, typename IndexT>
+__global__ void __launch_bounds__(256) dwgn_gn_fwd_apply(
+    const T* __restrict__ x, const typename AccType<T>::type* __restrict__ ws, T* __restrict__ y,
+    IndexT num_vectors, int S, int C) {
+  using Acc = typename AccType<T>::type;
+  using V = gn::Vec<T, VEC>;
+  const int cv = C / VEC;
+  const IndexT stride = static_cast<IndexT>(gridDim.x) * blockDim.x;
+  for (IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x; i < num_vectors;
+       i += stride) {
+    const IndexT row = i / cv;
+    const int c = static_cast<int>(i - row * cv) * VEC;
+    const int n = static_cast<int>(row / S);
+    const Acc* wn = ws + static_cast<long long>(n) * 3 * C + c;
+    const V in = reinterpret_cast<const V*>(x)[i];
+    V out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const Acc z = (to_acc(in.v[k]) - wn[k]) * wn[C + k] + wn[2 * C + k];
+      out.v[k] = from_acc<T>(gn::activation<ACT>(z));
+    }
+    reinterpret_cast<V*>(y)[i] = out;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Backward pass 1: per (n, chunk, c) sums of dz and dz * xhat, where
+// xhat = (x - mean) * rstd, z = xhat * w + b, dz = grad_out * act'(z).
+// Same grid and thread layout as dwgn_gn_stats_partial.
+// partial: (N, num_chunks, 2, C) Acc.
+template <typename T, typename W, int ACT, typename IndexT>
+__global__ void dwgn_gn_bwd_reduce(
+    const T* __restrict__ grad_out, const T* __restrict__ x,
+    const typename AccType<T>::type* __restrict__ mean,
+    const typename AccType<T>::type* __restrict__ rstd, const W* __restrict__ weight,
+    const W* __restrict__ bias, typename AccType<T>::type* __restrict__ partial, int N, int S,
+    int C, int G, int rows_per_chunk) {
+  using Acc = typename AccType<T>::type;
+  __shared__ Acc scratch[2 * 256];
+  const gn::ColumnLayout L(C);
+  const int chunk = blockIdx.x;
+  const int num_chunks = gridDim.x;
+  const int row0 = chunk * rows_per_chunk;
+  const int row1 = min(S, row0 + rows_per_chunk);
+  const int g = L.valid ? L.c / (C / G) : 0;
+  const Acc w = (L.valid && weight != nullptr) ? to_acc(weight[L.c]) : Acc(1);
+  const Acc b = (L.valid && bias != nullptr) ? to_acc(bias[L.c]) : Acc(0);
+  for (int n = blockIdx.y; n < N; n += gridDim.y) {
+    const IndexT base = static_cast<IndexT>(n) * S * C;
+    Acc v[2] = {Acc(0), Acc(0)};
+    if (L.valid) {
+      const Acc m = mean[static_cast<long long>(n) * G + g];
+      const Acc r = rstd[static_cast<long long>(n) * G + g];
+      for (int row = row0 + L.lane; row < row1; row += L.lanes) {
+        const IndexT i = base + static_cast<IndexT>(row) * C + L.c;
+        const Acc xhat = (to_acc(x[i]) - m) * r;
+        Acc dz = to_acc(grad_out[i]);
+        if (ACT != gn::kIdentity) dz *= gn::activation_grad<ACT>(xhat * w + b);
+        v[0] += dz;
+        v[1] += dz * xhat;
+      }
+    }
+    gn::column_sum<2>(v, L, scratch);
+    if (L.valid && L.lane == 0) {
+      Acc* p = partial + (static_cast<long long>(n) * num_chunks + chunk) * 2 * C + L.c;
+      p[0] = v[0];
+      p[C] = v[1];
+    }
+  }
+}
+
+// Backward pass 2.  Blocks (g, y) with y < N: for sample n = y, A_c = sum dz,
+// B_c = sum dz*xhat over the chunks (fixed order); c1 = sum_c w_c A_c / (S D),
+// c2 = sum_c w_c B_c / (S D); writes ws (N, 6, C): mean, rstd, w, b,
+// rstd*c1, rstd*c2 for every channel of the group.  Blocks (g, y == N): the
+// weight/bias gradients of the group's channels, dw_c = sum_n B, db_c =
+// sum_n A (each written only when its pointer is not null).
+// grid (G, min(N + 1, 65535)); block a multiple of 32, <= 1024.
+template <typename Acc, typename W>
+__global__ void dwgn_gn_bwd_finalize(
+    const Acc* __restrict__ partial, const Acc* __restrict__ mean, const Acc* __restrict__ rstd,
+    const W* __restrict__ weight, const W* __restrict__ bias, Acc* __restrict__ ws,
+    W* __restrict__ grad_weight, W* __restrict__ grad_bias, int N, int S, int C, int G,
+    int num_chunks) {
+  __shared__ Acc scratch[2 * 32];
+  __shared__ Acc broadcast[2];
+  const int g = blockIdx.x;
+  const int D = C / G;
+  const int c0 = g * D;
+  for (int y = blockIdx.y; y <= N; y += gridDim.y) {
+    if (y == N) {  // block-uniform branch, no barrier inside
+      if (grad_weight == nullptr && grad_bias == nullptr) continue;
+      for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        const int c = c0 + j;
+        Acc a = Acc(0), bsum = Acc(0);
+        for (int n = 0; n < N; ++n) {
+          const Acc* p = partial + static_cast<long long>(n) * num_chunks * 2 * C + c;
+          Acc an = Acc(0), bn = Acc(0);
+          for (int k = 0; k < num_chunks; ++k) {
+            an += p[0];
+            bn += p[C];
+            p += 2 * C;
+          }
+          a += an;
+          bsum += bn;
+        }
+        if (grad_weight != nullptr) grad_weight[c] = from_acc<W>(bsum);
+        if (grad_bias != nullptr) grad_bias[c] = from_acc<W>(a);
+      }
+      continue;
+    }
+    const int n = y;
+    Acc v[2] = {Acc(0), Acc(0)};
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+      const int c = c0 + j;
+      const Acc* p = partial + static_cast<long long>(n) * num_chunks * 2 * C + c;
+      Acc a = Acc(0), bsum = Acc(0);
+      for (int k = 0; k < num_chunks; ++k) {
+        a += p[0];
+        bsum += p[C];
+        p += 2 * C;
+      }
+      const Acc w = weight != nullptr ? to_acc(weight[c]) : Acc(1);
+      v[0] += w * a;
+      v[1] += w * bsum;
+    }
+    dwgn::block_sum<2>(v, scratch);
+    const Acc m = mean[static_cast<long long>(n) * G + g];
+    const Acc r = rstd[static_cast<long long>(n) * G + g];
+    if (threadIdx.x == 0) {
+      const Acc inv_count = Acc(1) / (Acc(S) * Acc(D));
+      broadcast[0] = r * v[0] * inv_count;
+      broadcast[1] = r * v[1] * inv_count;
+    }
+    __syncthreads();
+    const Acc k1 = broadcast[0];
+    const Acc k2 = broadcast[1];
+    Acc* wn = ws + static_cast<long long>(n) * 6 * C;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+      const int c = c0 + j;
+      wn[c] = m;
+      wn[C + c] = r;
+      wn[2 * C + c] = weight != nullptr ? to_acc(weight[c]) : Acc(1);
+      wn[3 * C + c] = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+      wn[4 * C + c] = k1;
+      wn[5 * C + c] = k2;
+    }
+    __syncthreads();  // broadcast is rewritten by the next n
+  }
+}
+
+// Backward pass 3: grad_in = rstd * w * dz - rstd*c1 - xhat * rstd*c2.
+template <typename T, int ACT, int VEC, typename IndexT>
+__global__ void __launch_bounds__(256) dwgn_gn_bwd_dx(
+    const T* __restrict__ grad_out, const T* __restrict__ x,
+    const typename AccType<T>::type* __restrict__ ws, T* __restrict__ grad_in,
+    IndexT num_vectors, int S, int C) {
+  using Acc = typename AccType<T>::type;
+  using V = gn::Vec<T, VEC>;
+  const int cv = C / VEC;
+  const IndexT stride = static_cast<IndexT>(gridDim.x) * blockDim.x;
+  for (IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x; i < num_vectors;
+       i += stride) {
+    const IndexT row = i / cv;
+    const int c = static_cast<int>(i - row * cv) * VEC;
+    const int n = static_cast<int>(row / S);
+    const Acc* wn = ws + static_cast<long long>(n) * 6 * C + c;
+    const V xv = reinterpret_cast<const V*>(x)[i];
+    const V dyv = reinterpret_cast<const V*>(grad_out)[i];
+    V out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const Acc r = wn[C + k];
+      const Acc w = wn[2 * C + k];
+      const Acc xhat = (to_acc(xv.v[k]) - wn[k]) * r;
+      Acc dz = to_acc(dyv.v[k]);
+      if (ACT != gn::kIdentity) dz *= gn::activation_grad<ACT>(xhat * w + wn[3 * C + k]);
+      out.v[k] = from_acc<T>(r * w * dz - wn[4 * C + k] - xhat * wn[5 * C + k]);
+    }
+    reinterpret_cast<V*>(grad_in)[i] = out;
+  }
+}

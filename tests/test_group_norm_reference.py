@@ -1,0 +1,128 @@
+"""The float64 GroupNorm references, checked on the CPU against an independent
+computation: a plain per-(n, g) loop for the forward, central finite
+differences of the forward for the backward."""
+
+import math
+
+import numpy
+import pytest
+
+from cupy_dwgn import reference
+
+ACTIVATIONS = ("identity", "relu", "silu", "gelu", "gelu_tanh")
+
+_SCALAR_ACT = {
+    "identity": lambda z: z,
+    "relu": lambda z: max(z, 0.0),
+    "silu": lambda z: z / (1.0 + math.exp(-z)),
+    "gelu": lambda z: 0.5 * z * (1.0 + math.erf(z / math.sqrt(2.0))),
+    "gelu_tanh": lambda z: 0.5 * z * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z**3))),
+}
+
+
+def _loop_group_norm(x, num_groups, weight, bias, eps, activation):
+    """Per (n, g) with Python scalars: two-pass mean/variance, then each element."""
+    batch, channels = x.shape[0], x.shape[-1]
+    flat = x.reshape(batch, -1, channels)
+    per_group = channels // num_groups
+    act = _SCALAR_ACT[activation]
+    y = numpy.empty_like(flat)
+    mean = numpy.empty((batch, num_groups))
+    rstd = numpy.empty((batch, num_groups))
+    for n in range(batch):
+        for g in range(num_groups):
+            cs = range(g * per_group, (g + 1) * per_group)
+            values = [float(flat[n, s, c]) for s in range(flat.shape[1]) for c in cs]
+            m = math.fsum(values) / len(values)
+            v = math.fsum((u - m) ** 2 for u in values) / len(values)
+            r = 1.0 / math.sqrt(v + eps)
+            mean[n, g], rstd[n, g] = m, r
+            for s in range(flat.shape[1]):
+                for c in cs:
+                    w = 1.0 if weight is None else float(weight[c])
+                    b = 0.0 if bias is None else float(bias[c])
+                    y[n, s, c] = act((flat[n, s, c] - m) * r * w + b)
+    return y.reshape(x.shape), mean, rstd
+
+
+SHAPES = [  # (shape, num_groups)
+    ((2, 6), 3),  # no spatial dims
+    ((2, 5, 6), 2),  # 1 spatial dim
+    ((1, 3, 4, 9), 3),  # 2 spatial dims, 3 channels per group
+    ((2, 2, 3, 2, 4), 4),  # 3 spatial dims, C == G
+    ((3, 7, 5), 1),  # G == 1, prime S
+]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("shape,num_groups", SHAPES)
+@pytest.mark.parametrize("affine", ["both", "none", "weight"])
+def test_forward_matches_loop(rng, shape, num_groups, activation, affine):
+    x = 3.0 + rng.standard_normal(shape)
+    channels = shape[-1]
+    weight = rng.standard_normal(channels) if affine in ("both", "weight") else None
+    bias = rng.standard_normal(channels) if affine == "both" else None
+    y, mean, rstd = reference.group_norm(x, num_groups, weight, bias, eps=1e-3, activation=activation)
+    y2, mean2, rstd2 = _loop_group_norm(x, num_groups, weight, bias, 1e-3, activation)
+    assert y.dtype == mean.dtype == rstd.dtype == numpy.float64
+    numpy.testing.assert_allclose(mean, mean2, rtol=1e-13)
+    numpy.testing.assert_allclose(rstd, rstd2, rtol=1e-12)
+    numpy.testing.assert_allclose(y, y2, rtol=1e-11, atol=1e-12)
+
+
+def test_forward_large_offset_is_exact(rng):
+    x = 1000.0 + rng.standard_normal((2, 16, 8))
+    y, mean, rstd = reference.group_norm(x, 4)
+    y2, mean2, rstd2 = _loop_group_norm(x, 4, None, None, 1e-5, "identity")
+    numpy.testing.assert_allclose(y, y2, rtol=1e-9, atol=1e-10)
+    numpy.testing.assert_allclose(rstd, rstd2, rtol=1e-9)
+
+
+def _numeric_gradients(x, dy, num_groups, weight, bias, activation, step=1e-6):
+    def loss(x_, w_, b_):
+        y, _, _ = reference.group_norm(x_, num_groups, w_, b_, eps=1e-3, activation=activation)
+        return float(numpy.sum(y * dy))
+
+    def central(array, rebuild):
+        grad = numpy.zeros_like(array)
+        for index in numpy.ndindex(array.shape):
+            plus = array.copy()
+            minus = array.copy()
+            plus[index] += step
+            minus[index] -= step
+            grad[index] = (loss(*rebuild(plus)) - loss(*rebuild(minus))) / (2 * step)
+        return grad
+
+    dx = central(x, lambda a: (a, weight, bias))
+    dw = None if weight is None else central(weight, lambda a: (x, a, bias))
+    db = None if bias is None else central(bias, lambda a: (x, weight, a))
+    return dx, dw, db
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("affine", ["both", "none", "bias"])
+@pytest.mark.parametrize("shape,num_groups", [((2, 3, 6), 2), ((1, 2, 2, 3), 1), ((2, 4), 2)])
+def test_backward_matches_finite_differences(rng, shape, num_groups, activation, affine):
+    x = 3.0 + rng.standard_normal(shape)
+    dy = rng.standard_normal(shape)
+    channels = shape[-1]
+    weight = rng.standard_normal(channels) if affine == "both" else None
+    bias = rng.standard_normal(channels) if affine in ("both", "bias") else None
+    if activation == "relu":  # keep z away from the kink, where the derivative jumps
+        y, _, _ = reference.group_norm(x, num_groups, weight, bias, eps=1e-3)
+        assert numpy.abs(y).min() > 1e-4, "resample: z too close to 0 for relu"
+    dx, dw, db = reference.group_norm_backward(
+        dy, x, num_groups, weight, bias, eps=1e-3, activation=activation
+    )
+    ndx, ndw, ndb = _numeric_gradients(x, dy, num_groups, weight, bias, activation)
+    numpy.testing.assert_allclose(dx, ndx, rtol=1e-6, atol=1e-7)
+    assert (dw is None) == (weight is None) and (db is None) == (bias is None)
+    if dw is not None:
+        numpy.testing.assert_allclose(dw, ndw, rtol=1e-6, atol=1e-7)
+    if db is not None:
+        numpy.testing.assert_allclose(db, ndb, rtol=1e-6, atol=1e-7)
+
+
+def test_reference_rejects_unknown_activation():
+    with pytest.raises(ValueError, match="gelu_tanh"):
+        reference.group_norm(numpy.ones((1, 4)), 2, activation="tanh")

@@ -1,0 +1,252 @@
+"""GroupNorm argument checks.
+
+The validators are duck-typed over the array class, so the CPU tests run them
+on NumPy arrays (kind=numpy.ndarray, exactly what cupy_dwgn.host does); the
+few CuPy-specific messages (NumPy array given, devices) are GPU tests.
+"""
+
+import ml_dtypes
+import numpy
+import pytest
+
+from cupy_dwgn import _group_norm as gn
+
+F16 = numpy.float16
+F32 = numpy.float32
+F64 = numpy.float64
+BF16 = numpy.dtype(ml_dtypes.bfloat16)
+
+
+def fwd(x, num_groups=2, weight=None, bias=None, eps=1e-5, activation="identity", out=None):
+    return gn.check_forward_args(x, num_groups, weight, bias, eps, activation, out, kind=numpy.ndarray)
+
+
+def bwd(grad_out, x, mean, rstd, num_groups=2, weight=None, bias=None, activation="identity"):
+    return gn.check_backward_args(
+        grad_out, x, mean, rstd, num_groups, weight, bias, activation, kind=numpy.ndarray
+    )
+
+
+def z(shape, dtype=F32):
+    return numpy.zeros(shape, dtype=dtype)
+
+
+# -- accepted ---------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(2, 4), (2, 3, 4), (2, 3, 5, 4), (2, 3, 5, 7, 4)])
+def test_ranks_2_to_5_accepted(shape):
+    batch, rows, channels, groups = fwd(z(shape))
+    assert (batch, channels, groups) == (2, 4, 2)
+    assert rows == int(numpy.prod(shape[1:-1]))
+
+
+@pytest.mark.parametrize("dtype,wdtype", [(F32, F32), (F64, F64), (F16, F16), (F16, F32), (BF16, BF16), (BF16, F32)])
+def test_weight_dtypes_accepted(dtype, wdtype):
+    fwd(z((1, 3, 4), dtype), 2, z(4, wdtype), z(4, wdtype))
+    fwd(z((1, 3, 4), dtype), 2, None, z(4, wdtype))
+
+
+def test_numpy_integer_groups_and_zero_size_accepted():
+    assert fwd(z((0, 3, 4)), numpy.int64(4))[3] == 4
+    assert fwd(z((2, 0, 4)))[1] == 0
+
+
+# -- forward errors ---------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(4,), (1, 2, 3, 4, 5, 4)])
+def test_wrong_rank(shape):
+    with pytest.raises(ValueError, match=r"x: expected a 2-D to 5-D array .*got shape"):
+        fwd(z(shape))
+
+
+def test_not_an_array():
+    with pytest.raises(TypeError, match="x: expected a numpy.ndarray, got list"):
+        fwd([[1.0, 2.0]])
+
+
+def test_unsupported_dtype():
+    with pytest.raises(TypeError, match="x: expected dtype .*got int32"):
+        fwd(z((1, 4), numpy.int32))
+
+
+def test_non_contiguous():
+    x = z((2, 3, 8))[:, :, ::2]
+    with pytest.raises(ValueError, match="x: expected a C-contiguous array"):
+        fwd(x)
+
+
+def test_zero_channels():
+    with pytest.raises(ValueError, match="x: expected at least one channel"):
+        fwd(z((2, 3, 0)))
+
+
+@pytest.mark.parametrize("num_groups", [3, 5])
+def test_groups_must_divide_channels(num_groups):
+    with pytest.raises(ValueError, match=rf"num_groups: expected a divisor of C = 4 .*got {num_groups}"):
+        fwd(z((1, 2, 4)), num_groups)
+
+
+@pytest.mark.parametrize("num_groups", [0, -2])
+def test_groups_must_be_positive(num_groups):
+    with pytest.raises(ValueError, match=f"num_groups: expected a positive int, got {num_groups}"):
+        fwd(z((1, 2, 4)), num_groups)
+
+
+@pytest.mark.parametrize("num_groups", [2.0, "2", True, None])
+def test_groups_must_be_int(num_groups):
+    with pytest.raises(TypeError, match="num_groups: expected an int"):
+        fwd(z((1, 2, 4)), num_groups)
+
+
+@pytest.mark.parametrize("name", ["weight", "bias"])
+def test_affine_shape(name):
+    kwargs = {name: z(5)}
+    with pytest.raises(ValueError, match=rf"{name}: expected shape \(4,\).*got \(5,\)"):
+        fwd(z((1, 2, 4)), **kwargs)
+    kwargs = {name: z((1, 4))}
+    with pytest.raises(ValueError, match=rf"{name}: expected a 1-D array"):
+        fwd(z((1, 2, 4)), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "dtype,wdtype", [(F32, F16), (F32, F64), (F64, F32), (F16, BF16), (BF16, F16), (F16, F64)]
+)
+def test_affine_dtype(dtype, wdtype):
+    with pytest.raises(TypeError, match=rf"weight: expected dtype .*got {numpy.dtype(wdtype)}"):
+        fwd(z((1, 2, 4), dtype), 2, z(4, wdtype))
+
+
+def test_weight_and_bias_same_dtype():
+    with pytest.raises(TypeError, match="bias: expected dtype float32 .*weight.*got float16"):
+        fwd(z((1, 2, 4), F16), 2, z(4, F32), z(4, F16))
+
+
+@pytest.mark.parametrize("activation", ["tanh", "SiLU", ""])
+def test_unknown_activation_lists_allowed(activation):
+    with pytest.raises(ValueError, match=r"activation: expected one of 'identity', 'relu', 'silu', 'gelu', 'gelu_tanh', got"):
+        fwd(z((1, 2, 4)), activation=activation)
+
+
+def test_activation_must_be_str():
+    with pytest.raises(TypeError, match="activation: expected a str"):
+        fwd(z((1, 2, 4)), activation=None)
+
+
+@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf")])
+def test_eps_must_be_positive(eps):
+    with pytest.raises(ValueError, match="eps: expected a finite value > 0"):
+        fwd(z((1, 2, 4)), eps=eps)
+
+
+def test_eps_must_be_a_number():
+    with pytest.raises(TypeError, match="eps: expected a float, got str"):
+        fwd(z((1, 2, 4)), eps="1e-5")
+
+
+def test_out_shape_and_dtype():
+    with pytest.raises(ValueError, match=r"out: expected shape \(1, 2, 4\), got \(1, 8\)"):
+        fwd(z((1, 2, 4)), out=z((1, 8)))
+    with pytest.raises(TypeError, match="out: expected dtype float32, got float64"):
+        fwd(z((1, 2, 4)), out=z((1, 2, 4), F64))
+
+
+# -- backward errors --------------------------------------------------------
+
+def _bwd_args(dtype=F32, shape=(2, 3, 4), groups=2):
+    acc = F64 if dtype == F64 else F32
+    return z(shape, dtype), z(shape, dtype), z((shape[0], groups), acc), z((shape[0], groups), acc)
+
+
+def test_backward_accepts_valid():
+    assert bwd(*_bwd_args()) == (2, 3, 4, 2)
+    assert bwd(*_bwd_args(F16), 2, z(4, F32), z(4, F32)) == (2, 3, 4, 2)
+
+
+def test_backward_grad_out_shape():
+    dy, x, mean, rstd = _bwd_args()
+    with pytest.raises(ValueError, match=r"grad_out: expected shape \(2, 3, 4\) \(the shape of x\), got \(2, 4, 3\)"):
+        bwd(dy.reshape(2, 4, 3), x, mean, rstd)
+
+
+def test_backward_grad_out_dtype():
+    dy, x, mean, rstd = _bwd_args()
+    with pytest.raises(TypeError, match="grad_out: expected dtype float32 .*got float64"):
+        bwd(dy.astype(F64), x, mean, rstd)
+
+
+@pytest.mark.parametrize("name", ["mean", "rstd"])
+def test_backward_stats_shape(name):
+    args = dict(zip(["grad_out", "x", "mean", "rstd"], _bwd_args()))
+    args[name] = z((2, 4))
+    with pytest.raises(ValueError, match=rf"{name}: expected shape \(2, 2\) \(N, num_groups\), got \(2, 4\)"):
+        bwd(**args)
+
+
+@pytest.mark.parametrize("dtype,stats_dtype", [(F16, F16), (BF16, F64), (F32, F64), (F64, F32)])
+def test_backward_stats_dtype(dtype, stats_dtype):
+    dy, x, mean, rstd = _bwd_args(dtype)
+    with pytest.raises(TypeError, match=rf"mean: expected dtype float(32|64) .*got {numpy.dtype(stats_dtype)}"):
+        bwd(dy, x, mean.astype(stats_dtype), rstd)
+
+
+def test_backward_checks_groups_affine_activation():
+    dy, x, mean, rstd = _bwd_args()
+    with pytest.raises(ValueError, match="num_groups: expected a divisor"):
+        bwd(dy, x, mean, rstd, 3)
+    with pytest.raises(TypeError, match="weight: expected dtype"):
+        bwd(dy, x, mean, rstd, 2, z(4, F64))
+    with pytest.raises(ValueError, match="activation: expected one of"):
+        bwd(dy, x, mean, rstd, 2, activation="swish")
+
+
+def test_specializations_selection():
+    specs = gn.specializations("group_norm", dtypes=[F16], activations=["silu"], large_index=False)
+    names = [e for _, e in specs]
+    assert "dwgn_gn_fwd_apply<__half, 2, 8, int>" in names
+    assert "dwgn_gn_fwd_apply<__half, 2, 1, int>" in names
+    assert "dwgn_gn_fwd_finalize<float, float>" in names and "dwgn_gn_fwd_finalize<float, __half>" in names
+    assert not any("long long" in n for n in names)
+    with pytest.raises(ValueError, match="activation"):
+        gn.specializations(activations=["swish"])
+
+
+# -- CuPy-specific messages (need a GPU) -----------------------------------
+
+@pytest.mark.gpu
+def test_numpy_input_points_to_host():
+    with pytest.raises(TypeError, match=r"x: expected a cupy.ndarray, got numpy.ndarray \(for NumPy arrays use cupy_dwgn.host\)"):
+        gn.group_norm(numpy.zeros((1, 2, 4), F32), 2)
+
+
+@pytest.mark.gpu
+def test_gpu_errors_raised_before_launch():
+    import cupy
+
+    x = cupy.zeros((1, 2, 4), F32)
+    with pytest.raises(ValueError, match="num_groups"):
+        gn.group_norm(x, 3)
+    with pytest.raises(ValueError, match="x: expected a C-contiguous"):
+        gn.group_norm(cupy.zeros((1, 2, 8), F32)[:, :, ::2], 2)
+    with pytest.raises(TypeError, match="weight: expected a cupy.ndarray"):
+        gn.group_norm(x, 2, numpy.ones(4, F32))
+    y, mean, rstd = gn.group_norm(x + 1, 2, return_stats=True)
+    with pytest.raises(TypeError, match="mean: expected dtype float32"):
+        gn.group_norm_backward(x, x, mean.astype(F64), rstd, 2)
+
+
+@pytest.mark.gpu
+def test_arrays_on_different_devices():
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs 2 GPUs")
+    x = cupy.zeros((1, 2, 4), F32)
+    with cupy.cuda.Device(1):
+        w = cupy.ones(4, F32)
+    with pytest.raises(ValueError, match="weight: expected an array on device 0 .*got device 1"):
+        gn.group_norm(x, 2, w)
+    with cupy.cuda.Device(1):
+        dy = cupy.ones((1, 2, 4), F32)
+    y, mean, rstd = gn.group_norm(x, 2, return_stats=True)
+    with pytest.raises(ValueError, match="grad_out: expected an array on device 0"):
+        gn.group_norm_backward(dy, x, mean, rstd, 2)
