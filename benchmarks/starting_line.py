@@ -13,23 +13,28 @@ import cupy
 import numpy
 
 import cupy_dwgn
-from harness import copy_bandwidth_bytes_per_us, time_us
+from harness import copy_bandwidth_bytes_per_us, host_us, time_us
 
 
-def depthwise_case(torch, bandwidth, n=64, c=144, hw=56, k=3):
+def depthwise_case(torch, bandwidth, n=64, c=144, hw=56, k=3, stride=1):
     x = cupy.random.standard_normal((n, c, hw, hw), dtype=cupy.float32)
     w = cupy.random.standard_normal((c, 1, k, k), dtype=cupy.float32)
-    ours = time_us(lambda: cupy_dwgn.depthwise_conv2d(x, w, padding=k // 2))
+    conv_args = dict(padding=k // 2, stride=stride)
+    y = cupy_dwgn.depthwise_conv2d(x, w, **conv_args)
+    ours = time_us(lambda: cupy_dwgn.depthwise_conv2d(x, w, **conv_args))
     tx, tw = torch.from_dlpack(x), torch.from_dlpack(w)
     conv = torch.nn.functional.conv2d
-    torch_nchw = time_us(lambda: conv(tx, tw, padding=k // 2, groups=c))
+    torch_nchw = time_us(lambda: conv(tx, tw, groups=c, **conv_args))
     tx_cl = tx.contiguous(memory_format=torch.channels_last)
-    torch_cl = time_us(lambda: conv(tx_cl, tw, padding=k // 2, groups=c))
-    floor = 2 * x.nbytes / bandwidth
+    torch_cl = time_us(lambda: conv(tx_cl, tw, groups=c, **conv_args))
+    floor = (x.nbytes + y.nbytes) / bandwidth
+    tiny_x, tiny_w = x[:1, :8, :8, :8].copy(), w[:8].copy()
     return {
-        "case": f"depthwise fwd {n}x{c}x{hw}x{hw} {k}x{k} fp32",
+        "case": f"depthwise fwd {n}x{c}x{hw}x{hw} {k}x{k} s{stride} fp32",
         "cupy_dwgn_us": ours, "torch_nchw_us": torch_nchw, "torch_channels_last_us": torch_cl,
         "floor_us": floor, "fraction_of_copy_bandwidth": floor / ours,
+        "cupy_dwgn_host_us_per_call_tiny": host_us(lambda: cupy_dwgn.depthwise_conv2d(tiny_x, tiny_w, padding=k // 2)),
+        "torch_host_us_per_call_tiny": host_us(lambda: conv(torch.from_dlpack(tiny_x), torch.from_dlpack(tiny_w), padding=k // 2, groups=8)),
     }
 
 
@@ -74,7 +79,12 @@ def main():
         "device": props["name"].decode(), "date": datetime.date.today().isoformat(),
         "cupy": cupy.__version__, "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(),
-        "copy_bandwidth_TBps": bandwidth / 1e6, "cases": [depthwise_case(torch, bandwidth)],
+        "copy_bandwidth_TBps": bandwidth / 1e6, "cases": [
+            depthwise_case(torch, bandwidth),
+            depthwise_case(torch, bandwidth, 64, 96, 112, 3, 2),
+            depthwise_case(torch, bandwidth, 64, 240, 28, 5),
+            depthwise_case(torch, bandwidth, 64, 96, 56, 7),
+        ],
     }
     if not args.skip_group_norm:
         results["cases"].append(group_norm_case(torch, bandwidth))

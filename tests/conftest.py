@@ -45,3 +45,14 @@ def pytest_report_header(config):
         props = cupy.cuda.runtime.getDeviceProperties(0)
         return f"cupy {cupy.__version__}, {GPU_COUNT} GPU(s): {props['name'].decode()}"
     return f"GPU tests will be skipped: {NO_GPU_REASON}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    from cupy_dwgn import _compile
+
+    stats = _compile.load_stats
+    if stats["kernels"]:
+        terminalreporter.write_line(
+            f"cupy_dwgn: {stats['kernels']} kernel specializations loaded in "
+            f"{stats['seconds']:.1f} s (NVRTC compile or CuPy disk cache)"
+        )
