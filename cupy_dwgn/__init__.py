@@ -15,6 +15,7 @@ _LAZY = {
     "group_norm": "_group_norm",
     "group_norm_backward": "_group_norm",
     "precompile": "_compile",
+    "gpu_status": "_device",
 }
 
 __all__ = sorted(_LAZY) + ["KernelCompileError", "__version__"]

@@ -17,16 +17,18 @@ def _info(args):
     print(f"cupy-dwgn {__version__}")
     print(f"kernels: {_compile.kernel_dir()}")
     print(f"kernel cache: {os.environ.get('CUPY_CACHE_DIR', os.path.expanduser('~/.cupy/kernel_cache'))}")
-    try:
-        import cupy
+    from ._device import gpu_status
 
-        print(f"cupy {cupy.__version__}")
-        count = cupy.cuda.runtime.getDeviceCount()
-        for device in range(count):
-            props = cupy.cuda.runtime.getDeviceProperties(device)
-            print(f"GPU {device}: {props['name'].decode()} (sm_{props['major']}{props['minor']})")
-    except Exception as error:  # no CuPy or no usable GPU: report, do not fail
-        print(f"no usable GPU: {type(error).__name__}: {error}")
+    count, reason = gpu_status()
+    if not count:
+        print(reason)
+        return 0
+    import cupy
+
+    print(f"cupy {cupy.__version__}")
+    for device in range(count):
+        props = cupy.cuda.runtime.getDeviceProperties(device)
+        print(f"GPU {device}: {props['name'].decode()} (sm_{props['major']}{props['minor']})")
     return 0
 
 

@@ -10,24 +10,14 @@ import numpy
 
 
 def gpu_or_exit():
-    """Exit with a plain explanation when no CUDA GPU can be used."""
-    try:
-        import cupy
+    """Return cupy, or exit with a plain explanation when no CUDA GPU can be used."""
+    import cupy_dwgn
 
-        count = cupy.cuda.runtime.getDeviceCount()
-    except ImportError:
-        sys.exit(
-            "CuPy is not installed. Install cupy-dwgn with the extra that matches your CUDA driver:\n"
-            "    pip install 'cupy-dwgn[cuda13]'   (or [cuda12]; `nvidia-smi` shows the driver's CUDA version)"
-        )
-    except Exception as error:  # CUDA runtime or driver errors
-        sys.exit(
-            f"No usable CUDA GPU here ({type(error).__name__}: {error}).\n"
-            "cupy-dwgn runs its kernels on an NVIDIA GPU: run this on a machine with one and a CUDA "
-            "driver (check with `nvidia-smi`). The NumPy references in cupy_dwgn.reference work anywhere."
-        )
-    if count == 0:
-        sys.exit("No CUDA GPU found (0 devices). Run this on a machine with an NVIDIA GPU.")
+    count, reason = cupy_dwgn.gpu_status()
+    if not count:
+        sys.exit(f"Cannot run this example: {reason}")
+    import cupy
+
     return cupy
 
 

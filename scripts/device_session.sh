@@ -2,7 +2,7 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all): facts cold tests sanitizer bench
+# STEPS selects parts (default: all): facts cold examples tests sanitizer bench
 # SANITIZER_ARGS pick kernel families (depthwise group_norm); BENCH_ARGS go to benchmarks/starting_line.py.
 # PYTEST_ARGS replaces the pytest selection (default "-m gpu"; e.g. "-m 'gpu and not slow'").
 set -uo pipefail
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:$PWD/benchmarks PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/dwgn_out}; mkdir -p "$OUT"
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/dwgn_cupy_cache}
-STEPS=${STEPS:-facts cold tests sanitizer bench}
+STEPS=${STEPS:-facts cold examples tests sanitizer bench}
 status=0
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -20,6 +20,13 @@ if has facts; then
 fi
 if has cold; then
   python3 benchmarks/cold_start.py 2>&1 | tee "$OUT/cold_start.txt"
+fi
+if has examples; then
+  for example in examples/*.py; do
+    echo "== $example" | tee -a "$OUT/examples.txt"
+    python3 "$example" 2>&1 | tee -a "$OUT/examples.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
 fi
 if has tests; then
   start=$(date +%s)

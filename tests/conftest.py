@@ -5,20 +5,9 @@ import zlib
 import numpy
 import pytest
 
+from cupy_dwgn import gpu_status
 
-def _gpu_status():
-    try:
-        import cupy
-
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as error:  # no CuPy, no driver, no device
-        return 0, f"no CUDA GPU available ({type(error).__name__}: {error})"
-    if count == 0:
-        return 0, "no CUDA GPU available (0 devices)"
-    return count, ""
-
-
-GPU_COUNT, NO_GPU_REASON = _gpu_status()
+GPU_COUNT, NO_GPU_REASON = gpu_status()
 
 
 def pytest_collection_modifyitems(config, items):

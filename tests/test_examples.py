@@ -1,0 +1,32 @@
+"""The examples run end to end on a GPU, and explain themselves without one."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import GPU_COUNT
+
+EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
+
+
+def _run(example):
+    return subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.skipif(GPU_COUNT > 0, reason="a GPU is present: the examples run for real (test_example_runs)")
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_example_explains_missing_gpu_without_a_traceback(example):
+    result = _run(example)
+    assert "Cannot run this example:" in result.stderr
+    assert "nvidia-smi" in result.stderr or "pip install" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs(example):
+    result = _run(example)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "relative error" in result.stdout
