@@ -236,9 +236,10 @@ def nvrtc_compile(filename, expressions, arch):
             nvrtc.compileProgram(program, list(options))
         except nvrtc.NVRTCError as error:
             log = nvrtc.getProgramLog(program)
-            raise KernelCompileError(
-                ", ".join(expressions), options, _cupy_version(), log
-            ) from error
+            shown = expressions[0] if len(expressions) == 1 else (
+                f"{expressions[0]} and {len(expressions) - 1} more specializations"
+            )
+            raise KernelCompileError(shown, options, _cupy_version(), log) from error
         log = nvrtc.getProgramLog(program)
         lowered = {nvrtc.getLoweredName(program, e): e for e in expressions}
     finally:

@@ -26,6 +26,22 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(flo
 template <typename T> __device__ __forceinline__ T from_acc(double v);
 template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
 
+// Flat grid-stride loops over [0, total) in IndexT.
+template <typename IndexT>
+__device__ __forceinline__ IndexT global_thread_index() {
+  return static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+template <typename IndexT>
+__device__ __forceinline__ IndexT global_thread_count() {
+  return static_cast<IndexT>(gridDim.x) * blockDim.x;
+}
+// Next index of a grid-stride loop.  `i + stride` may not be representable
+// when total is close to the largest IndexT, so the step saturates at total.
+template <typename IndexT>
+__device__ __forceinline__ IndexT grid_stride_next(IndexT i, IndexT stride, IndexT total) {
+  return total - i > stride ? i + stride : total;
+}
+
 // Plane-wise launch: grid.y walks the planes (one (n, c) image each) and
 // grid.x the elements inside a plane.  In-plane indices stay 32-bit (the host
 // checks every plane has < 2**31 elements); only the plane's base offset is

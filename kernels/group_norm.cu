@@ -133,6 +133,19 @@ __device__ __forceinline__ void column_sum(Acc (&v)[NUM], const ColumnLayout& L,
   __syncthreads();  // scratch is reused by the next iteration
 }
 
+// Grid-stride walk over the N*S*C/VEC vectors of a channels-last tensor:
+// calls body(i, n, c) with the vector index, its sample and its first channel.
+template <int VEC, typename IndexT, typename Body>
+__device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C, Body body) {
+  const int cv = C / VEC;
+  const IndexT stride = dwgn::global_thread_count<IndexT>();
+  for (IndexT i = dwgn::global_thread_index<IndexT>(); i < num_vectors;
+       i = dwgn::grid_stride_next(i, stride, num_vectors)) {
+    const IndexT row = i / cv;
+    body(i, static_cast<int>(row / S), static_cast<int>(i - row * cv) * VEC);
+  }
+}
+
 }  // namespace gn
 
 // ---------------------------------------------------------------------------
@@ -257,13 +270,7 @@ __global__ void __launch_bounds__(256) dwgn_gn_fwd_apply(
     IndexT num_vectors, int S, int C) {
   using Acc = typename AccType<T>::type;
   using V = gn::Vec<T, VEC>;
-  const int cv = C / VEC;
-  const IndexT stride = static_cast<IndexT>(gridDim.x) * blockDim.x;
-  for (IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x; i < num_vectors;
-       i += stride) {
-    const IndexT row = i / cv;
-    const int c = static_cast<int>(i - row * cv) * VEC;
-    const int n = static_cast<int>(row / S);
+  gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
     const Acc* wn = ws + static_cast<long long>(n) * 3 * C + c;
     const V in = reinterpret_cast<const V*>(x)[i];
     V out;
@@ -273,7 +280,7 @@ __global__ void __launch_bounds__(256) dwgn_gn_fwd_apply(
       out.v[k] = from_acc<T>(gn::activation<ACT>(z));
     }
     reinterpret_cast<V*>(y)[i] = out;
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -410,13 +417,7 @@ __global__ void __launch_bounds__(256) dwgn_gn_bwd_dx(
     IndexT num_vectors, int S, int C) {
   using Acc = typename AccType<T>::type;
   using V = gn::Vec<T, VEC>;
-  const int cv = C / VEC;
-  const IndexT stride = static_cast<IndexT>(gridDim.x) * blockDim.x;
-  for (IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x; i < num_vectors;
-       i += stride) {
-    const IndexT row = i / cv;
-    const int c = static_cast<int>(i - row * cv) * VEC;
-    const int n = static_cast<int>(row / S);
+  gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
     const Acc* wn = ws + static_cast<long long>(n) * 6 * C + c;
     const V xv = reinterpret_cast<const V*>(x)[i];
     const V dyv = reinterpret_cast<const V*>(grad_out)[i];
@@ -431,5 +432,5 @@ __global__ void __launch_bounds__(256) dwgn_gn_bwd_dx(
       out.v[k] = from_acc<T>(r * w * dz - wn[4 * C + k] - xhat * wn[5 * C + k]);
     }
     reinterpret_cast<V*>(grad_in)[i] = out;
-  }
+  });
 }
