@@ -13,6 +13,7 @@ import cupy
 import numpy
 
 import cupy_dwgn
+from cupy_dwgn import depthwise
 from harness import copy_bandwidth_bytes_per_us, host_us, time_us
 
 
@@ -22,6 +23,13 @@ def depthwise_case(torch, bandwidth, n=64, c=144, hw=56, k=3, stride=1):
     conv_args = dict(padding=k // 2, stride=stride)
     y = cupy_dwgn.depthwise_conv2d(x, w, **conv_args)
     ours = time_us(lambda: cupy_dwgn.depthwise_conv2d(x, w, **conv_args))
+    # The same call with the stride-1 shared-memory kernel switched off.
+    use_tiled = depthwise._use_tiled
+    depthwise._use_tiled = lambda g, dtype: False
+    try:
+        direct = time_us(lambda: cupy_dwgn.depthwise_conv2d(x, w, **conv_args))
+    finally:
+        depthwise._use_tiled = use_tiled
     tx, tw = torch.from_dlpack(x), torch.from_dlpack(w)
     conv = torch.nn.functional.conv2d
     torch_nchw = time_us(lambda: conv(tx, tw, groups=c, **conv_args))
@@ -31,7 +39,7 @@ def depthwise_case(torch, bandwidth, n=64, c=144, hw=56, k=3, stride=1):
     tiny_x, tiny_w = x[:1, :8, :8, :8].copy(), w[:8].copy()
     return {
         "case": f"depthwise fwd {n}x{c}x{hw}x{hw} {k}x{k} s{stride} fp32",
-        "cupy_dwgn_us": ours, "torch_nchw_us": torch_nchw, "torch_channels_last_us": torch_cl,
+        "cupy_dwgn_us": ours, "cupy_dwgn_direct_kernel_us": direct, "torch_nchw_us": torch_nchw, "torch_channels_last_us": torch_cl,
         "floor_us": floor, "fraction_of_copy_bandwidth": floor / ours,
         "cupy_dwgn_host_us_per_call_tiny": host_us(lambda: cupy_dwgn.depthwise_conv2d(tiny_x, tiny_w, padding=k // 2)),
         "torch_host_us_per_call_tiny": host_us(lambda: conv(torch.from_dlpack(tiny_x), torch.from_dlpack(tiny_w), padding=k // 2, groups=8)),

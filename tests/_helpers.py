@@ -40,3 +40,15 @@ def poisoned(shape, dtype):
     import cupy
 
     return cupy.full(shape, numpy.nan, dtype=numpy.float32).astype(dtype)
+
+
+#: Worst relative error seen per (table, row, column) in this session; the
+#: terminal summary prints it (evidence for issue notes, not an assertion).
+WORST_ERRORS = {}
+
+
+def record_errors(table, row, errors):
+    """Keep the worst of ``errors`` ({column: relative error}) for ``row``."""
+    for column, error in errors.items():
+        key = (table, row, column)
+        WORST_ERRORS[key] = max(WORST_ERRORS.get(key, 0.0), error)

@@ -37,7 +37,21 @@ def pytest_report_header(config):
 
 
 def pytest_terminal_summary(terminalreporter):
+    from _helpers import WORST_ERRORS
+
     from cupy_dwgn import _compile
+
+    for table in sorted({t for t, _, _ in WORST_ERRORS}):
+        rows = sorted({r for t, r, _ in WORST_ERRORS if t == table})
+        columns = list(dict.fromkeys(c for t, _, c in WORST_ERRORS if t == table))
+        terminalreporter.write_line(f"worst relative error vs float64, {table}:")
+        terminalreporter.write_line("    " + f"{'':24}" + "".join(f"{c:>17}" for c in columns))
+        for row in rows:
+            cells = "".join(
+                f"{WORST_ERRORS[(table, row, c)]:17.2e}" if (table, row, c) in WORST_ERRORS else f"{'-':>17}"
+                for c in columns
+            )
+            terminalreporter.write_line(f"    {row:24}{cells}")
 
     stats = _compile.load_stats
     if stats["kernels"]:

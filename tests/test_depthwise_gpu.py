@@ -7,7 +7,7 @@ import pytest
 
 from cupy_dwgn import reference
 
-from _helpers import DTYPE_IDS, DTYPES, TOLERANCE, poisoned, random, relative_error
+from _helpers import DTYPE_IDS, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
 
 cupy = pytest.importorskip("cupy")
 import cupy_dwgn  # noqa: E402
@@ -99,6 +99,7 @@ def _run_all_three(case, dtype, rng, bias=True):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
 def test_all_ops_match_reference(case, dtype, rng):
     errors = _run_all_three(case, dtype, rng)
+    record_errors("depthwise (all cases)", str(numpy.dtype(dtype)), errors)
     worst = max(errors.values())
     assert worst <= TOLERANCE[dtype], errors
 

@@ -30,3 +30,13 @@ def test_example_runs(example):
     result = _run(example)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "relative error" in result.stdout
+
+
+@pytest.mark.gpu
+def test_readme_quick_start_runs():
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("## Quick start")
+    code = readme[readme.index("```python", start) + len("```python") : readme.index("```", readme.index("```python", start) + 9)]
+    namespace = {}
+    exec(compile(code, "README.md quick start", "exec"), namespace)
+    assert namespace["y"].shape == (2, 64, 64, 320) and namespace["dw"].shape == (32, 1, 3, 3)

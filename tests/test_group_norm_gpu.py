@@ -13,7 +13,7 @@ import pytest
 
 from cupy_dwgn import reference
 
-from _helpers import BFLOAT16, DTYPES, TOLERANCE, poisoned, random, relative_error
+from _helpers import BFLOAT16, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
 
 from cupy_dwgn import _group_norm as gn
 
@@ -81,6 +81,7 @@ def _check(x, num_groups, weight, bias, activation, *, dy=None, misalign=False, 
         else:
             assert got.dtype == given.dtype and got.shape == given.shape
             errors[name] = relative_error(got, ref)
+    record_errors(f"group_norm {dtype}", activation, errors)
     worst = max(errors.values())
     assert worst <= tol, f"{offset_note}relative errors {errors} exceed {tol}"
     return errors
