@@ -142,7 +142,8 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
         eps: added to the variance, > 0.
         activation: "identity", "relu", "silu", "gelu" (erf form) or
             "gelu_tanh" (tanh approximation), applied after the affine transform.
-        out: optional C-contiguous array of x's shape and dtype for y.
+        out: optional C-contiguous array of x's shape and dtype for y; may be x
+            itself (in place), but must not otherwise overlap x, weight or bias.
         return_stats: also return mean and rstd = 1/sqrt(var + eps), each
             (N, num_groups), float32 (float64 for float64 x), for
             :func:`group_norm_backward`.
@@ -357,6 +358,10 @@ def check_forward_args(x, num_groups, weight, bias, eps, activation, out, kind=N
     _check_activation(activation)
     _validate.check_out(out, x.shape, x.dtype, kind)
     _validate.check_same_device(x=x, weight=weight, bias=bias, out=out)
+    # out may be x itself (in place: each element is read before it is
+    # overwritten, by the same thread), but no other overlap.
+    if out is not None and not _validate.same_memory(out, x):
+        _validate.check_no_overlap(out, x=x, weight=weight, bias=bias)
     return batch, rows, channels, groups
 
 

@@ -110,6 +110,33 @@ def check_out(out, shape, dtype, kind=None, name="out"):
         raise ValueError(f"{name}: expected a C-contiguous array, got strides {out.strides}")
 
 
+def _byte_range(array):
+    start = array.data.ptr if hasattr(array.data, "ptr") else array.__array_interface__["data"][0]
+    return start, start + array.nbytes
+
+
+def same_memory(a, b):
+    """a and b are the very same bytes (e.g. ``out=x`` for an in-place op)."""
+    return _byte_range(a) == _byte_range(b)
+
+
+def check_no_overlap(out, name="out", **inputs):
+    """``out`` must not share memory with an input the kernel still reads
+    while writing it (an in-place call would read half-written values)."""
+    if out is None or out.nbytes == 0:
+        return
+    out_start, out_end = _byte_range(out)
+    for input_name, array in inputs.items():
+        if array is None or array.nbytes == 0:
+            continue
+        start, end = _byte_range(array)
+        if start < out_end and out_start < end:
+            raise ValueError(
+                f"{name}: expected memory separate from {input_name}, got an overlapping array "
+                "(this op cannot run in place)"
+            )
+
+
 def empty_unless_given(out, shape, dtype):
     """``out`` (already checked) or a new cupy array, on the current device."""
     import cupy

@@ -170,7 +170,8 @@ def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, l
             (stride 1 only; an odd total puts the extra row/column after) or
             ``"valid"``.
         layout: ``"NCHW"`` (the only layout implemented so far).
-        out: optional C-contiguous (N, C*M, OH, OW) array of x's dtype.
+        out: optional C-contiguous (N, C*M, OH, OW) array of x's dtype, not
+            overlapping x, weight or bias (the op cannot run in place).
 
     Returns:
         (N, C*M, OH, OW) with ``OH = (H + pad_top + pad_bottom - dilation_h*(KH-1) - 1) // stride_h + 1``
@@ -308,6 +309,7 @@ def check_forward_args(x, weight, bias, stride, padding, dilation, layout, out, 
         _validate.check_shape("bias", bias, (out_channels,), " (C*M,)")
     _validate.check_out(out, (g.batch, out_channels, g.out_height, g.out_width), x.dtype, kind)
     _validate.check_same_device(x=x, weight=weight, bias=bias, out=out)
+    _validate.check_no_overlap(out, x=x, weight=weight, bias=bias)
     return g
 
 
@@ -323,6 +325,7 @@ def check_backward_input_args(grad_out, weight, input_shape, stride, padding, di
     _check_grad_out(grad_out, g)
     _validate.check_out(out, input_shape, grad_out.dtype, kind)
     _validate.check_same_device(grad_out=grad_out, weight=weight, out=out)
+    _validate.check_no_overlap(out, grad_out=grad_out, weight=weight)
     return g
 
 
@@ -338,6 +341,7 @@ def check_backward_weight_args(grad_out, x, weight_shape, stride, padding, dilat
     _check_grad_out(grad_out, g)
     _validate.check_out(out, weight_shape, x.dtype, kind)
     _validate.check_same_device(grad_out=grad_out, x=x, out=out)
+    _validate.check_no_overlap(out, grad_out=grad_out, x=x)
     return g
 
 

@@ -143,3 +143,17 @@ def test_stride_one_specialized_sizes_take_the_tiled_kernel():
     assert not tiled((2, 1, 3, 3), stride=2)  # strided: direct kernel
     assert not tiled((2, 1, 4, 4))  # generic size: generic kernel
     assert not tiled((2, 1, 7, 7), dilation=12)  # window over the shared-memory budget
+
+
+@pytest.mark.gpu
+def test_gpu_op_rejects_out_overlapping_an_input():
+    import cupy
+
+    import cupy_dwgn
+
+    x = cupy.zeros((2, 3, 8, 8), cupy.float32)
+    w = cupy.asarray(W)
+    with pytest.raises(ValueError, match=r"out: expected memory separate from x, got an overlapping array"):
+        cupy_dwgn.depthwise_conv2d(x, w, padding=1, out=x)
+    with pytest.raises(ValueError, match=r"out: expected memory separate from grad_out"):
+        cupy_dwgn.depthwise_conv2d_backward_input(x, w, x.shape, padding=1, out=x)

@@ -314,3 +314,24 @@ def test_large_tensor_64bit_indexing():
         assert relative_error(mean[n : n + 1], ref_mean) <= 1e-5
         assert relative_error(rstd[n : n + 1], ref_rstd) <= 1e-5
         assert relative_error(dx[n : n + 1], ref_dx) <= TOLERANCE[F16]
+
+
+def test_in_place_out_is_x(rng):
+    import cupy
+
+    x_host = random(rng, (2, 6, 6, 32), F16, offset=3.0)
+    x = cupy.asarray(x_host)
+    y = gn.group_norm(x, 8, activation="silu", out=x)
+    assert y is x
+    ref_y, _, _ = reference.group_norm(x_host, 8, activation="silu")
+    assert relative_error(y, ref_y) <= TOLERANCE[F16]
+
+
+def test_partially_overlapping_out_is_rejected():
+    import cupy
+
+    base = cupy.zeros(2 * 4 * 8 + 8, F32)
+    x = base[:64].reshape(2, 4, 8)
+    out = base[8:72].reshape(2, 4, 8)
+    with pytest.raises(ValueError, match=r"out: expected memory separate from x"):
+        gn.group_norm(x, 2, out=out)
