@@ -103,6 +103,11 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
     return [(KERNEL_FILE, e) for e in dict.fromkeys(specs)]
 
 
+def _affine_dtype(weight, bias, x):
+    """The dtype of the affine parameters (and their gradients)."""
+    return weight.dtype if weight is not None else (bias.dtype if bias is not None else x.dtype)
+
+
 def _kernel(kernel, *template_args):
     return _compile.get_kernel(KERNEL_FILE, _compile.name_expression(kernel, *template_args))
 
@@ -175,7 +180,7 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
             return (y, mean, rstd) if return_stats else y
         index = _launch.index_type(x.size)
         t = _dtypes.ctype(x.dtype)
-        w_dtype = weight.dtype if weight is not None else (bias.dtype if bias is not None else x.dtype)
+        w_dtype = _affine_dtype(weight, bias, x)
         rows_per_chunk, num_chunks, column_blocks = _split(batch, rows, channels)
         grid_y = min(batch, _launch.MAX_GRID_Y)
         partial = cupy.empty((batch, num_chunks, 2, channels), dtype=acc_dtype)
@@ -190,17 +195,16 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
             (
                 partial, shift, _launch.pointer_or_null(weight), _launch.pointer_or_null(bias),
                 mean, rstd, coefficients, i32(batch), i32(rows), i32(channels), i32(groups),
-                i32(num_chunks), acc_scalar(eps),
+                i32(num_chunks), i32(rows_per_chunk), acc_scalar(eps),
             ),
         )
         vec = _vec_width(x.dtype)
         if channels % vec != 0 or not _aligned(x, y):
             vec = 1
         num_vectors = x.size // vec
-        index_scalar = numpy.int64 if index == "long long" else numpy.int32
         _kernel(_APPLY, t, _ACT_CODE[activation], vec, index)(
             _launch.grid_1d(num_vectors), (_launch.BLOCK,),
-            (x, coefficients, y, index_scalar(num_vectors), i32(rows), i32(channels)),
+            (x, coefficients, y, _launch.index_scalar(index, num_vectors), i32(rows), i32(channels)),
         )
     return (y, mean, rstd) if return_stats else y
 
@@ -230,7 +234,7 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
         grad_out, x, mean, rstd, num_groups, weight, bias, activation
     )
     acc_dtype = _dtypes.accumulator_dtype(x.dtype)
-    w_dtype = weight.dtype if weight is not None else (bias.dtype if bias is not None else x.dtype)
+    w_dtype = _affine_dtype(weight, bias, x)
     with x.device:
         grad_in = cupy.empty(x.shape, dtype=x.dtype)
         grad_weight = None if weight is None else cupy.empty((channels,), dtype=w_dtype)
@@ -268,10 +272,9 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
         if channels % vec != 0 or not _aligned(x, grad_out, grad_in):
             vec = 1
         num_vectors = x.size // vec
-        index_scalar = numpy.int64 if index == "long long" else numpy.int32
         _kernel(_BWD_DX, t, act, vec, index)(
             _launch.grid_1d(num_vectors), (_launch.BLOCK,),
-            (grad_out, x, coefficients, grad_in, index_scalar(num_vectors), i32(rows), i32(channels)),
+            (grad_out, x, coefficients, grad_in, _launch.index_scalar(index, num_vectors), i32(rows), i32(channels)),
         )
     return grad_in, grad_weight, grad_bias
 
@@ -307,11 +310,20 @@ def _check_num_groups(num_groups, channels):
     return int(num_groups)
 
 
-def _check_eps(eps):
+def _check_eps(eps, dtype):
+    """eps must stay finite and > 0 in the statistics dtype (float32 unless x is float64)."""
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
         raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
-    if not eps > 0 or not numpy.isfinite(eps):
-        raise ValueError(f"eps: expected a finite value > 0, got {eps!r}")
+    acc = _dtypes.accumulator_dtype(dtype)
+    try:
+        with numpy.errstate(over="ignore"):  # overflow gives inf, rejected below
+            value = acc.type(float(eps))
+    except OverflowError:  # beyond even float64 (e.g. 10**400)
+        value = acc.type(numpy.inf)
+    if not (numpy.isfinite(value) and value > 0):
+        raise ValueError(
+            f"eps: expected a finite value > 0 in {acc} (the statistics dtype), got {eps!r}"
+        )
 
 
 def _check_x(name, x, kind):
@@ -325,6 +337,10 @@ def _check_x(name, x, kind):
     rows = 1
     for s in x.shape[1:-1]:
         rows *= s
+    if channels > _COLUMN_BLOCK * _launch.MAX_GRID_Y:
+        raise ValueError(
+            f"{name}: expected at most {_COLUMN_BLOCK * _launch.MAX_GRID_Y} channels, got {channels}"
+        )
     if rows >= _launch.INT32_LIMIT or batch * channels >= _launch.INT32_LIMIT:
         raise ValueError(
             f"{name}: expected fewer than 2**31 spatial positions and N*C < 2**31, got shape "
@@ -354,7 +370,7 @@ def check_forward_args(x, num_groups, weight, bias, eps, activation, out, kind=N
     batch, rows, channels = _check_x("x", x, kind)
     groups = _check_num_groups(num_groups, channels)
     _check_affine(weight, bias, x, channels, kind)
-    _check_eps(eps)
+    _check_eps(eps, x.dtype)
     _check_activation(activation)
     _validate.check_out(out, x.shape, x.dtype, kind)
     _validate.check_same_device(x=x, weight=weight, bias=bias, out=out)

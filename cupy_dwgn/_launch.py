@@ -23,6 +23,11 @@ PLANE_LIMIT = 2**30
 MAX_GRID_Y = 65535
 
 
+def index_scalar(index, value):
+    """``value`` as the kernel's IndexT (an int argument typed like the index)."""
+    return numpy.int64(value) if index == "long long" else numpy.int32(value)
+
+
 def grid_1d(total, block=BLOCK):
     return (max(1, min(-(-total // block), MAX_BLOCKS)),)
 

@@ -12,6 +12,7 @@ import numbers
 import numpy
 
 from . import _dtypes
+from ._launch import INT32_LIMIT
 
 
 def _type_name(obj):
@@ -77,7 +78,7 @@ def check_same_device(**arrays):
     """All non-None arrays on one CUDA device; returns that device (None for
     host arrays, which have no CUDA device)."""
     items = [(name, a) for name, a in arrays.items() if a is not None]
-    if not hasattr(items[0][1].device, "id"):
+    if not hasattr(getattr(items[0][1], "device", None), "id"):  # NumPy (1.x has no .device)
         return None
     first_name, first = items[0]
     for name, array in items[1:]:
@@ -153,8 +154,8 @@ def int_pair(name, value, minimum):
     pair = (value, value) if _is_int(value) else value
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(map(_is_int, pair))):
         raise TypeError(f"{name}: expected an int or a pair of ints, got {value!r}")
-    if min(pair) < minimum:
-        raise ValueError(f"{name}: expected values >= {minimum}, got {value!r}")
+    if min(pair) < minimum or max(pair) >= INT32_LIMIT:
+        raise ValueError(f"{name}: expected values >= {minimum} and < 2**31, got {value!r}")
     return int(pair[0]), int(pair[1])
 
 
@@ -206,8 +207,8 @@ def _padding(padding, filter_size, dilation, stride):
             "padding: expected an int, (pad_h, pad_w), ((top, bottom), (left, right)), "
             f"'same' or 'valid', got {padding!r}"
         )
-    if min(sides) < 0:
-        raise ValueError(f"padding: expected values >= 0, got {padding!r}")
+    if min(sides) < 0 or max(sides) >= INT32_LIMIT:
+        raise ValueError(f"padding: expected values >= 0 and < 2**31, got {padding!r}")
     return tuple(int(v) for v in sides)
 
 

@@ -21,6 +21,10 @@ def gpu_or_exit():
     return cupy
 
 
+# Bounds on the relative error norm (DESIGN.md §5).
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3}
+
+
 def relative_error(out, ref):
     got = out.get().astype(numpy.float64)
     return float(numpy.linalg.norm(got - ref) / numpy.linalg.norm(ref))
@@ -35,6 +39,7 @@ def main():
     conv = dict(stride=1, padding=1)
     print(f"cupy-dwgn {cupy_dwgn.__version__} on {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
     print(f"{'dtype':10} {'forward':>10} {'bwd-input':>10} {'bwd-weight':>10}   (worst relative error vs float64)")
+    worst = 0.0  # largest error as a fraction of its dtype's bound
     for dtype in (numpy.float32, numpy.float16):
         x = rng.standard_normal((4, 32, 28, 28)).astype(dtype)
         w = rng.standard_normal((32, 1, 3, 3)).astype(dtype)
@@ -52,7 +57,9 @@ def main():
             relative_error(dw, reference.depthwise_conv2d_backward_weight(dy.get(), x, w.shape, **conv)),
         )
         print(f"{numpy.dtype(dtype).name:10} " + " ".join(f"{e:10.2e}" for e in errors))
+        worst = max(worst, max(errors) / TOLERANCE[numpy.dtype(dtype).name])
+    return 0 if worst <= 1.0 else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -242,7 +242,8 @@ __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_partial(
   // without a 64-bit division (out_plane may be smaller than blockDim.x).
   IndexT n = (begin + threadIdx.x) / out_plane;
   int r = static_cast<int>(begin + threadIdx.x - n * out_plane);
-  for (IndexT p = begin + threadIdx.x; p < end; p += blockDim.x) {
+  for (IndexT p = begin + threadIdx.x; p < end;
+       p = dwgn::grid_stride_next(p, static_cast<IndexT>(blockDim.x), end)) {
     const int oh = r / out_width;
     const int ow = r - oh * out_width;
     const Acc g = to_acc(grad_out[(n * out_channels + oc) * out_plane + r]);
@@ -271,18 +272,21 @@ __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_partial(
 }
 
 // Weight gradient, pass 2 of 2: grad_weight[oc, tap] = sum over splits, in
-// split order, of partial[oc, split, tap].  One thread per weight element.
+// split order, of partial[oc, split, tap].  Grid-stride over the weight
+// elements (the host caps the grid).
 template <typename T>
 __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_finalize(
     const typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_weight,
     int out_channels, int filter_taps, int num_splits) {
   using Acc = typename AccType<T>::type;
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= out_channels * filter_taps) return;
-  const int oc = i / filter_taps;
-  const int tap = i - oc * filter_taps;
-  const Acc* p = partial + static_cast<long long>(oc) * num_splits * filter_taps + tap;
-  Acc sum = 0;
-  for (int s = 0; s < num_splits; ++s) sum += p[static_cast<long long>(s) * filter_taps];
-  grad_weight[i] = from_acc<T>(sum);
+  const int total = out_channels * filter_taps;
+  const int stride = dwgn::global_thread_count<int>();
+  for (int i = dwgn::global_thread_index<int>(); i < total; i = dwgn::grid_stride_next(i, stride, total)) {
+    const int oc = i / filter_taps;
+    const int tap = i - oc * filter_taps;
+    const Acc* p = partial + static_cast<long long>(oc) * num_splits * filter_taps + tap;
+    Acc sum = 0;
+    for (int s = 0; s < num_splits; ++s) sum += p[static_cast<long long>(s) * filter_taps];
+    grad_weight[i] = from_acc<T>(sum);
+  }
 }

@@ -44,14 +44,16 @@ __device__ __forceinline__ IndexT grid_stride_next(IndexT i, IndexT stride, Inde
 
 // Plane-wise launch: grid.y walks the planes (one (n, c) image each) and
 // grid.x the elements inside a plane.  In-plane indices stay 32-bit (the host
-// checks every plane has < 2**31 elements); only the plane's base offset is
+// checks every plane has < 2**30 elements); only the plane's base offset is
 // computed in IndexT (long long when a tensor has >= 2**31 elements), so no
-// 64-bit division is ever needed.
-#define DWGN_FOR_EACH_PLANE(plane, num_planes) \
-  for (int plane = blockIdx.y; plane < (num_planes); plane += gridDim.y)
-#define DWGN_FOR_EACH_IN_PLANE(r, plane_size)                                 \
-  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < (plane_size); \
-       r += gridDim.x * blockDim.x)
+// 64-bit division is ever needed.  Both loops step with grid_stride_next, so a
+// count close to 2**31 cannot wrap the int counter.
+#define DWGN_FOR_EACH_PLANE(plane, num_planes)                      \
+  for (int plane = blockIdx.y; plane < (num_planes);                \
+       plane = dwgn::grid_stride_next(plane, static_cast<int>(gridDim.y), (num_planes)))
+#define DWGN_FOR_EACH_IN_PLANE(r, plane_size)                                  \
+  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < (plane_size);  \
+       r = dwgn::grid_stride_next(r, static_cast<int>(gridDim.x * blockDim.x), (plane_size)))
 
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
 // The order of additions is fixed, so the result is deterministic.

@@ -133,6 +133,45 @@ __device__ __forceinline__ void column_sum(Acc (&v)[NUM], const ColumnLayout& L,
   __syncthreads();  // scratch is reused by the next iteration
 }
 
+// Chan's merge of (count, mean, M2) summaries: b into a.
+template <typename Acc>
+__device__ __forceinline__ void chan_merge(Acc& count, Acc& mean, Acc& m2, Acc count_b, Acc mean_b,
+                                           Acc m2_b) {
+  if (count_b == Acc(0)) return;
+  const Acc total = count + count_b;
+  const Acc delta = mean_b - mean;
+  const Acc weight_b = count_b / total;
+  mean += delta * weight_b;
+  m2 += m2_b + delta * delta * count * weight_b;
+  count = total;
+}
+
+// Rows of [row0, row1) visited by lane `lane` of `lanes` (r = row0 + lane + k * lanes).
+__device__ __forceinline__ int lane_rows(int row0, int row1, int lane, int lanes) {
+  const int span = row1 - row0 - lane;
+  return span > 0 ? (span + lanes - 1) / lanes : 0;
+}
+
+// Merges the per-lane (mean, M2) summaries of each column, lane by lane in a
+// fixed order, into the lane-0 thread (counts follow from the row split).
+// Every thread of the block must call it.
+template <typename Acc>
+__device__ __forceinline__ void column_welford(Acc& mean, Acc& m2, int row0, int row1,
+                                               const ColumnLayout& L, Acc* scratch) {
+  scratch[threadIdx.x] = mean;
+  scratch[blockDim.x + threadIdx.x] = m2;
+  __syncthreads();
+  if (L.lane == 0) {
+    Acc count = Acc(lane_rows(row0, row1, 0, L.lanes));
+    for (int j = 1; j < L.lanes; ++j) {
+      const int t = j * L.cols + L.col;
+      chan_merge(count, mean, m2, Acc(lane_rows(row0, row1, j, L.lanes)), scratch[t],
+                 scratch[blockDim.x + t]);
+    }
+  }
+  __syncthreads();  // scratch is reused by the next iteration
+}
+
 // Grid-stride walk over the N*S*C/VEC vectors of a channels-last tensor:
 // calls body(i, n, c) with the vector index, its sample and its first channel.
 template <int VEC, typename IndexT, typename Body>
@@ -152,10 +191,14 @@ __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C
 // The column kernels carry no __launch_bounds__(256): with it ptxas (CUDA 13,
 // sm_80/sm_90) squeezed dwgn_gn_bwd_reduce to 32 registers and spilled.
 
-// Forward pass 1: per (n, chunk of rows, c) sums of (x - shift_c) and its
-// square, shift_c = x[n, 0, c].
+// Forward pass 1: per (n, chunk of rows, c) Welford summaries (mean and M2
+// of d = x - shift_c, shift_c = x[n, 0, c] keeping d small): each lane
+// updates its own summary element by element, lanes are merged with Chan's
+// formula, so no E[d^2] - E[d]^2 cancellation happens whatever the data
+// (an outlier at position 0 included).
 // grid (num_chunks, min(N, 65535), ceil(C / cols)); block 256.
-// partial: (N, num_chunks, 2, C) Acc; shift: (N, C) Acc (written by chunk 0).
+// partial: (N, num_chunks, 2, C) Acc (mean, M2); shift: (N, C) Acc (written
+// by chunk 0).
 template <typename T, typename IndexT>
 __global__ void dwgn_gn_stats_partial(
     const T* __restrict__ x, typename AccType<T>::type* __restrict__ partial,
@@ -167,23 +210,25 @@ __global__ void dwgn_gn_stats_partial(
   const int num_chunks = gridDim.x;
   const int row0 = chunk * rows_per_chunk;
   const int row1 = min(S, row0 + rows_per_chunk);
-  for (int n = blockIdx.y; n < N; n += gridDim.y) {
+  for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
     const T* xn = x + static_cast<IndexT>(n) * S * C;
-    Acc v[2] = {Acc(0), Acc(0)};
+    Acc mean = Acc(0), m2 = Acc(0), count = Acc(0);
     Acc sh = Acc(0);
     if (L.valid) {
       sh = to_acc(xn[L.c]);
-      for (int r = row0 + L.lane; r < row1; r += L.lanes) {
+      for (int r = row0 + L.lane; r < row1; r = dwgn::grid_stride_next(r, L.lanes, row1)) {
         const Acc d = to_acc(xn[static_cast<IndexT>(r) * C + L.c]) - sh;
-        v[0] += d;
-        v[1] += d * d;
+        count += Acc(1);
+        const Acc delta = d - mean;
+        mean += delta / count;
+        m2 += delta * (d - mean);
       }
     }
-    gn::column_sum<2>(v, L, scratch);
+    gn::column_welford(mean, m2, row0, row1, L, scratch);
     if (L.valid && L.lane == 0) {
       Acc* p = partial + (static_cast<long long>(n) * num_chunks + chunk) * 2 * C + L.c;
-      p[0] = v[0];
-      p[C] = v[1];
+      p[0] = mean;
+      p[C] = m2;
       if (chunk == 0) shift[static_cast<long long>(n) * C + L.c] = sh;
     }
   }
@@ -199,14 +244,15 @@ template <typename Acc, typename W>
 __global__ void dwgn_gn_fwd_finalize(
     const Acc* __restrict__ partial, const Acc* __restrict__ shift, const W* __restrict__ weight,
     const W* __restrict__ bias, Acc* __restrict__ mean_out, Acc* __restrict__ rstd_out,
-    Acc* __restrict__ ws, int N, int S, int C, int G, int num_chunks, Acc eps) {
+    Acc* __restrict__ ws, int N, int S, int C, int G, int num_chunks, int rows_per_chunk,
+    Acc eps) {
   __shared__ Acc scratch[2 * 32];
   __shared__ Acc broadcast[2];
   const int g = blockIdx.x;
   const int D = C / G;
   const int c0 = g * D;
   const Acc inv_s = Acc(1) / Acc(S);
-  for (int n = blockIdx.y; n < N; n += gridDim.y) {
+  for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
     const Acc* sh = shift + static_cast<long long>(n) * C;
     const Acc ref = sh[c0];  // the group's reference point
     Acc* wn = ws + static_cast<long long>(n) * 3 * C;
@@ -214,15 +260,15 @@ __global__ void dwgn_gn_fwd_finalize(
     Acc v[2] = {Acc(0), Acc(0)};
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
       const int c = c0 + j;
-      Acc s1 = Acc(0), s2 = Acc(0);
+      // Chunk summaries merged in chunk order (chunk k holds rows_per_chunk
+      // rows, the last one the remainder).
       const Acc* p = partial + static_cast<long long>(n) * num_chunks * 2 * C + c;
+      Acc count = Acc(0), local_mean = Acc(0), m2 = Acc(0);
       for (int k = 0; k < num_chunks; ++k) {
-        s1 += p[0];
-        s2 += p[C];
+        const int rows = min(S - k * rows_per_chunk, rows_per_chunk);
+        gn::chan_merge(count, local_mean, m2, Acc(rows), p[0], p[C]);
         p += 2 * C;
       }
-      const Acc local_mean = s1 * inv_s;
-      const Acc m2 = s2 - s1 * local_mean;
       const Acc m = (sh[c] - ref) + local_mean;
       wn[c] = m;  // parked here until the group mean is known (same thread reads it)
       v[0] += m;
@@ -263,10 +309,12 @@ __global__ void dwgn_gn_fwd_finalize(
 }
 
 // Forward pass 3: y = act((x - shift_c) * scale_c + offset_c), VEC channels
-// per thread and access; grid-stride over the N*S*C/VEC vectors.
+// per thread and access; grid-stride over the N*S*C/VEC vectors.  x and y
+// may be the same array (in place: each element is read, then written, by
+// one thread), so neither is __restrict__.
 template <typename T, int ACT, int VEC, typename IndexT>
 __global__ void __launch_bounds__(256) dwgn_gn_fwd_apply(
-    const T* __restrict__ x, const typename AccType<T>::type* __restrict__ ws, T* __restrict__ y,
+    const T* x, const typename AccType<T>::type* __restrict__ ws, T* y,
     IndexT num_vectors, int S, int C) {
   using Acc = typename AccType<T>::type;
   using V = gn::Vec<T, VEC>;
@@ -305,13 +353,13 @@ __global__ void dwgn_gn_bwd_reduce(
   const int g = L.valid ? L.c / (C / G) : 0;
   const Acc w = (L.valid && weight != nullptr) ? to_acc(weight[L.c]) : Acc(1);
   const Acc b = (L.valid && bias != nullptr) ? to_acc(bias[L.c]) : Acc(0);
-  for (int n = blockIdx.y; n < N; n += gridDim.y) {
+  for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
     const IndexT base = static_cast<IndexT>(n) * S * C;
     Acc v[2] = {Acc(0), Acc(0)};
     if (L.valid) {
       const Acc m = mean[static_cast<long long>(n) * G + g];
       const Acc r = rstd[static_cast<long long>(n) * G + g];
-      for (int row = row0 + L.lane; row < row1; row += L.lanes) {
+      for (int row = row0 + L.lane; row < row1; row = dwgn::grid_stride_next(row, L.lanes, row1)) {
         const IndexT i = base + static_cast<IndexT>(row) * C + L.c;
         const Acc xhat = (to_acc(x[i]) - m) * r;
         Acc dz = to_acc(grad_out[i]);
@@ -347,7 +395,8 @@ __global__ void dwgn_gn_bwd_finalize(
   const int g = blockIdx.x;
   const int D = C / G;
   const int c0 = g * D;
-  for (int y = blockIdx.y; y <= N; y += gridDim.y) {
+  // y runs to N inclusive: a long long counter cannot wrap even for N = INT_MAX.
+  for (long long y = blockIdx.y; y <= N; y += gridDim.y) {
     if (y == N) {  // block-uniform branch, no barrier inside
       if (grad_weight == nullptr && grad_bias == nullptr) continue;
       for (int j = threadIdx.x; j < D; j += blockDim.x) {
@@ -369,7 +418,7 @@ __global__ void dwgn_gn_bwd_finalize(
       }
       continue;
     }
-    const int n = y;
+    const int n = static_cast<int>(y);
     Acc v[2] = {Acc(0), Acc(0)};
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
       const int c = c0 + j;

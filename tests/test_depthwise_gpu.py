@@ -47,6 +47,9 @@ EDGE_CASES = [
     ("tiled 7x7 asymmetric padding", (1, 3, 33, 34), (3, 1, 7, 7), 1, ((6, 0), (1, 5)), 1),
     ("tiled 3x3 padding 5", (2, 2, 9, 40), (2, 1, 3, 3), 1, 5, 1),
     ("7x7 dilation 12 untiled", (1, 2, 80, 80), (2, 1, 7, 7), 1, 36, 12),
+    # More planes than grid.y (65535): the plane loops must iterate.
+    ("70000 planes tiled", (1, 70000, 3, 3), (70000, 1, 3, 3), 1, 1, 1),
+    ("70000 planes direct s2", (1, 35000, 5, 5), (70000, 1, 3, 3), 2, 1, 1),
 ]
 
 
@@ -157,7 +160,18 @@ def test_launches_on_the_current_stream(rng):
     assert cupy.isfinite(dw).all()
 
 
-def test_precompile_loads_kernels_then_ops_reuse_them(capsys):
+def test_weight_gradient_with_more_elements_than_one_grid(rng):
+    # 1.9M filters of 3x3 = 17.1M weights, more than the 65536 x 256 threads
+    # of a capped launch grid: the finalize pass must loop, not stop short.
+    x = random(rng, (1, 1_900_000, 3, 3), numpy.float32)
+    dy = random(rng, (1, 1_900_000, 3, 3), numpy.float32)
+    shape = (1_900_000, 1, 3, 3)
+    out = poisoned(shape, numpy.float32)
+    cupy_dwgn.depthwise_conv2d_backward_weight(cupy.asarray(dy), cupy.asarray(x), shape, padding=1, out=out)
+    assert relative_error(out, reference.depthwise_conv2d_backward_weight(dy, x, shape, padding=1)) <= 1e-5
+
+
+def test_precompile_loads_the_kernels_it_names(capsys):
     count = cupy_dwgn.precompile(["depthwise_conv2d"], dtypes=[numpy.float32], filter_sizes=[(3, 3)])
     assert count == 2  # the direct kernel and the stride-1 tiled kernel
     err = capsys.readouterr().err
@@ -264,3 +278,13 @@ def test_tensors_over_2_31_elements_use_64_bit_indexing():
         dyc = dy[:, channel : channel + 1].get()
         assert relative_error(dx[:, channel : channel + 1], reference.depthwise_conv2d_backward_input(dyc, wc, xc.shape, padding=1)) <= 2e-3
         assert relative_error(dw[channel : channel + 1], reference.depthwise_conv2d_backward_weight(dyc, xc, wc.shape, padding=1)) <= 2e-3
+    del dx, dy
+    # Stride 2 takes the direct (non-tiled) forward and backward-input kernels.
+    s2 = dict(stride=2, padding=1)
+    y2 = cupy_dwgn.depthwise_conv2d(x, w, **s2)
+    dx2 = cupy_dwgn.depthwise_conv2d_backward_input(y2, w, shape, **s2)
+    for channel, xc, wc in checks:
+        y_ref = reference.depthwise_conv2d(xc, wc, **s2)
+        assert relative_error(y2[:, channel : channel + 1], y_ref) <= 2e-3
+        y2c = y2[:, channel : channel + 1].get()
+        assert relative_error(dx2[:, channel : channel + 1], reference.depthwise_conv2d_backward_input(y2c, wc, xc.shape, **s2)) <= 2e-3

@@ -11,7 +11,7 @@ vectorized and the scalar path.
 import numpy
 import pytest
 
-from cupy_dwgn import reference
+from cupy_dwgn import _dtypes, reference
 
 from _helpers import BFLOAT16, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
 
@@ -23,10 +23,6 @@ ACTIVATIONS = gn.ACTIVATIONS
 F16 = numpy.dtype(numpy.float16)
 F32 = numpy.dtype(numpy.float32)
 F64 = numpy.dtype(numpy.float64)
-
-
-def _stats_dtype(dtype):
-    return F64 if dtype == F64 else F32
 
 
 def _check(x, num_groups, weight, bias, activation, *, dy=None, misalign=False, tolerance=None, offset_note=""):
@@ -60,7 +56,7 @@ def _check(x, num_groups, weight, bias, activation, *, dy=None, misalign=False, 
     )
     assert y is out and y.dtype == dtype
     assert mean.shape == rstd.shape == (x.shape[0], num_groups)
-    assert mean.dtype == rstd.dtype == _stats_dtype(dtype)
+    assert mean.dtype == rstd.dtype == _dtypes.accumulator_dtype(dtype)
     ref_y, ref_mean, ref_rstd = reference.group_norm(x, num_groups, weight, bias, activation=activation)
     errors = {
         "y": relative_error(y, ref_y),
@@ -131,6 +127,7 @@ EDGE_SHAPES = [  # (shape, num_groups)
     ((3, 9, 1), 1),  # one channel
     ((1, 4, 4, 2560), 32),  # C > one block of columns
     ((2, 128, 128, 32), 8),  # many row chunks
+    ((70000, 3, 8), 2),  # N > 65535: the sample loops must iterate
 ]
 
 
@@ -335,3 +332,17 @@ def test_partially_overlapping_out_is_rejected():
     out = base[8:72].reshape(2, 4, 8)
     with pytest.raises(ValueError, match=r"out: expected memory separate from x"):
         gn.group_norm(x, 2, out=out)
+
+
+@pytest.mark.parametrize("spike", [64.0, 512.0])
+def test_outlier_at_the_first_position_keeps_float32_statistics_exact(rng, spike):
+    # Shifted sums relative to x[n, 0, c] lose every digit when that one
+    # element is an outlier; Welford/Chan summaries must not care.
+    import cupy
+
+    x = random(rng, (1, 65536, 8), F32)
+    x[0, 0, :] += spike
+    y, mean, rstd = gn.group_norm(cupy.asarray(x), 2, return_stats=True, out=poisoned(x.shape, F32))
+    ref_y, ref_mean, ref_rstd = reference.group_norm(x, 2)
+    errors = {"y": relative_error(y, ref_y), "mean": relative_error(mean, ref_mean), "rstd": relative_error(rstd, ref_rstd)}
+    assert max(errors.values()) <= TOLERANCE[F32], errors

@@ -132,10 +132,22 @@ def test_activation_must_be_str():
         fwd(z((1, 2, 4)), activation=None)
 
 
-@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf")])
-def test_eps_must_be_positive(eps):
-    with pytest.raises(ValueError, match="eps: expected a finite value > 0"):
+@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf"), 1e-46, 1e39, 10**400])
+def test_eps_must_be_positive_and_finite_in_float32(eps):
+    # 1e-46 flushes to 0 and 1e39 overflows in the float32 statistics.
+    with pytest.raises(ValueError, match=r"eps: expected a finite value > 0 in float32 \(the statistics dtype\)"):
         fwd(z((1, 2, 4)), eps=eps)
+
+
+def test_tiny_eps_is_fine_in_float64():
+    fwd(numpy.zeros((1, 2, 4), F64), eps=1e-46)
+
+
+def test_channel_count_limit():
+    # The column kernels put ceil(C / 256) blocks in grid.z (at most 65535).
+    x = numpy.zeros((1, 1, 65535 * 256 + 1), F16)
+    with pytest.raises(ValueError, match=r"x: expected at most 16776960 channels, got 16776961"):
+        fwd(x, num_groups=1)
 
 
 def test_eps_must_be_a_number():
