@@ -184,16 +184,15 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
         rows_per_chunk, num_chunks, column_blocks = _split(batch, rows, channels)
         grid_y = min(batch, _launch.MAX_GRID_Y)
         partial = cupy.empty((batch, num_chunks, 2, channels), dtype=acc_dtype)
-        shift = cupy.empty((batch, channels), dtype=acc_dtype)
         _kernel(_STATS, t, index)(
             (num_chunks, grid_y, column_blocks), (_COLUMN_BLOCK,),
-            (x, partial, shift, i32(batch), i32(rows), i32(channels), i32(rows_per_chunk)),
+            (x, partial, i32(batch), i32(rows), i32(channels), i32(rows_per_chunk)),
         )
         coefficients = cupy.empty((batch, 3, channels), dtype=acc_dtype)
         _kernel(_FWD_FINALIZE, _acc_ctype(x.dtype), _dtypes.ctype(w_dtype))(
             (groups, grid_y), (_group_block(channels // groups),),
             (
-                partial, shift, _launch.pointer_or_null(weight), _launch.pointer_or_null(bias),
+                partial, _launch.pointer_or_null(weight), _launch.pointer_or_null(bias),
                 mean, rstd, coefficients, i32(batch), i32(rows), i32(channels), i32(groups),
                 i32(num_chunks), i32(rows_per_chunk), acc_scalar(eps),
             ),

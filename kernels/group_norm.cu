@@ -27,11 +27,12 @@
 //   backward: bwd_reduce -> bwd_finalize -> bwd_dx  (reads x and grad_out
 //             twice; the floor is 3 passes: read x, grad_out, write grad_in).
 //
-// Numerics: every per-(n, c) sum is taken relative to a shift, x[n, 0, c], so
-// that inputs with a large mean (x = 1000 + randn in float32) lose no digits
-// to cancellation; channels are combined with Chan's parallel formula.  The
-// forward applies y = (x - shift_c) * scale_c + offset_c, never x*scale +
-// shift, for the same reason.
+// Numerics: statistics are Welford summaries (count, mean, M2) per lane,
+// merged with Chan's parallel formula across lanes, chunks and the channels
+// of a group, so neither a large mean (x = 1000 + randn in float32) nor an
+// outlier anywhere loses digits to an E[x^2] - E[x]^2 cancellation.  The
+// forward applies y = (x - mean) * scale_c + b_c, never x*scale + shift, for
+// the same reason.
 
 #include "dwgn_common.cuh"
 
@@ -133,6 +134,11 @@ __device__ __forceinline__ void column_sum(Acc (&v)[NUM], const ColumnLayout& L,
   __syncthreads();  // scratch is reused by the next iteration
 }
 
+// 1 / v for the Welford update: the correctly rounded reciprocal, cheaper than
+// a division in float.
+__device__ __forceinline__ float reciprocal(float v) { return __frcp_rn(v); }
+__device__ __forceinline__ double reciprocal(double v) { return 1.0 / v; }
+
 // Chan's merge of (count, mean, M2) summaries: b into a.
 template <typename Acc>
 __device__ __forceinline__ void chan_merge(Acc& count, Acc& mean, Acc& m2, Acc count_b, Acc mean_b,
@@ -192,17 +198,14 @@ __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C
 // sm_80/sm_90) squeezed dwgn_gn_bwd_reduce to 32 registers and spilled.
 
 // Forward pass 1: per (n, chunk of rows, c) Welford summaries (mean and M2
-// of d = x - shift_c, shift_c = x[n, 0, c] keeping d small): each lane
-// updates its own summary element by element, lanes are merged with Chan's
-// formula, so no E[d^2] - E[d]^2 cancellation happens whatever the data
-// (an outlier at position 0 included).
+// of x): each lane updates its own summary element by element, and the
+// lanes of a column are merged with Chan's formula.
 // grid (num_chunks, min(N, 65535), ceil(C / cols)); block 256.
-// partial: (N, num_chunks, 2, C) Acc (mean, M2); shift: (N, C) Acc (written
-// by chunk 0).
+// partial: (N, num_chunks, 2, C) Acc (mean, M2).
 template <typename T, typename IndexT>
 __global__ void dwgn_gn_stats_partial(
-    const T* __restrict__ x, typename AccType<T>::type* __restrict__ partial,
-    typename AccType<T>::type* __restrict__ shift, int N, int S, int C, int rows_per_chunk) {
+    const T* __restrict__ x, typename AccType<T>::type* __restrict__ partial, int N, int S, int C,
+    int rows_per_chunk) {
   using Acc = typename AccType<T>::type;
   __shared__ Acc scratch[2 * 256];
   const gn::ColumnLayout L(C);
@@ -213,15 +216,13 @@ __global__ void dwgn_gn_stats_partial(
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
     const T* xn = x + static_cast<IndexT>(n) * S * C;
     Acc mean = Acc(0), m2 = Acc(0), count = Acc(0);
-    Acc sh = Acc(0);
     if (L.valid) {
-      sh = to_acc(xn[L.c]);
       for (int r = row0 + L.lane; r < row1; r = dwgn::grid_stride_next(r, L.lanes, row1)) {
-        const Acc d = to_acc(xn[static_cast<IndexT>(r) * C + L.c]) - sh;
+        const Acc v = to_acc(xn[static_cast<IndexT>(r) * C + L.c]);
         count += Acc(1);
-        const Acc delta = d - mean;
-        mean += delta / count;
-        m2 += delta * (d - mean);
+        const Acc delta = v - mean;
+        mean += delta * gn::reciprocal(count);
+        m2 += delta * (v - mean);
       }
     }
     gn::column_welford(mean, m2, row0, row1, L, scratch);
@@ -229,23 +230,21 @@ __global__ void dwgn_gn_stats_partial(
       Acc* p = partial + (static_cast<long long>(n) * num_chunks + chunk) * 2 * C + L.c;
       p[0] = mean;
       p[C] = m2;
-      if (chunk == 0) shift[static_cast<long long>(n) * C + L.c] = sh;
     }
   }
 }
 
-// Forward pass 2: one block per (g, n).  Combines the partials over chunks
-// (fixed order) and over the D channels of the group (Chan's formula, every
-// channel has S elements), writes mean/rstd (N, G) and the per-(n, c)
-// coefficients ws (N, 3, C): shift_c, scale_c = rstd * w[c] and
-// offset_c = b[c] - (mean - shift_c) * scale_c.
+// Forward pass 2: one block per (g, n).  Merges each channel's chunk
+// summaries (chunk order, Chan's formula), then the D channels of the group
+// (every channel holds S elements: M2 = sum M2_c + S * sum (mean_c - mean)^2),
+// writes mean/rstd (N, G) and the per-(n, c) coefficients ws (N, 3, C): the
+// group mean, scale_c = rstd * w[c] and b[c].
 // grid (G, min(N, 65535)); block a multiple of 32, <= 1024.
 template <typename Acc, typename W>
 __global__ void dwgn_gn_fwd_finalize(
-    const Acc* __restrict__ partial, const Acc* __restrict__ shift, const W* __restrict__ weight,
-    const W* __restrict__ bias, Acc* __restrict__ mean_out, Acc* __restrict__ rstd_out,
-    Acc* __restrict__ ws, int N, int S, int C, int G, int num_chunks, int rows_per_chunk,
-    Acc eps) {
+    const Acc* __restrict__ partial, const W* __restrict__ weight, const W* __restrict__ bias,
+    Acc* __restrict__ mean_out, Acc* __restrict__ rstd_out, Acc* __restrict__ ws, int N, int S,
+    int C, int G, int num_chunks, int rows_per_chunk, Acc eps) {
   __shared__ Acc scratch[2 * 32];
   __shared__ Acc broadcast[2];
   const int g = blockIdx.x;
@@ -253,34 +252,29 @@ __global__ void dwgn_gn_fwd_finalize(
   const int c0 = g * D;
   const Acc inv_s = Acc(1) / Acc(S);
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
-    const Acc* sh = shift + static_cast<long long>(n) * C;
-    const Acc ref = sh[c0];  // the group's reference point
     Acc* wn = ws + static_cast<long long>(n) * 3 * C;
-    // Per channel: m_c = mean_c - ref (small), M2_c; sum both over the group.
-    Acc v[2] = {Acc(0), Acc(0)};
+    Acc v[2] = {Acc(0), Acc(0)};  // sum of channel means, sum of channel M2
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
       const int c = c0 + j;
-      // Chunk summaries merged in chunk order (chunk k holds rows_per_chunk
-      // rows, the last one the remainder).
+      // Chunk k holds rows_per_chunk rows, the last one the remainder.
       const Acc* p = partial + static_cast<long long>(n) * num_chunks * 2 * C + c;
-      Acc count = Acc(0), local_mean = Acc(0), m2 = Acc(0);
+      Acc count = Acc(0), channel_mean = Acc(0), m2 = Acc(0);
       for (int k = 0; k < num_chunks; ++k) {
         const int rows = min(S - k * rows_per_chunk, rows_per_chunk);
-        gn::chan_merge(count, local_mean, m2, Acc(rows), p[0], p[C]);
+        gn::chan_merge(count, channel_mean, m2, Acc(rows), p[0], p[C]);
         p += 2 * C;
       }
-      const Acc m = (sh[c] - ref) + local_mean;
-      wn[c] = m;  // parked here until the group mean is known (same thread reads it)
-      v[0] += m;
+      wn[c] = channel_mean;  // parked until the group mean is known (same thread reads it)
+      v[0] += channel_mean;
       v[1] += m2 > Acc(0) ? m2 : Acc(0);
     }
     dwgn::block_sum<2>(v, scratch);
     if (threadIdx.x == 0) broadcast[0] = v[0] / Acc(D);
     __syncthreads();
-    const Acc dmean = broadcast[0];  // group mean - ref
+    const Acc group_mean = broadcast[0];
     Acc spread[1] = {Acc(0)};
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
-      const Acc d = wn[c0 + j] - dmean;
+      const Acc d = wn[c0 + j] - group_mean;
       spread[0] += d * d;
     }
     // v[1] (sum of the within-channel M2) is still valid in thread 0.
@@ -288,7 +282,7 @@ __global__ void dwgn_gn_fwd_finalize(
     if (threadIdx.x == 0) {
       const Acc var = (v[1] + Acc(S) * spread[0]) * inv_s / Acc(D);
       const Acc rstd = gn::rsqrt_acc(var + eps);
-      mean_out[static_cast<long long>(n) * G + g] = ref + dmean;
+      mean_out[static_cast<long long>(n) * G + g] = group_mean;
       rstd_out[static_cast<long long>(n) * G + g] = rstd;
       broadcast[1] = rstd;
     }
@@ -296,19 +290,15 @@ __global__ void dwgn_gn_fwd_finalize(
     const Acc rstd = broadcast[1];
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
       const int c = c0 + j;
-      const Acc scale = weight != nullptr ? rstd * to_acc(weight[c]) : rstd;
-      const Acc b = bias != nullptr ? to_acc(bias[c]) : Acc(0);
-      // mean - shift_c = (ref + dmean) - shift_c, kept small.
-      const Acc delta = (ref - sh[c]) + dmean;
-      wn[c] = sh[c];
-      wn[C + c] = scale;
-      wn[2 * C + c] = b - delta * scale;
+      wn[c] = group_mean;
+      wn[C + c] = weight != nullptr ? rstd * to_acc(weight[c]) : rstd;
+      wn[2 * C + c] = bias != nullptr ? to_acc(bias[c]) : Acc(0);
     }
     __syncthreads();  // broadcast is rewritten by the next n
   }
 }
 
-// Forward pass 3: y = act((x - shift_c) * scale_c + offset_c), VEC channels
+// Forward pass 3: y = act((x - mean) * scale_c + b_c), VEC channels
 // per thread and access; grid-stride over the N*S*C/VEC vectors.  x and y
 // may be the same array (in place: each element is read, then written, by
 // one thread), so neither is __restrict__.
