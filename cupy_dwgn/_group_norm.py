@@ -183,7 +183,8 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
         w_dtype = _affine_dtype(weight, bias, x)
         rows_per_chunk, num_chunks, column_blocks = _split(batch, rows, channels)
         grid_y = min(batch, _launch.MAX_GRID_Y)
-        partial = cupy.empty((batch, num_chunks, 2, channels), dtype=acc_dtype)
+        # Forward summaries are double whatever x is: the sums keep the mean exact.
+        partial = cupy.empty((batch, num_chunks, 2, channels), dtype=numpy.float64)
         _kernel(_STATS, t, index)(
             (num_chunks, grid_y, column_blocks), (_COLUMN_BLOCK,),
             (x, partial, i32(batch), i32(rows), i32(channels), i32(rows_per_chunk)),

@@ -158,24 +158,44 @@ __device__ __forceinline__ int lane_rows(int row0, int row1, int lane, int lanes
   return span > 0 ? (span + lanes - 1) / lanes : 0;
 }
 
-// Merges the per-lane (mean, M2) summaries of each column, lane by lane in a
-// fixed order, into the lane-0 thread (counts follow from the row split).
-// Every thread of the block must call it.
-template <typename Acc>
-__device__ __forceinline__ void column_welford(Acc& mean, Acc& m2, int row0, int row1,
-                                               const ColumnLayout& L, Acc* scratch) {
-  scratch[threadIdx.x] = mean;
+// Merges the per-lane summaries of each column into its lane-0 thread, lane
+// by lane in a fixed order: each lane gives the double sum of its elements
+// and its M2 (counts follow from the row split).  On return lane 0 holds the
+// column's sum and M2.  Every thread of the block must call it.
+__device__ __forceinline__ void column_merge(double& sum, double& m2, int row0, int row1,
+                                             const ColumnLayout& L, double* scratch) {
+  scratch[threadIdx.x] = sum;
   scratch[blockDim.x + threadIdx.x] = m2;
   __syncthreads();
   if (L.lane == 0) {
-    Acc count = Acc(lane_rows(row0, row1, 0, L.lanes));
+    double count = lane_rows(row0, row1, 0, L.lanes);
+    double mean = count > 0 ? sum / count : 0.0;
     for (int j = 1; j < L.lanes; ++j) {
       const int t = j * L.cols + L.col;
-      chan_merge(count, mean, m2, Acc(lane_rows(row0, row1, j, L.lanes)), scratch[t],
-                 scratch[blockDim.x + t]);
+      const double count_j = lane_rows(row0, row1, j, L.lanes);
+      if (count_j > 0) chan_merge(count, mean, m2, count_j, scratch[t] / count_j, scratch[blockDim.x + t]);
     }
+    sum = mean * count;
   }
   __syncthreads();  // scratch is reused by the next iteration
+}
+
+// One channel's statistics from its chunk summaries (sum, M2) in
+// partial (N, num_chunks, 2, C), merged in chunk order with Chan's formula
+// (chunk k holds rows_per_chunk rows, the last one the remainder): returns
+// the channel mean and adds its M2 to m2_total.
+__device__ __forceinline__ double channel_summary(const double* partial, int n, int c, int S, int C,
+                                                  int num_chunks, int rows_per_chunk,
+                                                  double& m2_total) {
+  const double* p = partial + static_cast<long long>(n) * num_chunks * 2 * C + c;
+  double count = 0.0, mean = 0.0, m2 = 0.0;
+  for (int k = 0; k < num_chunks; ++k) {
+    const double rows = min(S - k * rows_per_chunk, rows_per_chunk);
+    chan_merge(count, mean, m2, rows, p[0] / rows, p[C]);
+    p += 2 * C;
+  }
+  m2_total += m2 > 0.0 ? m2 : 0.0;
+  return mean;
 }
 
 // Grid-stride walk over the N*S*C/VEC vectors of a channels-last tensor:
@@ -197,17 +217,17 @@ __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C
 // The column kernels carry no __launch_bounds__(256): with it ptxas (CUDA 13,
 // sm_80/sm_90) squeezed dwgn_gn_bwd_reduce to 32 registers and spilled.
 
-// Forward pass 1: per (n, chunk of rows, c) Welford summaries (mean and M2
-// of x): each lane updates its own summary element by element, and the
-// lanes of a column are merged with Chan's formula.
+// Forward pass 1: per (n, chunk of rows, c) summaries: the sum of x in
+// double (so the mean keeps every digit, even at 1000 + randn in float32)
+// and M2 from a Welford update in Acc (no E[x^2] - E[x]^2 cancellation, an
+// outlier anywhere included); lanes are merged with Chan's formula in double.
 // grid (num_chunks, min(N, 65535), ceil(C / cols)); block 256.
-// partial: (N, num_chunks, 2, C) Acc (mean, M2).
+// partial: (N, num_chunks, 2, C) double (sum, M2).
 template <typename T, typename IndexT>
-__global__ void dwgn_gn_stats_partial(
-    const T* __restrict__ x, typename AccType<T>::type* __restrict__ partial, int N, int S, int C,
-    int rows_per_chunk) {
+__global__ void dwgn_gn_stats_partial(const T* __restrict__ x, double* __restrict__ partial,
+                                      int N, int S, int C, int rows_per_chunk) {
   using Acc = typename AccType<T>::type;
-  __shared__ Acc scratch[2 * 256];
+  __shared__ double scratch[2 * 256];
   const gn::ColumnLayout L(C);
   const int chunk = blockIdx.x;
   const int num_chunks = gridDim.x;
@@ -216,83 +236,84 @@ __global__ void dwgn_gn_stats_partial(
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
     const T* xn = x + static_cast<IndexT>(n) * S * C;
     Acc mean = Acc(0), m2 = Acc(0), count = Acc(0);
+    double sum = 0.0;
     if (L.valid) {
       for (int r = row0 + L.lane; r < row1; r = dwgn::grid_stride_next(r, L.lanes, row1)) {
         const Acc v = to_acc(xn[static_cast<IndexT>(r) * C + L.c]);
+        sum += v;
         count += Acc(1);
         const Acc delta = v - mean;
         mean += delta * gn::reciprocal(count);
         m2 += delta * (v - mean);
       }
     }
-    gn::column_welford(mean, m2, row0, row1, L, scratch);
+    double m2_wide = m2;
+    gn::column_merge(sum, m2_wide, row0, row1, L, scratch);
     if (L.valid && L.lane == 0) {
-      Acc* p = partial + (static_cast<long long>(n) * num_chunks + chunk) * 2 * C + L.c;
-      p[0] = mean;
-      p[C] = m2;
+      double* p = partial + (static_cast<long long>(n) * num_chunks + chunk) * 2 * C + L.c;
+      p[0] = sum;
+      p[C] = m2_wide;
     }
   }
 }
 
-// Forward pass 2: one block per (g, n).  Merges each channel's chunk
-// summaries (chunk order, Chan's formula), then the D channels of the group
-// (every channel holds S elements: M2 = sum M2_c + S * sum (mean_c - mean)^2),
-// writes mean/rstd (N, G) and the per-(n, c) coefficients ws (N, 3, C): the
-// group mean, scale_c = rstd * w[c] and b[c].
+// Forward pass 2: one block per (g, n), in double.  Merges each channel's
+// chunk summaries (chunk order, Chan's formula), then the D channels of the
+// group (every channel holds S elements: M2 = sum M2_c + S * sum (mean_c -
+// mean)^2); writes mean/rstd (N, G) in Acc and the per-(n, c) coefficients
+// ws (N, 3, C): hi = the group mean rounded to Acc, scale_c = rstd * w[c]
+// and offset_c = b[c] - (mean - hi) * scale_c, so that y = (x - hi) *
+// scale_c + offset_c keeps the digits of the mean that Acc cannot hold.
 // grid (G, min(N, 65535)); block a multiple of 32, <= 1024.
 template <typename Acc, typename W>
 __global__ void dwgn_gn_fwd_finalize(
-    const Acc* __restrict__ partial, const W* __restrict__ weight, const W* __restrict__ bias,
+    const double* __restrict__ partial, const W* __restrict__ weight, const W* __restrict__ bias,
     Acc* __restrict__ mean_out, Acc* __restrict__ rstd_out, Acc* __restrict__ ws, int N, int S,
     int C, int G, int num_chunks, int rows_per_chunk, Acc eps) {
-  __shared__ Acc scratch[2 * 32];
-  __shared__ Acc broadcast[2];
+  __shared__ double scratch[2 * 32];
+  __shared__ double broadcast[2];
   const int g = blockIdx.x;
   const int D = C / G;
   const int c0 = g * D;
-  const Acc inv_s = Acc(1) / Acc(S);
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
     Acc* wn = ws + static_cast<long long>(n) * 3 * C;
-    Acc v[2] = {Acc(0), Acc(0)};  // sum of channel means, sum of channel M2
+    // Each channel mean is recomputed from its chunk summaries in the spread
+    // pass below (num_chunks reads) rather than parked in Acc, which would
+    // round it.
+    double v[2] = {0.0, 0.0};  // sum of channel means, sum of channel M2
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
-      const int c = c0 + j;
-      // Chunk k holds rows_per_chunk rows, the last one the remainder.
-      const Acc* p = partial + static_cast<long long>(n) * num_chunks * 2 * C + c;
-      Acc count = Acc(0), channel_mean = Acc(0), m2 = Acc(0);
-      for (int k = 0; k < num_chunks; ++k) {
-        const int rows = min(S - k * rows_per_chunk, rows_per_chunk);
-        gn::chan_merge(count, channel_mean, m2, Acc(rows), p[0], p[C]);
-        p += 2 * C;
-      }
-      wn[c] = channel_mean;  // parked until the group mean is known (same thread reads it)
-      v[0] += channel_mean;
-      v[1] += m2 > Acc(0) ? m2 : Acc(0);
+      v[0] += gn::channel_summary(partial, n, c0 + j, S, C, num_chunks, rows_per_chunk, v[1]);
     }
     dwgn::block_sum<2>(v, scratch);
-    if (threadIdx.x == 0) broadcast[0] = v[0] / Acc(D);
+    if (threadIdx.x == 0) broadcast[0] = v[0] / D;
     __syncthreads();
-    const Acc group_mean = broadcast[0];
-    Acc spread[1] = {Acc(0)};
+    const double mean = broadcast[0];
+    double spread[1] = {0.0};
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
-      const Acc d = wn[c0 + j] - group_mean;
+      double unused = 0.0;
+      const double d = gn::channel_summary(partial, n, c0 + j, S, C, num_chunks, rows_per_chunk, unused) - mean;
       spread[0] += d * d;
     }
     // v[1] (sum of the within-channel M2) is still valid in thread 0.
     dwgn::block_sum<1>(spread, scratch);
     if (threadIdx.x == 0) {
-      const Acc var = (v[1] + Acc(S) * spread[0]) * inv_s / Acc(D);
-      const Acc rstd = gn::rsqrt_acc(var + eps);
-      mean_out[static_cast<long long>(n) * G + g] = group_mean;
-      rstd_out[static_cast<long long>(n) * G + g] = rstd;
+      const double var = (v[1] + static_cast<double>(S) * spread[0]) / (static_cast<double>(S) * D);
+      const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
+      mean_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(mean);
+      rstd_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(rstd);
       broadcast[1] = rstd;
     }
     __syncthreads();
-    const Acc rstd = broadcast[1];
+    const Acc rstd = static_cast<Acc>(broadcast[1]);
+    const Acc hi = static_cast<Acc>(mean);
+    const double lo = mean - static_cast<double>(hi);  // exact
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
       const int c = c0 + j;
-      wn[c] = group_mean;
-      wn[C + c] = weight != nullptr ? rstd * to_acc(weight[c]) : rstd;
-      wn[2 * C + c] = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+      const Acc scale = weight != nullptr ? rstd * to_acc(weight[c]) : rstd;
+      const Acc b = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+      wn[c] = hi;
+      wn[C + c] = scale;
+      wn[2 * C + c] = static_cast<Acc>(static_cast<double>(b) - lo * static_cast<double>(scale));
     }
     __syncthreads();  // broadcast is rewritten by the next n
   }

@@ -1,0 +1,69 @@
+"""NumPy simulation of the GroupNorm statistics kernels' arithmetic (lane
+Welford in the accumulator dtype, double sums, Chan merges in double, the
+(x - hi) * scale + offset apply), to check their numerics on a CPU.
+
+    PYTHONPATH=. python scripts/simulate_group_norm_stats.py
+"""
+import numpy as np
+
+from cupy_dwgn import reference
+
+f = np.float32  # the accumulator dtype of half/float32 inputs
+def chan(c,m,q,cb,mb,qb):
+    if cb==0: return c,m,q
+    t=c+cb; d=mb-m; w=cb/t; return t, m+d*w, q+qb+d*d*c*w
+def lane_rows(r0,r1,l,L):
+    span=r1-r0-l; return (span+L-1)//L if span>0 else 0
+def sim(x, G, eps=1e-5, acc=f, cols_block=256, target=1024, min_rows=32):
+    N=x.shape[0]; C=x.shape[-1]; xs=x.reshape(N,-1,C); S=xs.shape[1]; D=C//G
+    cols=min(C,cols_block); lanes=cols_block//cols; colblocks=-(-C//cols)
+    per=max(1,-(-target//(min(N,65535)*colblocks))); rpc=max(min_rows,-(-S//per)); nch=-(-S//rpc)
+    means=np.zeros((N,G)); rstds=np.zeros((N,G)); y=np.zeros(xs.shape, acc)
+    for n in range(N):
+        part=np.zeros((nch,2,C))
+        for k in range(nch):
+            r0=k*rpc; r1=min(S,r0+rpc)
+            for c in range(C):
+                sums=[];m2s=[]
+                for l in range(lanes):
+                    mean=acc(0); m2=acc(0); cnt=acc(0); sm=0.0
+                    for r in range(r0+l, r1, lanes):
+                        v=acc(xs[n,r,c]); sm+=float(v); cnt=acc(cnt+acc(1)); d=acc(v-mean)
+                        mean=acc(mean+acc(d*acc(acc(1)/cnt))); m2=acc(m2+acc(d*acc(v-mean)))
+                    sums.append(sm); m2s.append(float(m2))
+                cnt=lane_rows(r0,r1,0,lanes); mean=sums[0]/cnt; m2=m2s[0]
+                for j in range(1,lanes):
+                    cj=lane_rows(r0,r1,j,lanes)
+                    if cj>0: cnt,mean,m2=chan(cnt,mean,m2,cj,sums[j]/cj,m2s[j])
+                part[k,0,c]=mean*cnt; part[k,1,c]=m2
+        for g in range(G):
+            cm=[];m2t=0.0
+            for c in range(g*D,(g+1)*D):
+                cnt=0.0;mean=0.0;m2=0.0
+                for k in range(nch):
+                    rows=min(S-k*rpc,rpc); cnt,mean,m2=chan(cnt,mean,m2,rows,part[k,0,c]/rows,part[k,1,c])
+                cm.append(mean); m2t+=max(m2,0)
+            gm=sum(cm)/D; spread=sum((m-gm)**2 for m in cm)
+            var=(m2t+S*spread)/(S*D); rstd=1/np.sqrt(var+eps)
+            means[n,g]=acc(gm); rstds[n,g]=acc(rstd)
+            hi=acc(gm); lo=gm-float(hi); scale=acc(rstd)
+            off=acc(0.0-lo*float(scale))
+            sl=slice(g*D,(g+1)*D)
+            y[n,:,sl]=acc(acc(acc(xs[n,:,sl].astype(acc)-hi)*scale)+off)
+    return y.reshape(x.shape), means, rstds
+def rel(a,b): return np.linalg.norm(a.astype(np.float64)-b)/np.linalg.norm(b)
+rng=np.random.default_rng(1)
+for trial in range(3):
+    x=(1000+rng.standard_normal((2,9,11,32))).astype(f)
+    y,m,r=sim(x,8); ry,rm,rr=reference.group_norm(x,8)
+    print('1000+randn f32: y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))
+for spike in (64,512):
+    x=(3+rng.standard_normal((1,4096,8))).astype(f); x[0,0,:]+=spike
+    y,m,r=sim(x,2); ry,rm,rr=reference.group_norm(x,2)
+    print('spike %d: y %.2e mean %.2e rstd %.2e'%(spike,rel(y,ry),rel(m,rm),rel(r,rr)))
+x=(3+rng.standard_normal((2,5,7,24))).astype(f)
+y,m,r=sim(x,4); ry,rm,rr=reference.group_norm(x,4)
+print('3+randn: y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))
+x=(1000+rng.standard_normal((2,9,11,32))).astype(np.float16)
+y,m,r=sim(x,8); ry,rm,rr=reference.group_norm(x,8)
+print('1000+randn f16 (acc f32, y stored f32 here): y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))
