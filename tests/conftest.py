@@ -27,6 +27,23 @@ def rng(request):
     return numpy.random.default_rng(seed)
 
 
+@pytest.fixture
+def broken_kernel(tmp_path, monkeypatch):
+    """A kernel folder whose broken.cu fails to compile (undefined_name);
+    yields the file name, restores the real kernels afterwards."""
+    from cupy_dwgn import _compile
+
+    (tmp_path / "dwgn_common.cuh").write_text("#pragma once\n")
+    (tmp_path / "broken.cu").write_text(
+        '#include "dwgn_common.cuh"\n'
+        "template <typename T> __global__ void k(T* p) { p[0] = undefined_name; }\n"
+    )
+    monkeypatch.setenv("CUPY_DWGN_KERNEL_DIR", str(tmp_path))
+    _compile.kernel_source.cache_clear()
+    yield "broken.cu"
+    _compile.kernel_source.cache_clear()
+
+
 def pytest_report_header(config):
     if GPU_COUNT:
         import cupy

@@ -53,18 +53,9 @@ def test_header_is_inlined_into_the_source():
     assert "#include <cuda_bf16.h>" in source  # system headers stay includes
 
 
-def test_compile_error_carries_expression_options_and_log(tmp_path, monkeypatch):
-    (tmp_path / "dwgn_common.cuh").write_text("#pragma once\n")
-    (tmp_path / "broken.cu").write_text(
-        '#include "dwgn_common.cuh"\ntemplate <typename T> __global__ void k(T* p) { p[0] = undefined_name; }\n'
-    )
-    monkeypatch.setenv("CUPY_DWGN_KERNEL_DIR", str(tmp_path))
-    _compile.kernel_source.cache_clear()
-    try:
-        with pytest.raises(KernelCompileError) as info:
-            _compile.nvrtc_compile("broken.cu", ["k<float>"], 90)
-    finally:
-        _compile.kernel_source.cache_clear()
+def test_compile_error_carries_expression_options_and_log(broken_kernel):
+    with pytest.raises(KernelCompileError) as info:
+        _compile.nvrtc_compile(broken_kernel, ["k<float>"], 90)
     error = info.value
     assert error.name_expression == "k<float>"
     assert "--std=c++17" in error.options

@@ -14,20 +14,11 @@ import cupy_dwgn  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def test_runtime_compile_error_is_a_package_error(tmp_path, monkeypatch):
-    (tmp_path / "dwgn_common.cuh").write_text("#pragma once\n")
-    (tmp_path / "broken_runtime.cu").write_text(
-        '#include "dwgn_common.cuh"\ntemplate <typename T> __global__ void k(T* p) { p[0] = not_declared; }\n'
-    )
-    monkeypatch.setenv("CUPY_DWGN_KERNEL_DIR", str(tmp_path))
-    _compile.kernel_source.cache_clear()
-    try:
-        with pytest.raises(KernelCompileError) as info:
-            _compile.get_kernel("broken_runtime.cu", "k<float>")
-    finally:
-        _compile.kernel_source.cache_clear()
+def test_runtime_compile_error_is_a_package_error(broken_kernel):
+    with pytest.raises(KernelCompileError) as info:
+        _compile.get_kernel(broken_kernel, "k<float>")
     assert info.value.name_expression == "k<float>"
-    assert "not_declared" in info.value.log
+    assert "undefined_name" in info.value.log
     assert cupy.__version__ in str(info.value)
 
 
