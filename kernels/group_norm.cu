@@ -168,14 +168,17 @@ __device__ __forceinline__ void column_merge(double& sum, double& m2, int row0, 
   scratch[blockDim.x + threadIdx.x] = m2;
   __syncthreads();
   if (L.lane == 0) {
+    // Lane 0 always has rows: every chunk holds at least one.
     double count = lane_rows(row0, row1, 0, L.lanes);
-    double mean = count > 0 ? sum / count : 0.0;
+    double mean = sum / count;
     for (int j = 1; j < L.lanes; ++j) {
       const int t = j * L.cols + L.col;
       const double count_j = lane_rows(row0, row1, j, L.lanes);
-      if (count_j > 0) chan_merge(count, mean, m2, count_j, scratch[t] / count_j, scratch[blockDim.x + t]);
+      if (count_j > 0) {
+        chan_merge(count, mean, m2, count_j, scratch[t] / count_j, scratch[blockDim.x + t]);
+        sum += scratch[t];  // the plain sum stays exact; mean only serves the M2 merge
+      }
     }
-    sum = mean * count;
   }
   __syncthreads();  // scratch is reused by the next iteration
 }

@@ -31,11 +31,12 @@ def sim(x, G, eps=1e-5, acc=f, cols_block=256, target=1024, min_rows=32):
                         v=acc(xs[n,r,c]); sm+=float(v); cnt=acc(cnt+acc(1)); d=acc(v-mean)
                         mean=acc(mean+acc(d*acc(acc(1)/cnt))); m2=acc(m2+acc(d*acc(v-mean)))
                     sums.append(sm); m2s.append(float(m2))
-                cnt=lane_rows(r0,r1,0,lanes); mean=sums[0]/cnt; m2=m2s[0]
+                cnt=lane_rows(r0,r1,0,lanes); mean=sums[0]/cnt; m2=m2s[0]; total=sums[0]
                 for j in range(1,lanes):
                     cj=lane_rows(r0,r1,j,lanes)
-                    if cj>0: cnt,mean,m2=chan(cnt,mean,m2,cj,sums[j]/cj,m2s[j])
-                part[k,0,c]=mean*cnt; part[k,1,c]=m2
+                    if cj>0:
+                        cnt,mean,m2=chan(cnt,mean,m2,cj,sums[j]/cj,m2s[j]); total+=sums[j]
+                part[k,0,c]=total; part[k,1,c]=m2
         for g in range(G):
             cm=[];m2t=0.0
             for c in range(g*D,(g+1)*D):
