@@ -56,3 +56,26 @@ def copy_bandwidth_bytes_per_us(nbytes=2 * 2**30):
     us = time_us(lambda: dst.__setitem__(Ellipsis, src), warmup=3, repeat=10)
     del src, dst
     return 2 * nbytes / us
+
+
+def kernel_breakdown_us(torch, fn, *, calls=20):
+    """GPU time per call of each kernel ``fn`` launches, {name: us}, from
+    PyTorch's CUPTI profiler (it records every kernel of the process, CuPy's
+    included).  Template arguments are cut from the names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    cupy.cuda.Device().synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        cupy.cuda.Device().synchronize()
+    times = {}
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None)
+        if total is None:
+            total = getattr(event, "cuda_time_total", 0.0)
+        if total:
+            name = event.key.split("<")[0].split("(")[0].strip()
+            times[name] = times.get(name, 0.0) + total / calls
+    return times

@@ -14,7 +14,7 @@ import numpy
 
 import cupy_dwgn
 from cupy_dwgn import depthwise
-from harness import copy_bandwidth_bytes_per_us, host_us, time_us
+from harness import copy_bandwidth_bytes_per_us, host_us, kernel_breakdown_us, time_us
 
 
 def depthwise_case(torch, bandwidth, n=64, c=144, hw=56, k=3, stride=1):
@@ -66,11 +66,16 @@ def group_norm_case(torch, bandwidth, n=1, hw=512, c=128, groups=32):
     gn = torch.nn.functional.group_norm
     torch_fwd = time_us(lambda: gn(tx, groups, tw, tb))
     torch_fwd_bwd = time_us(lambda: torch.autograd.grad(gn(tx, groups, tw, tb), (tx, tw, tb), tdy))
+    try:
+        breakdown = {f"kernel_us {name}": us for name, us in kernel_breakdown_us(torch, fwd_bwd).items()}
+    except Exception as error:  # the profiler is a diagnostic; never lose the timings to it
+        breakdown = {"kernel_breakdown_error": repr(error)}
     return {
         "case": f"group_norm NHWC {n}x{hw}x{hw}x{c} fp16 G={groups}",
         "cupy_dwgn_fwd_us": ours_fwd, "cupy_dwgn_fwd_bwd_us": ours_fwd_bwd,
         "torch_channels_last_fwd_us": torch_fwd, "torch_channels_last_fwd_bwd_us": torch_fwd_bwd,
         "fwd_floor_us": 2 * x.nbytes / bandwidth, "fwd_bwd_floor_us": 5 * x.nbytes / bandwidth,
+        **breakdown,
     }
 
 

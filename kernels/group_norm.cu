@@ -28,8 +28,10 @@
 //             twice; the floor is 3 passes: read x, grad_out, write grad_in).
 //
 // Numerics: statistics are Welford summaries (count, mean, M2) per lane,
-// merged with Chan's parallel formula across lanes, chunks and the channels
-// of a group, so neither a large mean (x = 1000 + randn in float32) nor an
+// built batch by batch (kRowBatch rows: their own mean and M2 in registers,
+// then one Chan merge) and merged with Chan's parallel formula in double
+// across lanes, chunks and the channels of a group; the sum of x is kept in
+// double beside them, so the mean is exact, so neither a large mean (x = 1000 + randn in float32) nor an
 // outlier anywhere loses digits to an E[x^2] - E[x]^2 cancellation.  The
 // forward applies y = (x - mean) * scale_c + b_c, never x*scale + shift, for
 // the same reason.
@@ -158,6 +160,22 @@ __device__ __forceinline__ int lane_rows(int row0, int row1, int lane, int lanes
   return span > 0 ? (span + lanes - 1) / lanes : 0;
 }
 
+// Rows a column kernel's thread loads per step.  One load at a time leaves
+// far too few bytes in flight to cover the memory latency (Little's law: an
+// H200 needs ~25 KB in flight per SM); kRowBatch independent loads per step
+// do.
+constexpr int kRowBatch = 8;
+
+// Walks the `count` rows of one lane (k = 0 .. count-1): batch(k) for whole
+// batches of kRowBatch rows, then single(k) for the remainder.  Row k is
+// passed by number, never as a running pointer, so no index can wrap.
+template <typename Batch, typename Single>
+__device__ __forceinline__ void walk_lane_rows(int count, Batch batch, Single single) {
+  int k = 0;
+  for (; k + kRowBatch <= count; k += kRowBatch) batch(k);
+  for (; k < count; ++k) single(k);
+}
+
 // Merges the per-lane summaries of each column into its lane-0 thread, lane
 // by lane in a fixed order: each lane gives the double sum of its elements
 // and its M2 (counts follow from the row split).  On return lane 0 holds the
@@ -237,18 +255,55 @@ __global__ void dwgn_gn_stats_partial(const T* __restrict__ x, double* __restric
   const int row0 = chunk * rows_per_chunk;
   const int row1 = min(S, row0 + rows_per_chunk);
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
-    const T* xn = x + static_cast<IndexT>(n) * S * C;
+    // The lane's Welford summary; its count stays far below 2**24 (a lane
+    // gets about N*S*C / 2**18 rows at most), so Acc holds it exactly.
     Acc mean = Acc(0), m2 = Acc(0), count = Acc(0);
     double sum = 0.0;
-    if (L.valid) {
-      for (int r = row0 + L.lane; r < row1; r = dwgn::grid_stride_next(r, L.lanes, row1)) {
-        const Acc v = to_acc(xn[static_cast<IndexT>(r) * C + L.c]);
-        sum += v;
-        count += Acc(1);
-        const Acc delta = v - mean;
-        mean += delta * gn::reciprocal(count);
-        m2 += delta * (v - mean);
-      }
+    const int lane_count = L.valid ? gn::lane_rows(row0, row1, L.lane, L.lanes) : 0;
+    if (lane_count > 0) {
+      // This lane's rows: row0 + L.lane + k * L.lanes (formed only when the
+      // first exists, so the offset stays below N*S*C).
+      const T* column = x + (static_cast<IndexT>(n) * S + row0 + L.lane) * C + L.c;
+      const IndexT row_step = static_cast<IndexT>(L.lanes) * C;
+      gn::walk_lane_rows(
+          lane_count,
+          [&](int k0) {
+            // A batch's own mean and M2 (two passes over registers), then
+            // one Chan merge into the lane summary: one reciprocal per
+            // batch, and no per-element dependency chain.
+            Acc v[gn::kRowBatch];
+#pragma unroll
+            for (int k = 0; k < gn::kRowBatch; ++k) v[k] = to_acc(column[(k0 + k) * row_step]);
+            Acc batch_sum = Acc(0);
+            double batch_sum_wide = 0.0;
+#pragma unroll
+            for (int k = 0; k < gn::kRowBatch; ++k) {
+              batch_sum += v[k];
+              batch_sum_wide += v[k];
+            }
+            const Acc batch_mean = batch_sum * Acc(1.0 / gn::kRowBatch);  // exact scaling
+            Acc batch_m2 = Acc(0);
+#pragma unroll
+            for (int k = 0; k < gn::kRowBatch; ++k) {
+              const Acc d = v[k] - batch_mean;
+              batch_m2 += d * d;
+            }
+            sum += batch_sum_wide;
+            const Acc previous = count;
+            count += Acc(gn::kRowBatch);
+            const Acc delta = batch_mean - mean;
+            const Acc weight = Acc(gn::kRowBatch) * gn::reciprocal(count);
+            mean += delta * weight;
+            m2 += batch_m2 + delta * delta * previous * weight;
+          },
+          [&](int k) {
+            const Acc v = to_acc(column[k * row_step]);
+            sum += v;
+            count += Acc(1);
+            const Acc delta = v - mean;
+            mean += delta * gn::reciprocal(count);
+            m2 += delta * (v - mean);
+          });
     }
     double m2_wide = m2;
     gn::column_merge(sum, m2_wide, row0, row1, L, scratch);
@@ -368,19 +423,39 @@ __global__ void dwgn_gn_bwd_reduce(
   const Acc w = (L.valid && weight != nullptr) ? to_acc(weight[L.c]) : Acc(1);
   const Acc b = (L.valid && bias != nullptr) ? to_acc(bias[L.c]) : Acc(0);
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
-    const IndexT base = static_cast<IndexT>(n) * S * C;
     Acc v[2] = {Acc(0), Acc(0)};
-    if (L.valid) {
+    const int lane_count = L.valid ? gn::lane_rows(row0, row1, L.lane, L.lanes) : 0;
+    if (lane_count > 0) {
+      // This lane's rows: row0 + L.lane + k * L.lanes.
+      const IndexT first = (static_cast<IndexT>(n) * S + row0 + L.lane) * C + L.c;
+      const IndexT row_step = static_cast<IndexT>(L.lanes) * C;
       const Acc m = mean[static_cast<long long>(n) * G + g];
       const Acc r = rstd[static_cast<long long>(n) * G + g];
-      for (int row = row0 + L.lane; row < row1; row = dwgn::grid_stride_next(row, L.lanes, row1)) {
-        const IndexT i = base + static_cast<IndexT>(row) * C + L.c;
-        const Acc xhat = (to_acc(x[i]) - m) * r;
-        Acc dz = to_acc(grad_out[i]);
+      const auto accumulate = [&](Acc x_value, Acc grad_value) {
+        const Acc xhat = (x_value - m) * r;
+        Acc dz = grad_value;
         if (ACT != gn::kIdentity) dz *= gn::activation_grad<ACT>(xhat * w + b);
         v[0] += dz;
         v[1] += dz * xhat;
-      }
+      };
+      gn::walk_lane_rows(
+          lane_count,
+          [&](int k0) {
+            // All loads of the batch first, so they are in flight together.
+            Acc xs[gn::kRowBatch], gs[gn::kRowBatch];
+#pragma unroll
+            for (int k = 0; k < gn::kRowBatch; ++k) {
+              const IndexT i = first + (k0 + k) * row_step;
+              xs[k] = to_acc(x[i]);
+              gs[k] = to_acc(grad_out[i]);
+            }
+#pragma unroll
+            for (int k = 0; k < gn::kRowBatch; ++k) accumulate(xs[k], gs[k]);
+          },
+          [&](int k) {
+            const IndexT i = first + k * row_step;
+            accumulate(to_acc(x[i]), to_acc(grad_out[i]));
+          });
     }
     gn::column_sum<2>(v, L, scratch);
     if (L.valid && L.lane == 0) {

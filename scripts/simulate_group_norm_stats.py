@@ -9,6 +9,7 @@ import numpy as np
 from cupy_dwgn import reference
 
 f = np.float32  # the accumulator dtype of half/float32 inputs
+B = 8  # gn::kRowBatch
 def chan(c,m,q,cb,mb,qb):
     if cb==0: return c,m,q
     t=c+cb; d=mb-m; w=cb/t; return t, m+d*w, q+qb+d*d*c*w
@@ -27,7 +28,17 @@ def sim(x, G, eps=1e-5, acc=f, cols_block=256, target=1024, min_rows=32):
                 sums=[];m2s=[]
                 for l in range(lanes):
                     mean=acc(0); m2=acc(0); cnt=acc(0); sm=0.0
-                    for r in range(r0+l, r1, lanes):
+                    rows=list(range(r0+l, r1, lanes)); whole=len(rows)//B*B
+                    for k0 in range(0, whole, B):  # batches: own mean/M2, one Chan merge
+                        v=[acc(xs[n,r,c]) for r in rows[k0:k0+B]]
+                        bs=acc(0); bw=0.0
+                        for e in v: bs=acc(bs+e); bw+=float(e)
+                        bm=acc(bs*acc(1.0/B)); bm2=acc(0)
+                        for e in v: d=acc(e-bm); bm2=acc(bm2+acc(d*d))
+                        sm+=bw; prev=cnt; cnt=acc(cnt+acc(B)); d=acc(bm-mean)
+                        w=acc(acc(B)*acc(acc(1)/cnt)); mean=acc(mean+acc(d*w))
+                        m2=acc(m2+acc(bm2+acc(acc(acc(d*d)*prev)*w)))
+                    for r in rows[whole:]:
                         v=acc(xs[n,r,c]); sm+=float(v); cnt=acc(cnt+acc(1)); d=acc(v-mean)
                         mean=acc(mean+acc(d*acc(acc(1)/cnt))); m2=acc(m2+acc(d*acc(v-mean)))
                     sums.append(sm); m2s.append(float(m2))
@@ -68,3 +79,11 @@ print('3+randn: y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))
 x=(1000+rng.standard_normal((2,9,11,32))).astype(np.float16)
 y,m,r=sim(x,8); ry,rm,rr=reference.group_norm(x,8)
 print('1000+randn f16 (acc f32, y stored f32 here): y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))
+# Few, long chunks (target=8 blocks), so each lane walks many whole batches.
+for trial in range(2):
+    x=(1000+rng.standard_normal((2,64,64,32))).astype(f)
+    y,m,r=sim(x,8,target=8); ry,rm,rr=reference.group_norm(x,8)
+    print('batched 1000+randn f32: y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))
+x=(3+rng.standard_normal((1,4099,8))).astype(f); x[0,0,:]+=512; x[0,1234,3]-=300
+y,m,r=sim(x,2,target=2); ry,rm,rr=reference.group_norm(x,2)
+print('batched spikes: y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))

@@ -346,3 +346,36 @@ def test_outlier_at_the_first_position_keeps_float32_statistics_exact(rng, spike
     ref_y, ref_mean, ref_rstd = reference.group_norm(x, 2)
     errors = {"y": relative_error(y, ref_y), "mean": relative_error(mean, ref_mean), "rstd": relative_error(rstd, ref_rstd)}
     assert max(errors.values()) <= TOLERANCE[F32], errors
+
+
+@pytest.mark.parametrize(
+    "shape,offset,spikes",
+    [
+        ((1, 524291, 8), 1000.0, ()),  # whole batches plus a remainder in lane 0
+        ((1, 1 << 20, 8), 3.0, ((0, 512.0), (12345, -300.0), ((1 << 20) - 1, 256.0))),
+        ((2, 256, 256, 32), 1000.0, ((7, 100.0),)),
+    ],
+    ids=["remainder-1000+randn", "spikes", "2-samples-1000+randn"],
+)
+def test_long_lanes_keep_float32_statistics_exact(rng, shape, offset, spikes):
+    # Each statistics thread reads its rows in batches of kRowBatch (8): a
+    # batch's own mean and M2, then one Chan merge; the rest one by one.
+    # These shapes give every lane several batches (checked below, so the
+    # test keeps its point if the split changes) with a large mean offset
+    # and outliers inside and at the ends of batches.
+    import cupy
+
+    batch, channels = shape[0], shape[-1]
+    rows = int(numpy.prod(shape[1:-1]))
+    rows_per_chunk, _, _ = gn._split(batch, rows, channels)
+    lanes = gn._COLUMN_BLOCK // min(channels, gn._COLUMN_BLOCK)
+    assert rows_per_chunk // lanes >= 2 * 8
+
+    x = random(rng, shape, F32, offset=offset)
+    flat = x.reshape(batch, rows, channels)
+    for row, value in spikes:
+        flat[0, row, :] += value
+    y, mean, rstd = gn.group_norm(cupy.asarray(x), 2, return_stats=True, out=poisoned(x.shape, F32))
+    ref_y, ref_mean, ref_rstd = reference.group_norm(x, 2)
+    errors = {"y": relative_error(y, ref_y), "mean": relative_error(mean, ref_mean), "rstd": relative_error(rstd, ref_rstd)}
+    assert max(errors.values()) <= TOLERANCE[F32], errors
