@@ -25,7 +25,8 @@ def depthwise():
 
 def group_norm():
     for dtype in (cupy.float32, cupy.float16):
-        for shape, groups in [((2, 7, 9, 136), 17), ((1, 97, 12), 4), ((3, 5, 5, 5, 64), 32), ((2, 393), 3)]:
+        for shape, groups in [((2, 7, 9, 136), 17), ((1, 97, 12), 4), ((3, 5, 5, 5, 64), 32), ((2, 393), 3),
+                              ((1, 131075, 24), 3)]:  # the last: whole row batches plus remainders per lane
             x = (3 + rng.standard_normal(shape, dtype=cupy.float32)).astype(dtype)
             c = shape[-1]
             w = rng.standard_normal(c, dtype=cupy.float32)
