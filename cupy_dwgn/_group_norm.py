@@ -126,9 +126,10 @@ def _split(batch, rows, channels):
     return rows_per_chunk, num_chunks, column_blocks
 
 
-def _group_block(channels_per_group):
-    """Block size of the finalize kernels: a multiple of 32 in [32, 256]."""
-    return min(256, max(32, -(-channels_per_group // 32) * 32))
+def _group_block(pieces):
+    """Block size of the finalize kernels, which sum a group's ``pieces``
+    (channels x chunks) with the whole block: a multiple of 32 in [32, 256]."""
+    return min(256, max(32, -(-pieces // 32) * 32))
 
 
 def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="identity", out=None, return_stats=False):
@@ -191,7 +192,7 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
         )
         coefficients = cupy.empty((batch, 3, channels), dtype=acc_dtype)
         _kernel(_FWD_FINALIZE, _acc_ctype(x.dtype), _dtypes.ctype(w_dtype))(
-            (groups, grid_y), (_group_block(channels // groups),),
+            (groups, grid_y), (_group_block(channels // groups * num_chunks),),
             (
                 partial, _launch.pointer_or_null(weight), _launch.pointer_or_null(bias),
                 mean, rstd, coefficients, i32(batch), i32(rows), i32(channels), i32(groups),
@@ -259,9 +260,9 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
                 i32(channels), i32(groups), i32(rows_per_chunk),
             ),
         )
-        coefficients = cupy.empty((batch, 6, channels), dtype=acc_dtype)
+        coefficients = cupy.empty((batch, 5, channels), dtype=acc_dtype)
         _kernel(_BWD_FINALIZE, _acc_ctype(x.dtype), w_ctype)(
-            (groups, min(batch + 1, _launch.MAX_GRID_Y)), (_group_block(channels // groups),),
+            (groups, min(batch + 1, _launch.MAX_GRID_Y)), (_group_block(channels // groups * num_chunks),),
             (
                 partial, mean, rstd, weight_ptr, bias_ptr, coefficients,
                 _launch.pointer_or_null(grad_weight), _launch.pointer_or_null(grad_bias),

@@ -27,14 +27,16 @@
 //   backward: bwd_reduce -> bwd_finalize -> bwd_dx  (reads x and grad_out
 //             twice; the floor is 3 passes: read x, grad_out, write grad_in).
 //
-// Numerics: statistics are Welford summaries (count, mean, M2) per lane,
-// built batch by batch (kRowBatch rows: their own mean and M2 in registers,
-// then one Chan merge) and merged with Chan's parallel formula in double
-// across lanes, chunks and the channels of a group; the sum of x is kept in
-// double beside them, so the mean is exact, so neither a large mean (x = 1000 + randn in float32) nor an
-// outlier anywhere loses digits to an E[x^2] - E[x]^2 cancellation.  The
-// forward applies y = (x - mean) * scale_c + b_c, never x*scale + shift, for
-// the same reason.
+// Numerics: each thread of stats_partial keeps a Welford summary (count,
+// mean, M2) of its lane, built batch by batch (kRowBatch rows: their own mean
+// and M2 in registers, then one Chan merge), beside the plain sum of x in
+// double, so the mean is exact.  Lanes are merged with Chan's formula in
+// double; chunks and the channels of a group are combined in fwd_finalize
+// by the parallel-axis theorem (every term >= 0).  So neither a large mean
+// (x = 1000 + randn in float32) nor an outlier anywhere loses digits to an
+// E[x^2] - E[x]^2 cancellation.  The forward applies y = (x - hi) * scale_c
+// + offset_c with hi the mean rounded to Acc and the rest folded into
+// offset_c, never x * scale + shift, for the same reason.
 
 #include "dwgn_common.cuh"
 
@@ -100,20 +102,27 @@ struct alignas(sizeof(T) * VEC) Vec {
   T v[VEC];
 };
 
-// Thread layout of the two column-reduction kernels (stats_partial and
-// bwd_reduce): the block covers `cols` consecutive channels starting at
-// blockIdx.z * cols, and `lanes` rows at a time (cols * lanes <= blockDim.x;
-// extra threads idle but still reach every barrier).
+// Thread layout of the column reductions: the block covers `cols` =
+// min(width, blockDim.x) consecutive columns starting at `first`, and `lanes`
+// rows at a time (cols * lanes <= blockDim.x); a thread is valid when its
+// lane is whole and its column below `end`.  Extra threads idle but still
+// reach every barrier.
 struct ColumnLayout {
   int cols, lanes, col, lane, c;
   bool valid;
-  __device__ __forceinline__ ColumnLayout(int C) {
-    cols = C < static_cast<int>(blockDim.x) ? C : static_cast<int>(blockDim.x);
+  __device__ __forceinline__ ColumnLayout(int width, int first, int end) {
+    cols = width < static_cast<int>(blockDim.x) ? width : static_cast<int>(blockDim.x);
     lanes = blockDim.x / cols;
     col = threadIdx.x % cols;
     lane = threadIdx.x / cols;
-    c = blockIdx.z * cols + col;
-    valid = lane < lanes && c < C;
+    c = first + col;
+    valid = lane < lanes && c < end;
+  }
+  // The layout of stats_partial and bwd_reduce: block z covers channels
+  // [z * cols, (z + 1) * cols) of C.
+  __device__ static __forceinline__ ColumnLayout channels(int C) {
+    const int cols = C < static_cast<int>(blockDim.x) ? C : static_cast<int>(blockDim.x);
+    return ColumnLayout(C, blockIdx.z * cols, C);
   }
 };
 
@@ -201,22 +210,20 @@ __device__ __forceinline__ void column_merge(double& sum, double& m2, int row0, 
   __syncthreads();  // scratch is reused by the next iteration
 }
 
-// One channel's statistics from its chunk summaries (sum, M2) in
-// partial (N, num_chunks, 2, C), merged in chunk order with Chan's formula
-// (chunk k holds rows_per_chunk rows, the last one the remainder): returns
-// the channel mean and adds its M2 to m2_total.
-__device__ __forceinline__ double channel_summary(const double* partial, int n, int c, int S, int C,
-                                                  int num_chunks, int rows_per_chunk,
-                                                  double& m2_total) {
-  const double* p = partial + static_cast<long long>(n) * num_chunks * 2 * C + c;
-  double count = 0.0, mean = 0.0, m2 = 0.0;
-  for (int k = 0; k < num_chunks; ++k) {
-    const double rows = min(S - k * rows_per_chunk, rows_per_chunk);
-    chan_merge(count, mean, m2, rows, p[0] / rows, p[C]);
-    p += 2 * C;
-  }
-  m2_total += m2 > 0.0 ? m2 : 0.0;
-  return mean;
+// Item `i` of a group's chunk summaries, D channels times num_chunks chunks
+// (channel fastest, so neighbouring threads read neighbouring addresses):
+// its offset in one sample's (num_chunks, 2, C) block of partial, and its
+// chunk.  D * num_chunks <= C * num_chunks < 2**31: num_chunks is at most
+// ceil(1024 / column blocks) (see _split), so this stays well inside int.
+__device__ __forceinline__ int group_item(int i, int D, int c0, int C, int& chunk) {
+  chunk = i / D;
+  return chunk * 2 * C + c0 + (i - chunk * D);
+}
+
+// Coefficients of VEC consecutive channels in one access.
+template <int VEC, typename Acc>
+__device__ __forceinline__ Vec<Acc, VEC> load_vec(const Acc* p) {
+  return *reinterpret_cast<const Vec<Acc, VEC>*>(p);
 }
 
 // Grid-stride walk over the N*S*C/VEC vectors of a channels-last tensor:
@@ -235,8 +242,9 @@ __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C
 }  // namespace gn
 
 // ---------------------------------------------------------------------------
-// The column kernels carry no __launch_bounds__(256): with it ptxas (CUDA 13,
-// sm_80/sm_90) squeezed dwgn_gn_bwd_reduce to 32 registers and spilled.
+// The column kernels and dwgn_gn_bwd_dx carry no __launch_bounds__(256): with
+// it ptxas (CUDA 13, sm_80/sm_90) squeezed dwgn_gn_bwd_reduce to 32 registers
+// and dwgn_gn_bwd_dx<bfloat16, silu, 8, long long> to 64, and both spilled.
 
 // Forward pass 1: per (n, chunk of rows, c) summaries: the sum of x in
 // double (so the mean keeps every digit, even at 1000 + randn in float32)
@@ -249,7 +257,7 @@ __global__ void dwgn_gn_stats_partial(const T* __restrict__ x, double* __restric
                                       int N, int S, int C, int rows_per_chunk) {
   using Acc = typename AccType<T>::type;
   __shared__ double scratch[2 * 256];
-  const gn::ColumnLayout L(C);
+  const gn::ColumnLayout L = gn::ColumnLayout::channels(C);
   const int chunk = blockIdx.x;
   const int num_chunks = gridDim.x;
   const int row0 = chunk * rows_per_chunk;
@@ -315,47 +323,50 @@ __global__ void dwgn_gn_stats_partial(const T* __restrict__ x, double* __restric
   }
 }
 
-// Forward pass 2: one block per (g, n), in double.  Merges each channel's
-// chunk summaries (chunk order, Chan's formula), then the D channels of the
-// group (every channel holds S elements: M2 = sum M2_c + S * sum (mean_c -
-// mean)^2); writes mean/rstd (N, G) in Acc and the per-(n, c) coefficients
-// ws (N, 3, C): hi = the group mean rounded to Acc, scale_c = rstd * w[c]
-// and offset_c = b[c] - (mean - hi) * scale_c, so that y = (x - hi) *
-// scale_c + offset_c keeps the digits of the mean that Acc cannot hold.
+// Forward pass 2: one block per (g, n), in double.  The group mean is the
+// plain sum of the chunk sums over S * D; the group M2 follows from the
+// parallel-axis theorem, M2 = sum over (chunk, channel) pieces of
+// M2_piece + rows * (mean_piece - mean)^2: every term is >= 0, so nothing
+// cancels, and the D * num_chunks pieces are summed by the whole block (no
+// serial chain of Chan merges).  Writes mean/rstd (N, G) in Acc and the
+// per-(n, c) coefficients ws (N, 3, C): hi = the group mean rounded to Acc,
+// scale_c = rstd * w[c] and offset_c = b[c] - (mean - hi) * scale_c, so that
+// y = (x - hi) * scale_c + offset_c keeps the digits of the mean that Acc
+// cannot hold.
 // grid (G, min(N, 65535)); block a multiple of 32, <= 1024.
 template <typename Acc, typename W>
 __global__ void dwgn_gn_fwd_finalize(
     const double* __restrict__ partial, const W* __restrict__ weight, const W* __restrict__ bias,
     Acc* __restrict__ mean_out, Acc* __restrict__ rstd_out, Acc* __restrict__ ws, int N, int S,
     int C, int G, int num_chunks, int rows_per_chunk, Acc eps) {
-  __shared__ double scratch[2 * 32];
+  __shared__ double scratch[32];
   __shared__ double broadcast[2];
   const int g = blockIdx.x;
   const int D = C / G;
   const int c0 = g * D;
+  const int items = D * num_chunks;
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
-    Acc* wn = ws + static_cast<long long>(n) * 3 * C;
-    // Each channel mean is recomputed from its chunk summaries in the spread
-    // pass below (num_chunks reads) rather than parked in Acc, which would
-    // round it.
-    double v[2] = {0.0, 0.0};  // sum of channel means, sum of channel M2
-    for (int j = threadIdx.x; j < D; j += blockDim.x) {
-      v[0] += gn::channel_summary(partial, n, c0 + j, S, C, num_chunks, rows_per_chunk, v[1]);
+    const double* pn = partial + static_cast<long long>(n) * num_chunks * 2 * C;
+    double total[1] = {0.0};
+    for (int i = threadIdx.x; i < items; i += blockDim.x) {
+      int chunk;
+      total[0] += pn[gn::group_item(i, D, c0, C, chunk)];
     }
-    dwgn::block_sum<2>(v, scratch);
-    if (threadIdx.x == 0) broadcast[0] = v[0] / D;
+    dwgn::block_sum<1>(total, scratch);
+    if (threadIdx.x == 0) broadcast[0] = total[0] / (static_cast<double>(S) * D);
     __syncthreads();
     const double mean = broadcast[0];
-    double spread[1] = {0.0};
-    for (int j = threadIdx.x; j < D; j += blockDim.x) {
-      double unused = 0.0;
-      const double d = gn::channel_summary(partial, n, c0 + j, S, C, num_chunks, rows_per_chunk, unused) - mean;
-      spread[0] += d * d;
+    double m2[1] = {0.0};
+    for (int i = threadIdx.x; i < items; i += blockDim.x) {
+      int chunk;
+      const double* p = pn + gn::group_item(i, D, c0, C, chunk);
+      const double rows = min(S - chunk * rows_per_chunk, rows_per_chunk);
+      const double d = p[0] - rows * mean;  // rows * (mean_piece - mean)
+      m2[0] += p[C] + d * d / rows;
     }
-    // v[1] (sum of the within-channel M2) is still valid in thread 0.
-    dwgn::block_sum<1>(spread, scratch);
+    dwgn::block_sum<1>(m2, scratch);
     if (threadIdx.x == 0) {
-      const double var = (v[1] + static_cast<double>(S) * spread[0]) / (static_cast<double>(S) * D);
+      const double var = m2[0] / (static_cast<double>(S) * D);
       const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
       mean_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(mean);
       rstd_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(rstd);
@@ -365,6 +376,7 @@ __global__ void dwgn_gn_fwd_finalize(
     const Acc rstd = static_cast<Acc>(broadcast[1]);
     const Acc hi = static_cast<Acc>(mean);
     const double lo = mean - static_cast<double>(hi);  // exact
+    Acc* wn = ws + static_cast<long long>(n) * 3 * C;
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
       const int c = c0 + j;
       const Acc scale = weight != nullptr ? rstd * to_acc(weight[c]) : rstd;
@@ -390,10 +402,15 @@ __global__ void __launch_bounds__(256) dwgn_gn_fwd_apply(
   gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
     const Acc* wn = ws + static_cast<long long>(n) * 3 * C + c;
     const V in = reinterpret_cast<const V*>(x)[i];
+    // VEC coefficients per load (c and C are multiples of VEC): scalar
+    // loads of channels 32 bytes apart cost the L1 8 wavefronts each.
+    const auto hi = gn::load_vec<VEC>(wn);
+    const auto scale = gn::load_vec<VEC>(wn + C);
+    const auto offset = gn::load_vec<VEC>(wn + 2 * C);
     V out;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const Acc z = (to_acc(in.v[k]) - wn[k]) * wn[C + k] + wn[2 * C + k];
+      const Acc z = (to_acc(in.v[k]) - hi.v[k]) * scale.v[k] + offset.v[k];
       out.v[k] = from_acc<T>(gn::activation<ACT>(z));
     }
     reinterpret_cast<V*>(y)[i] = out;
@@ -402,7 +419,9 @@ __global__ void __launch_bounds__(256) dwgn_gn_fwd_apply(
 
 // ---------------------------------------------------------------------------
 // Backward pass 1: per (n, chunk, c) sums of dz and dz * xhat, where
-// xhat = (x - mean) * rstd, z = xhat * w + b, dz = grad_out * act'(z).
+// xhat = (x - mean) * rstd, z = (x - mean) * (rstd * w) + b (the very
+// arithmetic of dwgn_gn_bwd_dx, so both see the same act'(z)),
+// dz = grad_out * act'(z).
 // Same grid and thread layout as dwgn_gn_stats_partial.
 // partial: (N, num_chunks, 2, C) Acc.
 template <typename T, typename W, int ACT, typename IndexT>
@@ -414,7 +433,7 @@ __global__ void dwgn_gn_bwd_reduce(
     int C, int G, int rows_per_chunk) {
   using Acc = typename AccType<T>::type;
   __shared__ Acc scratch[2 * 256];
-  const gn::ColumnLayout L(C);
+  const gn::ColumnLayout L = gn::ColumnLayout::channels(C);
   const int chunk = blockIdx.x;
   const int num_chunks = gridDim.x;
   const int row0 = chunk * rows_per_chunk;
@@ -431,12 +450,13 @@ __global__ void dwgn_gn_bwd_reduce(
       const IndexT row_step = static_cast<IndexT>(L.lanes) * C;
       const Acc m = mean[static_cast<long long>(n) * G + g];
       const Acc r = rstd[static_cast<long long>(n) * G + g];
+      const Acc scale = r * w;
       const auto accumulate = [&](Acc x_value, Acc grad_value) {
-        const Acc xhat = (x_value - m) * r;
+        const Acc centered = x_value - m;
         Acc dz = grad_value;
-        if (ACT != gn::kIdentity) dz *= gn::activation_grad<ACT>(xhat * w + b);
+        if (ACT != gn::kIdentity) dz *= gn::activation_grad<ACT>(centered * scale + b);
         v[0] += dz;
-        v[1] += dz * xhat;
+        v[1] += dz * (centered * r);
       };
       gn::walk_lane_rows(
           lane_count,
@@ -466,61 +486,62 @@ __global__ void dwgn_gn_bwd_reduce(
   }
 }
 
-// Backward pass 2.  Blocks (g, y) with y < N: for sample n = y, A_c = sum dz,
-// B_c = sum dz*xhat over the chunks (fixed order); c1 = sum_c w_c A_c / (S D),
-// c2 = sum_c w_c B_c / (S D); writes ws (N, 6, C): mean, rstd, w, b,
-// rstd*c1, rstd*c2 for every channel of the group.  Blocks (g, y == N): the
-// weight/bias gradients of the group's channels, dw_c = sum_n B, db_c =
-// sum_n A (each written only when its pointer is not null).
-// grid (G, min(N + 1, 65535)); block a multiple of 32, <= 1024.
+// Backward pass 2.  Blocks (g, y) with y < N: for sample n = y, with
+// A_c = sum dz and B_c = sum dz*xhat (over the chunks), c1 = sum_c w_c A_c /
+// (S D) and c2 = sum_c w_c B_c / (S D), summed by the whole block over the
+// D * num_chunks (chunk, channel) pieces; writes ws (N, 5, C): mean,
+// scale_c = rstd * w_c, b_c, rstd * c1 and rstd^2 * c2 for every channel of
+// the group.  Blocks (g, y == N): the weight/bias gradients of the group's
+// channels, dw_c = sum B, db_c = sum A over the N * num_chunks rows of
+// partial, one column per channel (each written only when its pointer is
+// not null).
+// grid (G, min(N + 1, 65535)); block a multiple of 32, <= 256.
 template <typename Acc, typename W>
 __global__ void dwgn_gn_bwd_finalize(
     const Acc* __restrict__ partial, const Acc* __restrict__ mean, const Acc* __restrict__ rstd,
     const W* __restrict__ weight, const W* __restrict__ bias, Acc* __restrict__ ws,
     W* __restrict__ grad_weight, W* __restrict__ grad_bias, int N, int S, int C, int G,
     int num_chunks) {
-  __shared__ Acc scratch[2 * 32];
+  __shared__ Acc scratch[2 * 256];  // column_sum needs 2 * blockDim.x, block_sum 2 * 32
   __shared__ Acc broadcast[2];
   const int g = blockIdx.x;
   const int D = C / G;
   const int c0 = g * D;
+  const int items = D * num_chunks;
   // y runs to N inclusive: a long long counter cannot wrap even for N = INT_MAX.
   for (long long y = blockIdx.y; y <= N; y += gridDim.y) {
-    if (y == N) {  // block-uniform branch, no barrier inside
+    if (y == N) {  // block-uniform branch
       if (grad_weight == nullptr && grad_bias == nullptr) continue;
-      for (int j = threadIdx.x; j < D; j += blockDim.x) {
-        const int c = c0 + j;
-        Acc a = Acc(0), bsum = Acc(0);
-        for (int n = 0; n < N; ++n) {
-          const Acc* p = partial + static_cast<long long>(n) * num_chunks * 2 * C + c;
-          Acc an = Acc(0), bn = Acc(0);
-          for (int k = 0; k < num_chunks; ++k) {
-            an += p[0];
-            bn += p[C];
-            p += 2 * C;
+      // Rows of partial are (n, chunk) pairs, N * num_chunks <= max(N, 2048) of them.
+      const int rows = N * num_chunks;
+      for (int j0 = 0; j0 < D; j0 += blockDim.x) {  // the same trip count in every thread
+        const gn::ColumnLayout L(D - j0, c0 + j0, c0 + D);
+        Acc v[2] = {Acc(0), Acc(0)};
+        if (L.valid) {
+          for (int r = L.lane; r < rows; r += L.lanes) {
+            const Acc* p = partial + static_cast<long long>(r) * 2 * C + L.c;
+            v[0] += p[0];
+            v[1] += p[C];
           }
-          a += an;
-          bsum += bn;
         }
-        if (grad_weight != nullptr) grad_weight[c] = from_acc<W>(bsum);
-        if (grad_bias != nullptr) grad_bias[c] = from_acc<W>(a);
+        gn::column_sum<2>(v, L, scratch);
+        if (L.valid && L.lane == 0) {
+          if (grad_weight != nullptr) grad_weight[L.c] = from_acc<W>(v[1]);
+          if (grad_bias != nullptr) grad_bias[L.c] = from_acc<W>(v[0]);
+        }
       }
       continue;
     }
     const int n = static_cast<int>(y);
+    const Acc* pn = partial + static_cast<long long>(n) * num_chunks * 2 * C;
     Acc v[2] = {Acc(0), Acc(0)};
-    for (int j = threadIdx.x; j < D; j += blockDim.x) {
-      const int c = c0 + j;
-      const Acc* p = partial + static_cast<long long>(n) * num_chunks * 2 * C + c;
-      Acc a = Acc(0), bsum = Acc(0);
-      for (int k = 0; k < num_chunks; ++k) {
-        a += p[0];
-        bsum += p[C];
-        p += 2 * C;
-      }
+    for (int i = threadIdx.x; i < items; i += blockDim.x) {
+      int chunk;
+      const int offset = gn::group_item(i, D, c0, C, chunk);
+      const int c = c0 + (i - chunk * D);
       const Acc w = weight != nullptr ? to_acc(weight[c]) : Acc(1);
-      v[0] += w * a;
-      v[1] += w * bsum;
+      v[0] += w * pn[offset];
+      v[1] += w * pn[offset + C];
     }
     dwgn::block_sum<2>(v, scratch);
     const Acc m = mean[static_cast<long long>(n) * G + g];
@@ -528,46 +549,52 @@ __global__ void dwgn_gn_bwd_finalize(
     if (threadIdx.x == 0) {
       const Acc inv_count = Acc(1) / (Acc(S) * Acc(D));
       broadcast[0] = r * v[0] * inv_count;
-      broadcast[1] = r * v[1] * inv_count;
+      broadcast[1] = r * (r * v[1] * inv_count);
     }
     __syncthreads();
     const Acc k1 = broadcast[0];
     const Acc k2 = broadcast[1];
-    Acc* wn = ws + static_cast<long long>(n) * 6 * C;
+    Acc* wn = ws + static_cast<long long>(n) * 5 * C;
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
       const int c = c0 + j;
       wn[c] = m;
-      wn[C + c] = r;
-      wn[2 * C + c] = weight != nullptr ? to_acc(weight[c]) : Acc(1);
-      wn[3 * C + c] = bias != nullptr ? to_acc(bias[c]) : Acc(0);
-      wn[4 * C + c] = k1;
-      wn[5 * C + c] = k2;
+      wn[C + c] = weight != nullptr ? r * to_acc(weight[c]) : r;
+      wn[2 * C + c] = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+      wn[3 * C + c] = k1;
+      wn[4 * C + c] = k2;
     }
     __syncthreads();  // broadcast is rewritten by the next n
   }
 }
 
-// Backward pass 3: grad_in = rstd * w * dz - rstd*c1 - xhat * rstd*c2.
+// Backward pass 3: grad_in = scale_c * dz - rstd*c1 - (x - mean) * rstd^2*c2
+// (xhat * rstd*c2 with xhat = (x - mean) * rstd).
 template <typename T, int ACT, int VEC, typename IndexT>
-__global__ void __launch_bounds__(256) dwgn_gn_bwd_dx(
+__global__ void dwgn_gn_bwd_dx(
     const T* __restrict__ grad_out, const T* __restrict__ x,
     const typename AccType<T>::type* __restrict__ ws, T* __restrict__ grad_in,
     IndexT num_vectors, int S, int C) {
   using Acc = typename AccType<T>::type;
   using V = gn::Vec<T, VEC>;
   gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
-    const Acc* wn = ws + static_cast<long long>(n) * 6 * C + c;
+    const Acc* wn = ws + static_cast<long long>(n) * 5 * C + c;
     const V xv = reinterpret_cast<const V*>(x)[i];
     const V dyv = reinterpret_cast<const V*>(grad_out)[i];
+    // VEC coefficients per load, as in dwgn_gn_fwd_apply.
+    const auto m = gn::load_vec<VEC>(wn);
+    const auto scale = gn::load_vec<VEC>(wn + C);
+    const auto b = gn::load_vec<VEC>(wn + 2 * C);  // dead (and dropped) for identity
+    const auto k1 = gn::load_vec<VEC>(wn + 3 * C);
+    const auto k2 = gn::load_vec<VEC>(wn + 4 * C);
     V out;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const Acc r = wn[C + k];
-      const Acc w = wn[2 * C + k];
-      const Acc xhat = (to_acc(xv.v[k]) - wn[k]) * r;
+      const Acc centered = to_acc(xv.v[k]) - m.v[k];
       Acc dz = to_acc(dyv.v[k]);
-      if (ACT != gn::kIdentity) dz *= gn::activation_grad<ACT>(xhat * w + wn[3 * C + k]);
-      out.v[k] = from_acc<T>(r * w * dz - wn[4 * C + k] - xhat * wn[5 * C + k]);
+      if (ACT != gn::kIdentity) {
+        dz *= gn::activation_grad<ACT>(centered * scale.v[k] + b.v[k]);
+      }
+      out.v[k] = from_acc<T>(scale.v[k] * dz - k1.v[k] - centered * k2.v[k]);
     }
     reinterpret_cast<V*>(grad_in)[i] = out;
   });

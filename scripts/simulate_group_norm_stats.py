@@ -1,5 +1,5 @@
 """NumPy simulation of the GroupNorm statistics kernels' arithmetic (lane
-Welford in the accumulator dtype, double sums, Chan merges in double, the
+Welford in the accumulator dtype, double sums, Chan merges of lanes in double, the parallel-axis group finalize, the
 (x - hi) * scale + offset apply), to check their numerics on a CPU.
 
     PYTHONPATH=. python scripts/simulate_group_norm_stats.py
@@ -48,15 +48,13 @@ def sim(x, G, eps=1e-5, acc=f, cols_block=256, target=1024, min_rows=32):
                     if cj>0:
                         cnt,mean,m2=chan(cnt,mean,m2,cj,sums[j]/cj,m2s[j]); total+=sums[j]
                 part[k,0,c]=total; part[k,1,c]=m2
-        for g in range(G):
-            cm=[];m2t=0.0
-            for c in range(g*D,(g+1)*D):
-                cnt=0.0;mean=0.0;m2=0.0
-                for k in range(nch):
-                    rows=min(S-k*rpc,rpc); cnt,mean,m2=chan(cnt,mean,m2,rows,part[k,0,c]/rows,part[k,1,c])
-                cm.append(mean); m2t+=max(m2,0)
-            gm=sum(cm)/D; spread=sum((m-gm)**2 for m in cm)
-            var=(m2t+S*spread)/(S*D); rstd=1/np.sqrt(var+eps)
+        for g in range(G):  # parallel-axis theorem over the (chunk, channel) pieces
+            gm=sum(part[k,0,c] for k in range(nch) for c in range(g*D,(g+1)*D))/(S*D); m2t=0.0
+            for k in range(nch):
+                rows=min(S-k*rpc,rpc)
+                for c in range(g*D,(g+1)*D):
+                    d=part[k,0,c]-rows*gm; m2t+=part[k,1,c]+d*d/rows
+            var=m2t/(S*D); rstd=1/np.sqrt(var+eps)
             means[n,g]=acc(gm); rstds[n,g]=acc(rstd)
             hi=acc(gm); lo=gm-float(hi); scale=acc(rstd)
             off=acc(0.0-lo*float(scale))

@@ -126,6 +126,7 @@ EDGE_SHAPES = [  # (shape, num_groups)
     ((2, 3, 4, 5, 24), 6),  # 3 spatial dims
     ((3, 9, 1), 1),  # one channel
     ((1, 4, 4, 2560), 32),  # C > one block of columns
+    ((2, 5, 5, 600), 1),  # a group wider than the finalize block (dw/db columns in 3 passes)
     ((2, 128, 128, 32), 8),  # many row chunks
     ((70000, 3, 8), 2),  # N > 65535: the sample loops must iterate
 ]
