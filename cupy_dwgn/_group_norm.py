@@ -126,10 +126,11 @@ def _split(batch, rows, channels):
     return rows_per_chunk, num_chunks, column_blocks
 
 
-def _group_block(pieces):
+def _group_block(pieces, limit):
     """Block size of the finalize kernels, which sum a group's ``pieces``
-    (channels x chunks) with the whole block: a multiple of 32 in [32, 256]."""
-    return min(256, max(32, -(-pieces // 32) * 32))
+    (channels x chunks) with the whole block: a multiple of 32 in [32, limit]
+    (1024 forward; 256 backward, whose shared scratch is sized for it)."""
+    return min(limit, max(32, -(-pieces // 32) * 32))
 
 
 def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="identity", out=None, return_stats=False):
@@ -192,7 +193,7 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
         )
         coefficients = cupy.empty((batch, 3, channels), dtype=acc_dtype)
         _kernel(_FWD_FINALIZE, _acc_ctype(x.dtype), _dtypes.ctype(w_dtype))(
-            (groups, grid_y), (_group_block(channels // groups * num_chunks),),
+            (groups, grid_y), (_group_block(channels // groups * num_chunks, 1024),),
             (
                 partial, _launch.pointer_or_null(weight), _launch.pointer_or_null(bias),
                 mean, rstd, coefficients, i32(batch), i32(rows), i32(channels), i32(groups),
@@ -262,7 +263,7 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
         )
         coefficients = cupy.empty((batch, 5, channels), dtype=acc_dtype)
         _kernel(_BWD_FINALIZE, _acc_ctype(x.dtype), w_ctype)(
-            (groups, min(batch + 1, _launch.MAX_GRID_Y)), (_group_block(channels // groups * num_chunks),),
+            (groups, min(batch + 1, _launch.MAX_GRID_Y)), (_group_block(channels // groups * num_chunks, 256),),
             (
                 partial, mean, rstd, weight_ptr, bias_ptr, coefficients,
                 _launch.pointer_or_null(grad_weight), _launch.pointer_or_null(grad_bias),

@@ -2,7 +2,7 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all): facts cold examples tests sanitizer bench gnbench
+# STEPS selects parts (default: all): facts cold examples tests sanitizer bench gnbench host
 # SANITIZER_ARGS pick kernel families (depthwise group_norm); BENCH_ARGS go to benchmarks/starting_line.py.
 # PYTEST_ARGS replaces the pytest selection (default "-m gpu"; e.g. "-m 'gpu and not slow'").
 set -uo pipefail
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:$PWD/benchmarks PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/dwgn_out}; mkdir -p "$OUT"
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/dwgn_cupy_cache}
-STEPS=${STEPS:-facts cold examples tests sanitizer bench gnbench}
+STEPS=${STEPS:-facts cold examples tests sanitizer bench gnbench host}
 status=0
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -48,4 +48,10 @@ fi
 if has gnbench; then
   python3 benchmarks/group_norm.py --json "$OUT/group_norm.json" 2>&1 | tee "$OUT/group_norm.txt"
 fi
+if has host; then
+  python3 benchmarks/host_overhead.py --profile --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.txt"
+fi
+# The device tool returns at most 8 files: the JSON results stay loose, the
+# text logs travel as one archive.
+(cd "$OUT" && ls *.txt >/dev/null 2>&1 && tar czf logs.tar.gz *.txt && rm -f *.txt)
 exit $status

@@ -1,0 +1,78 @@
+"""Host cost per call on tiny tensors (what an eager Python loop sees), next to
+PyTorch and to CuPy's own floor (a bare RawKernel launch, a cupy.empty), and
+a cProfile of our calls so the slow steps have names.
+
+    PYTHONPATH=.:benchmarks python benchmarks/host_overhead.py [--json out.json] [--profile]
+"""
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+
+import cupy
+
+import cupy_dwgn
+from harness import host_us
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of each of our calls")
+    args = parser.parse_args()
+    import torch
+
+    x_gn = cupy.random.standard_normal((1, 4, 4, 32), dtype=cupy.float32).astype(cupy.float16)
+    w_gn = cupy.ones(32, cupy.float32)
+    b_gn = cupy.zeros(32, cupy.float32)
+    _, mean, rstd = cupy_dwgn.group_norm(x_gn, 8, w_gn, b_gn, return_stats=True)
+    x_dw = cupy.random.standard_normal((1, 8, 8, 8), dtype=cupy.float32)
+    w_dw = cupy.random.standard_normal((8, 1, 3, 3), dtype=cupy.float32)
+    noop = cupy.RawKernel('extern "C" __global__ void noop(float* p) {}', "noop")
+    ours = {
+        "group_norm": lambda: cupy_dwgn.group_norm(x_gn, 8, w_gn, b_gn, activation="silu"),
+        "group_norm_backward": lambda: cupy_dwgn.group_norm_backward(
+            x_gn, x_gn, mean, rstd, 8, w_gn, b_gn, activation="silu"
+        ),
+        "depthwise_conv2d": lambda: cupy_dwgn.depthwise_conv2d(x_dw, w_dw, padding=1),
+    }
+    tx_gn = torch.from_dlpack(x_gn).permute(0, 3, 1, 2)
+    tw_gn, tb_gn = torch.from_dlpack(w_gn).half(), torch.from_dlpack(b_gn).half()
+    tx_dw, tw_dw = torch.from_dlpack(x_dw), torch.from_dlpack(w_dw)
+    results = {
+        "cupy_bare_launch_us": host_us(lambda: noop((1,), (32,), (x_dw,))),
+        "cupy_empty_us": host_us(lambda: cupy.empty((4, 4), cupy.float32)),
+        "torch_group_norm_silu_us": host_us(
+            lambda: torch.nn.functional.silu(torch.nn.functional.group_norm(tx_gn, 8, tw_gn, tb_gn))
+        ),
+        "torch_depthwise_conv2d_us": host_us(
+            lambda: torch.nn.functional.conv2d(tx_dw, tw_dw, padding=1, groups=8)
+        ),
+    }
+    for name, fn in ours.items():
+        results[f"cupy_dwgn_{name}_us"] = host_us(fn)
+    for key, value in results.items():
+        print(f"{key:36} {value:8.2f}")
+    if args.profile:
+        for name, fn in ours.items():
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(2000):
+                fn()
+            profiler.disable()
+            cupy.cuda.Device().synchronize()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
+            print(f"== cProfile of 2000 calls of {name} (sorted by own time)")
+            print(text.getvalue())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
