@@ -129,7 +129,8 @@ def _split(batch, rows, channels):
 def _group_block(pieces, limit):
     """Block size of the finalize kernels, which sum a group's ``pieces``
     (channels x chunks) with the whole block: a multiple of 32 in [32, limit]
-    (1024 forward; 256 backward, whose shared scratch is sized for it)."""
+    (512 forward, its __launch_bounds__; 256 backward, whose shared scratch
+    is sized for it)."""
     return min(limit, max(32, -(-pieces // 32) * 32))
 
 
@@ -193,7 +194,7 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
         )
         coefficients = cupy.empty((batch, 3, channels), dtype=acc_dtype)
         _kernel(_FWD_FINALIZE, _acc_ctype(x.dtype), _dtypes.ctype(w_dtype))(
-            (groups, grid_y), (_group_block(channels // groups * num_chunks, 1024),),
+            (groups, grid_y), (_group_block(channels // groups * num_chunks, 512),),
             (
                 partial, _launch.pointer_or_null(weight), _launch.pointer_or_null(bias),
                 mean, rstd, coefficients, i32(batch), i32(rows), i32(channels), i32(groups),

@@ -333,11 +333,11 @@ __global__ void dwgn_gn_stats_partial(const T* __restrict__ x, double* __restric
 // scale_c = rstd * w[c] and offset_c = b[c] - (mean - hi) * scale_c, so that
 // y = (x - hi) * scale_c + offset_c keeps the digits of the mean that Acc
 // cannot hold.
-// grid (G, min(N, 65535)); block a multiple of 32, <= 1024 (the host sizes
+// grid (G, min(N, 65535)); block a multiple of 32, <= 512 (the host sizes
 // it to the D * num_chunks pieces: a 32-block grid for N = 1, G = 32 is
 // latency-bound, so each block needs many threads).
 template <typename Acc, typename W>
-__global__ void __launch_bounds__(1024) dwgn_gn_fwd_finalize(
+__global__ void __launch_bounds__(512) dwgn_gn_fwd_finalize(
     const double* __restrict__ partial, const W* __restrict__ weight, const W* __restrict__ bias,
     Acc* __restrict__ mean_out, Acc* __restrict__ rstd_out, Acc* __restrict__ ws, int N, int S,
     int C, int G, int num_chunks, int rows_per_chunk, Acc eps) {
