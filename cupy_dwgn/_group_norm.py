@@ -7,6 +7,8 @@ the spatial positions and the C / num_groups channels of the group, with the
 biased variance, accumulated in float32 (float64 for float64 inputs).
 """
 
+import dataclasses
+import functools
 import numbers
 
 import cupy
@@ -44,6 +46,7 @@ def _vec_width(dtype):
     return 16 // numpy.dtype(dtype).itemsize
 
 
+@functools.lru_cache(maxsize=None)
 def weight_dtypes(dtype):
     """The weight/bias dtypes accepted with inputs of ``dtype``: the same dtype,
     and float32 too for float16/bfloat16 (mixed precision)."""
@@ -108,12 +111,106 @@ def _affine_dtype(weight, bias, x):
     return weight.dtype if weight is not None else (bias.dtype if bias is not None else x.dtype)
 
 
-def _kernel(kernel, *template_args):
-    return _compile.get_kernel(KERNEL_FILE, _compile.name_expression(kernel, *template_args))
-
-
 def _aligned(*arrays):
     return all(a.data.ptr % 16 == 0 for a in arrays)
+
+
+@dataclasses.dataclass(eq=False)
+class _Plan:
+    """Everything about one call's launches that depends only on its
+    signature (shapes, dtypes, activation, vector path): the three kernels'
+    name expressions, grids, blocks and scalar arguments, and the (shape,
+    dtype) of the temporaries.  Plans are cached, so a repeated call skips
+    this work; the compiled kernels are looked up once per device."""
+
+    expressions: tuple
+    grids: tuple
+    blocks: tuple
+    scalars: tuple
+    partial: tuple
+    coefficients: tuple
+    kernels_by_device: dict = dataclasses.field(default_factory=dict)
+
+    def kernels(self):
+        device = cupy.cuda.runtime.getDevice()
+        kernels = self.kernels_by_device.get(device)
+        if kernels is None:
+            kernels = tuple(_compile.get_kernel(KERNEL_FILE, e) for e in self.expressions)
+            self.kernels_by_device[device] = kernels
+        return kernels
+
+
+def _vector_width(dtype, channels, aligned):
+    """Elements per access: 16 bytes when C is a multiple of it and every
+    pointer is 16-byte aligned, else 1 (the scalar path)."""
+    vec = _vec_width(dtype)
+    return vec if aligned and channels % vec == 0 else 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned):
+    name = _compile.name_expression
+    size = batch * rows * channels
+    index = _launch.index_type(size)
+    t = _dtypes.ctype(dtype)
+    acc_dtype = _dtypes.accumulator_dtype(dtype)
+    rows_per_chunk, num_chunks, column_blocks = _split(batch, rows, channels)
+    grid_y = min(batch, _launch.MAX_GRID_Y)
+    vec = _vector_width(dtype, channels, aligned)
+    num_vectors = size // vec
+    common = (i32(batch), i32(rows), i32(channels))
+    return _Plan(
+        expressions=(
+            name(_STATS, t, index),
+            name(_FWD_FINALIZE, _dtypes.ctype(acc_dtype), _dtypes.ctype(w_dtype)),
+            name(_APPLY, t, _ACT_CODE[activation], vec, index),
+        ),
+        grids=((num_chunks, grid_y, column_blocks), (groups, grid_y), _launch.grid_1d(num_vectors)),
+        blocks=((_COLUMN_BLOCK,), (_group_block(channels // groups * num_chunks, 512),), (_launch.BLOCK,)),
+        scalars=(
+            common + (i32(rows_per_chunk),),
+            common + (i32(groups), i32(num_chunks), i32(rows_per_chunk)),
+            (_launch.index_scalar(index, num_vectors), i32(rows), i32(channels)),
+        ),
+        # Forward summaries are double whatever x is: the sums keep the mean exact.
+        partial=((batch, num_chunks, 2, channels), numpy.dtype(numpy.float64)),
+        coefficients=((batch, 3, channels), acc_dtype),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned):
+    name = _compile.name_expression
+    size = batch * rows * channels
+    index = _launch.index_type(size)
+    t = _dtypes.ctype(dtype)
+    w_ctype = _dtypes.ctype(w_dtype)
+    act = _ACT_CODE[activation]
+    acc_dtype = _dtypes.accumulator_dtype(dtype)
+    rows_per_chunk, num_chunks, column_blocks = _split(batch, rows, channels)
+    vec = _vector_width(dtype, channels, aligned)
+    num_vectors = size // vec
+    common = (i32(batch), i32(rows), i32(channels), i32(groups))
+    return _Plan(
+        expressions=(
+            name(_BWD_REDUCE, t, w_ctype, act, index),
+            name(_BWD_FINALIZE, _dtypes.ctype(acc_dtype), w_ctype),
+            name(_BWD_DX, t, act, vec, index),
+        ),
+        grids=(
+            (num_chunks, min(batch, _launch.MAX_GRID_Y), column_blocks),
+            (groups, min(batch + 1, _launch.MAX_GRID_Y)),
+            _launch.grid_1d(num_vectors),
+        ),
+        blocks=((_COLUMN_BLOCK,), (_group_block(channels // groups * num_chunks, 256),), (_launch.BLOCK,)),
+        scalars=(
+            common + (i32(rows_per_chunk),),
+            common + (i32(num_chunks),),
+            (_launch.index_scalar(index, num_vectors), i32(rows), i32(channels)),
+        ),
+        partial=((batch, num_chunks, 2, channels), acc_dtype),
+        coefficients=((batch, 5, channels), acc_dtype),
+    )
 
 
 def _split(batch, rows, channels):
@@ -172,7 +269,6 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
         x, num_groups, weight, bias, eps, activation, out
     )
     acc_dtype = _dtypes.accumulator_dtype(x.dtype)
-    acc_scalar = acc_dtype.type
     with x.device:
         y = _validate.empty_unless_given(out, x.shape, x.dtype)
         mean = cupy.empty((batch, groups), dtype=acc_dtype)
@@ -181,34 +277,23 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
             mean.fill(numpy.nan)  # mean of nothing (a no-op when N == 0)
             rstd.fill(numpy.nan)
             return (y, mean, rstd) if return_stats else y
-        index = _launch.index_type(x.size)
-        t = _dtypes.ctype(x.dtype)
-        w_dtype = _affine_dtype(weight, bias, x)
-        rows_per_chunk, num_chunks, column_blocks = _split(batch, rows, channels)
-        grid_y = min(batch, _launch.MAX_GRID_Y)
-        # Forward summaries are double whatever x is: the sums keep the mean exact.
-        partial = cupy.empty((batch, num_chunks, 2, channels), dtype=numpy.float64)
-        _kernel(_STATS, t, index)(
-            (num_chunks, grid_y, column_blocks), (_COLUMN_BLOCK,),
-            (x, partial, i32(batch), i32(rows), i32(channels), i32(rows_per_chunk)),
+        plan = _forward_plan(
+            batch, rows, channels, groups, x.dtype, _affine_dtype(weight, bias, x), activation,
+            _aligned(x, y),
         )
-        coefficients = cupy.empty((batch, 3, channels), dtype=acc_dtype)
-        _kernel(_FWD_FINALIZE, _acc_ctype(x.dtype), _dtypes.ctype(w_dtype))(
-            (groups, grid_y), (_group_block(channels // groups * num_chunks, 512),),
+        partial = cupy.empty(*plan.partial)
+        coefficients = cupy.empty(*plan.coefficients)
+        stats, finalize, apply = plan.kernels()
+        grids, blocks, scalars = plan.grids, plan.blocks, plan.scalars
+        stats(grids[0], blocks[0], (x, partial) + scalars[0])
+        finalize(
+            grids[1], blocks[1],
             (
-                partial, _launch.pointer_or_null(weight), _launch.pointer_or_null(bias),
-                mean, rstd, coefficients, i32(batch), i32(rows), i32(channels), i32(groups),
-                i32(num_chunks), i32(rows_per_chunk), acc_scalar(eps),
-            ),
+                partial, _launch.pointer_or_null(weight), _launch.pointer_or_null(bias), mean, rstd,
+                coefficients,
+            ) + scalars[1] + (acc_dtype.type(eps),),
         )
-        vec = _vec_width(x.dtype)
-        if channels % vec != 0 or not _aligned(x, y):
-            vec = 1
-        num_vectors = x.size // vec
-        _kernel(_APPLY, t, _ACT_CODE[activation], vec, index)(
-            _launch.grid_1d(num_vectors), (_launch.BLOCK,),
-            (x, coefficients, y, _launch.index_scalar(index, num_vectors), i32(rows), i32(channels)),
-        )
+        apply(grids[2], blocks[2], (x, coefficients, y, *scalars[2]))
     return (y, mean, rstd) if return_stats else y
 
 
@@ -236,7 +321,6 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
     batch, rows, channels, groups = check_backward_args(
         grad_out, x, mean, rstd, num_groups, weight, bias, activation
     )
-    acc_dtype = _dtypes.accumulator_dtype(x.dtype)
     w_dtype = _affine_dtype(weight, bias, x)
     with x.device:
         grad_in = cupy.empty(x.shape, dtype=x.dtype)
@@ -247,38 +331,24 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
                 if g is not None:
                     g.fill(0)
             return grad_in, grad_weight, grad_bias
-        index = _launch.index_type(x.size)
-        t = _dtypes.ctype(x.dtype)
-        w_ctype = _dtypes.ctype(w_dtype)
-        act = _ACT_CODE[activation]
-        rows_per_chunk, num_chunks, column_blocks = _split(batch, rows, channels)
-        partial = cupy.empty((batch, num_chunks, 2, channels), dtype=acc_dtype)
+        plan = _backward_plan(
+            batch, rows, channels, groups, x.dtype, w_dtype, activation, _aligned(x, grad_out, grad_in)
+        )
+        partial = cupy.empty(*plan.partial)
+        coefficients = cupy.empty(*plan.coefficients)
+        reduce, finalize, dx = plan.kernels()
+        grids, blocks, scalars = plan.grids, plan.blocks, plan.scalars
         weight_ptr = _launch.pointer_or_null(weight)
         bias_ptr = _launch.pointer_or_null(bias)
-        _kernel(_BWD_REDUCE, t, w_ctype, act, index)(
-            (num_chunks, min(batch, _launch.MAX_GRID_Y), column_blocks), (_COLUMN_BLOCK,),
-            (
-                grad_out, x, mean, rstd, weight_ptr, bias_ptr, partial, i32(batch), i32(rows),
-                i32(channels), i32(groups), i32(rows_per_chunk),
-            ),
-        )
-        coefficients = cupy.empty((batch, 5, channels), dtype=acc_dtype)
-        _kernel(_BWD_FINALIZE, _acc_ctype(x.dtype), w_ctype)(
-            (groups, min(batch + 1, _launch.MAX_GRID_Y)), (_group_block(channels // groups * num_chunks, 256),),
+        reduce(grids[0], blocks[0], (grad_out, x, mean, rstd, weight_ptr, bias_ptr, partial) + scalars[0])
+        finalize(
+            grids[1], blocks[1],
             (
                 partial, mean, rstd, weight_ptr, bias_ptr, coefficients,
                 _launch.pointer_or_null(grad_weight), _launch.pointer_or_null(grad_bias),
-                i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks),
-            ),
+            ) + scalars[1],
         )
-        vec = _vec_width(x.dtype)
-        if channels % vec != 0 or not _aligned(x, grad_out, grad_in):
-            vec = 1
-        num_vectors = x.size // vec
-        _kernel(_BWD_DX, t, act, vec, index)(
-            _launch.grid_1d(num_vectors), (_launch.BLOCK,),
-            (grad_out, x, coefficients, grad_in, _launch.index_scalar(index, num_vectors), i32(rows), i32(channels)),
-        )
+        dx(grids[2], blocks[2], (grad_out, x, coefficients, grad_in) + scalars[2])
     return grad_in, grad_weight, grad_bias
 
 
@@ -287,6 +357,9 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
 # cupy_dwgn.host runs the very same checks on NumPy inputs before any transfer.
 
 _X_DOC = "(N, *spatial, C) with 0 to 3 spatial dims"
+# Normal float32 range: eps inside it is finite and > 0 in either statistics dtype.
+_FLOAT32_TINY = float(numpy.finfo(numpy.float32).tiny)
+_FLOAT32_MAX = float(numpy.finfo(numpy.float32).max)
 
 
 def _check_activation(activation):
@@ -315,6 +388,8 @@ def _check_num_groups(num_groups, channels):
 
 def _check_eps(eps, dtype):
     """eps must stay finite and > 0 in the statistics dtype (float32 unless x is float64)."""
+    if type(eps) is float and _FLOAT32_TINY <= eps <= _FLOAT32_MAX:  # the common case, cheaply
+        return
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
         raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
     acc = _dtypes.accumulator_dtype(dtype)
@@ -354,12 +429,12 @@ def _check_x(name, x, kind):
 
 def _check_affine(weight, bias, x, channels, kind):
     allowed = weight_dtypes(x.dtype)
-    allowed_doc = " or ".join(str(d) for d in allowed)
     for name, a in (("weight", weight), ("bias", bias)):
         if a is None:
             continue
         _validate.check_array(name, a, 1, "(C,)", kind)
         if a.dtype not in allowed:
+            allowed_doc = " or ".join(str(d) for d in allowed)
             raise TypeError(
                 f"{name}: expected dtype {allowed_doc} (for x of dtype {x.dtype}), got {a.dtype}"
             )

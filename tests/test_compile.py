@@ -74,3 +74,31 @@ def test_precompile_selection_narrows_the_set():
     ]
     with pytest.raises(ValueError, match="ops: expected names from"):
         _compile.specializations(["conv3d"])
+
+
+@pytest.mark.parametrize("plan_name", ["_forward_plan", "_backward_plan"])
+def test_group_norm_plans_launch_only_shipped_specializations(plan_name):
+    # A call's launch plan names its kernels; each must be one that
+    # precompile() builds and the NVRTC test above checks.
+    import numpy
+
+    from _helpers import BFLOAT16
+    from cupy_dwgn import _group_norm as gn
+
+    shipped = {e for f, e in ALL_SPECIALIZATIONS if f == gn.KERNEL_FILE}
+    make_plan = getattr(gn, plan_name)
+    signatures = [
+        # (N, S, C, G, dtype, weight dtype, activation, aligned)
+        (2, 4096, 320, 32, numpy.float16, numpy.float32, "silu", True),
+        (2, 4096, 320, 32, BFLOAT16, BFLOAT16, "gelu", False),
+        (1, 9, 12, 4, numpy.float32, numpy.float32, "identity", True),
+        (3, 7, 5, 5, numpy.float64, numpy.float64, "gelu_tanh", True),
+        (1, 2**22, 1024, 32, numpy.float16, numpy.float16, "relu", True),  # 2**32 elements
+    ]
+    for n, s, c, g, dtype, w_dtype, activation, aligned in signatures:
+        plan = make_plan(n, s, c, g, numpy.dtype(dtype), numpy.dtype(w_dtype), activation, aligned)
+        assert set(plan.expressions) <= shipped, plan.expressions
+        assert ("long long" in plan.expressions[0]) == (n * s * c >= 2**31)
+        assert plan.partial[0] == (n, gn._split(n, s, c)[1], 2, c)
+        # Repeated signatures reuse the cached plan.
+        assert make_plan(n, s, c, g, numpy.dtype(dtype), numpy.dtype(w_dtype), activation, aligned) is plan
