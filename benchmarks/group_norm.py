@@ -12,14 +12,12 @@ every call reads from DRAM.
 """
 
 import argparse
-import datetime
-import json
 import sys
 
 import cupy
 
 import cupy_dwgn
-from harness import copy_bandwidth_bytes_per_us, kernel_breakdown_us, time_us
+from harness import kernel_breakdown_us, report, run_facts, time_us, write_json
 
 L2_BYTES = 60 * 2**20  # H100/H200 L2 (the copies below only need an upper bound)
 
@@ -116,25 +114,13 @@ def main():
     args = parser.parse_args()
     import torch
 
-    bandwidth = copy_bandwidth_bytes_per_us()
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    results = {
-        "device": props["name"].decode(), "date": datetime.date.today().isoformat(),
-        "cupy": cupy.__version__, "torch": torch.__version__,
-        "copy_bandwidth_TBps": bandwidth / 1e6, "cases": [],
-    }
-    print(f"{results['device']}  copy bandwidth {results['copy_bandwidth_TBps']:.2f} TB/s (read+write)")
+    bandwidth, results = run_facts(torch)
+    results["cases"] = []
     for i, (name, n, c, hw) in enumerate(CASES, 1):
         print(f"[{i}/{len(CASES)}] {name} ...", flush=True)
-        case = group_norm_case(torch, bandwidth, name, n, c, hw)
-        results["cases"].append(case)
-        print(case["case"])
-        for key, value in case.items():
-            if key != "case":
-                print(f"    {key:42} {value:10.2f}" if isinstance(value, float) else f"    {key:42} {value}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        results["cases"].append(group_norm_case(torch, bandwidth, name, n, c, hw))
+        report({"cases": results["cases"][-1:]}, key_width=42)
+    write_json(args.json, results)
     return 0
 
 

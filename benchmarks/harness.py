@@ -1,6 +1,8 @@
 """Timing helpers: CUDA events, warm-up, median of repeats, and the measured
 device-to-device copy bandwidth that every figure is compared with."""
 
+import datetime
+import json
 import statistics
 import time
 
@@ -79,3 +81,34 @@ def kernel_breakdown_us(torch, fn, *, calls=20):
             name = event.key.split("<")[0].split("(")[0].strip()
             times[name] = times.get(name, 0.0) + total / calls
     return times
+
+
+def report(results, json_path=None, key_width=34):
+    """Print each case of ``results`` (a dict with "cases") as indented
+    key/value lines, and write all of it as JSON when ``json_path`` is given."""
+    for case in results["cases"]:
+        print(case["case"])
+        for key, value in case.items():
+            if key != "case":
+                print(f"    {key:{key_width}} {value:10.2f}" if isinstance(value, float) else f"    {key:{key_width}} {value}")
+    write_json(json_path, results)
+
+
+def write_json(path, results):
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def run_facts(torch):
+    """The facts every result file starts with (device, date, versions, the
+    measured copy bandwidth in bytes/us under "bandwidth"), printed as one line."""
+    bandwidth = copy_bandwidth_bytes_per_us()
+    facts = {
+        "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "date": datetime.date.today().isoformat(),
+        "cupy": cupy.__version__, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+        "copy_bandwidth_TBps": bandwidth / 1e6,
+    }
+    print(f"{facts['device']}  copy bandwidth {facts['copy_bandwidth_TBps']:.2f} TB/s (read+write)")
+    return bandwidth, facts

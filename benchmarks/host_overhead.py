@@ -8,14 +8,13 @@ a cProfile of our calls so the slow steps have names.
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import sys
 
 import cupy
 
 import cupy_dwgn
-from harness import host_us
+from harness import host_us, write_json
 
 
 def main():
@@ -68,9 +67,7 @@ def main():
             pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
             print(f"== cProfile of 2000 calls of {name} (sorted by own time)")
             print(text.getvalue())
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json, results)
     return 0
 
 

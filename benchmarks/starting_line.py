@@ -5,16 +5,13 @@ GPU, in one process, with CUDA events, warm-up and the median of repeats.
 """
 
 import argparse
-import datetime
-import json
 import sys
 
 import cupy
-import numpy
 
 import cupy_dwgn
 from cupy_dwgn import depthwise
-from harness import copy_bandwidth_bytes_per_us, host_us, kernel_breakdown_us, time_us
+from harness import host_us, kernel_breakdown_us, report, run_facts, time_us
 
 
 def depthwise_case(torch, bandwidth, n=64, c=144, hw=56, k=3, stride=1):
@@ -86,30 +83,16 @@ def main():
     args = parser.parse_args()
     import torch
 
-    bandwidth = copy_bandwidth_bytes_per_us()
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    results = {
-        "device": props["name"].decode(), "date": datetime.date.today().isoformat(),
-        "cupy": cupy.__version__, "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "copy_bandwidth_TBps": bandwidth / 1e6, "cases": [
-            depthwise_case(torch, bandwidth),
-            depthwise_case(torch, bandwidth, 64, 96, 112, 3, 2),
-            depthwise_case(torch, bandwidth, 64, 240, 28, 5),
-            depthwise_case(torch, bandwidth, 64, 96, 56, 7),
-        ],
-    }
+    bandwidth, results = run_facts(torch)
+    results["cases"] = [
+        depthwise_case(torch, bandwidth),
+        depthwise_case(torch, bandwidth, 64, 96, 112, 3, 2),
+        depthwise_case(torch, bandwidth, 64, 240, 28, 5),
+        depthwise_case(torch, bandwidth, 64, 96, 56, 7),
+    ]
     if not args.skip_group_norm:
         results["cases"].append(group_norm_case(torch, bandwidth))
-    print(f"{results['device']}  copy bandwidth {results['copy_bandwidth_TBps']:.2f} TB/s (read+write)")
-    for case in results["cases"]:
-        print(case["case"])
-        for key, value in case.items():
-            if key != "case":
-                print(f"    {key:34} {value:10.2f}" if isinstance(value, float) else f"    {key:34} {value}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    report(results, args.json)
     return 0
 
 

@@ -147,17 +147,25 @@ def _vector_width(dtype, channels, aligned):
     return vec if aligned and channels % vec == 0 else 1
 
 
+def _geometry(batch, rows, channels, dtype, aligned):
+    """What both directions derive from a signature: index type, element and
+    accumulator types, the column kernels' split, the vector width and the
+    flat kernels' vector count."""
+    size = batch * rows * channels
+    index = _launch.index_type(size)
+    vec = _vector_width(dtype, channels, aligned)
+    return (
+        index, _dtypes.ctype(dtype), _dtypes.accumulator_dtype(dtype), _split(batch, rows, channels),
+        vec, _launch.index_scalar(index, size // vec),
+    )
+
+
 @functools.lru_cache(maxsize=1024)
 def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned):
     name = _compile.name_expression
-    size = batch * rows * channels
-    index = _launch.index_type(size)
-    t = _dtypes.ctype(dtype)
-    acc_dtype = _dtypes.accumulator_dtype(dtype)
-    rows_per_chunk, num_chunks, column_blocks = _split(batch, rows, channels)
+    index, t, acc_dtype, split, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
+    rows_per_chunk, num_chunks, column_blocks = split
     grid_y = min(batch, _launch.MAX_GRID_Y)
-    vec = _vector_width(dtype, channels, aligned)
-    num_vectors = size // vec
     common = (i32(batch), i32(rows), i32(channels))
     return _Plan(
         expressions=(
@@ -165,12 +173,12 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, ali
             name(_FWD_FINALIZE, _dtypes.ctype(acc_dtype), _dtypes.ctype(w_dtype)),
             name(_APPLY, t, _ACT_CODE[activation], vec, index),
         ),
-        grids=((num_chunks, grid_y, column_blocks), (groups, grid_y), _launch.grid_1d(num_vectors)),
+        grids=((num_chunks, grid_y, column_blocks), (groups, grid_y), _launch.grid_1d(int(num_vectors))),
         blocks=((_COLUMN_BLOCK,), (_group_block(channels // groups * num_chunks, 512),), (_launch.BLOCK,)),
         scalars=(
             common + (i32(rows_per_chunk),),
             common + (i32(groups), i32(num_chunks), i32(rows_per_chunk)),
-            (_launch.index_scalar(index, num_vectors), i32(rows), i32(channels)),
+            (num_vectors, i32(rows), i32(channels)),
         ),
         # Forward summaries are double whatever x is: the sums keep the mean exact.
         partial=((batch, num_chunks, 2, channels), numpy.dtype(numpy.float64)),
@@ -181,15 +189,10 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, ali
 @functools.lru_cache(maxsize=1024)
 def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned):
     name = _compile.name_expression
-    size = batch * rows * channels
-    index = _launch.index_type(size)
-    t = _dtypes.ctype(dtype)
+    index, t, acc_dtype, split, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
+    rows_per_chunk, num_chunks, column_blocks = split
     w_ctype = _dtypes.ctype(w_dtype)
     act = _ACT_CODE[activation]
-    acc_dtype = _dtypes.accumulator_dtype(dtype)
-    rows_per_chunk, num_chunks, column_blocks = _split(batch, rows, channels)
-    vec = _vector_width(dtype, channels, aligned)
-    num_vectors = size // vec
     common = (i32(batch), i32(rows), i32(channels), i32(groups))
     return _Plan(
         expressions=(
@@ -200,13 +203,13 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
         grids=(
             (num_chunks, min(batch, _launch.MAX_GRID_Y), column_blocks),
             (groups, min(batch + 1, _launch.MAX_GRID_Y)),
-            _launch.grid_1d(num_vectors),
+            _launch.grid_1d(int(num_vectors)),
         ),
         blocks=((_COLUMN_BLOCK,), (_group_block(channels // groups * num_chunks, 256),), (_launch.BLOCK,)),
         scalars=(
             common + (i32(rows_per_chunk),),
             common + (i32(num_chunks),),
-            (_launch.index_scalar(index, num_vectors), i32(rows), i32(channels)),
+            (num_vectors, i32(rows), i32(channels)),
         ),
         partial=((batch, num_chunks, 2, channels), acc_dtype),
         coefficients=((batch, 5, channels), acc_dtype),
