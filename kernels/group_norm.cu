@@ -169,6 +169,25 @@ __device__ __forceinline__ int lane_rows(int row0, int row1, int lane, int lanes
   return span > 0 ? (span + lanes - 1) / lanes : 0;
 }
 
+// The chunk of rows a column-kernel block reduces (chunk blockIdx.x of
+// gridDim.x, rows [row0, row1)), this thread's share of them (lane_count
+// rows: row0 + L.lane + k * L.lanes; 0 for an idle thread), and where the
+// chunk's two per-channel results go in partial (N, num_chunks, 2, C).
+struct ChunkRows {
+  int chunk, num_chunks, row0, row1, lane_count;
+  __device__ __forceinline__ ChunkRows(int S, int rows_per_chunk, const ColumnLayout& L) {
+    chunk = blockIdx.x;
+    num_chunks = gridDim.x;
+    row0 = chunk * rows_per_chunk;
+    row1 = min(S, row0 + rows_per_chunk);
+    lane_count = L.valid ? lane_rows(row0, row1, L.lane, L.lanes) : 0;
+  }
+  template <typename P>
+  __device__ __forceinline__ P* slot(P* partial, int n, int C, int c) const {
+    return partial + (static_cast<long long>(n) * num_chunks + chunk) * 2 * C + c;
+  }
+};
+
 // Rows a column kernel's thread loads per step.  One load at a time leaves
 // far too few bytes in flight to cover the memory latency (Little's law: an
 // H200 needs ~25 KB in flight per SM); kRowBatch independent loads per step
@@ -189,18 +208,18 @@ __device__ __forceinline__ void walk_lane_rows(int count, Batch batch, Single si
 // by lane in a fixed order: each lane gives the double sum of its elements
 // and its M2 (counts follow from the row split).  On return lane 0 holds the
 // column's sum and M2.  Every thread of the block must call it.
-__device__ __forceinline__ void column_merge(double& sum, double& m2, int row0, int row1,
+__device__ __forceinline__ void column_merge(double& sum, double& m2, const ChunkRows& R,
                                              const ColumnLayout& L, double* scratch) {
   scratch[threadIdx.x] = sum;
   scratch[blockDim.x + threadIdx.x] = m2;
   __syncthreads();
   if (L.lane == 0) {
     // Lane 0 always has rows: every chunk holds at least one.
-    double count = lane_rows(row0, row1, 0, L.lanes);
+    double count = lane_rows(R.row0, R.row1, 0, L.lanes);
     double mean = sum / count;
     for (int j = 1; j < L.lanes; ++j) {
       const int t = j * L.cols + L.col;
-      const double count_j = lane_rows(row0, row1, j, L.lanes);
+      const double count_j = lane_rows(R.row0, R.row1, j, L.lanes);
       if (count_j > 0) {
         chan_merge(count, mean, m2, count_j, scratch[t] / count_j, scratch[blockDim.x + t]);
         sum += scratch[t];  // the plain sum stays exact; mean only serves the M2 merge
@@ -258,23 +277,19 @@ __global__ void dwgn_gn_stats_partial(const T* __restrict__ x, double* __restric
   using Acc = typename AccType<T>::type;
   __shared__ double scratch[2 * 256];
   const gn::ColumnLayout L = gn::ColumnLayout::channels(C);
-  const int chunk = blockIdx.x;
-  const int num_chunks = gridDim.x;
-  const int row0 = chunk * rows_per_chunk;
-  const int row1 = min(S, row0 + rows_per_chunk);
+  const gn::ChunkRows R(S, rows_per_chunk, L);
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
     // The lane's Welford summary; its count stays far below 2**24 (a lane
     // gets about N*S*C / 2**18 rows at most), so Acc holds it exactly.
     Acc mean = Acc(0), m2 = Acc(0), count = Acc(0);
     double sum = 0.0;
-    const int lane_count = L.valid ? gn::lane_rows(row0, row1, L.lane, L.lanes) : 0;
-    if (lane_count > 0) {
-      // This lane's rows: row0 + L.lane + k * L.lanes (formed only when the
+    if (R.lane_count > 0) {
+      // This lane's rows: R.row0 + L.lane + k * L.lanes (formed only when the
       // first exists, so the offset stays below N*S*C).
-      const T* column = x + (static_cast<IndexT>(n) * S + row0 + L.lane) * C + L.c;
+      const T* column = x + (static_cast<IndexT>(n) * S + R.row0 + L.lane) * C + L.c;
       const IndexT row_step = static_cast<IndexT>(L.lanes) * C;
       gn::walk_lane_rows(
-          lane_count,
+          R.lane_count,
           [&](int k0) {
             // A batch's own mean and M2 (two passes over registers), then
             // one Chan merge into the lane summary: one reciprocal per
@@ -314,9 +329,9 @@ __global__ void dwgn_gn_stats_partial(const T* __restrict__ x, double* __restric
           });
     }
     double m2_wide = m2;
-    gn::column_merge(sum, m2_wide, row0, row1, L, scratch);
+    gn::column_merge(sum, m2_wide, R, L, scratch);
     if (L.valid && L.lane == 0) {
-      double* p = partial + (static_cast<long long>(n) * num_chunks + chunk) * 2 * C + L.c;
+      double* p = R.slot(partial, n, C, L.c);
       p[0] = sum;
       p[C] = m2_wide;
     }
@@ -436,19 +451,15 @@ __global__ void dwgn_gn_bwd_reduce(
   using Acc = typename AccType<T>::type;
   __shared__ Acc scratch[2 * 256];
   const gn::ColumnLayout L = gn::ColumnLayout::channels(C);
-  const int chunk = blockIdx.x;
-  const int num_chunks = gridDim.x;
-  const int row0 = chunk * rows_per_chunk;
-  const int row1 = min(S, row0 + rows_per_chunk);
+  const gn::ChunkRows R(S, rows_per_chunk, L);
   const int g = L.valid ? L.c / (C / G) : 0;
   const Acc w = (L.valid && weight != nullptr) ? to_acc(weight[L.c]) : Acc(1);
   const Acc b = (L.valid && bias != nullptr) ? to_acc(bias[L.c]) : Acc(0);
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
     Acc v[2] = {Acc(0), Acc(0)};
-    const int lane_count = L.valid ? gn::lane_rows(row0, row1, L.lane, L.lanes) : 0;
-    if (lane_count > 0) {
-      // This lane's rows: row0 + L.lane + k * L.lanes.
-      const IndexT first = (static_cast<IndexT>(n) * S + row0 + L.lane) * C + L.c;
+    if (R.lane_count > 0) {
+      // This lane's rows: R.row0 + L.lane + k * L.lanes.
+      const IndexT first = (static_cast<IndexT>(n) * S + R.row0 + L.lane) * C + L.c;
       const IndexT row_step = static_cast<IndexT>(L.lanes) * C;
       const Acc m = mean[static_cast<long long>(n) * G + g];
       const Acc r = rstd[static_cast<long long>(n) * G + g];
@@ -461,7 +472,7 @@ __global__ void dwgn_gn_bwd_reduce(
         v[1] += dz * (centered * r);
       };
       gn::walk_lane_rows(
-          lane_count,
+          R.lane_count,
           [&](int k0) {
             // All loads of the batch first, so they are in flight together.
             Acc xs[gn::kRowBatch], gs[gn::kRowBatch];
@@ -481,7 +492,7 @@ __global__ void dwgn_gn_bwd_reduce(
     }
     gn::column_sum<2>(v, L, scratch);
     if (L.valid && L.lane == 0) {
-      Acc* p = partial + (static_cast<long long>(n) * num_chunks + chunk) * 2 * C + L.c;
+      Acc* p = R.slot(partial, n, C, L.c);
       p[0] = v[0];
       p[C] = v[1];
     }
