@@ -150,7 +150,7 @@ def specializations(ops=None, **selection):
     """Every ``(file, name expression)`` the given ops can launch.
 
     ops: op names (default: all of them).  ``selection`` narrows the set:
-    ``dtypes``, ``filter_sizes`` (depthwise), ``activations`` (group_norm),
+    ``dtypes``, ``filter_sizes`` and ``layouts`` (depthwise), ``activations`` (group_norm),
     ``large_index`` (False, True or both).
     """
     import importlib
@@ -167,7 +167,7 @@ def specializations(ops=None, **selection):
     return list(dict.fromkeys(specs))
 
 
-def precompile(ops=None, *, dtypes=None, filter_sizes=None, activations=None, large_index=False, progress=True):
+def precompile(ops=None, *, dtypes=None, filter_sizes=None, activations=None, layouts=None, large_index=False, progress=True):
     """Compile, or load from the disk cache, every kernel a model needs, on the
     current device, so that no compilation happens later (for example during
     CUDA-graph capture or timing).
@@ -178,6 +178,7 @@ def precompile(ops=None, *, dtypes=None, filter_sizes=None, activations=None, la
         filter_sizes: depthwise (KH, KW) pairs, e.g. ``[(3, 3), (7, 7)]``
             (default: the specialized sizes and the generic kernel).
         activations: GroupNorm activations (default: all).
+        layouts: depthwise layouts, ``["NCHW"]`` and/or ``["NHWC"]`` (default: both).
         large_index: also (True) or only ("only") the 64-bit-index kernels.
         progress: print a line per kernel to stderr.
 
@@ -193,6 +194,8 @@ def precompile(ops=None, *, dtypes=None, filter_sizes=None, activations=None, la
         selection["filter_sizes"] = filter_sizes
     if activations is not None:
         selection["activations"] = activations
+    if layouts is not None:
+        selection["layouts"] = layouts
     return load_specializations(specializations(ops, **selection), progress=progress)
 
 

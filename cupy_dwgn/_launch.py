@@ -46,3 +46,37 @@ def check_plane_size(name, plane_size):
 
 def pointer_or_null(array):
     return NULL if array is None else array
+
+
+class Launch:
+    """One kernel launch, fully resolved for one call signature: the kernel
+    (file + name expression, looked up per device on use), grid, block,
+    dynamic shared memory and the scalar arguments that follow the arrays.
+
+    Build it once per signature (cache the builder with functools.lru_cache)
+    and call it with the array arguments: ``launch(x, weight, bias, y)``.
+    """
+
+    __slots__ = ("file", "expression", "grid", "block", "shared_mem", "scalars")
+
+    def __init__(self, file, expression, grid, block, shared_mem=0, scalars=()):
+        self.file = file
+        self.expression = expression
+        self.grid = tuple(int(v) for v in grid)
+        self.block = tuple(int(v) for v in block)
+        self.shared_mem = int(shared_mem)
+        self.scalars = tuple(scalars)
+
+    def __call__(self, *arrays):
+        from . import _compile
+
+        kernel = _compile.get_kernel(self.file, self.expression)
+        if self.shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < self.shared_mem:
+            kernel.max_dynamic_shared_size_bytes = self.shared_mem
+        kernel(self.grid, self.block, arrays + self.scalars, shared_mem=self.shared_mem)
+
+    def __repr__(self):
+        return (
+            f"Launch({self.expression}, grid={self.grid}, block={self.block}, "
+            f"shared_mem={self.shared_mem})"
+        )

@@ -200,6 +200,112 @@ __global__ void __launch_bounds__(256, 4) dwgn_dwconv2d_bwd_input(
   }
 }
 
+// Stride-2 backward-input by phase decomposition (dilation 1, KH x KW known
+// at compile time).  A thread computes the 2x2 block of grad_in rows 2a, 2a+1
+// and columns 2b, 2b+1.  Input row ih = 2a + p is read by output row
+// oh = (ih + pad_top - kh) / 2 only through the taps kh of the parity of
+// ih + pad_top; writing pad_top = 2*PT2 + PTP, that is oh = a + PT2 + dr with
+// dr = (p + PTP - kh) / 2 exact.  Once the parities PTP, PLP of the padding
+// are fixed (one of 4 code paths per thread, no branch per tap), every tap
+// of the 4 outputs and the grad_out patch they read are compile-time, the
+// patch is loaded once into registers (grad_out read once per block, no `%`
+// per tap) and grad_in is written outright.
+namespace dwgn_phase {
+constexpr int floor_half(int v) { return v >= 0 ? v / 2 : -((1 - v) / 2); }
+
+template <int PTP, int PLP, int KH, int KW, typename T, typename IndexT>
+__device__ __forceinline__ void block_2x2(const T* __restrict__ g_planes, const T* __restrict__ w_filters,
+                                          T* __restrict__ dx_plane, int a, int b, int height, int width,
+                                          int multiplier, int out_height, int out_width, int pad_top2,
+                                          int pad_left2) {
+  using Acc = typename AccType<T>::type;
+  // Patch rows dr in [DR0, DR1]: the extremes over p in {0, 1}, kh in [0, KH).
+  constexpr int DR0 = floor_half(PTP - (KH - 1));
+  constexpr int DR1 = floor_half(1 + PTP);
+  constexpr int DC0 = floor_half(PLP - (KW - 1));
+  constexpr int DC1 = floor_half(1 + PLP);
+  constexpr int PR = DR1 - DR0 + 1;
+  constexpr int PC = DC1 - DC0 + 1;
+  const int out_plane = out_height * out_width;
+  const int oh0 = a + pad_top2 + DR0;
+  const int ow0 = b + pad_left2 + DC0;
+  Acc acc[2][2] = {{Acc(0), Acc(0)}, {Acc(0), Acc(0)}};
+  for (int m = 0; m < multiplier; ++m) {
+    const T* g_plane = g_planes + static_cast<IndexT>(m) * out_plane;
+    const T* w_filter = w_filters + m * KH * KW;
+    Acc patch[PR][PC];
+#pragma unroll
+    for (int i = 0; i < PR; ++i) {
+#pragma unroll
+      for (int j = 0; j < PC; ++j) {
+        const int oh = oh0 + i;
+        const int ow = ow0 + j;
+        patch[i][j] = (oh >= 0 && oh < out_height && ow >= 0 && ow < out_width)
+                          ? to_acc(g_plane[oh * out_width + ow])
+                          : Acc(0);
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+#pragma unroll
+      for (int kh = 0; kh < KH; ++kh) {
+        if (((p + PTP - kh) & 1) != 0) continue;  // compile-time
+        const int dr = (p + PTP - kh) / 2;
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+#pragma unroll
+          for (int kw = 0; kw < KW; ++kw) {
+            if (((q + PLP - kw) & 1) != 0) continue;
+            const int dc = (q + PLP - kw) / 2;
+            acc[p][q] += patch[dr - DR0][dc - DC0] * to_acc(w_filter[kh * KW + kw]);
+          }
+      }
+  }
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const int ih = 2 * a + p;
+    if (ih >= height) break;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int iw = 2 * b + q;
+      if (iw < width) dx_plane[ih * width + iw] = from_acc<T>(acc[p][q]);
+    }
+  }
+}
+}  // namespace dwgn_phase
+
+template <typename T, int KH, int KW, typename IndexT>
+__global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_input_stride2(
+    const T* __restrict__ grad_out, const T* __restrict__ weight, T* __restrict__ grad_in,
+    int batch, int channels, int height, int width, int multiplier, int out_height,
+    int out_width, int filter_height_rt, int filter_width_rt, int stride_h, int stride_w,
+    int pad_top, int pad_left, int dilation_h, int dilation_w) {
+  const int blocks_across = (width + 1) / 2;
+  const int blocks = (height + 1) / 2 * blocks_across;
+  const int out_plane = out_height * out_width;
+  const int parity = (pad_top & 1) * 2 + (pad_left & 1);
+  DWGN_FOR_EACH_PLANE(plane, batch * channels) {
+    const int ic = plane % channels;
+    const T* g_planes = grad_out + static_cast<IndexT>(plane) * multiplier * out_plane;
+    const T* w_filters = weight + ic * multiplier * KH * KW;
+    T* dx_plane = grad_in + static_cast<IndexT>(plane) * height * width;
+    DWGN_FOR_EACH_IN_PLANE(r, blocks) {
+      const int a = r / blocks_across;
+      const int b = r - a * blocks_across;
+      const auto args = [&](auto run) {
+        run(g_planes, w_filters, dx_plane, a, b, height, width, multiplier, out_height, out_width,
+            pad_top >> 1, pad_left >> 1);
+      };
+      switch (parity) {
+        case 0: args(dwgn_phase::block_2x2<0, 0, KH, KW, T, IndexT>); break;
+        case 1: args(dwgn_phase::block_2x2<0, 1, KH, KW, T, IndexT>); break;
+        case 2: args(dwgn_phase::block_2x2<1, 0, KH, KW, T, IndexT>); break;
+        default: args(dwgn_phase::block_2x2<1, 1, KH, KW, T, IndexT>); break;
+      }
+    }
+  }
+}
+
 // Weight gradient, pass 1 of 2, deterministic (no atomics).
 // grid = (C*M output channels, num_splits, KH*KW / TAPS tap groups);
 // block = 256 threads.  Block (oc, s, g) sums grad_out * x over split s of the

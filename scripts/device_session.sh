@@ -2,8 +2,9 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all): facts cold examples tests sanitizer bench gnbench host
-# SANITIZER_ARGS pick kernel families (depthwise group_norm); BENCH_ARGS go to benchmarks/starting_line.py.
+# STEPS selects parts (default: all but dwbench): facts cold examples tests sanitizer bench gnbench host dwbench
+# SANITIZER_ARGS pick kernel families (depthwise group_norm); BENCH_ARGS go to benchmarks/starting_line.py,
+# DWBENCH_ARGS to benchmarks/depthwise.py (the 144-cell depthwise table; e.g. "--dtypes float16 --quick").
 # PYTEST_ARGS replaces the pytest selection (default "-m gpu"; e.g. "-m 'gpu and not slow'").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +51,11 @@ if has gnbench; then
 fi
 if has host; then
   python3 benchmarks/host_overhead.py --profile --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.txt"
+fi
+if has dwbench; then
+  python3 benchmarks/depthwise.py --json "$OUT/depthwise.json" --png "$OUT/depthwise.png" ${DWBENCH_ARGS:-} 2>&1 \
+    | tee "$OUT/depthwise.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 # The device tool returns at most 8 files: the JSON results stay loose, the
 # text logs travel as one archive.

@@ -8,19 +8,40 @@ import cupy_dwgn
 rng = cupy.random.default_rng(0)
 
 
+def _nhwc(a):
+    return cupy.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
 def depthwise():
+    # Shapes chosen to reach every kernel family: register window (3x3/5x5/7x7,
+    # stride 1 and 2, asymmetric and oversized padding, small planes packed per
+    # block), large filter (>= 9x9), direct / tiled fallbacks (dilation,
+    # non-square), both weight-gradient paths, and NHWC with vector and scalar
+    # channel access (C multiple of 8, odd C, multiplier 2, misaligned view).
     for dtype in (cupy.float32, cupy.float16):
         for x_shape, w_shape, conv in [
             ((2, 3, 13, 11), (6, 1, 3, 3), dict(padding=1)),
             ((1, 2, 9, 17), (2, 1, 5, 3), dict(stride=(2, 1), padding=((2, 3), (0, 1)), dilation=(1, 2))),
             ((2, 2, 15, 15), (2, 1, 7, 7), dict(padding=3)),
             ((1, 2, 20, 20), (2, 1, 11, 9), dict(padding="same")),
+            ((2, 16, 17, 24), (16, 1, 3, 3), dict(stride=2, padding=1)),
+            ((1, 8, 12, 16), (8, 1, 5, 5), dict(padding=((4, 0), (1, 6)))),
+            ((4, 24, 7, 7), (24, 1, 3, 3), dict(padding=1)),
+            ((2, 8, 16, 16), (8, 1, 13, 13), dict(padding=6)),
+            ((1, 4, 9, 9), (4, 1, 31, 31), dict(padding=15)),
         ]:
             x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
             w = rng.standard_normal(w_shape, dtype=cupy.float32).astype(dtype)
-            y = cupy_dwgn.depthwise_conv2d(x, w, **conv)
-            cupy_dwgn.depthwise_conv2d_backward_input(y, w, x.shape, **conv)
-            cupy_dwgn.depthwise_conv2d_backward_weight(y, x, w.shape, **conv)
+            for layout, xl in (("NCHW", x), ("NHWC", _nhwc(x))):
+                y = cupy_dwgn.depthwise_conv2d(xl, w, layout=layout, **conv)
+                cupy_dwgn.depthwise_conv2d_backward_input(y, w, xl.shape, layout=layout, **conv)
+                cupy_dwgn.depthwise_conv2d_backward_weight(y, xl, w.shape, layout=layout, **conv)
+            # a misaligned NHWC view (data pointer not 16-byte aligned)
+            xn = _nhwc(x)
+            base = cupy.empty(xn.size + 1, dtype)
+            view = base[1:].reshape(xn.shape)
+            view[...] = xn
+            cupy_dwgn.depthwise_conv2d(view, w, layout="NHWC", **conv)
 
 
 def group_norm():

@@ -1,0 +1,254 @@
+"""Deterministic NCHW depthwise weight gradient (kernels/depthwise_nchw_wgrad.cu).
+
+Kernels and the shapes they serve (plan returns None for everything else, and
+the caller keeps dwgn_dwconv2d_bwd_weight_partial):
+
+* ``dwgn_nchw_wgrad_small<T, K, S>``: square K in {3, 5, 7}, equal stride
+  S in {1, 2}, dilation 1, any padding.
+* ``dwgn_nchw_wgrad_large<T>``: stride 1, dilation 1, any other filter with
+  KW >= 8 (lanes own filter columns, so a narrower filter would idle most of a
+  warp), when the padded input plane plus the grad_out plane fit 96 KB of
+  shared memory as accumulators (e.g. 31x31 on 16x16: 9.8 KB) and the filter
+  needs at most 16 warps of 32 x 4 taps.
+* ``dwgn_nchw_wgrad_finalize<T>``: adds the splits in split order; launched
+  only when a channel's sum is split over several blocks.
+
+Tiling rule of the small kernel (shape only, never the device, so results are
+bit-identical on every GPU):
+
+* A thread owns VW = 16 bytes of output columns (float32 4, float16/bfloat16
+  8, float64 2) x 2 output rows: one work item.
+* A unit is one image's band of output rows.  The whole plane is one band when
+  its staged input window fits the 32 KB staging budget; otherwise the plane is
+  cut into the fewest equal bands of whole row pairs that fit (a row pair must
+  fit, else None).
+* A stage = P units staged together and the block's thread count t (64..256,
+  a multiple of 32) are chosen together to maximize the share of busy thread
+  slots, items / (ceil(items / t) * t) with items = P x items per unit,
+  P <= 512 / items per unit and within the budget (ties: larger t, then
+  smaller P).  E.g. 56x56 fp32: P 1, 392 items, t 224; 28x28 fp32 5x5:
+  P 5, t 256; 7x7 planes fp32: P 32, t 256.
+* Splits: ceil(1056 / (C*M)) blocks per output channel (about 8 blocks per
+  SM of an H100/H200), at most the number of stages; each split takes a
+  contiguous, nearly equal run of stages.  One split writes grad_weight
+  directly (no finalize launch).
+
+The large kernel splits the batch the same way: ceil(1056 / (C*M)) splits of
+N, at most N.
+"""
+
+import functools
+
+import numpy
+
+from . import _compile, _dtypes, _launch
+from ._launch import i32
+
+KERNEL_FILE = "depthwise_nchw_wgrad.cu"
+SMALL = "dwgn_nchw_wgrad_small"
+LARGE = "dwgn_nchw_wgrad_large"
+FINALIZE = "dwgn_nchw_wgrad_finalize"
+SMALL_SIZES = (3, 5, 7)
+SMALL_STRIDES = (1, 2)
+
+_TARGET_BLOCKS = 1056
+_STAGING_BUDGET = 32 * 1024
+_MAX_ITEMS_PER_STAGE = 512
+_THREAD_CHOICES = tuple(range(64, 257, 32))
+# Large kernel: kh rows per thread (kLargeRows in the .cu), most warps, and
+# the shared-memory ceiling for its two staged planes.
+_LARGE_ROWS = 4
+_LARGE_MAX_WARPS = 16
+_LARGE_MIN_WIDTH = 8
+_LARGE_SHARED_LIMIT = 96 * 1024
+# Keeps every in-plane coordinate (including padding) well inside int32.
+_COORD_LIMIT = 2**30
+
+
+def specializations(dtypes=None, filter_sizes=None, large_index=(False, True)):
+    """``(file, name expression)`` of every kernel this module can launch.
+
+    filter_sizes: (KH, KW) pairs; the small kernel is compiled for the square
+    3/5/7 sizes among them and the large kernel when any other size is given
+    (default: all).  large_index is accepted for symmetry with the other op
+    modules: these kernels compute plane offsets in 64-bit and have no index
+    template parameter.
+    """
+    del large_index
+    dtypes = _dtypes.CTYPES if dtypes is None else dtypes
+    if filter_sizes is None:
+        small, large = SMALL_SIZES, True
+    else:
+        sizes = [tuple(s) for s in filter_sizes]
+        small = tuple(k for k in SMALL_SIZES if (k, k) in sizes)
+        large = any(s[0] != s[1] or s[0] not in SMALL_SIZES for s in sizes)
+    specs = []
+    for dtype in dtypes:
+        ctype = _dtypes.ctype(dtype)
+        for k in small:
+            for stride in SMALL_STRIDES:
+                specs.append((KERNEL_FILE, _compile.name_expression(SMALL, ctype, k, stride)))
+        if large:
+            specs.append((KERNEL_FILE, _compile.name_expression(LARGE, ctype)))
+        specs.append((KERNEL_FILE, _compile.name_expression(FINALIZE, ctype)))
+    return specs
+
+
+def _coordinates_fit(g):
+    return (
+        g.height + g.pad_top + g.pad_bottom < _COORD_LIMIT
+        and g.width + g.pad_left + g.pad_right < _COORD_LIMIT
+    )
+
+
+def _splits(out_channels, limit):
+    return max(1, min(-(-_TARGET_BLOCKS // out_channels), limit, _launch.MAX_GRID_Y))
+
+
+def _finalize(g, dtype, splits):
+    taps = g.filter_height * g.filter_width
+    out_channels = g.channels * g.multiplier
+    return _launch.Launch(
+        KERNEL_FILE,
+        _compile.name_expression(FINALIZE, _dtypes.ctype(dtype)),
+        _launch.grid_1d(out_channels * taps),
+        (_launch.BLOCK,),
+        0,
+        (i32(out_channels), i32(taps), i32(splits)),
+    )
+
+
+def _stage_shape(items_per_unit, units, max_units):
+    """(units per stage, threads) with the fewest idle thread slots (see the
+    module docstring)."""
+    best = None
+    top = max(1, min(units, max_units, _MAX_ITEMS_PER_STAGE // items_per_unit))
+    for per_stage in range(1, top + 1):
+        items = per_stage * items_per_unit
+        for threads in _THREAD_CHOICES:
+            busy = items / (-(-items // threads) * threads)
+            key = (busy, threads, -per_stage)
+            if best is None or key > best[0]:
+                best = (key, per_stage, threads)
+    return best[1], best[2]
+
+
+def _plan_small(g, dtype):
+    k, stride = g.filter_height, g.stride_h
+    itemsize = numpy.dtype(dtype).itemsize
+    vw = 16 // itemsize
+    window = (vw - 1) * stride + k
+    loads = -(-window // vw)
+    col_groups = -(-g.out_width // vw)
+    # The last column group reads `loads` vectors from column (col_groups-1)*vw*stride.
+    staged_width = (col_groups - 1) * vw * stride + loads * vw
+    row_bytes = staged_width * itemsize
+
+    def staged_rows(pairs):
+        return (2 * pairs - 1) * stride + k
+
+    total_pairs = -(-g.out_height // 2)
+    if staged_rows(total_pairs) * row_bytes <= _STAGING_BUDGET:
+        band_rows, bands = g.out_height, 1
+    else:
+        max_pairs = ((_STAGING_BUDGET // row_bytes - k + stride) // (2 * stride))
+        if max_pairs < 1:
+            return None
+        bands = -(-total_pairs // max_pairs)
+        band_rows = 2 * -(-total_pairs // bands)
+        bands = -(-g.out_height // band_rows)
+    pairs = -(-band_rows // 2)
+    unit_bytes = staged_rows(pairs) * row_bytes
+    units = g.batch * bands
+    if units >= _launch.INT32_LIMIT:
+        return None
+    per_stage, threads = _stage_shape(pairs * col_groups, units, _STAGING_BUDGET // unit_bytes)
+    stages = -(-units // per_stage)
+    out_channels = g.channels * g.multiplier
+    splits = _splits(out_channels, stages)
+    partial = _launch.Launch(
+        KERNEL_FILE,
+        _compile.name_expression(SMALL, _dtypes.ctype(dtype), k, stride),
+        (out_channels, splits),
+        (threads,),
+        per_stage * unit_bytes,
+        (
+            i32(g.channels), i32(g.height), i32(g.width), i32(g.multiplier), i32(g.out_height),
+            i32(g.out_width), i32(g.pad_top), i32(g.pad_left), i32(band_rows), i32(bands),
+            i32(units), i32(per_stage), i32(col_groups), i32(staged_width),
+        ),
+    )
+    return [partial] if splits == 1 else [partial, _finalize(g, dtype, splits)]
+
+
+def _plan_large(g, dtype):
+    kw_tiles = -(-g.filter_width // 32)
+    kh_tiles = -(-g.filter_height // _LARGE_ROWS)
+    warps = kw_tiles * kh_tiles
+    if warps > _LARGE_MAX_WARPS:
+        return None
+    rows = g.out_height - 1 + kh_tiles * _LARGE_ROWS
+    cols = g.out_width - 1 + kw_tiles * 32
+    shared = (rows * cols + g.out_height * g.out_width) * _dtypes.accumulator_dtype(dtype).itemsize
+    if shared > _LARGE_SHARED_LIMIT:
+        return None
+    out_channels = g.channels * g.multiplier
+    splits = _splits(out_channels, g.batch)
+    partial = _launch.Launch(
+        KERNEL_FILE,
+        _compile.name_expression(LARGE, _dtypes.ctype(dtype)),
+        (out_channels, splits),
+        (32 * warps,),
+        shared,
+        (
+            i32(g.batch), i32(g.channels), i32(g.height), i32(g.width), i32(g.multiplier),
+            i32(g.out_height), i32(g.out_width), i32(g.filter_height), i32(g.filter_width),
+            i32(g.pad_top), i32(g.pad_left),
+        ),
+    )
+    return [partial] if splits == 1 else [partial, _finalize(g, dtype, splits)]
+
+
+@functools.lru_cache(maxsize=512)
+def plan(g, dtype, index):
+    """The launches for this signature (the partial kernel, then the finalize
+    when the sum is split), or None when neither kernel serves ``g``.
+
+    ``index`` (the caller's IndexT) does not change the plan: plane offsets
+    are 64-bit in these kernels.
+    """
+    del index
+    dtype = numpy.dtype(dtype)
+    if (g.dilation_h, g.dilation_w) != (1, 1) or g.stride_h != g.stride_w or not _coordinates_fit(g):
+        return None
+    if (
+        g.filter_height == g.filter_width
+        and g.filter_height in SMALL_SIZES
+        and g.stride_h in SMALL_STRIDES
+    ):
+        return _plan_small(g, dtype)
+    if g.stride_h == 1 and g.filter_width >= _LARGE_MIN_WIDTH:
+        return _plan_large(g, dtype)
+    return None
+
+
+def backward_weight(grad_out, x, out, g):
+    """Launch the weight gradient into ``out`` (C*M, 1, KH, KW); False when
+    plan does not serve ``g`` (nothing launched)."""
+    launches = plan(g, x.dtype, _launch.index_type(grad_out.size, x.size))
+    if launches is None:
+        return False
+    partial_launch = launches[0]
+    if len(launches) == 1:
+        partial_launch(grad_out, x, _launch.NULL, out)
+        return True
+    import cupy
+
+    splits = partial_launch.grid[1]
+    taps = g.filter_height * g.filter_width
+    partial = cupy.empty(
+        (g.channels * g.multiplier, splits, taps), dtype=_dtypes.accumulator_dtype(x.dtype)
+    )
+    partial_launch(grad_out, x, partial, out)
+    launches[1](partial, out)
+    return True

@@ -1,0 +1,250 @@
+"""NCHW register sliding-window kernel (kernels/depthwise_nchw_window.cu):
+forward at stride 1 or 2 and backward-input at stride 1, for 3x3, 5x5 and 7x7
+filters at dilation 1.
+
+Launch rule (no user tuning), from the destination plane size:
+
+* A thread owns VW = 16 bytes of destination columns x RH rows
+  (float32 4x4, float16/bfloat16 8x2, float64 2x4, 2x2 for 7x7).
+* A plane of at most 256 such items is one band: a block takes as many whole
+  planes as fit 256 threads and a 40 KB staging budget (e.g. 64x960x7x7:
+  4 items per plane, 64 planes per block), so small planes still fill a block.
+* A block is persistent: it walks units grid-size apart, copying the next
+  unit's rows into a second shared buffer with cp.async while computing the
+  current one; the grid is the number of blocks resident on the device.
+* A larger plane is cut into bands of 256 // strips item rows (one plane per
+  block); planes wider than 1024 float32 (256 strips) are left to the tiled or
+  direct kernel (plan returns None), as are shapes whose staged band would
+  not fit 48 KB of shared memory (per buffer).
+"""
+
+import functools
+
+import numpy
+
+from . import _compile, _dtypes, _launch
+from ._launch import i32
+
+KERNEL_FILE = "depthwise_nchw_window.cu"
+KERNEL = "dwgn_dwconv2d_window"
+FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
+# (stride, backward) variants compiled per filter size and dtype.
+VARIANTS = ((1, False), (2, False), (1, True))
+
+_MAX_THREADS = 256
+_MAX_STRIPS = 256
+# Staging budget per buffer (a block has two): 2 x 32 KB leaves room for 3
+# blocks per SM (228 KB), as many as the registers allow for most variants.
+_SHARED_BUDGET = 32 * 1024
+_SHARED_LIMIT = 48 * 1024
+# Shared memory the runtime reserves per block (sm_80 and later).
+_RESERVED_SHARED = 1024
+
+
+def _expression(dtype, size, stride, backward, index):
+    return _compile.name_expression(
+        KERNEL, _dtypes.ctype(dtype), size[0], size[1], stride, "true" if backward else "false", index
+    )
+
+
+def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True)):
+    """``(file, name expression)`` of every window-kernel specialization.
+
+    backward: None (both), False (forward variants) or True (backward-input)."""
+    dtypes = _dtypes.CTYPES if dtypes is None else dtypes
+    sizes = FILTER_SIZES if filter_sizes is None else [tuple(s) for s in filter_sizes if tuple(s) in FILTER_SIZES]
+    specs = []
+    for dtype in dtypes:
+        for size in sizes:
+            for stride, is_backward in VARIANTS:
+                if backward is not None and is_backward != backward:
+                    continue
+                for large in large_index:
+                    index = "long long" if large else "int"
+                    specs.append((KERNEL_FILE, _expression(dtype, size, stride, is_backward, index)))
+    return specs
+
+
+def _lead(vec, filter_width):
+    """Column of a strip's first source value past its 16-byte aligned read
+    base (kernel: kLead): where it falls for "same" padding."""
+    return -(filter_width // 2) % vec
+
+
+@functools.lru_cache(maxsize=None)
+def _device_limits(device_id):
+    from cupy.cuda import runtime
+
+    def attribute(name):
+        return runtime.deviceGetAttribute(getattr(runtime, name), device_id)
+
+    return (
+        attribute("cudaDevAttrMultiProcessorCount"),
+        attribute("cudaDevAttrMaxSharedMemoryPerMultiprocessor"),
+        attribute("cudaDevAttrMaxThreadsPerMultiProcessor"),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _resident_blocks(expression, threads, shared_mem, device_id):
+    """Blocks of this kernel one SM holds at once (registers, threads, shared
+    memory), so the persistent grid is exactly one wave."""
+    from . import _compile
+
+    kernel = _compile.get_kernel(KERNEL_FILE, expression)
+    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+        kernel.max_dynamic_shared_size_bytes = shared_mem
+    sms, sm_shared, sm_threads = _device_limits(device_id)
+    warps = -(-threads // 32)
+    # Registers are allocated per warp in units of 256.
+    warp_registers = -(-max(kernel.num_regs, 1) * 32 // 256) * 256
+    by_registers = 65536 // (warps * warp_registers)
+    by_shared = sm_shared // (shared_mem + _RESERVED_SHARED)
+    by_threads = sm_threads // (warps * 32)
+    return sms * max(1, min(by_registers, by_shared, by_threads, 32))
+
+
+def _tile(itemsize, filter_height):
+    columns = 16 // itemsize
+    rows = 2 if itemsize == 2 or (itemsize == 8 and filter_height > 5) else 4
+    return columns, rows
+
+
+@functools.lru_cache(maxsize=512)
+def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
+    """The Launch for this signature, or None when the window kernel does not
+    serve it.  ``src_alignment``: the largest of 16, 8, 4, 2, 1 dividing the
+    source's address; ``dst_aligned``: the destination starts 16-byte aligned.
+    ``device_id`` (default: the current device) sizes the persistent grid;
+    building a Launch compiles the kernel to read its register count."""
+    size = (g.filter_height, g.filter_width)
+    stride = g.stride_h
+    if (
+        size not in FILTER_SIZES
+        or (g.dilation_h, g.dilation_w) != (1, 1)
+        or g.stride_w != stride
+        or stride not in (1, 2)
+        or (backward and stride != 1)
+    ):
+        return None
+    itemsize = numpy.dtype(dtype).itemsize
+    vec = 16 // itemsize
+    columns, rows = _tile(itemsize, g.filter_height)
+    if backward:
+        src_h, src_w, dst_h, dst_w = g.out_height, g.out_width, g.height, g.width
+        # Backward-input = correlation with the rotated filter, shifted by
+        # (filter - 1 - pad); negative when the padding exceeds the filter.
+        offset_top = g.filter_height - 1 - g.pad_top
+        offset_left = g.filter_width - 1 - g.pad_left
+        planes = g.batch * g.channels
+    else:
+        src_h, src_w, dst_h, dst_w = g.height, g.width, g.out_height, g.out_width
+        offset_top, offset_left = g.pad_top, g.pad_left
+        planes = g.batch * g.channels * g.multiplier
+    strips = -(-dst_w // columns)
+    groups = -(-dst_h // rows)
+    if strips > _MAX_STRIPS:
+        return None
+    if strips * groups <= _MAX_THREADS:
+        band_groups, bands = groups, 1
+        planes_per_unit = min(planes, _MAX_THREADS // (strips * groups))
+    else:
+        band_groups = _MAX_THREADS // strips
+        bands = -(-groups // band_groups)
+        planes_per_unit = 1
+    # Strip s reads image columns from s * columns * stride - offset_left on;
+    # the kernel reads them as row_vectors aligned vectors starting at shared
+    # column read_base + s * columns * stride (a multiple of vec) with the
+    # first value `lead` columns in, so image column 0 sits at
+    # left_halo = read_base + lead + offset_left (read_base keeps it >= 0).
+    lead = _lead(vec, g.filter_width)
+    span = (columns - 1) * stride + g.filter_width
+    row_vectors = -(-(lead + span) // vec)
+    read_base = max(0, -(-(-(lead + offset_left)) // vec) * vec)
+    left_halo = read_base + lead + offset_left
+    end_column = read_base + (strips - 1) * columns * stride + row_vectors * vec
+    staged_width = -(-max(end_column, left_halo + src_w) // vec) * vec
+
+    def staged_rows(band):
+        return (band * rows - 1) * stride + g.filter_height
+
+    plane_bytes = staged_rows(band_groups) * staged_width * itemsize
+    if bands == 1:
+        planes_per_unit = max(1, min(planes_per_unit, _SHARED_BUDGET // plane_bytes))
+    while plane_bytes > _SHARED_LIMIT and band_groups > 1:
+        band_groups = max(1, band_groups // 2)
+        bands = -(-groups // band_groups)
+        plane_bytes = staged_rows(band_groups) * staged_width * itemsize
+    if plane_bytes > _SHARED_LIMIT:
+        return None
+    items = planes_per_unit * band_groups * strips
+    threads = min(_MAX_THREADS, -(-items // 32) * 32)
+    units = -(-planes // planes_per_unit) * bands
+    # Staging access width (cp.async of 16/8/4 bytes): the widest that every
+    # source row start (row pitch and base pointer) and its shared column
+    # (left_halo) are aligned to, else one element (2-byte types only).
+    stage_bytes = next(
+        (
+            b for b in (16, 8, 4)
+            if b >= itemsize and (src_w * itemsize) % b == 0 and src_alignment % b == 0
+            and (left_halo * itemsize) % b == 0
+        ),
+        itemsize,
+    )
+    vector_stores = int(dst_w % columns == 0 and dst_aligned)
+    # Two staging buffers (the unit being computed and the next one).
+    shared_mem = 2 * planes_per_unit * plane_bytes
+    expression = _expression(dtype, size, stride, backward, index)
+    if device_id is None:
+        import cupy
+
+        device_id = cupy.cuda.runtime.getDevice()
+    grid = min(units, _resident_blocks(expression, threads, shared_mem, device_id))
+    return _launch.Launch(
+        KERNEL_FILE,
+        expression,
+        (grid,),
+        (threads,),
+        shared_mem,
+        (
+            i32(g.channels), i32(g.multiplier), i32(planes), i32(src_h), i32(src_w), i32(dst_h),
+            i32(dst_w), i32(offset_top), i32(read_base), i32(planes_per_unit), i32(band_groups),
+            i32(bands), i32(staged_rows(band_groups)), i32(staged_width), i32(left_halo), i32(stage_bytes),
+            i32(vector_stores),
+        ),
+    )
+
+
+def _alignment(array):
+    ptr = array.data.ptr
+    return next(b for b in (16, 8, 4, 2, 1) if ptr % b == 0)
+
+
+def _current_device():
+    import cupy
+
+    return cupy.cuda.runtime.getDevice()
+
+
+def forward(x, weight, bias, out, g):
+    """Launch the window forward kernel; False when it does not serve ``g``."""
+    launch = plan(
+        g, x.dtype, False, _launch.index_type(x.size, out.size), _alignment(x), _alignment(out) == 16,
+        _current_device(),
+    )
+    if launch is None:
+        return False
+    launch(x, weight, _launch.pointer_or_null(bias), out)
+    return True
+
+
+def backward_input(grad_out, weight, out, g):
+    """Launch the window backward-input kernel (stride 1); False when it does not serve ``g``."""
+    launch = plan(
+        g, grad_out.dtype, True, _launch.index_type(grad_out.size, out.size), _alignment(grad_out),
+        _alignment(out) == 16, _current_device(),
+    )
+    if launch is None:
+        return False
+    launch(grad_out, weight, _launch.NULL, out)
+    return True

@@ -1,0 +1,365 @@
+// Depthwise 2-D convolution, NCHW: the register sliding-window kernel for
+// filters of 3x3, 5x5 and 7x7 at dilation 1 (forward at stride 1 or 2,
+// backward-input at stride 1).
+//
+// Work unit = PB consecutive destination planes x a band of destination rows;
+// a step = one unit x one source (backward has M sources per destination
+// plane, forward one).  A persistent block walks its steps with two shared
+// buffers: while the threads compute step t from one buffer, the source rows
+// of step t+1 are copied global -> shared into the other with cp.async, so
+// the copy latency is hidden behind the FMAs.  Each thread owns one item of
+// the unit: VW consecutive destination columns x RH consecutive rows of one
+// plane.  It streams the (RH-1)*STRIDE + KH source rows of its item through
+// registers one row at a time (SPAN values each) and FMAs every row into the
+// accumulator rows it feeds; weights live in registers.
+//
+// Shared layout.  Image column c of a staged row sits at shared column
+// left_halo + c; the host picks left_halo so that the first source value of
+// every strip sits LEAD columns after a 16-byte boundary (LEAD = -(KW/2) mod
+// VEC, the position it has for "same" padding).  A row of an item is then
+// read as NV aligned vector loads (16 bytes, or the smallest aligned piece
+// covering the values needed), not SPAN scalar loads: the warp's lanes are 16
+// bytes apart, so every shared load costs 4 wavefronts whatever its width.
+// With same padding left_halo is a multiple of VEC and staging uses 16-byte
+// copies; otherwise the host narrows the staging width to what left_halo,
+// the row pitch and the base pointer all allow.
+//
+//   Forward (BACKWARD = false): dst = y plane p = (n, oc); src = x plane
+//     (n, oc / M) = p / M; filter oc; offset = (pad_top, pad_left); plus bias.
+//   Backward input (BACKWARD = true, STRIDE = 1): dst = dx plane p = (n, c);
+//     the M sources are the grad_out planes p*M + m with filter c*M + m
+//     rotated by 180 degrees; offset = KH-1-pad_top, KW-1-pad_left (may be
+//     negative when the padding is larger than the filter).
+// Source row of destination row r, tap row kh: r*STRIDE - offset_top + kh.
+//
+// Template parameters: T, KH, KW, STRIDE (1 or 2), BACKWARD, IndexT (int, or
+// long long when a tensor has >= 2**31 elements).  The host (module
+// cupy_dwgn/_depthwise_nchw_window.py) picks PB, the band, the block size
+// (items <= blockDim.x) and a grid of at most the resident blocks.
+
+#include "dwgn_common.cuh"
+
+using dwgn::AccType;
+using dwgn::from_acc;
+using dwgn::to_acc;
+
+namespace dwgn_window {
+
+// Elements per 16-byte vector.
+template <typename T> constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+// Destination columns (VW) and rows (RH) per thread.  16 bytes of output per
+// row keeps stores 128-bit wide; rows amortize the KH-1 extra source rows
+// each item streams.  float64 7x7 keeps fewer rows so its double weights and
+// accumulators stay in registers.
+template <typename T> constexpr int kColumns = kVec<T>;
+template <typename T, int KH> constexpr int kRows =
+    sizeof(T) == 2 ? 2 : (sizeof(T) == 8 && KH > 5 ? 2 : 4);
+
+// Blocks per SM the register budget is set for: 2 (<= 128 registers) except
+// float64 5x5/7x7, whose weights and accumulators need more.
+template <typename T, int KH> constexpr int kMinBlocks = sizeof(T) == 8 && KH > 3 ? 1 : 2;
+
+// Column of a strip's first source value past the aligned read base
+// (host: _lead()).
+template <typename T, int KW> constexpr int kLead = (kVec<T> - (KW / 2) % kVec<T>) % kVec<T>;
+
+template <int BYTES> struct Bytes;
+template <> struct Bytes<16> { using type = uint4; };
+template <> struct Bytes<8> { using type = uint2; };
+template <> struct Bytes<4> { using type = unsigned int; };
+template <> struct Bytes<2> { using type = unsigned short; };
+
+constexpr int cmax(int a, int b) { return a > b ? a : b; }
+constexpr int cmin(int a, int b) { return a < b ? a : b; }
+// Smallest power-of-two piece (in elements) whose aligned copy covers [lo, hi).
+constexpr int piece(int lo, int hi, int c = 1) { return lo / c == (hi - 1) / c ? c : piece(lo, hi, 2 * c); }
+
+// Reads values [LEAD, LEAD + SPAN) past the 16-byte aligned `base` into
+// out[0, SPAN) as accumulator values, vector Q of NV at a time.
+template <typename T, int LEAD, int SPAN, int Q, int NV>
+struct RowReader {
+  template <typename Acc>
+  static __device__ __forceinline__ void read(const T* base, Acc* out) {
+    constexpr int VEC = kVec<T>;
+    constexpr int lo = cmax(LEAD, Q * VEC) - Q * VEC;
+    constexpr int hi = cmin(LEAD + SPAN, (Q + 1) * VEC) - Q * VEC;
+    constexpr int C = piece(lo, hi);
+    constexpr int S = lo / C * C;
+    using V = typename Bytes<C * static_cast<int>(sizeof(T))>::type;
+    const V v = *reinterpret_cast<const V*>(base + Q * VEC + S);
+    const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int k = lo; k < hi; ++k) out[Q * VEC + k - LEAD] = to_acc(e[k - S]);
+    RowReader<T, LEAD, SPAN, Q + 1, NV>::read(base, out);
+  }
+};
+template <typename T, int LEAD, int SPAN, int NV>
+struct RowReader<T, LEAD, SPAN, NV, NV> {
+  template <typename Acc>
+  static __device__ __forceinline__ void read(const T*, Acc*) {}
+};
+
+// q = n / d for 0 <= n < 2**22, 1 <= d: (n + 0.5) / d is at least 0.5/d away
+// from an integer, more than the float error (about n * 2**-23 / d).
+__device__ __forceinline__ int small_div(int n, float inv_d) {
+  return __float2int_rz(__fmaf_rn(static_cast<float>(n), inv_d, 0.5f * inv_d));
+}
+
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if (BYTES == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(BYTES) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+}  // namespace dwgn_window
+
+template <typename V> __device__ __forceinline__ V zero_value() { return V(0.0f); }
+template <> __device__ __forceinline__ uint4 zero_value<uint4>() { return make_uint4(0, 0, 0, 0); }
+template <> __device__ __forceinline__ uint2 zero_value<uint2>() { return make_uint2(0, 0); }
+template <> __device__ __forceinline__ unsigned int zero_value<unsigned int>() { return 0u; }
+
+template <typename T>
+struct StagingArgs {
+  const T* src;
+  T* staged;
+  int source;  // which of the M backward sources (0 forward)
+  int first_plane, src_row0, plane_rows, num_rows, num_dst_planes, multiplier;
+  int src_height, src_width, staged_width, left_halo;
+  float inv_plane_rows;
+};
+
+// Global row of staged row `row` of a unit, or nullptr when the row is
+// outside the image or past the last plane (staged as zeros).
+template <typename T, bool BACKWARD, typename IndexT>
+__device__ __forceinline__ const T* staged_source_row(const StagingArgs<T>& a, int row) {
+  const int pb = dwgn_window::small_div(row, a.inv_plane_rows);
+  const int src_row = a.src_row0 + row - pb * a.plane_rows;
+  const int plane = a.first_plane + pb;
+  if (src_row < 0 || src_row >= a.src_height || plane >= a.num_dst_planes) return nullptr;
+  // Forward: plane = n*C*M + c*M + m reads x plane n*C + c = plane / M.
+  const int src_plane = BACKWARD ? plane * a.multiplier + a.source
+                                 : (a.multiplier == 1 ? plane : plane / a.multiplier);
+  return a.src + (static_cast<IndexT>(src_plane) * a.src_height + src_row) * a.src_width;
+}
+
+// Asynchronous copy (V = 4, 8 or 16 bytes): every thread issues its cp.async
+// for the whole unit without waiting (no registers hold the data); rows
+// outside the image are zeroed with plain stores.  The caller commits.
+template <typename T, int BYTES, bool BACKWARD, typename IndexT>
+__device__ __forceinline__ void stage_rows_async(const StagingArgs<T>& a) {
+  using V = typename dwgn_window::Bytes<BYTES>::type;
+  constexpr int E = BYTES / static_cast<int>(sizeof(T));
+  const int row_vectors = a.src_width / E;
+  const float inv_row_vectors = __frcp_rn(static_cast<float>(row_vectors));
+  const int total = a.num_rows * row_vectors;
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    const int row = dwgn_window::small_div(i, inv_row_vectors);
+    const int v = i - row * row_vectors;
+    const T* row_ptr = staged_source_row<T, BACKWARD, IndexT>(a, row);
+    T* to = a.staged + row * a.staged_width + a.left_halo + v * E;
+    if (row_ptr != nullptr)
+      dwgn_window::cp_async<BYTES>(to, row_ptr + v * E);
+    else
+      *reinterpret_cast<V*>(to) = zero_value<V>();
+  }
+}
+
+// Synchronous element-wide copy for 2-byte types whose rows are not 4-byte
+// aligned: UNROLL loads in flight per thread, then their stores.
+template <typename T, bool BACKWARD, typename IndexT>
+__device__ __forceinline__ void stage_rows_sync(const StagingArgs<T>& a) {
+  constexpr int UNROLL = 8;
+  const float inv_width = __frcp_rn(static_cast<float>(a.src_width));
+  const int total = a.num_rows * a.src_width;
+  for (int base = threadIdx.x; base < total; base += UNROLL * blockDim.x) {
+    T buffer[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = base + u * blockDim.x;
+      buffer[u] = T(0.0f);
+      if (i < total) {
+        const int row = dwgn_window::small_div(i, inv_width);
+        const T* row_ptr = staged_source_row<T, BACKWARD, IndexT>(a, row);
+        if (row_ptr != nullptr) buffer[u] = row_ptr[i - row * a.src_width];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = base + u * blockDim.x;
+      if (i < total) {
+        const int row = dwgn_window::small_div(i, inv_width);
+        a.staged[row * a.staged_width + a.left_halo + i - row * a.src_width] = buffer[u];
+      }
+    }
+  }
+}
+
+template <typename T, bool BACKWARD, typename IndexT>
+__device__ __forceinline__ void stage_rows(const StagingArgs<T>& a, int stage_bytes) {
+  switch (stage_bytes) {
+    case 16: stage_rows_async<T, 16, BACKWARD, IndexT>(a); break;
+    case 8: stage_rows_async<T, 8, BACKWARD, IndexT>(a); break;
+    case 4: if (sizeof(T) <= 4) stage_rows_async<T, 4, BACKWARD, IndexT>(a); break;
+    default: if (sizeof(T) == 2) stage_rows_sync<T, BACKWARD, IndexT>(a); break;
+  }
+  dwgn_window::cp_async_commit();
+}
+
+template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, typename IndexT>
+__global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwconv2d_window(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias,
+    T* __restrict__ dst, int channels, int multiplier, int num_dst_planes, int src_height,
+    int src_width, int dst_height, int dst_width, int offset_top, int read_base,
+    int planes_per_unit, int band_groups, int num_bands, int staged_rows, int staged_width,
+    int left_halo, int stage_bytes, int vector_stores) {
+  static_assert(!BACKWARD || STRIDE == 1, "backward-input uses this kernel at stride 1 only");
+  using Acc = typename AccType<T>::type;
+  constexpr int VEC = dwgn_window::kVec<T>;
+  constexpr int VW = dwgn_window::kColumns<T>;
+  constexpr int RH = dwgn_window::kRows<T, KH>;
+  // Source values one item row reads: VW outputs STRIDE apart plus the filter.
+  constexpr int SPAN = (VW - 1) * STRIDE + KW;
+  constexpr int ROWS_IN = (RH - 1) * STRIDE + KH;
+  constexpr int LEAD = dwgn_window::kLead<T, KW>;
+  constexpr int NV = (LEAD + SPAN + VEC - 1) / VEC;  // vectors per item row (host: _row_vectors)
+  using Vector = uint4;  // 16 bytes = VEC elements
+
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  const int out_channels = channels * multiplier;
+  const int sources = BACKWARD ? multiplier : 1;
+  const int strips = (dst_width + VW - 1) / VW;
+  const int items_per_plane = band_groups * strips;
+  const int band_height = band_groups * RH;
+  const int plane_rows = staged_rows;  // staged rows of one plane
+  const int num_rows = planes_per_unit * plane_rows;
+  const int buffer_elems = num_rows * staged_width;  // multiple of VEC: buffer 1 stays aligned
+  const int num_units = (num_dst_planes + planes_per_unit - 1) / planes_per_unit * num_bands;
+  T* const buffers = reinterpret_cast<T*>(shared_raw);
+
+  // The halo columns [0, left_halo) and [left_halo + src_width, staged_width)
+  // of every staged row of both buffers are never written by the staging: zero them once.
+  {
+    const int halo_width = staged_width - src_width;
+    const float inv_halo = __frcp_rn(static_cast<float>(halo_width));
+    for (int i = threadIdx.x; i < 2 * num_rows * halo_width; i += blockDim.x) {
+      const int row = dwgn_window::small_div(i, inv_halo);
+      const int k = i - row * halo_width;
+      buffers[row * staged_width + (k < left_halo ? k : src_width + k)] = T(0.0f);
+    }
+  }
+
+  // This thread's item (the same in every unit).
+  const int item = threadIdx.x;
+  const int item_plane = item / items_per_plane;
+  const int item_rest = item - item_plane * items_per_plane;
+  const int item_group = item_rest / strips;
+  const int item_strip = item_rest - item_group * strips;
+  const bool has_item = item < planes_per_unit * items_per_plane;
+  // Aligned shared column of this item's reads (its first source value is LEAD further).
+  const int item_offset = (item_plane * plane_rows + item_group * RH * STRIDE) * staged_width +
+                          item_strip * VW * STRIDE + read_base;
+
+  const float inv_plane_rows = __frcp_rn(static_cast<float>(plane_rows));
+  auto stage = [&](int unit, int source, int buffer) {
+    const int first_plane = unit / num_bands * planes_per_unit;
+    const int band_row0 = (unit - unit / num_bands * num_bands) * band_height;
+    const StagingArgs<T> args{src, buffers + buffer * buffer_elems, source, first_plane,
+                              band_row0 * STRIDE - offset_top, plane_rows, num_rows, num_dst_planes,
+                              multiplier, src_height, src_width, staged_width, left_halo, inv_plane_rows};
+    stage_rows<T, BACKWARD, IndexT>(args, stage_bytes);
+  };
+
+  int unit = blockIdx.x;
+  int source = 0;
+  if (unit < num_units) stage(unit, 0, 0);
+  Acc acc[RH][VW];
+  for (int step = 0; unit < num_units; ++step) {
+    // Step order: the sources of a unit, then the block's next unit.
+    int next_unit = unit;
+    int next_source = source + 1;
+    if (next_source == sources) {
+      next_source = 0;
+      next_unit = dwgn::grid_stride_next(unit, static_cast<int>(gridDim.x), num_units);
+    }
+    // Buffer (step + 1) & 1 was last read at step - 1, which ended with a barrier.
+    if (next_unit < num_units) stage(next_unit, next_source, (step + 1) & 1);
+    else dwgn_window::cp_async_commit();  // an empty group keeps wait_group<1> counting right
+
+    const int first_plane = unit / num_bands * planes_per_unit;
+    const int band_row0 = (unit - unit / num_bands * num_bands) * band_height;
+    const int dst_plane = first_plane + item_plane;
+    const int dst_row0 = band_row0 + item_group * RH;
+    const bool active = has_item && dst_plane < num_dst_planes && dst_row0 < dst_height;
+    const int filter = BACKWARD ? (dst_plane % channels) * multiplier + source : dst_plane % out_channels;
+    // Weights are read before the wait so their latency overlaps it.
+    Acc w[KH * KW];
+    if (active) {
+      const T* w_filter = weight + filter * KH * KW;
+#pragma unroll
+      for (int t = 0; t < KH * KW; ++t) w[t] = to_acc(w_filter[BACKWARD ? KH * KW - 1 - t : t]);
+    }
+    if (source == 0) {
+#pragma unroll
+      for (int j = 0; j < RH; ++j)
+#pragma unroll
+        for (int o = 0; o < VW; ++o) acc[j][o] = Acc(0);
+    }
+    dwgn_window::cp_async_wait<1>();  // this thread's copies of this step have landed
+    __syncthreads();                  // everyone's have (and the zero rows are visible)
+
+    if (active) {
+      const T* item_src = buffers + (step & 1) * buffer_elems + item_offset;
+#pragma unroll
+      for (int r = 0; r < ROWS_IN; ++r) {
+        Acc row[SPAN];
+        dwgn_window::RowReader<T, LEAD, SPAN, 0, NV>::read(item_src + r * staged_width, row);
+        // Source row r feeds destination row j through tap row kh = r - j*STRIDE.
+#pragma unroll
+        for (int j = 0; j < RH; ++j) {
+          const int kh = r - j * STRIDE;
+          if (kh >= 0 && kh < KH) {
+#pragma unroll
+            for (int kw = 0; kw < KW; ++kw)
+#pragma unroll
+              for (int o = 0; o < VW; ++o) acc[j][o] += row[o * STRIDE + kw] * w[kh * KW + kw];
+          }
+        }
+      }
+      if (source == sources - 1) {
+        const Acc bias_value = (!BACKWARD && bias != nullptr) ? to_acc(bias[filter]) : Acc(0);
+        T* dst_plane_ptr = dst + static_cast<IndexT>(dst_plane) * dst_height * dst_width;
+        const int col0 = item_strip * VW;
+#pragma unroll
+        for (int j = 0; j < RH; ++j) {
+          const int r = dst_row0 + j;
+          if (r >= dst_height) break;
+          T* out_row = dst_plane_ptr + static_cast<IndexT>(r) * dst_width + col0;
+          if (vector_stores && VW == VEC) {
+            // dst_width % VEC == 0 and dst is 16-byte aligned (host checked):
+            // every strip is whole and aligned; streaming store, y is not re-read.
+            Vector packed;
+            T* lanes = reinterpret_cast<T*>(&packed);
+#pragma unroll
+            for (int o = 0; o < VW; ++o) lanes[o] = from_acc<T>(acc[j][o] + bias_value);
+            __stcs(reinterpret_cast<Vector*>(out_row), packed);
+          } else {
+#pragma unroll
+            for (int o = 0; o < VW; ++o)
+              if (col0 + o < dst_width) out_row[o] = from_acc<T>(acc[j][o] + bias_value);
+          }
+        }
+      }
+    }
+    __syncthreads();  // buffer step & 1 is restaged at step + 1 (into (step + 2) & 1)
+    unit = next_unit;
+    source = next_source;
+  }
+  dwgn_window::cp_async_wait<0>();
+}
