@@ -146,11 +146,20 @@ def empty_unless_given(out, shape, dtype):
 
 
 def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # Exact ints first: the common case, and far cheaper than the ABC check.
+    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
 def int_pair(name, value, minimum):
     """An int or a pair of ints, each >= minimum -> (a, b)."""
+    # Fast paths: a plain int or a tuple of two plain ints, in range.
+    if type(value) is int:
+        if minimum <= value < INT32_LIMIT:
+            return value, value
+    elif type(value) is tuple and len(value) == 2:
+        a, b = value
+        if type(a) is int and type(b) is int and minimum <= a < INT32_LIMIT and minimum <= b < INT32_LIMIT:
+            return a, b
     pair = (value, value) if _is_int(value) else value
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(map(_is_int, pair))):
         raise TypeError(f"{name}: expected an int or a pair of ints, got {value!r}")
@@ -159,11 +168,32 @@ def int_pair(name, value, minimum):
     return int(pair[0]), int(pair[1])
 
 
-def check_layout(layout):  # noqa: D103
-    if layout != "NCHW":
-        raise ValueError(
-            f"layout: expected 'NCHW', got {layout!r} (NHWC is not implemented yet)"
-        )
+#: The layouts every depthwise op takes; weights are (C*M, 1, KH, KW) in both.
+LAYOUTS = ("NCHW", "NHWC")
+
+
+def check_layout(layout):
+    """``layout`` if it is exactly "NCHW" or "NHWC", else ValueError."""
+    if isinstance(layout, str) and (layout == "NCHW" or layout == "NHWC"):
+        return layout
+    raise ValueError(f"layout: expected 'NCHW' or 'NHWC', got {layout!r}")
+
+
+def layout_shape(layout, batch, channels, height, width):
+    """The 4-D shape of an activation in ``layout``'s axis order."""
+    if layout == "NHWC":
+        return (batch, height, width, channels)
+    return (batch, channels, height, width)
+
+
+def layout_doc(layout, channels_name="C", spatial_names=("H", "W")):
+    """The shape of an activation in ``layout`` as error messages spell it:
+    "(N, C, H, W)" / "(N, H, W, C)" (e.g. ``channels_name="C*M"``,
+    ``spatial_names=("OH", "OW")`` for an output)."""
+    height, width = spatial_names
+    if layout == "NHWC":
+        return f"(N, {height}, {width}, {channels_name})"
+    return f"(N, {channels_name}, {height}, {width})"
 
 
 ConvGeometry = collections.namedtuple(
@@ -176,6 +206,19 @@ ConvGeometry.__doc__ = "Every size of one depthwise convolution, normalized."
 
 def _padding(padding, filter_size, dilation, stride):
     """int | (h, w) | ((top, bottom), (left, right)) | 'same' | 'valid' -> 4 ints."""
+    # Fast paths: plain in-range ints as an int, (h, w) or ((top, bottom), (left, right)).
+    if type(padding) is int:
+        if 0 <= padding < INT32_LIMIT:
+            return padding, padding, padding, padding
+    elif type(padding) is tuple and len(padding) == 2:
+        h, w = padding
+        if type(h) is int and type(w) is int:
+            if 0 <= h < INT32_LIMIT and 0 <= w < INT32_LIMIT:
+                return h, h, w, w
+        elif type(h) is tuple and type(w) is tuple and len(h) == 2 and len(w) == 2:
+            sides = h + w
+            if all(type(v) is int and 0 <= v < INT32_LIMIT for v in sides):
+                return sides
     if isinstance(padding, str):
         if padding == "valid":
             return 0, 0, 0, 0
@@ -212,17 +255,25 @@ def _padding(padding, filter_size, dilation, stride):
     return tuple(int(v) for v in sides)
 
 
-def conv_geometry(input_shape, weight_shape, stride, padding, dilation, input_name="x"):
+def conv_geometry(input_shape, weight_shape, stride, padding, dilation, input_name="x", layout="NCHW"):
     """Normalize the arguments of a depthwise convolution.
 
-    input_shape: (N, C, H, W); weight_shape: (C*M, 1, KH, KW).
+    input_shape: (N, C, H, W) for layout "NCHW", (N, H, W, C) for "NHWC";
+    weight_shape: (C*M, 1, KH, KW) in both.  The ConvGeometry is logical: the
+    same for both layouts (``channels`` is C whatever its axis).
     """
-    batch, channels, height, width = input_shape
+    if layout == "NCHW":
+        batch, channels, height, width = input_shape
+    elif layout == "NHWC":
+        batch, height, width, channels = input_shape
+    else:
+        check_layout(layout)  # raises
     out_channels, one, filter_height, filter_width = weight_shape
     if one != 1 or channels == 0 or out_channels % channels != 0 or out_channels == 0:
         raise ValueError(
             f"weight: expected shape (C*M, 1, KH, KW) with C = {channels} (channels of "
-            f"{input_name}) and depth multiplier M >= 1, got {tuple(weight_shape)}"
+            f"{input_name}, {layout} {tuple(input_shape)}) and depth multiplier M >= 1, got "
+            f"{tuple(weight_shape)}"
         )
     if filter_height < 1 or filter_width < 1:
         raise ValueError(f"weight: expected a filter of at least 1x1, got {tuple(weight_shape)}")

@@ -10,6 +10,9 @@ Example:
     >>> w = numpy.random.randn(8, 1, 3, 3).astype(numpy.float32)
     >>> host.depthwise_conv2d(x, w, padding=1).shape
     (2, 8, 16, 16)
+    >>> x_nhwc = numpy.ascontiguousarray(x.transpose(0, 2, 3, 1))  # channels-last
+    >>> host.depthwise_conv2d(x_nhwc, w, padding=1, layout="NHWC").shape
+    (2, 16, 16, 8)
 """
 
 import numpy
@@ -24,7 +27,7 @@ def _to_device(*arrays):
 
 
 def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, layout="NCHW"):
-    """:func:`cupy_dwgn.depthwise_conv2d` on NumPy arrays."""
+    """:func:`cupy_dwgn.depthwise_conv2d` on NumPy arrays (``layout`` "NCHW" or "NHWC")."""
     depthwise.check_forward_args(x, weight, bias, stride, padding, dilation, layout, None, numpy.ndarray)
     x, weight, bias = _to_device(x, weight, bias)
     y = depthwise.depthwise_conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation, layout=layout)
@@ -32,7 +35,8 @@ def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, l
 
 
 def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, padding=0, dilation=1, layout="NCHW"):
-    """:func:`cupy_dwgn.depthwise_conv2d_backward_input` on NumPy arrays."""
+    """:func:`cupy_dwgn.depthwise_conv2d_backward_input` on NumPy arrays; ``input_shape``
+    in ``layout``'s order."""
     depthwise.check_backward_input_args(grad_out, weight, input_shape, stride, padding, dilation, layout, None, numpy.ndarray)
     grad_out, weight = _to_device(grad_out, weight)
     return depthwise.depthwise_conv2d_backward_input(
@@ -41,7 +45,7 @@ def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, 
 
 
 def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, padding=0, dilation=1, layout="NCHW"):
-    """:func:`cupy_dwgn.depthwise_conv2d_backward_weight` on NumPy arrays."""
+    """:func:`cupy_dwgn.depthwise_conv2d_backward_weight` on NumPy arrays (``layout`` as in the forward call)."""
     depthwise.check_backward_weight_args(grad_out, x, weight_shape, stride, padding, dilation, layout, None, numpy.ndarray)
     grad_out, x = _to_device(grad_out, x)
     return depthwise.depthwise_conv2d_backward_weight(

@@ -1,7 +1,8 @@
 """Float64 NumPy references for every op: the oracle of the tests.
 
 Slow and simple on purpose; each takes and returns NumPy arrays (any float
-dtype in, float64 out) and follows the same argument rules as the GPU ops.
+dtype in, float64 out) and follows the same argument rules as the GPU ops
+(the depthwise references take the same ``layout="NCHW"`` / ``"NHWC"``).
 """
 
 import numpy
@@ -33,11 +34,48 @@ def _pad(x, g):
     return out
 
 
-def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1):
-    """NCHW depthwise convolution in float64; arguments as cupy_dwgn.depthwise_conv2d."""
+# Depthwise convolution.  Each reference runs the GPU op's layout, rank and
+# geometry checks, with the same messages, on its float64 copies; the NHWC
+# variants transpose to NCHW, run the NCHW math and transpose back.
+
+
+def _to_nchw(a, layout):
+    return a.transpose(0, 3, 1, 2) if layout == "NHWC" else a
+
+
+def _from_nchw(a, layout):
+    return numpy.ascontiguousarray(a.transpose(0, 2, 3, 1)) if layout == "NHWC" else a
+
+
+def _check_rank(name, a, shape_doc):
+    _validate.check_array(name, a, 4, shape_doc, numpy.ndarray)
+
+
+def _check_grad_out(grad_out, g, layout):
+    expected = _validate.layout_shape(layout, g.batch, g.channels * g.multiplier, g.out_height, g.out_width)
+    _validate.check_shape("grad_out", grad_out, expected, " (the forward output shape)")
+
+
+_WEIGHT_DOC = "(C*M, 1, KH, KW)"
+
+
+def _grad_out_doc(layout):
+    return _validate.layout_doc(layout, "C*M", ("OH", "OW"))
+
+
+def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, layout="NCHW"):
+    """Depthwise convolution in float64; arguments as cupy_dwgn.depthwise_conv2d.
+
+    layout: "NCHW" (x (N, C, H, W), result (N, C*M, OH, OW)) or "NHWC"
+    (x (N, H, W, C), result (N, OH, OW, C*M)); weight (C*M, 1, KH, KW) in both.
+    """
+    _validate.check_layout(layout)
     x = _f64(x)
     weight = _f64(weight)
-    g = _validate.conv_geometry(x.shape, weight.shape, stride, padding, dilation)
+    _check_rank("x", x, _validate.layout_doc(layout))
+    _check_rank("weight", weight, _WEIGHT_DOC)
+    g = _validate.conv_geometry(x.shape, weight.shape, stride, padding, dilation, layout=layout)
+    x = _to_nchw(x, layout)
     # (N, C, M, OH, OW): output channel c*M + m reads input channel c.
     xp = _pad(x, g)
     w = weight.reshape(g.channels, g.multiplier, g.filter_height, g.filter_width)
@@ -49,37 +87,55 @@ def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1):
     y = y.reshape(g.batch, g.channels * g.multiplier, g.out_height, g.out_width)
     if bias is not None:
         y += _f64(bias)[None, :, None, None]
-    return y
+    return _from_nchw(y, layout)
 
 
-def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, padding=0, dilation=1):
-    """Adjoint of :func:`depthwise_conv2d` with respect to x, in float64."""
+def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, padding=0, dilation=1, layout="NCHW"):
+    """Adjoint of :func:`depthwise_conv2d` with respect to x, in float64.
+
+    ``input_shape`` and the result are in ``layout``'s order ((N, H, W, C) for
+    "NHWC"), as is grad_out ((N, OH, OW, C*M) for "NHWC").
+    """
+    _validate.check_layout(layout)
     grad_out = _f64(grad_out)
     weight = _f64(weight)
-    g = _validate.conv_geometry(tuple(input_shape), weight.shape, stride, padding, dilation)
-    dy = grad_out.reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
+    _check_rank("grad_out", grad_out, _grad_out_doc(layout))
+    _check_rank("weight", weight, _WEIGHT_DOC)
+    input_shape = _validate.check_int_shape("input_shape", input_shape, 4)
+    g = _validate.conv_geometry(input_shape, weight.shape, stride, padding, dilation, "input_shape", layout)
+    _check_grad_out(grad_out, g, layout)
+    dy = _to_nchw(grad_out, layout).reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
     w = weight.reshape(g.channels, g.multiplier, g.filter_height, g.filter_width)
-    dxp = _pad(numpy.zeros(tuple(input_shape)), g)
+    dxp = _pad(numpy.zeros((g.batch, g.channels, g.height, g.width)), g)
     for kh in range(g.filter_height):
         for kw in range(g.filter_width):
             rows, cols = _tap_window(g, kh, kw)
             dxp[:, :, rows, cols] += numpy.einsum("ncmhw,cm->nchw", dy, w[:, :, kh, kw])
-    return dxp[:, :, g.pad_top : g.pad_top + g.height, g.pad_left : g.pad_left + g.width].copy()
+    dx = dxp[:, :, g.pad_top : g.pad_top + g.height, g.pad_left : g.pad_left + g.width]
+    return numpy.ascontiguousarray(_from_nchw(dx, layout))
 
 
-def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, padding=0, dilation=1):
-    """Adjoint of :func:`depthwise_conv2d` with respect to weight, in float64."""
+def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, padding=0, dilation=1, layout="NCHW"):
+    """Adjoint of :func:`depthwise_conv2d` with respect to weight, in float64.
+
+    grad_out and x in ``layout``'s order; the result is (C*M, 1, KH, KW).
+    """
+    _validate.check_layout(layout)
     grad_out = _f64(grad_out)
     x = _f64(x)
-    g = _validate.conv_geometry(x.shape, tuple(weight_shape), stride, padding, dilation)
-    dy = grad_out.reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
-    xp = _pad(x, g)
+    _check_rank("grad_out", grad_out, _grad_out_doc(layout))
+    _check_rank("x", x, _validate.layout_doc(layout))
+    weight_shape = _validate.check_int_shape("weight_shape", weight_shape, 4)
+    g = _validate.conv_geometry(x.shape, weight_shape, stride, padding, dilation, layout=layout)
+    _check_grad_out(grad_out, g, layout)
+    dy = _to_nchw(grad_out, layout).reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
+    xp = _pad(_to_nchw(x, layout), g)
     dw = numpy.zeros((g.channels, g.multiplier, g.filter_height, g.filter_width))
     for kh in range(g.filter_height):
         for kw in range(g.filter_width):
             rows, cols = _tap_window(g, kh, kw)
             dw[:, :, kh, kw] = numpy.einsum("ncmhw,nchw->cm", dy, xp[:, :, rows, cols])
-    return dw.reshape(tuple(weight_shape))
+    return dw.reshape(weight_shape)
 
 
 # ---------------------------------------------------------------------------

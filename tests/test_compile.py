@@ -32,8 +32,13 @@ def test_specialization_compiles_without_stack_or_spills(spec, arch):
 def test_every_op_has_specializations():
     by_op = {op: _compile.specializations(op) for op in _compile._OP_MODULES}
     assert all(by_op.values()), {op: len(s) for op, s in by_op.items()}
-    files = collections.Counter(f for f, _ in ALL_SPECIALIZATIONS)
-    assert set(files) == {"depthwise_conv2d.cu", "group_norm.cu"}
+    # Every file a specialization names ships in the kernel folder, and every
+    # .cu there is used by some specialization (no dead kernel files).
+    named = set(collections.Counter(f for f, _ in ALL_SPECIALIZATIONS))
+    shipped = {p.name for p in _compile.kernel_dir().glob("*.cu")}
+    assert named <= shipped, sorted(named - shipped)
+    assert shipped <= named, sorted(shipped - named)
+    assert {"depthwise_conv2d.cu", "group_norm.cu"} <= named
 
 
 def test_name_expressions_are_spelled_like_the_demangler():
@@ -63,15 +68,32 @@ def test_compile_error_carries_expression_options_and_log(broken_kernel):
     assert "CuPy" in str(error)
 
 
+def _template_args(expression):
+    return expression[expression.index("<") + 1 : -1].split(", ")
+
+
 def test_precompile_selection_narrows_the_set():
-    specs = _compile.specializations(
-        ["depthwise_conv2d"], dtypes=["float16"], filter_sizes=[(3, 3), (2, 9)], large_index=(False,)
-    )
-    assert [e for _, e in specs] == [
-        "dwgn_dwconv2d_fwd<__half, 3, 3, int>",
-        "dwgn_dwconv2d_tiled<__half, 3, 3, false, int>",
-        "dwgn_dwconv2d_fwd<__half, 0, 0, int>",
-    ]
+    selection = dict(dtypes=["float16"], filter_sizes=[(3, 3), (2, 9)], large_index=(False,))
+    expressions = [e for _, e in _compile.specializations(["depthwise_conv2d"], **selection)]
+    everything = {e for _, e in _compile.specializations(["depthwise_conv2d"])}
+    assert expressions and set(expressions) < everything
+    assert len(expressions) == len(set(expressions))
+    for expression in expressions:
+        args = _template_args(expression)
+        # Only __half; only 32-bit indexing; no other dtype or index width.
+        assert "__half" in args, expression
+        assert not {"float", "double", "__nv_bfloat16", "long long"} & set(args), expression
+        assert "int" in args, expression
+        # Only the selected filter sizes: no unrolled 5x5 or 7x7 kernel.
+        assert ", 5, 5" not in expression and ", 7, 7" not in expression, expression
+    # The 3x3 specialization and a generic kernel (template size 0, 0) for 2x9.
+    assert any(", 3, 3" in e for e in expressions), expressions
+    assert any(", 0, 0" in e for e in expressions), expressions
+    # Dropping (2, 9) narrows the set further (some generic kernels may stay:
+    # fallbacks a 3x3 call can take), keeping the 3x3 specializations.
+    only_3x3 = [e for _, e in _compile.specializations(["depthwise_conv2d"], **dict(selection, filter_sizes=[(3, 3)]))]
+    assert set(only_3x3) < set(expressions)
+    assert {e for e in expressions if ", 3, 3" in e} <= set(only_3x3)
     with pytest.raises(ValueError, match="ops: expected names from"):
         _compile.specializations(["conv3d"])
 

@@ -5,7 +5,7 @@ geometries, and one test per seed bug of DESIGN.md §7."""
 import numpy
 import pytest
 
-from cupy_dwgn import reference
+from cupy_dwgn import _validate, reference
 
 from _helpers import DTYPE_IDS, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
 
@@ -13,6 +13,25 @@ cupy = pytest.importorskip("cupy")
 import cupy_dwgn  # noqa: E402
 
 pytestmark = pytest.mark.gpu
+
+LAYOUTS = ["NCHW", "NHWC"]
+
+
+def _to_layout(a, layout):
+    """NCHW host data in ``layout``: NHWC is the same values transposed to
+    (N, H, W, C) and made C-contiguous."""
+    return numpy.ascontiguousarray(a.transpose(0, 2, 3, 1)) if layout == "NHWC" else a
+
+
+def _shape(shape, layout):
+    """An NCHW activation shape in ``layout``'s axis order."""
+    return _validate.layout_shape(layout, shape[0], shape[1], shape[2], shape[3])
+
+
+def _channels(a, start, stop, layout):
+    """Channels [start, stop) of an activation in ``layout`` (a view)."""
+    return a[..., start:stop] if layout == "NHWC" else a[:, start:stop]
+
 
 # (label, x shape, weight shape, stride, padding, dilation)
 EDGE_CASES = [
@@ -73,21 +92,27 @@ def _random_geometry(seed):
 CASES = EDGE_CASES + [_random_geometry(seed) for seed in range(24)]
 
 
-def _run_all_three(case, dtype, rng, bias=True):
+def _run_all_three(case, dtype, rng, bias=True, layout="NCHW"):
     _, x_shape, w_shape, stride, padding, dilation = case
     conv = dict(stride=stride, padding=padding, dilation=dilation)
-    x = random(rng, x_shape, dtype)
+    g = _validate.conv_geometry(x_shape, w_shape, stride, padding, dilation)
+    y_shape = (g.batch, g.channels * g.multiplier, g.out_height, g.out_width)
+    # Random NCHW data; NHWC runs on the same values transposed.
+    x = _to_layout(random(rng, x_shape, dtype), layout)
     w = random(rng, w_shape, dtype)
     b = random(rng, w_shape[0], dtype) if bias else None
+    dy = _to_layout(random(rng, y_shape, dtype), layout)
+    in_shape = _shape(x_shape, layout)
+    conv["layout"] = layout
     y_ref = reference.depthwise_conv2d(x, w, b, **conv)
-    dy = random(rng, y_ref.shape, dtype)
-    dx_ref = reference.depthwise_conv2d_backward_input(dy, w, x_shape, **conv)
+    dx_ref = reference.depthwise_conv2d_backward_input(dy, w, in_shape, **conv)
     dw_ref = reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)
+    assert y_ref.shape == _shape(y_shape, layout)
 
     x_gpu, w_gpu, dy_gpu = cupy.asarray(x), cupy.asarray(w), cupy.asarray(dy)
     b_gpu = None if b is None else cupy.asarray(b)
     y = cupy_dwgn.depthwise_conv2d(x_gpu, w_gpu, b_gpu, out=poisoned(y_ref.shape, dtype), **conv)
-    dx = cupy_dwgn.depthwise_conv2d_backward_input(dy_gpu, w_gpu, x_shape, out=poisoned(x_shape, dtype), **conv)
+    dx = cupy_dwgn.depthwise_conv2d_backward_input(dy_gpu, w_gpu, in_shape, out=poisoned(in_shape, dtype), **conv)
     dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, out=poisoned(w_shape, dtype), **conv)
     for result in (y, dx, dw):
         assert result.dtype == dtype
@@ -98,98 +123,223 @@ def _run_all_three(case, dtype, rng, bias=True):
     }
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_all_ops_match_reference(case, dtype, rng):
-    errors = _run_all_three(case, dtype, rng)
-    record_errors("depthwise (all cases)", str(numpy.dtype(dtype)), errors)
+def test_all_ops_match_reference(case, dtype, layout, rng):
+    errors = _run_all_three(case, dtype, rng, layout=layout)
+    record_errors(f"depthwise {layout} (all cases)", str(numpy.dtype(dtype)), errors)
     worst = max(errors.values())
     assert worst <= TOLERANCE[dtype], errors
 
 
+# Channels-last specifics (cases given in NCHW shapes, run in NHWC): channel
+# counts that are not multiples of the 4/8-element channel vectors, depth
+# multipliers, 1x1 and 31x31 filters, and enough channels for several blocks.
+NHWC_CASES = [
+    ("C=1", (2, 1, 9, 9), (1, 1, 3, 3), 1, 1, 1),
+    ("C=5 3x3", (2, 5, 9, 10), (5, 1, 3, 3), 1, 1, 1),
+    ("C=7 5x5 s2", (2, 7, 13, 11), (7, 1, 5, 5), 2, 2, 1),
+    ("C=12 7x7", (1, 12, 15, 14), (12, 1, 7, 7), 1, 3, 1),
+    ("C=36 3x3 s2", (2, 36, 17, 16), (36, 1, 3, 3), 2, 1, 1),
+    ("C=8 3x3", (2, 8, 11, 9), (8, 1, 3, 3), 1, 1, 1),
+    ("C=64 5x5 per-side padding", (1, 64, 10, 12), (64, 1, 5, 5), 1, ((0, 4), (3, 1)), 1),
+    ("C=5 M=2", (2, 5, 8, 9), (10, 1, 3, 3), 1, 1, 1),
+    ("C=7 M=3 5x3 s(1,2)", (1, 7, 12, 13), (21, 1, 5, 3), (1, 2), (2, 1), 1),
+    ("C=12 M=3 dilation 2 s2", (1, 12, 14, 13), (36, 1, 3, 3), 2, 2, 2),
+    ("C=36 M=2 7x7", (1, 36, 9, 10), (72, 1, 7, 7), 1, 3, 1),
+    ("1x1 C=12", (2, 12, 7, 9), (12, 1, 1, 1), 1, 0, 1),
+    ("1x1 C=5 M=2 s2", (2, 5, 9, 9), (10, 1, 1, 1), 2, 0, 1),
+    ("31x31 C=12", (1, 12, 33, 35), (12, 1, 31, 31), 1, 15, 1),
+    ("31x31 C=5 asymmetric padding", (1, 5, 31, 31), (5, 1, 31, 31), 1, ((15, 14), (0, 30)), 1),
+    ("C=960 7x7 image 3x3", (2, 960, 7, 7), (960, 1, 3, 3), 1, 1, 1),
+    ("C=960 7x7 image 7x7", (2, 960, 7, 7), (960, 1, 7, 7), 1, 3, 1),
+    ("C=960 M=2 5x5 s2", (1, 960, 7, 7), (1920, 1, 5, 5), 2, 2, 1),
+    ("C=1000 3x3 s2 dilation 2", (2, 1000, 9, 8), (1000, 1, 3, 3), 2, 2, 2),
+]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_forward_without_bias_and_default_out(dtype, rng):
-    x = random(rng, (2, 6, 14, 14), dtype)
+@pytest.mark.parametrize("case", NHWC_CASES, ids=lambda c: c[0])
+def test_nhwc_cases_match_reference(case, dtype, rng):
+    errors = _run_all_three(case, dtype, rng, layout="NHWC")
+    record_errors("depthwise NHWC specifics", str(numpy.dtype(dtype)), errors)
+    assert max(errors.values()) <= TOLERANCE[dtype], errors
+
+
+def _misaligned(shape, dtype, values=None):
+    """A C-contiguous device array one element past the start of its
+    allocation: contiguous, but not 16-byte aligned, so kernels may not use
+    16-byte vector loads or stores on it.  NaN-filled unless ``values``."""
+    size = int(numpy.prod(shape))
+    if values is None:
+        flat = poisoned((size + 1,), dtype)
+    else:
+        host = numpy.zeros(size + 1, dtype)
+        host[1:] = values.reshape(-1)
+        flat = cupy.asarray(host)
+    view = flat[1:].reshape(shape)
+    assert view.flags.c_contiguous and view.data.ptr % 16 != 0
+    return view
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("C=16 3x3", (2, 16, 9, 10), (16, 1, 3, 3), 1, 1, 1),
+        ("C=32 M=2 5x5 s2", (2, 32, 11, 9), (64, 1, 5, 5), 2, 2, 1),
+        ("C=24 7x7", (1, 24, 10, 11), (24, 1, 7, 7), 1, 3, 1),
+        ("C=16 4x4 generic", (1, 16, 9, 9), (16, 1, 4, 4), 1, "same", 1),
+    ],
+    ids=lambda c: c[0],
+)
+@pytest.mark.parametrize("which", ["all", "inputs", "outputs"])
+def test_nhwc_misaligned_contiguous_views(case, which, dtype, rng):
+    # Every array misaligned, or only the inputs, or only the outputs: a kernel
+    # must check the alignment of every pointer it reads or writes in vectors.
+    _, x_shape, w_shape, stride, padding, dilation = case
+    conv = dict(stride=stride, padding=padding, dilation=dilation, layout="NHWC")
+    g = _validate.conv_geometry(x_shape, w_shape, stride, padding, dilation)
+    y_shape = _shape((g.batch, g.channels * g.multiplier, g.out_height, g.out_width), "NHWC")
+    in_shape = _shape(x_shape, "NHWC")
+    x = random(rng, in_shape, dtype)
+    w = random(rng, w_shape, dtype)
+    b = random(rng, w_shape[0], dtype)
+    dy = random(rng, y_shape, dtype)
+    if which == "outputs":
+        x_gpu, w_gpu, b_gpu, dy_gpu = (cupy.asarray(a) for a in (x, w, b, dy))
+    else:
+        x_gpu, w_gpu, b_gpu, dy_gpu = (_misaligned(a.shape, dtype, a) for a in (x, w, b, dy))
+    out = (lambda shape: poisoned(shape, dtype)) if which == "inputs" else (lambda shape: _misaligned(shape, dtype))
+    y = cupy_dwgn.depthwise_conv2d(x_gpu, w_gpu, b_gpu, out=out(y_shape), **conv)
+    dx = cupy_dwgn.depthwise_conv2d_backward_input(dy_gpu, w_gpu, in_shape, out=out(in_shape), **conv)
+    dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, out=out(w_shape), **conv)
+    errors = {
+        "forward": relative_error(y, reference.depthwise_conv2d(x, w, b, **conv)),
+        "backward_input": relative_error(dx, reference.depthwise_conv2d_backward_input(dy, w, in_shape, **conv)),
+        "backward_weight": relative_error(dw, reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)),
+    }
+    assert max(errors.values()) <= TOLERANCE[dtype], errors
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_forward_without_bias_and_default_out(dtype, layout, rng):
+    x = _to_layout(random(rng, (2, 6, 14, 14), dtype), layout)
     w = random(rng, (6, 1, 3, 3), dtype)
-    y = cupy_dwgn.depthwise_conv2d(cupy.asarray(x), cupy.asarray(w), padding=1)
-    assert relative_error(y, reference.depthwise_conv2d(x, w, padding=1)) <= TOLERANCE[dtype]
+    y = cupy_dwgn.depthwise_conv2d(cupy.asarray(x), cupy.asarray(w), padding=1, layout=layout)
+    assert y.shape == _shape((2, 6, 14, 14), layout) and y.flags.c_contiguous
+    assert relative_error(y, reference.depthwise_conv2d(x, w, padding=1, layout=layout)) <= TOLERANCE[dtype]
 
 
-def test_zero_size_inputs_give_empty_outputs():
-    x = cupy.zeros((0, 3, 8, 8), cupy.float32)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_zero_size_inputs_give_empty_outputs(layout):
+    shape = _shape((0, 3, 8, 8), layout)
+    x = cupy.zeros(shape, cupy.float32)
     w = cupy.ones((3, 1, 3, 3), cupy.float32)
-    assert cupy_dwgn.depthwise_conv2d(x, w, padding=1).shape == (0, 3, 8, 8)
-    dy = cupy.zeros((0, 3, 8, 8), cupy.float32)
-    assert cupy_dwgn.depthwise_conv2d_backward_input(dy, w, (0, 3, 8, 8), padding=1).shape == (0, 3, 8, 8)
-    dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (3, 1, 3, 3), padding=1)
+    assert cupy_dwgn.depthwise_conv2d(x, w, padding=1, layout=layout).shape == shape
+    dy = cupy.zeros(shape, cupy.float32)
+    assert cupy_dwgn.depthwise_conv2d_backward_input(dy, w, shape, padding=1, layout=layout).shape == shape
+    # No positions to sum: every weight gradient is 0 (written over the NaN).
+    out = poisoned((3, 1, 3, 3), numpy.float32)
+    dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (3, 1, 3, 3), padding=1, layout=layout, out=out)
     assert dw.shape == (3, 1, 3, 3) and not cupy.any(dw)
 
 
-def test_zero_height_input_with_padding_gives_bias_only(rng):
-    x = cupy.zeros((1, 2, 0, 5), cupy.float32)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_zero_height_input_with_padding_gives_bias_only(layout, rng):
+    x = cupy.zeros(_shape((1, 2, 0, 5), layout), cupy.float32)
     w = cupy.asarray(random(rng, (2, 1, 1, 1), numpy.float32))
     b = cupy.asarray(numpy.array([1.5, -2.0], numpy.float32))
-    y = cupy_dwgn.depthwise_conv2d(x, w, b, padding=(1, 0))
-    assert y.shape == (1, 2, 2, 5)
-    numpy.testing.assert_array_equal(y.get()[0, 1], -2.0)
+    y = cupy_dwgn.depthwise_conv2d(x, w, b, padding=(1, 0), layout=layout)
+    assert y.shape == _shape((1, 2, 2, 5), layout)
+    numpy.testing.assert_array_equal(_channels(y, 0, 1, layout).get(), 1.5)
+    numpy.testing.assert_array_equal(_channels(y, 1, 2, layout).get(), -2.0)
 
 
-def test_host_wrappers_round_trip_numpy(rng):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_host_wrappers_round_trip_numpy(layout, rng):
     import cupy_dwgn.host as host
 
-    x = random(rng, (2, 4, 9, 9), numpy.float32)
+    conv = dict(padding=1, layout=layout)
+    x = _to_layout(random(rng, (2, 4, 9, 9), numpy.float32), layout)
     w = random(rng, (4, 1, 3, 3), numpy.float32)
-    y = host.depthwise_conv2d(x, w, padding=1)
+    y = host.depthwise_conv2d(x, w, **conv)
     assert isinstance(y, numpy.ndarray)
-    assert relative_error(cupy.asarray(y), reference.depthwise_conv2d(x, w, padding=1)) <= 1e-5
-    dx = host.depthwise_conv2d_backward_input(y, w, x.shape, padding=1)
-    dw = host.depthwise_conv2d_backward_weight(y, x, w.shape, padding=1)
+    assert relative_error(cupy.asarray(y), reference.depthwise_conv2d(x, w, **conv)) <= 1e-5
+    dx = host.depthwise_conv2d_backward_input(y, w, x.shape, **conv)
+    dw = host.depthwise_conv2d_backward_weight(y, x, w.shape, **conv)
     assert isinstance(dx, numpy.ndarray) and isinstance(dw, numpy.ndarray)
+    assert relative_error(cupy.asarray(dx), reference.depthwise_conv2d_backward_input(y, w, x.shape, **conv)) <= 1e-5
+    assert relative_error(cupy.asarray(dw), reference.depthwise_conv2d_backward_weight(y, x, w.shape, **conv)) <= 1e-5
 
 
-def test_launches_on_the_current_stream(rng):
-    x = cupy.asarray(random(rng, (4, 16, 64, 64), numpy.float32))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_launches_on_the_current_stream(layout, rng):
+    conv = dict(padding=1, layout=layout)
+    x = cupy.asarray(_to_layout(random(rng, (4, 16, 64, 64), numpy.float32), layout))
     w = cupy.asarray(random(rng, (16, 1, 3, 3), numpy.float32))
-    expected = cupy_dwgn.depthwise_conv2d(x, w, padding=1)
+    expected = cupy_dwgn.depthwise_conv2d(x, w, **conv)
+    expected_dx = cupy_dwgn.depthwise_conv2d_backward_input(expected, w, x.shape, **conv)
+    expected_dw = cupy_dwgn.depthwise_conv2d_backward_weight(expected, x, w.shape, **conv)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
-        y = cupy_dwgn.depthwise_conv2d(x, w, padding=1)
-        dw = cupy_dwgn.depthwise_conv2d_backward_weight(y, x, w.shape, padding=1)
+        y = cupy_dwgn.depthwise_conv2d(x, w, **conv)
+        dx = cupy_dwgn.depthwise_conv2d_backward_input(y, w, x.shape, **conv)
+        dw = cupy_dwgn.depthwise_conv2d_backward_weight(y, x, w.shape, **conv)
     stream.synchronize()
     cupy.testing.assert_array_equal(y, expected)
+    cupy.testing.assert_allclose(dx, expected_dx, rtol=1e-6, atol=1e-6)
+    cupy.testing.assert_array_equal(dw, expected_dw)  # deterministic: bit-identical
     assert cupy.isfinite(dw).all()
 
 
-def test_weight_gradient_with_more_elements_than_one_grid(rng):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_weight_gradient_with_more_elements_than_one_grid(layout, rng):
     # 1.9M filters of 3x3 = 17.1M weights, more than the 65536 x 256 threads
-    # of a capped launch grid: the finalize pass must loop, not stop short.
-    x = random(rng, (1, 1_900_000, 3, 3), numpy.float32)
-    dy = random(rng, (1, 1_900_000, 3, 3), numpy.float32)
+    # of a capped launch grid: the finalize pass must loop, not stop short
+    # (NHWC: 1.9M channels, far more than one grid of channel blocks).
+    x = _to_layout(random(rng, (1, 1_900_000, 3, 3), numpy.float32), layout)
+    dy = _to_layout(random(rng, (1, 1_900_000, 3, 3), numpy.float32), layout)
     shape = (1_900_000, 1, 3, 3)
+    conv = dict(padding=1, layout=layout)
     out = poisoned(shape, numpy.float32)
-    cupy_dwgn.depthwise_conv2d_backward_weight(cupy.asarray(dy), cupy.asarray(x), shape, padding=1, out=out)
-    assert relative_error(out, reference.depthwise_conv2d_backward_weight(dy, x, shape, padding=1)) <= 1e-5
+    cupy_dwgn.depthwise_conv2d_backward_weight(cupy.asarray(dy), cupy.asarray(x), shape, out=out, **conv)
+    assert relative_error(out, reference.depthwise_conv2d_backward_weight(dy, x, shape, **conv)) <= 1e-5
 
 
 def test_precompile_loads_the_kernels_it_names(capsys):
-    count = cupy_dwgn.precompile(["depthwise_conv2d"], dtypes=[numpy.float32], filter_sizes=[(3, 3)])
-    assert count == 2  # the direct kernel and the stride-1 tiled kernel
+    from cupy_dwgn import _compile
+
+    selection = dict(dtypes=[numpy.float32], filter_sizes=[(3, 3)])
+    # precompile() builds the 32-bit-index kernels unless asked for more.
+    named = [e for _, e in _compile.specializations(["depthwise_conv2d"], large_index=(False,), **selection)]
+    assert named and all("long long" not in e for e in named)
+    assert not any(t in e for e in named for t in ("double", "__half", "bfloat16"))
+    count = cupy_dwgn.precompile(["depthwise_conv2d"], **selection)
+    assert count == len(named)
     err = capsys.readouterr().err
-    assert "dwgn_dwconv2d_fwd<float, 3, 3, int>" in err
-    assert "dwgn_dwconv2d_tiled<float, 3, 3, false, int>" in err
+    for expression in named:
+        assert expression in err
+    # Narrowed to one layout: a proper subset, still all loaded.
+    nhwc = [e for _, e in _compile.specializations(["depthwise_conv2d"], large_index=(False,), layouts=["NHWC"], **selection)]
+    assert nhwc and set(nhwc) < set(named)
+    assert cupy_dwgn.precompile(["depthwise_conv2d"], layouts=["NHWC"], **selection) == len(nhwc)
 
 
 # --- seed bugs (DESIGN.md §7), each with the input that broke the seed --------
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("filter_size", [(3, 5), (5, 3), (1, 7), (7, 1)])
-def test_seed_bug_non_square_weight_gradient_and_no_write_past_the_end(filter_size, rng):
+def test_seed_bug_non_square_weight_gradient_and_no_write_past_the_end(filter_size, layout, rng):
     # The seed's Small backward-filter kernel used filter_height for
     # filter_width: 100%+ error on 3x5 and a write past the buffer on 5x3.
     kh, kw = filter_size
-    x = random(rng, (2, 8, 16, 16), numpy.float32)
-    dy = random(rng, (2, 8, 16, 16), numpy.float32)
-    conv = dict(padding=(kh // 2, kw // 2))
+    x = _to_layout(random(rng, (2, 8, 16, 16), numpy.float32), layout)
+    dy = _to_layout(random(rng, (2, 8, 16, 16), numpy.float32), layout)
+    conv = dict(padding=(kh // 2, kw // 2), layout=layout)
     size = 8 * kh * kw
     guard = cupy.full(size + 64, numpy.nan, cupy.float32)
     guard[size:] = 123.0
@@ -200,52 +350,60 @@ def test_seed_bug_non_square_weight_gradient_and_no_write_past_the_end(filter_si
     assert bool((guard[size:] == 123.0).all()), "wrote past the end of grad_weight"
 
 
-def test_seed_bug_many_slices_no_stale_accumulators(rng):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_seed_bug_many_slices_no_stale_accumulators(layout, rng):
     # The seed zeroed its shared accumulators once per block: with a capped
     # grid each block's later slices summed on top of stale values.
-    x = random(rng, (64, 96, 8, 8), numpy.float32)
-    dy = random(rng, (64, 96, 8, 8), numpy.float32)
-    dw = cupy_dwgn.depthwise_conv2d_backward_weight(cupy.asarray(dy), cupy.asarray(x), (96, 1, 3, 3), padding=1)
-    assert relative_error(dw, reference.depthwise_conv2d_backward_weight(dy, x, (96, 1, 3, 3), padding=1)) <= 1e-5
+    conv = dict(padding=1, layout=layout)
+    x = _to_layout(random(rng, (64, 96, 8, 8), numpy.float32), layout)
+    dy = _to_layout(random(rng, (64, 96, 8, 8), numpy.float32), layout)
+    dw = cupy_dwgn.depthwise_conv2d_backward_weight(cupy.asarray(dy), cupy.asarray(x), (96, 1, 3, 3), **conv)
+    assert relative_error(dw, reference.depthwise_conv2d_backward_weight(dy, x, (96, 1, 3, 3), **conv)) <= 1e-5
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", [numpy.float16, DTYPES[3]], ids=["float16", "bfloat16"])
-def test_seed_bug_half_types_accumulate_in_float32(dtype, rng):
+def test_seed_bug_half_types_accumulate_in_float32(dtype, layout, rng):
     # 2 * 96 * 96 = 18432 positive products per weight: a half accumulator
     # stops growing long before (and half atomics lose the rest).
-    x = (1.0 + rng.random((2, 4, 96, 96))).astype(dtype)
-    dy = (1.0 + rng.random((2, 4, 96, 96))).astype(dtype)
-    dw = cupy_dwgn.depthwise_conv2d_backward_weight(cupy.asarray(dy), cupy.asarray(x), (4, 1, 3, 3), padding=1)
-    ref = reference.depthwise_conv2d_backward_weight(dy, x, (4, 1, 3, 3), padding=1)
+    x = _to_layout((1.0 + rng.random((2, 4, 96, 96))).astype(dtype), layout)
+    dy = _to_layout((1.0 + rng.random((2, 4, 96, 96))).astype(dtype), layout)
+    conv = dict(padding=1, layout=layout)
+    dw = cupy_dwgn.depthwise_conv2d_backward_weight(cupy.asarray(dy), cupy.asarray(x), (4, 1, 3, 3), **conv)
+    ref = reference.depthwise_conv2d_backward_weight(dy, x, (4, 1, 3, 3), **conv)
     assert relative_error(dw, ref) <= TOLERANCE[numpy.dtype(dtype)]
     w = (rng.random((4, 1, 7, 7)) / 49).astype(dtype)
-    y = cupy_dwgn.depthwise_conv2d(cupy.asarray(x), cupy.asarray(w), padding=3)
-    assert relative_error(y, reference.depthwise_conv2d(x, w, padding=3)) <= TOLERANCE[numpy.dtype(dtype)]
+    conv = dict(padding=3, layout=layout)
+    y = cupy_dwgn.depthwise_conv2d(cupy.asarray(x), cupy.asarray(w), **conv)
+    assert relative_error(y, reference.depthwise_conv2d(x, w, **conv)) <= TOLERANCE[numpy.dtype(dtype)]
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("filter_size", [(3, 3), (7, 7), (4, 6)])
-def test_seed_bug_weight_gradient_is_bit_identical_run_to_run(filter_size, dtype, rng):
+def test_seed_bug_weight_gradient_is_bit_identical_run_to_run(filter_size, dtype, layout, rng):
     # The seed's weight gradients summed with atomics in arbitrary order.
-    x = cupy.asarray(random(rng, (16, 24, 40, 40), dtype))
-    dy = cupy.asarray(random(rng, (16, 24, 40, 40), dtype))
+    x = cupy.asarray(_to_layout(random(rng, (16, 24, 40, 40), dtype), layout))
+    dy = cupy.asarray(_to_layout(random(rng, (16, 24, 40, 40), dtype), layout))
     shape = (24, 1) + filter_size
-    conv = dict(padding="same")
+    conv = dict(padding="same", layout=layout)
     first = cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, shape, **conv).view(cupy.uint8).get()
     for _ in range(4):
         again = cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, shape, **conv).view(cupy.uint8).get()
         numpy.testing.assert_array_equal(again, first)
 
 
-def test_seed_bug_backward_input_overwrites_instead_of_accumulating(rng):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_seed_bug_backward_input_overwrites_instead_of_accumulating(layout, rng):
     # The seed's backward-data kernel did `in_grad[i] += sum`: a caller buffer
     # that was not zeroed leaked into the result.  NaN-poisoned out must not.
-    x_shape = (2, 3, 15, 15)
+    x_shape = _shape((2, 3, 15, 15), layout)
     w = random(rng, (3, 1, 3, 3), numpy.float32)
-    dy = random(rng, (2, 3, 8, 8), numpy.float32)
+    dy = _to_layout(random(rng, (2, 3, 8, 8), numpy.float32), layout)
+    conv = dict(stride=2, padding=1, layout=layout)
     out = poisoned(x_shape, numpy.float32)
-    cupy_dwgn.depthwise_conv2d_backward_input(cupy.asarray(dy), cupy.asarray(w), x_shape, stride=2, padding=1, out=out)
-    ref = reference.depthwise_conv2d_backward_input(dy, w, x_shape, stride=2, padding=1)
+    cupy_dwgn.depthwise_conv2d_backward_input(cupy.asarray(dy), cupy.asarray(w), x_shape, out=out, **conv)
+    ref = reference.depthwise_conv2d_backward_input(dy, w, x_shape, **conv)
     assert relative_error(out, ref) <= 1e-5
 
 
@@ -253,38 +411,57 @@ def test_seed_bug_backward_input_overwrites_instead_of_accumulating(rng):
 
 
 @pytest.mark.slow
-def test_tensors_over_2_31_elements_use_64_bit_indexing():
-    # 1 x 2056 x 1024 x 1024 float16 = 2**31 + 2**23 elements (4.02 GiB):
-    # the last channels start past offset 2**31, where int32 offsets wrap.
-    shape = (1, 2056, 1024, 1024)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tensors_over_2_31_elements_use_64_bit_indexing(layout):
+    # 1 x 2056 x 1024 x 1024 float16 = 2**31 + 2**23 elements (4.02 GiB),
+    # where int32 offsets wrap.  NCHW: channels 2048+ start past offset 2**31.
+    # NHWC (1, 1024, 1024, 2056): element (h, w, c) is at (h*1024 + w)*2056 + c,
+    # so rows h >= 1021 of EVERY channel lie past 2**31 (row 1020 straddles it):
+    # each checked channel is compared whole and on those rows alone.
+    shape = _shape((1, 2056, 1024, 1024), layout)
     assert numpy.prod(shape) >= 2**31
+    assert 1021 * 1024 * 2056 >= 2**31 > 1020 * 1024 * 2056
+
+    def channel(a, c):
+        return _channels(a, c, c + 1, layout)
+
+    def check(got, ref, first_row_past=1021):
+        """The whole channel, then (NHWC) the rows that touch data past 2**31
+        alone, so a wrap there cannot hide in the norm of the whole plane."""
+        assert relative_error(got, ref) <= 2e-3
+        if layout == "NHWC":
+            assert got.shape[1] > first_row_past
+            assert relative_error(got[:, first_row_past:], ref[:, first_row_past:]) <= 2e-3
+
     rng = numpy.random.default_rng(7)
+    conv = dict(padding=1, layout=layout)
     x = cupy.random.default_rng(7).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
     w_host = random(rng, (2056, 1, 3, 3), numpy.float16)
     w = cupy.asarray(w_host)
-    y = cupy_dwgn.depthwise_conv2d(x, w, padding=1)
+    y = cupy_dwgn.depthwise_conv2d(x, w, **conv)
+    assert y.shape == shape
     checks = []
-    for channel in (0, 2047, 2055):  # first, last below 2**31, last above
-        xc = x[:, channel : channel + 1].get()
-        wc = w_host[channel : channel + 1]
-        checks.append((channel, xc, wc))
-        assert relative_error(y[:, channel : channel + 1], reference.depthwise_conv2d(xc, wc, padding=1)) <= 2e-3
+    for c in (0, 2047, 2055):  # NCHW: first, last below 2**31, last above
+        xc = channel(x, c).get()
+        wc = w_host[c : c + 1]
+        checks.append((c, xc, wc))
+        check(channel(y, c), reference.depthwise_conv2d(xc, wc, **conv))
     del y
     # An independent grad_out keeps the 2**20-term weight-gradient sums within float16 range.
     dy = cupy.random.default_rng(8).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
-    dx = cupy_dwgn.depthwise_conv2d_backward_input(dy, w, shape, padding=1)
-    dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, w.shape, padding=1)
-    for channel, xc, wc in checks:
-        dyc = dy[:, channel : channel + 1].get()
-        assert relative_error(dx[:, channel : channel + 1], reference.depthwise_conv2d_backward_input(dyc, wc, xc.shape, padding=1)) <= 2e-3
-        assert relative_error(dw[channel : channel + 1], reference.depthwise_conv2d_backward_weight(dyc, xc, wc.shape, padding=1)) <= 2e-3
+    dx = cupy_dwgn.depthwise_conv2d_backward_input(dy, w, shape, **conv)
+    dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, w.shape, **conv)
+    for c, xc, wc in checks:
+        dyc = channel(dy, c).get()
+        check(channel(dx, c), reference.depthwise_conv2d_backward_input(dyc, wc, xc.shape, **conv))
+        assert relative_error(dw[c : c + 1], reference.depthwise_conv2d_backward_weight(dyc, xc, wc.shape, **conv)) <= 2e-3
     del dx, dy
-    # Stride 2 takes the direct (non-tiled) forward and backward-input kernels.
-    s2 = dict(stride=2, padding=1)
+    # Stride 2 takes other forward and backward-input kernels (NCHW: the direct ones).
+    s2 = dict(stride=2, padding=1, layout=layout)
     y2 = cupy_dwgn.depthwise_conv2d(x, w, **s2)
     dx2 = cupy_dwgn.depthwise_conv2d_backward_input(y2, w, shape, **s2)
-    for channel, xc, wc in checks:
-        y_ref = reference.depthwise_conv2d(xc, wc, **s2)
-        assert relative_error(y2[:, channel : channel + 1], y_ref) <= 2e-3
-        y2c = y2[:, channel : channel + 1].get()
-        assert relative_error(dx2[:, channel : channel + 1], reference.depthwise_conv2d_backward_input(y2c, wc, xc.shape, **s2)) <= 2e-3
+    for c, xc, wc in checks:
+        # Output row oh reads input rows 2*oh - 1 .. 2*oh + 1: rows >= 510 reach row 1021 and past.
+        check(channel(y2, c), reference.depthwise_conv2d(xc, wc, **s2), first_row_past=510)
+        y2c = channel(y2, c).get()
+        check(channel(dx2, c), reference.depthwise_conv2d_backward_input(y2c, wc, xc.shape, **s2))

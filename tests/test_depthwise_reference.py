@@ -96,6 +96,82 @@ def test_backward_weight_elementwise_against_a_direct_loop(rng):
                 assert dw[c, 0, kh, kw] == pytest.approx(want, rel=1e-12)
 
 
+# --- channels-last (NHWC) ----------------------------------------------------
+
+NHWC_CASES = CASES + [
+    # x shape (NCHW), weight shape, stride, padding, dilation
+    ((2, 5, 7, 6), (10, 1, 3, 3), 2, ((0, 2), (1, 0)), 1),  # M = 2, stride 2, asymmetric padding
+    ((1, 3, 9, 11), (9, 1, 5, 3), (1, 2), (2, 1), (2, 1)),  # M = 3, dilation, non-square
+    ((2, 4, 5, 5), (4, 1, 1, 1), 1, 0, 1),  # 1x1
+    ((1, 2, 4, 3), (2, 1, 3, 3), 3, 5, 1),  # padding > filter, stride > filter
+]
+
+
+def _nhwc(a):
+    return numpy.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
+def _nhwc_shape(shape):
+    n, c, h, w = shape
+    return (n, h, w, c)
+
+
+@pytest.mark.parametrize("case", NHWC_CASES, ids=str)
+def test_nhwc_reference_is_the_nchw_reference_transposed(case, rng):
+    x_shape, w_shape, stride, padding, dilation = case
+    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    x = rng.standard_normal(x_shape)
+    weight = rng.standard_normal(w_shape)
+    bias = rng.standard_normal(w_shape[0])
+    y = reference.depthwise_conv2d(x, weight, bias, **kw)
+    y_nhwc = reference.depthwise_conv2d(_nhwc(x), weight, bias, layout="NHWC", **kw)
+    assert y_nhwc.shape == _nhwc_shape(y.shape)
+    numpy.testing.assert_allclose(y_nhwc, _nhwc(y), rtol=1e-12, atol=1e-12)
+    assert y_nhwc.flags.c_contiguous
+
+    dy = rng.standard_normal(y.shape)
+    dx = reference.depthwise_conv2d_backward_input(dy, weight, x_shape, **kw)
+    dx_nhwc = reference.depthwise_conv2d_backward_input(_nhwc(dy), weight, _nhwc_shape(x_shape), layout="NHWC", **kw)
+    assert dx_nhwc.shape == _nhwc_shape(x_shape)
+    numpy.testing.assert_allclose(dx_nhwc, _nhwc(dx), rtol=1e-12, atol=1e-12)
+    assert dx_nhwc.flags.c_contiguous
+
+    dw = reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **kw)
+    dw_nhwc = reference.depthwise_conv2d_backward_weight(_nhwc(dy), _nhwc(x), w_shape, layout="NHWC", **kw)
+    assert dw_nhwc.shape == w_shape
+    numpy.testing.assert_allclose(dw_nhwc, dw, rtol=1e-12, atol=1e-12)
+
+
+def test_nhwc_forward_elementwise_against_a_direct_loop(rng):
+    """Each output of an NHWC forward with M = 2 from its definition, indexing
+    the channels-last arrays directly (independent of the transposes)."""
+    x = rng.standard_normal((2, 6, 5, 3))  # (N, H, W, C)
+    weight = rng.standard_normal((6, 1, 3, 2))  # C*M = 6, M = 2
+    bias = rng.standard_normal(6)
+    y = reference.depthwise_conv2d(x, weight, bias, stride=(2, 1), padding=((1, 0), (0, 1)), layout="NHWC")
+    xp = numpy.pad(x, ((0, 0), (1, 0), (0, 1), (0, 0)))
+    assert y.shape == (2, 3, 5, 6)
+    for n in range(2):
+        for oh in range(3):
+            for ow in range(5):
+                for oc in range(6):
+                    window = xp[n, 2 * oh : 2 * oh + 3, ow : ow + 2, oc // 2]
+                    want = numpy.sum(window * weight[oc, 0]) + bias[oc]
+                    assert y[n, oh, ow, oc] == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_reference_results_are_contiguous_float64(layout, rng):
+    x = rng.standard_normal((1, 4, 6, 4)).astype(numpy.float16)  # C = 4 in both layouts
+    w = rng.standard_normal((4, 1, 3, 3)).astype(numpy.float32)
+    for result in (
+        reference.depthwise_conv2d(x, w, padding=1, layout=layout),
+        reference.depthwise_conv2d_backward_input(x, w, x.shape, padding=1, layout=layout),
+        reference.depthwise_conv2d_backward_weight(x, x, w.shape, padding=1, layout=layout),
+    ):
+        assert result.dtype == numpy.float64 and result.flags.c_contiguous
+
+
 # Hypothesis draws geometries over the whole argument space: the reference
 # forward and backward passes must be exact adjoints of each other.
 from hypothesis import given, settings  # noqa: E402
@@ -118,10 +194,12 @@ def geometries(draw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(geometries(), st.integers(0, 2**32 - 1))
-def test_reference_passes_are_adjoint(geometry, seed):
+@given(geometries(), st.integers(0, 2**32 - 1), st.sampled_from(["NCHW", "NHWC"]))
+def test_reference_passes_are_adjoint(geometry, seed, layout):
     x_shape, w_shape, stride, padding, dilation = geometry
-    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    if layout == "NHWC":
+        x_shape = _nhwc_shape(x_shape)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, layout=layout)
     rng = numpy.random.default_rng(seed)
     x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
     y = reference.depthwise_conv2d(x, w, **kw)

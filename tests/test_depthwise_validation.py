@@ -2,11 +2,13 @@
 the actual value, before any launch.  The NumPy host wrappers run the very
 same checks, so these run on the CPU; the CuPy-only messages run on the GPU."""
 
+import re
+
 import numpy
 import pytest
 
 import cupy_dwgn.host as host
-from cupy_dwgn import depthwise
+from cupy_dwgn import _validate, depthwise, reference
 
 X = numpy.zeros((2, 3, 8, 8), numpy.float32)
 W = numpy.zeros((3, 1, 3, 3), numpy.float32)
@@ -46,7 +48,9 @@ FORWARD_ERRORS = [
     ("output size <= 0", dict(weight=numpy.zeros((3, 1, 11, 3), numpy.float32)), ValueError, r"x: the output size would be 0x8: the padded input \(10x10\) must be at least as large as the dilated filter \(11x3\)"),
     ("bias shape", dict(bias=numpy.zeros(4, numpy.float32)), ValueError, r"bias: expected shape \(3,\) \(C\*M,\), got \(4,\)"),
     ("bias dtype", dict(bias=numpy.zeros(3, numpy.float16)), TypeError, r"bias: expected dtype float32 \(the dtype of x\), got float16"),
-    ("layout NHWC", dict(layout="NHWC"), ValueError, r"layout: expected 'NCHW', got 'NHWC'"),
+    ("layout unknown", dict(layout="NWHC"), ValueError, r"layout: expected 'NCHW' or 'NHWC', got 'NWHC'"),
+    ("layout lower case", dict(layout="nhwc"), ValueError, r"layout: expected 'NCHW' or 'NHWC', got 'nhwc'"),
+    ("layout None", dict(layout=None), ValueError, r"layout: expected 'NCHW' or 'NHWC', got None"),
 ]
 
 
@@ -79,6 +83,194 @@ def test_plane_limit_is_checked_before_launch():
     geometry = _validate.conv_geometry((1, 1, 32768, 32768), (1, 1, 1, 1), 1, 0, 1)
     with pytest.raises(ValueError, match=r"x: expected fewer than 2\*\*30 elements per \(n, c\) plane, got 1073741824"):
         depthwise._check_limits("x", geometry)
+
+
+# --- layouts ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_check_layout_returns_the_layout(layout):
+    assert _validate.check_layout(layout) == layout
+
+
+@pytest.mark.parametrize("layout", ["nchw", "NWHC", "CHWN", "", None, b"NHWC", ("NHWC",)], ids=repr)
+def test_check_layout_rejects_anything_else(layout):
+    with pytest.raises(ValueError, match=r"^layout: expected 'NCHW' or 'NHWC', got " + re.escape(repr(layout)) + "$"):
+        _validate.check_layout(layout)
+
+
+def test_layout_shape_and_doc_follow_the_axis_order():
+    assert _validate.layout_shape("NCHW", 2, 3, 5, 7) == (2, 3, 5, 7)
+    assert _validate.layout_shape("NHWC", 2, 3, 5, 7) == (2, 5, 7, 3)
+    assert _validate.layout_doc("NCHW") == "(N, C, H, W)"
+    assert _validate.layout_doc("NHWC") == "(N, H, W, C)"
+    assert _validate.layout_doc("NHWC", "C*M") == "(N, H, W, C*M)"
+    assert _validate.layout_doc("NHWC", "C*M", ("OH", "OW")) == "(N, OH, OW, C*M)"
+    assert _validate.layout_doc("NCHW", "C*M", ("OH", "OW")) == "(N, C*M, OH, OW)"
+
+
+GEOMETRIES = [
+    # NCHW x shape, weight shape, stride, padding, dilation
+    ((2, 3, 8, 8), (3, 1, 3, 3), 1, 1, 1),
+    ((1, 5, 11, 7), (10, 1, 3, 5), (2, 1), ((1, 2), (0, 3)), 1),
+    ((2, 4, 20, 21), (12, 1, 3, 3), 1, "same", (2, 3)),
+    ((3, 2, 9, 4), (2, 1, 1, 1), 3, "valid", 1),
+]
+
+
+@pytest.mark.parametrize("case", GEOMETRIES, ids=str)
+def test_conv_geometry_is_the_same_for_both_layouts(case):
+    (n, c, h, w), w_shape, stride, padding, dilation = case
+    nchw = _validate.conv_geometry((n, c, h, w), w_shape, stride, padding, dilation)
+    nhwc = _validate.conv_geometry((n, h, w, c), w_shape, stride, padding, dilation, layout="NHWC")
+    assert nhwc == nchw
+    assert (nhwc.batch, nhwc.channels, nhwc.height, nhwc.width) == (n, c, h, w)
+    assert nhwc.multiplier == w_shape[0] // c
+
+
+def test_conv_geometry_fast_paths_agree_with_the_general_rules():
+    # Plain ints and tuples take a shortcut; lists and NumPy ints the general path.
+    shape, weight = (2, 9, 10, 4), (8, 1, 3, 5)
+    for fast, general in [
+        ((2, 1, 1), ([2, 2], [1, 1], [1, 1])),
+        (((1, 2), (0, 1), (2, 1)), ([1, 2], numpy.array([0, 1]).tolist(), [numpy.int64(2), numpy.int32(1)])),
+        (((1, 1), ((0, 2), (1, 3)), 1), ((numpy.int64(1), 1), [[0, 2], [1, 3]], numpy.int16(1))),
+    ]:
+        a = _validate.conv_geometry(shape, weight, *fast, layout="NHWC")
+        b = _validate.conv_geometry(shape, weight, *general, layout="NHWC")
+        assert a == b
+        assert all(type(v) is int for v in a)
+    with pytest.raises(ValueError, match=r"stride: expected values >= 1 and < 2\*\*31, got \(1, 0\)"):
+        _validate.conv_geometry(shape, weight, (1, 0), 1, 1, layout="NHWC")
+    with pytest.raises(ValueError, match=r"padding: expected values >= 0 and < 2\*\*31, got \(\(0, -1\), \(1, 1\)\)"):
+        _validate.conv_geometry(shape, weight, 1, ((0, -1), (1, 1)), 1, layout="NHWC")
+    with pytest.raises(TypeError, match=r"dilation: expected an int or a pair of ints, got \(1, True\)"):
+        _validate.conv_geometry(shape, weight, 1, 1, (1, True), layout="NHWC")
+
+
+def test_conv_geometry_rejects_an_unknown_layout():
+    with pytest.raises(ValueError, match=r"layout: expected 'NCHW' or 'NHWC', got 'NCWH'"):
+        _validate.conv_geometry((2, 3, 8, 8), (3, 1, 3, 3), 1, 1, 1, layout="NCWH")
+
+
+# NHWC arrays: x (N, H, W, C) = (2, 8, 6, 3); weight (C*M, 1, KH, KW) as in NCHW.
+XN = numpy.zeros((2, 8, 6, 3), numpy.float32)
+DYN = numpy.zeros((2, 8, 6, 3), numpy.float32)
+WN = W
+NHWC = dict(padding=1, layout="NHWC")
+
+
+def _z(*shape):
+    return numpy.zeros(shape, numpy.float32)
+
+
+# (label, GPU-op check call, reference call or None, exception, message pattern).
+# The check functions are the ones every GPU op and cupy_dwgn.host run first.
+NHWC_ERRORS = [
+    ("x rank",
+     lambda: depthwise.check_forward_args(XN[0], WN, None, 1, 1, 1, "NHWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d(XN[0], WN, **NHWC),
+     ValueError, r"x: expected a 4-D array \(N, H, W, C\), got shape \(8, 6, 3\)"),
+    ("x in NCHW order (channel axis)",
+     lambda: depthwise.check_forward_args(X, WN, None, 1, 1, 1, "NHWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d(X, WN, **NHWC),
+     ValueError, r"weight: expected shape \(C\*M, 1, KH, KW\) with C = 8 \(channels of x, NHWC \(2, 3, 8, 8\)\) .*got \(3, 1, 3, 3\)"),
+    ("weight channel count",
+     lambda: depthwise.check_forward_args(XN, _z(4, 1, 3, 3), None, 1, 1, 1, "NHWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d(XN, _z(4, 1, 3, 3), **NHWC),
+     ValueError, r"weight: expected shape \(C\*M, 1, KH, KW\) with C = 3 \(channels of x, NHWC \(2, 8, 6, 3\)\) .*got \(4, 1, 3, 3\)"),
+    ("output size from the NHWC axes",
+     lambda: depthwise.check_forward_args(XN, _z(3, 1, 3, 9), None, 1, 1, 1, "NHWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d(XN, _z(3, 1, 3, 9), **NHWC),
+     ValueError, r"x: the output size would be 8x0: the padded input \(10x8\) must be at least as large as the dilated filter \(3x9\)"),
+    ("layout string (forward)",
+     lambda: depthwise.check_forward_args(XN, WN, None, 1, 1, 1, "channels_last", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d(XN, WN, padding=1, layout="channels_last"),
+     ValueError, r"layout: expected 'NCHW' or 'NHWC', got 'channels_last'"),
+    ("out in NCHW order",
+     lambda: depthwise.check_forward_args(XN, WN, None, 1, 1, 1, "NHWC", _z(2, 3, 8, 6), numpy.ndarray),
+     None,
+     ValueError, r"out: expected shape \(2, 8, 6, 3\), got \(2, 3, 8, 6\)"),
+    ("out without the multiplier",
+     lambda: depthwise.check_forward_args(XN, _z(6, 1, 3, 3), None, 2, 1, 1, "NHWC", _z(2, 4, 3, 3), numpy.ndarray),
+     None,
+     ValueError, r"out: expected shape \(2, 4, 3, 6\), got \(2, 4, 3, 3\)"),
+    ("grad_out rank (input)",
+     lambda: depthwise.check_backward_input_args(DYN[0], WN, XN.shape, 1, 1, 1, "NHWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d_backward_input(DYN[0], WN, XN.shape, **NHWC),
+     ValueError, r"grad_out: expected a 4-D array \(N, OH, OW, C\*M\), got shape \(8, 6, 3\)"),
+    ("grad_out in NCHW order (input)",
+     lambda: depthwise.check_backward_input_args(_z(2, 3, 8, 6), WN, XN.shape, 1, 1, 1, "NHWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d_backward_input(_z(2, 3, 8, 6), WN, XN.shape, **NHWC),
+     ValueError, r"grad_out: expected shape \(2, 8, 6, 3\) \(the forward output shape\), got \(2, 3, 8, 6\)"),
+    ("grad_out of the stride-1 size at stride 2 (input)",
+     lambda: depthwise.check_backward_input_args(_z(2, 8, 6, 6), _z(6, 1, 3, 3), XN.shape, 2, 1, 1, "NHWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d_backward_input(_z(2, 8, 6, 6), _z(6, 1, 3, 3), XN.shape, stride=2, padding=1, layout="NHWC"),
+     ValueError, r"grad_out: expected shape \(2, 4, 3, 6\) \(the forward output shape\), got \(2, 8, 6, 6\)"),
+    ("input_shape in NCHW order",
+     lambda: depthwise.check_backward_input_args(DYN, WN, (2, 3, 8, 6), 1, 1, 1, "NHWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d_backward_input(DYN, WN, (2, 3, 8, 6), **NHWC),
+     ValueError, r"weight: expected shape \(C\*M, 1, KH, KW\) with C = 6 \(channels of input_shape, NHWC \(2, 3, 8, 6\)\)"),
+    ("layout string (input)",
+     lambda: depthwise.check_backward_input_args(DYN, WN, XN.shape, 1, 1, 1, "HWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d_backward_input(DYN, WN, XN.shape, padding=1, layout="HWC"),
+     ValueError, r"layout: expected 'NCHW' or 'NHWC', got 'HWC'"),
+    ("out in NCHW order (input)",
+     lambda: depthwise.check_backward_input_args(DYN, WN, XN.shape, 1, 1, 1, "NHWC", _z(2, 3, 8, 6), numpy.ndarray),
+     None,
+     ValueError, r"out: expected shape \(2, 8, 6, 3\), got \(2, 3, 8, 6\)"),
+    ("x rank (weight)",
+     lambda: depthwise.check_backward_weight_args(DYN, XN[..., 0], WN.shape, 1, 1, 1, "NHWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d_backward_weight(DYN, XN[..., 0], WN.shape, **NHWC),
+     ValueError, r"x: expected a 4-D array \(N, H, W, C\), got shape \(2, 8, 6\)"),
+    ("grad_out without the multiplier (weight)",
+     lambda: depthwise.check_backward_weight_args(DYN, XN, (6, 1, 3, 3), 1, 1, 1, "NHWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d_backward_weight(DYN, XN, (6, 1, 3, 3), **NHWC),
+     ValueError, r"grad_out: expected shape \(2, 8, 6, 6\) \(the forward output shape\), got \(2, 8, 6, 3\)"),
+    ("x in NCHW order (weight)",
+     lambda: depthwise.check_backward_weight_args(DYN, _z(2, 3, 8, 6), WN.shape, 1, 1, 1, "NHWC", None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d_backward_weight(DYN, _z(2, 3, 8, 6), WN.shape, **NHWC),
+     ValueError, r"weight: expected shape \(C\*M, 1, KH, KW\) with C = 6 \(channels of x, NHWC \(2, 3, 8, 6\)\)"),
+    ("layout string (weight)",
+     lambda: depthwise.check_backward_weight_args(DYN, XN, WN.shape, 1, 1, 1, 0, None, numpy.ndarray),
+     lambda: reference.depthwise_conv2d_backward_weight(DYN, XN, WN.shape, padding=1, layout=0),
+     ValueError, r"layout: expected 'NCHW' or 'NHWC', got 0"),
+]
+
+
+@pytest.mark.parametrize("label, check, ref, error, pattern", NHWC_ERRORS, ids=[c[0] for c in NHWC_ERRORS])
+def test_nhwc_rejects_with_the_same_message_in_gpu_checks_and_reference(label, check, ref, error, pattern):
+    with pytest.raises(error, match=pattern) as from_check:
+        check()
+    if ref is not None:
+        with pytest.raises(error, match=pattern) as from_reference:
+            ref()
+        assert str(from_reference.value) == str(from_check.value)
+
+
+def test_nhwc_host_wrappers_reject_before_any_transfer():
+    with pytest.raises(ValueError, match=r"grad_out: expected shape \(2, 8, 6, 3\) \(the forward output shape\), got \(2, 3, 8, 6\)"):
+        host.depthwise_conv2d_backward_weight(_z(2, 3, 8, 6), XN, WN.shape, **NHWC)
+    with pytest.raises(ValueError, match=r"x: expected a 4-D array \(N, H, W, C\), got shape \(8, 6, 3\)"):
+        host.depthwise_conv2d(XN[0], WN, **NHWC)
+    with pytest.raises(ValueError, match=r"x: expected a C-contiguous array"):
+        host.depthwise_conv2d(X.transpose(0, 2, 3, 1), WN, **NHWC)  # an NHWC view of NCHW data
+
+
+@pytest.mark.parametrize("case", GEOMETRIES, ids=str)
+def test_nhwc_checks_accept_the_transposed_nchw_arguments(case):
+    (n, c, h, w), w_shape, stride, padding, dilation = case
+    conv = (stride, padding, dilation)
+    x = _z(n, c, h, w)
+    weight = _z(*w_shape)
+    g = depthwise.check_forward_args(x, weight, None, *conv, "NCHW", None, numpy.ndarray)
+    y_nhwc = _z(g.batch, g.out_height, g.out_width, g.channels * g.multiplier)
+    x_nhwc = numpy.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    assert depthwise.check_forward_args(x_nhwc, weight, None, *conv, "NHWC", _z(*y_nhwc.shape), numpy.ndarray) == g
+    assert depthwise.check_backward_input_args(y_nhwc, weight, x_nhwc.shape, *conv, "NHWC", _z(*x_nhwc.shape), numpy.ndarray) == g
+    assert depthwise.check_backward_weight_args(y_nhwc, x_nhwc, w_shape, *conv, "NHWC", _z(*w_shape), numpy.ndarray) == g
+    # The reference agrees on the output shape.
+    assert reference.depthwise_conv2d(x_nhwc, weight, stride=stride, padding=padding, dilation=dilation, layout="NHWC").shape == y_nhwc.shape
 
 
 # --- CuPy-only messages -------------------------------------------------------
@@ -135,11 +327,11 @@ def test_gpu_op_rejects_arrays_on_different_devices():
 
 
 def test_stride_one_specialized_sizes_take_the_tiled_kernel():
-    from cupy_dwgn import _validate
+    from cupy_dwgn import _depthwise_nchw, _validate
 
     def tiled(w_shape, stride=1, dilation=1, dtype=numpy.float32):
         g = _validate.conv_geometry((1, 2, 64, 64), w_shape, stride, 0 if stride != 1 else "same", dilation)
-        return depthwise._use_tiled(g, numpy.dtype(dtype))
+        return _depthwise_nchw._use_tiled(g, numpy.dtype(dtype))
 
     assert tiled((2, 1, 3, 3)) and tiled((2, 1, 7, 7), dtype=numpy.float64)
     assert not tiled((2, 1, 3, 3), stride=2)  # strided: direct kernel
@@ -159,3 +351,20 @@ def test_gpu_op_rejects_out_overlapping_an_input():
         cupy_dwgn.depthwise_conv2d(x, w, padding=1, out=x)
     with pytest.raises(ValueError, match=r"out: expected memory separate from grad_out"):
         cupy_dwgn.depthwise_conv2d_backward_input(x, w, x.shape, padding=1, out=x)
+
+
+@pytest.mark.gpu
+def test_gpu_op_rejects_bad_nhwc_out():
+    import cupy
+
+    import cupy_dwgn
+
+    x, w = cupy.asarray(XN), cupy.asarray(WN)
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 8, 6, 3\), got \(2, 3, 8, 6\)"):
+        cupy_dwgn.depthwise_conv2d(x, w, out=cupy.zeros((2, 3, 8, 6), cupy.float32), **NHWC)
+    with pytest.raises(ValueError, match=r"out: expected memory separate from x, got an overlapping array"):
+        cupy_dwgn.depthwise_conv2d(x, w, out=x, **NHWC)
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 8, 6, 3\), got \(2, 3, 8, 6\)"):
+        cupy_dwgn.depthwise_conv2d_backward_input(
+            cupy.asarray(DYN), w, XN.shape, out=cupy.zeros((2, 3, 8, 6), cupy.float32), **NHWC
+        )
