@@ -114,16 +114,12 @@ def cell_work(n, c, hw, k, stride, itemsize):
 
 def fma_rate_per_us():
     """Peak FP32 FMAs per microsecond of device 0, and how it was obtained."""
-    runtime = cupy.cuda.runtime
-    sms = runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, 0)
-    major = runtime.deviceGetAttribute(runtime.cudaDevAttrComputeCapabilityMajor, 0)
-    minor = runtime.deviceGetAttribute(runtime.cudaDevAttrComputeCapabilityMinor, 0)
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    sms = props["multiProcessorCount"]
+    major, minor = props["major"], props["minor"]
     lanes = FP32_LANES_PER_SM.get((major, minor), 128)
-    try:
-        clock_khz = runtime.deviceGetAttribute(runtime.cudaDevAttrClockRate, 0)  # max (boost) SM clock
-    except Exception:
-        clock_khz = 0
-    source = "cudaDevAttrClockRate"
+    clock_khz = props.get("clockRate", 0)  # max (boost) SM clock, kHz
+    source = "device properties clockRate"
     if not clock_khz:
         clock_khz, source = 1_980_000, "H200 SXM boost clock (the device reported none)"
     rate = sms * lanes * clock_khz * 1e-3  # FMAs per us
@@ -134,8 +130,7 @@ def fma_rate_per_us():
 def l2_bytes():
     """The larger of the reported L2 size and 60 MiB (too many copies only cost memory)."""
     try:
-        runtime = cupy.cuda.runtime
-        return max(runtime.deviceGetAttribute(runtime.cudaDevAttrL2CacheSize, 0), L2_BYTES_AT_LEAST)
+        return max(cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"], L2_BYTES_AT_LEAST)
     except Exception:
         return L2_BYTES_AT_LEAST
 

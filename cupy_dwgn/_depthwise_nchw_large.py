@@ -54,8 +54,13 @@ def _expression(dtype, backward, index):
 
 
 def served(g):
-    """Stride 1 and dilation 1 (the shape limits are checked by the plan)."""
-    return (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w) == (1, 1, 1, 1)
+    """A large filter (>= MIN_TAPS taps) at stride 1 and dilation 1 (the shape
+    limits are checked by the plan); smaller filters belong to the window
+    kernel, which is faster there."""
+    return (
+        g.filter_height * g.filter_width >= MIN_TAPS
+        and (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w) == (1, 1, 1, 1)
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,8 +70,27 @@ def _shared_limit(device_id):
     return int(runtime.deviceGetAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id))
 
 
-def _odd(v):
-    return v if v % 2 else v + 1
+_BANKS = 32
+
+
+def _congruent(v, residue):
+    """Smallest value >= v that is congruent to ``residue`` modulo the 32 banks."""
+    return v + (residue - v) % _BANKS
+
+
+def _grouped_pitches(row_pitch, groups, planes):
+    """(group pitch, plane pitch) of rows stored in groups of kVH, for planes
+    numbered fastest in the items: the plane pitch is c and the group pitch
+    planes * c modulo 32 for an odd c (the one that wastes least), so that
+    lane p + planes * g of a warp addresses p * c + g * planes * c = lane * c
+    (mod 32): 32 different banks."""
+    best = None
+    for c in range(1, _BANKS, 2):
+        group_pitch = _congruent(_VH * row_pitch, planes * c % _BANKS)
+        plane_pitch = _congruent(groups * group_pitch, c)
+        if best is None or plane_pitch < best[1]:
+            best = (group_pitch, plane_pitch)
+    return best
 
 
 def _layout(src_size, dst_size, filter_size, offset, planes, row_groups, acc_bytes):
@@ -77,19 +101,23 @@ def _layout(src_size, dst_size, filter_size, offset, planes, row_groups, acc_byt
     # Zero columns left of the image the kw loop can read: up to kVW - 1
     # outputs left of column 0 plus kStep - 1 for the aligned start.
     halo_left = min(max(offset[1], 0), _VW + _STEP - 2)
-    src_pitch = _odd(halo_left + src_w + _VW - 1)  # odd: lanes on different rows hit different banks
+    src_pitch = halo_left + src_w + _VW - 1
     rows = min(src_h, band_rows - 1 + kh)
-    src_plane_pitch = _odd(rows * src_pitch)  # odd: lanes on different planes hit different banks
+    src_group_pitch, src_plane_pitch = _grouped_pitches(src_pitch, -(-rows // _VH), planes)
     filter_pitch = -(-kw // _STEP) * _STEP
     if (filter_pitch // _STEP) % 2 == 0:
         filter_pitch += _STEP  # 16-byte rows an odd number apart: two rows in one wavefront
-    out_plane_pitch = band_rows * strips * _VW
+    out_row_pitch = strips * _VW
+    out_group_pitch, out_plane_pitch = _grouped_pitches(out_row_pitch, row_groups, planes)
     elements = (kh + 2 * (_VH - 1)) * filter_pitch + planes * max(src_plane_pitch, out_plane_pitch)
     return {
         "halo_left": halo_left,
         "src_pitch": src_pitch,
+        "src_group_pitch": src_group_pitch,
         "src_plane_pitch": src_plane_pitch,
         "filter_pitch": filter_pitch,
+        "out_row_pitch": out_row_pitch,
+        "out_group_pitch": out_group_pitch,
         "out_plane_pitch": out_plane_pitch,
         "bytes": elements * acc_bytes,
     }
@@ -148,8 +176,9 @@ def _plan(g, dtype_name, backward, shared_limit):
         i32(g.batch), i32(g.channels), i32(g.multiplier), i32(src_size[0]), i32(src_size[1]),
         i32(dst_h), i32(dst_w), i32(g.filter_height), i32(g.filter_width),
         i32(offset[0]), i32(offset[1]), i32(planes), i32(row_groups * _VH), i32(batch_groups),
-        i32(layout["halo_left"]), i32(layout["src_pitch"]), i32(layout["src_plane_pitch"]),
-        i32(layout["filter_pitch"]), i32(layout["out_plane_pitch"]),
+        i32(layout["halo_left"]), i32(layout["src_pitch"]), i32(layout["src_group_pitch"]),
+        i32(layout["src_plane_pitch"]), i32(layout["filter_pitch"]), i32(layout["out_row_pitch"]),
+        i32(layout["out_group_pitch"]), i32(layout["out_plane_pitch"]),
     )
     return _launch.Launch(
         KERNEL_FILE, _expression(dtype, backward, index),

@@ -33,6 +33,13 @@ bit-identical on every GPU):
   contiguous, nearly equal run of stages.  One split writes grad_weight
   directly (no finalize launch).
 
+Staging (shape-only, does not change the values): a per-stage table holds
+each staged row's 64-bit x offset (8 bytes per staged row, counted in the
+32 KB budget), and groups of 2**lanes_log2 threads copy rows with 8 rows'
+loads in flight per thread (_staging_lanes picks the group width).  Stages
+per unit are capped so that there are at least ceil(1056 / (C*M)) stages
+(small planes otherwise packed the whole batch into one block per channel).
+
 The large kernel splits the batch the same way: ceil(1056 / (C*M)) splits of
 N, at most N.
 """
@@ -55,6 +62,10 @@ _TARGET_BLOCKS = 1056
 _STAGING_BUDGET = 32 * 1024
 _MAX_ITEMS_PER_STAGE = 512
 _THREAD_CHOICES = tuple(range(64, 257, 32))
+# Staged rows each thread copies per load batch (kStageSlots in the .cu) and
+# the row-table bytes per staged row (one 64-bit x offset).
+_STAGE_SLOTS = 8
+_ROW_TABLE_ENTRY = 8
 # Large kernel: kh rows per thread (kLargeRows in the .cu), most warps, and
 # the shared-memory ceiling for its two staged planes.
 _LARGE_ROWS = 4
@@ -133,6 +144,25 @@ def _stage_shape(items_per_unit, units, max_units):
     return best[1], best[2]
 
 
+def _staging_lanes(threads, rows, staged_width):
+    """log2 of the threads that copy one staged row together: the power of
+    two (<= threads) with the fewest load batches of _STAGE_SLOTS rows per
+    thread, then the fewest idle lanes (shape-only; it does not change the
+    staged values, only who copies them)."""
+    best = None
+    lanes_log2 = 0
+    while (1 << lanes_log2) <= threads:
+        lanes = 1 << lanes_log2
+        rows_per_pass = threads // lanes
+        col_passes = -(-staged_width // lanes)
+        batches = col_passes * -(-rows // (rows_per_pass * _STAGE_SLOTS))
+        key = (batches, col_passes * lanes * rows_per_pass * _STAGE_SLOTS * -(-rows // (rows_per_pass * _STAGE_SLOTS)))
+        if best is None or key < best[0]:
+            best = (key, lanes_log2)
+        lanes_log2 += 1
+    return best[1]
+
+
 def _plan_small(g, dtype):
     k, stride = g.filter_height, g.stride_h
     itemsize = numpy.dtype(dtype).itemsize
@@ -143,39 +173,47 @@ def _plan_small(g, dtype):
     # The last column group reads `loads` vectors from column (col_groups-1)*vw*stride.
     staged_width = (col_groups - 1) * vw * stride + loads * vw
     row_bytes = staged_width * itemsize
+    # Shared bytes per staged row: the row plus its 8-byte row-table entry.
+    row_cost = row_bytes + _ROW_TABLE_ENTRY
 
     def staged_rows(pairs):
         return (2 * pairs - 1) * stride + k
 
     total_pairs = -(-g.out_height // 2)
-    if staged_rows(total_pairs) * row_bytes <= _STAGING_BUDGET:
+    if staged_rows(total_pairs) * row_cost <= _STAGING_BUDGET:
         band_rows, bands = g.out_height, 1
     else:
-        max_pairs = ((_STAGING_BUDGET // row_bytes - k + stride) // (2 * stride))
+        max_pairs = ((_STAGING_BUDGET // row_cost - k + stride) // (2 * stride))
         if max_pairs < 1:
             return None
         bands = -(-total_pairs // max_pairs)
         band_rows = 2 * -(-total_pairs // bands)
         bands = -(-g.out_height // band_rows)
     pairs = -(-band_rows // 2)
-    unit_bytes = staged_rows(pairs) * row_bytes
+    unit_rows = staged_rows(pairs)
+    unit_bytes = unit_rows * row_bytes
     units = g.batch * bands
     if units >= _launch.INT32_LIMIT:
         return None
-    per_stage, threads = _stage_shape(pairs * col_groups, units, _STAGING_BUDGET // unit_bytes)
-    stages = -(-units // per_stage)
     out_channels = g.channels * g.multiplier
+    # Enough stages for the wanted splits (small planes would otherwise pack
+    # the whole batch into one stage and one block per channel).
+    wanted_splits = -(-_TARGET_BLOCKS // out_channels)
+    max_units = min(_STAGING_BUDGET // (unit_rows * row_cost), -(-units // wanted_splits))
+    per_stage, threads = _stage_shape(pairs * col_groups, units, max_units)
+    stages = -(-units // per_stage)
     splits = _splits(out_channels, stages)
+    lanes_log2 = _staging_lanes(threads, per_stage * unit_rows, staged_width)
     partial = _launch.Launch(
         KERNEL_FILE,
         _compile.name_expression(SMALL, _dtypes.ctype(dtype), k, stride),
         (out_channels, splits),
         (threads,),
-        per_stage * unit_bytes,
+        per_stage * (unit_bytes + unit_rows * _ROW_TABLE_ENTRY),
         (
             i32(g.channels), i32(g.height), i32(g.width), i32(g.multiplier), i32(g.out_height),
             i32(g.out_width), i32(g.pad_top), i32(g.pad_left), i32(band_rows), i32(bands),
-            i32(units), i32(per_stage), i32(col_groups), i32(staged_width),
+            i32(units), i32(per_stage), i32(col_groups), i32(staged_width), i32(lanes_log2),
         ),
     )
     return [partial] if splits == 1 else [partial, _finalize(g, dtype, splits)]

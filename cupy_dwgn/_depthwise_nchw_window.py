@@ -5,7 +5,11 @@ filters at dilation 1.
 Launch rule (no user tuning), from the destination plane size:
 
 * A thread owns VW = 16 bytes of destination columns x RH rows
-  (float32 4x4, float16/bfloat16 8x2, float64 2x4, 2x2 for 7x7).
+  (float32 4x4, float16/bfloat16 8x4, float64 2x4, 2x2 for 7x7).
+* Outputs are stored straight from registers as 16-byte vectors when the
+  destination width is a multiple of VW (and dst 16-byte aligned); otherwise
+  each unit's outputs (a contiguous range of dst) go through shared memory
+  and leave as aligned 16-byte vectors.
 * A plane of at most 256 such items is one band: a block takes as many whole
   planes as fit 256 threads and a 40 KB staging budget (e.g. 64x960x7x7:
   4 items per plane, 64 planes per block), so small planes still fill a block.
@@ -106,7 +110,7 @@ def _resident_blocks(expression, threads, shared_mem, device_id):
 
 def _tile(itemsize, filter_height):
     columns = 16 // itemsize
-    rows = 2 if itemsize == 2 or (itemsize == 8 and filter_height > 5) else 4
+    rows = 2 if (itemsize == 8 and filter_height > 5) or (itemsize == 2 and filter_height == 3) else 4
     return columns, rows
 
 
@@ -191,7 +195,13 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
         ),
         itemsize,
     )
-    vector_stores = int(dst_w % columns == 0 and dst_aligned)
+    # Whole aligned 16-byte strips are stored straight from registers; other
+    # widths go through shared memory as one flat range of dst per unit
+    # (shifted by < vec elements to match dst's 16-byte boundaries), which
+    # must fit one staging buffer: the extra staged rows guarantee it.
+    direct_stores = int(dst_w % columns == 0 and dst_aligned)
+    unit_rows = dst_h if bands == 1 else band_groups * rows
+    assert vec - 1 + planes_per_unit * unit_rows * dst_w <= planes_per_unit * staged_rows(band_groups) * staged_width
     # Two staging buffers (the unit being computed and the next one).
     shared_mem = 2 * planes_per_unit * plane_bytes
     expression = _expression(dtype, size, stride, backward, index)
@@ -210,7 +220,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
             i32(g.channels), i32(g.multiplier), i32(planes), i32(src_h), i32(src_w), i32(dst_h),
             i32(dst_w), i32(offset_top), i32(read_base), i32(planes_per_unit), i32(band_groups),
             i32(bands), i32(staged_rows(band_groups)), i32(staged_width), i32(left_halo), i32(stage_bytes),
-            i32(vector_stores),
+            i32(direct_stores),
         ),
     )
 

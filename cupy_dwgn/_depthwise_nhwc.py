@@ -23,6 +23,7 @@ KERNEL_FILE = "depthwise_nhwc.cu"
 SPECIALIZED_FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
 
 _CONV = "dwgn_dwconv_nhwc"
+_TILED = "dwgn_dwconv_nhwc_tiled"
 _GATHER = "dwgn_dwconv_nhwc_bwd_input"
 _WGRAD = "dwgn_dwconv_nhwc_bwd_weight"
 _FINALIZE = "dwgn_dwconv_nhwc_bwd_weight_finalize"
@@ -102,6 +103,26 @@ def _conv_expr(dtype, size, vec, backward, index):
     )
 
 
+# Tiled conv (specialized sizes, dilation 1, stride 1 or 2, vector): RO
+# output rows per thread.  4 for float32/float64 at stride 1; 2 for half types
+# (8 float accumulators per vector) and stride 2 (a longer input window), which
+# spill at RO = 4 under the 3-blocks-per-SM register cap (80).
+_TILED_STRIDES = (1, 2)
+_TILED_MAX_CV = 8  # channel vectors per block: 128 bytes of each pixel
+_TILED_THREADS = 256
+_TILED_COLUMNS = 8  # output columns per tile
+
+
+def _tiled_rows(dtype, stride):
+    return 4 if _vec(dtype) <= 4 and stride == 1 else 2
+
+
+def _tiled_expr(dtype, size, stride, index):
+    return _compile.name_expression(
+        _TILED, _dtypes.ctype(dtype), *size, _vec(dtype), stride, _tiled_rows(dtype, stride), index
+    )
+
+
 def _gather_expr(dtype, vec, index):
     return _compile.name_expression(_GATHER, _dtypes.ctype(dtype), vec, index)
 
@@ -119,7 +140,8 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
     """``(file, name expression)`` for each NHWC kernel ``op`` can launch
     (default: all three ops); selection as cupy_dwgn.depthwise.specializations.
 
-    Per dtype and index width: forward 5 (3x3, 5x5, 7x7, generic vector;
+    Per dtype and index width: tiled 6 (3x3, 5x5, 7x7 x stride 1, 2; stride 1
+    also serves backward-input), forward 5 (3x3, 5x5, 7x7, generic vector;
     generic scalar), backward-input 6 (stride-1 vector conv for the 4 sizes;
     gather vector and scalar), backward-weight 5 (+ 1 finalize per dtype).
     """
@@ -136,6 +158,10 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
         for large in large_index:
             index = "long long" if large else "int"
             for size in sizes:
+                if size != (0, 0) and ({"depthwise_conv2d", "depthwise_conv2d_backward_input"} & set(ops)):
+                    for stride in _TILED_STRIDES:
+                        if stride == 1 or "depthwise_conv2d" in ops:
+                            specs.append(_tiled_expr(dtype, size, stride, index))
                 if "depthwise_conv2d" in ops:
                     specs.append(_conv_expr(dtype, size, vec, False, index))
                 if "depthwise_conv2d_backward_input" in ops:
@@ -175,8 +201,73 @@ def _vector_ok(channels, multiplier, dtype, aligned):
     return multiplier == 1 and channels % _vec(dtype) == 0 and aligned
 
 
+def _tiled_cv(vectors):
+    """Channel vectors per tiled block: <= _TILED_MAX_CV (and >= 4 when there
+    are more than 4), the one wasting the fewest vector slots in the last
+    slice (C = 144 float32: 36 vectors -> 6 slices of 6, not 5 of 8)."""
+    if vectors <= _TILED_MAX_CV:
+        return vectors
+    return min(range(_TILED_MAX_CV, 3, -1), key=lambda cv: (-(-vectors // cv) * cv, -cv))
+
+
+def _tiled_launch(g, dtype, index, aligned, backward):
+    """The shared-memory tiled conv launch, or None where it does not apply
+    (scalar path, generic filter size, dilation, stride other than 1/2, or
+    stride 2 backward) or its smallest tile does not fit in 48 KB."""
+    size = (g.filter_height, g.filter_width)
+    stride = g.stride_h
+    if (not _vector_ok(g.channels, g.multiplier, dtype, aligned)
+            or size not in SPECIALIZED_FILTER_SIZES
+            or (g.dilation_h, g.dilation_w) != (1, 1)
+            or g.stride_w != stride or stride not in (_TILED_STRIDES if not backward else (1,))):
+        return None
+    kh, kw = size
+    if backward:
+        src_h, src_w, dst_h, dst_w = g.out_height, g.out_width, g.height, g.width
+        offset = (kh - 1 - g.pad_top, kw - 1 - g.pad_left)
+    else:
+        src_h, src_w, dst_h, dst_w = g.height, g.width, g.out_height, g.out_width
+        offset = (g.pad_top, g.pad_left)
+    vec = _vec(dtype)
+    rows = _tiled_rows(dtype, stride)
+    vectors = g.channels // vec
+    cv = _tiled_cv(vectors)
+    slices = -(-vectors // cv)
+    tile_ow = min(_TILED_COLUMNS, dst_w)
+    row_groups_needed = -(-dst_h // rows)
+    max_groups = max(1, min(_TILED_THREADS // (cv * tile_ow), row_groups_needed))
+
+    def shared_bytes(groups):
+        in_h = (groups * rows - 1) * stride + kh
+        in_w = (tile_ow - 1) * stride + kw
+        return cv * vec * (kh * kw * _acc_bytes(dtype) + in_h * in_w * numpy.dtype(dtype).itemsize)
+
+    while max_groups > 1 and shared_bytes(max_groups) > _SHARED_LIMIT:
+        max_groups -= 1
+    if shared_bytes(max_groups) > _SHARED_LIMIT:
+        return None
+    tiles_h = -(-row_groups_needed // max_groups)
+    groups = -(-row_groups_needed // tiles_h)  # balanced: the last tile is nearly full
+    tiles_w = -(-dst_w // tile_ow)
+    blocks = g.batch * slices * tiles_h * tiles_w
+    if blocks >= 2**31:
+        return None
+    scalars = (
+        i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(g.channels),
+        i32(offset[0]), i32(offset[1]), i32(1 if backward else 0), i32(tile_ow),
+        i32(tiles_h), i32(tiles_w), i32(slices),
+    )
+    return _launch.Launch(
+        KERNEL_FILE, _tiled_expr(dtype, size, stride, index), (blocks,),
+        (cv, tile_ow * groups), shared_bytes(groups), scalars,
+    )
+
+
 def _conv_launch(g, dtype, index, aligned, backward):
     """Forward (backward=False) or stride-1 backward-input conv launch."""
+    tiled = _tiled_launch(g, dtype, index, aligned, backward)
+    if tiled is not None:
+        return tiled
     if backward:
         src_h, src_w, dst_h, dst_w = g.out_height, g.out_width, g.height, g.width
         dst_channels = g.channels
@@ -217,6 +308,11 @@ def _conv_launch(g, dtype, index, aligned, backward):
 
 
 # Kernel and tile per shape (forward):
+#   vector case (below) with a 3x3/5x5/7x7 filter, dilation 1 and stride 1 or
+#   2 (both axes) -> the shared-memory tiled kernel (_tiled_launch: a block =
+#   channel slice of <= 8 vectors x an output tile of 8 columns x groups * RO
+#   rows, its input tile + halo copied with cp.async, <= 48 KB); stride-1
+#   backward-input takes it too (rotated filter).  Otherwise:
 #   M == 1, C % VEC == 0 and x, y 16-byte aligned -> vector kernel (VEC =
 #   16 bytes of channels), 3x3/5x5/7x7 specialized (stride/dilation 1:
 #   streaming register window over RH x TW = 2x4 outputs, 1x4 for half

@@ -185,6 +185,9 @@ def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, pad
         out = _validate.empty_unless_given(out, tuple(weight_shape), x.dtype)
         if out.size == 0:
             return out
+        if grad_out.size == 0 or x.size == 0:
+            out.fill(0)  # no output positions (or an empty input): every tap sums nothing
+            return out
         if layout == "NHWC":
             _nhwc().backward_weight(grad_out, x, out, g)
         elif not _nchw_wgrad().backward_weight(grad_out, x, out, g):

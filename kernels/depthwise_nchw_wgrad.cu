@@ -122,13 +122,58 @@ constexpr int small_min_blocks() {
   return sizeof(typename AccType<T>::type) == 8 && K == 7 ? 1 : 2;
 }
 
+// Staging copies kStageSlots rows per thread per batch: all the batch's
+// global loads are issued before any shared store, so kStageSlots loads are in
+// flight per thread instead of one (the staging was latency bound).
+constexpr int kStageSlots = 8;
+// Row-table entry of a staged row that is all zeros (outside the image or
+// past the rows its unit's outputs read).
+constexpr long long kZeroRow = -0x7fffffffffffffffLL - 1;
+
+// The two grad_out rows of work item `item` of the stage starting at unit0
+// (zero for a row past the band or a column past the image), and where the
+// item's staged window starts (element offset in the staging buffer).
+template <typename T, int K, int S>
+__device__ __forceinline__ int load_item_dy(
+    const T* __restrict__ grad_out, typename AccType<T>::type (&dy)[2][Vec16<T>::kCount], int item,
+    int unit0, int oc, int out_channels, int out_height, int out_width, int band_rows,
+    int num_bands, int pairs, int col_groups, int unit_elems, int staged_width, bool dy_vector) {
+  using Acc = typename AccType<T>::type;
+  constexpr int VW = Vec16<T>::kCount;
+  const int cg = item % col_groups;
+  const int rest = item / col_groups;
+  const int rp = rest % pairs;
+  const int p = rest / pairs;
+  const int u = unit0 + p;
+  const int n = u / num_bands;
+  const int oh0 = (u - n * num_bands) * band_rows;
+  const int rows_in_band = min(band_rows, out_height - oh0);
+  const int ow0 = cg * VW;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 2 * rp + h;
+    const T* dy_row = grad_out +
+        ((static_cast<long long>(n) * out_channels + oc) * out_height + oh0 + min(r, rows_in_band - 1)) * out_width + ow0;
+    if (r < rows_in_band && dy_vector) {
+      const uint4 raw[1] = {__ldg(reinterpret_cast<const uint4*>(dy_row))};
+      UnrollUnpack<0, VW>::template run<T>(raw, dy[h]);
+    } else {
+#pragma unroll
+      for (int v = 0; v < VW; ++v) {
+        dy[h][v] = (r < rows_in_band && ow0 + v < out_width) ? to_acc(dy_row[v]) : Acc(0);
+      }
+    }
+  }
+  return p * unit_elems + 2 * rp * S * staged_width + ow0 * S;
+}
+
 template <typename T, int K, int S>
 __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad_small(
     const T* __restrict__ grad_out, const T* __restrict__ x,
     typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_weight,
     int channels, int height, int width, int multiplier, int out_height, int out_width,
     int pad_top, int pad_left, int band_rows, int num_bands, int num_units,
-    int units_per_stage, int col_groups, int staged_width) {
+    int units_per_stage, int col_groups, int staged_width, int lanes_log2) {
   using Acc = typename AccType<T>::type;
   constexpr int VW = Vec16<T>::kCount;          // output columns per thread
   constexpr int kWindow = (VW - 1) * S + K;     // input columns they read
@@ -143,9 +188,6 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
   const int out_channels = channels * multiplier;
   const int split = blockIdx.y;
   const int num_splits = gridDim.y;
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int num_warps = blockDim.x >> 5;
 
   // Rows staged per unit: a whole number of row pairs (the last pair of an
   // odd band reads one row past the band; it is staged as zeros).
@@ -153,8 +195,21 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
   const int staged_rows = (2 * pairs - 1) * S + K;
   const int unit_elems = staged_rows * staged_width;
   const int cols_valid = (out_width - 1) * S + K;  // staged columns valid outputs read
+  // Row table after the staged units (unit_elems * sizeof(T) is a multiple
+  // of 16 since staged_width is a multiple of VW): x offset of staged
+  // column 0 of each staged row (input column -pad_left), or kZeroRow.
+  long long* row_table = reinterpret_cast<long long*>(staged + units_per_stage * unit_elems);
   // 16-byte grad_out loads need every output row 16-byte aligned.
   const bool dy_vector = out_width % VW == 0 && (reinterpret_cast<size_t>(grad_out) & 15) == 0;
+
+  // Staging lanes: groups of 2**lanes_log2 threads copy one staged row
+  // (columns col, col + lanes, ...); rows_per_pass groups work side by side
+  // (threads beyond the last whole group idle while staging).
+  const int lanes = 1 << lanes_log2;
+  const int rows_per_pass = blockDim.x >> lanes_log2;
+  const int stage_sub = threadIdx.x >> lanes_log2;
+  const int stage_col = threadIdx.x & (lanes - 1);
+  const long long plane_stride = static_cast<long long>(height) * width;
 
   // This split's stages: contiguous, nearly equal shares (shape-only).
   const int num_stages = (num_units + units_per_stage - 1) / units_per_stage;
@@ -168,10 +223,22 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
   for (int stage = stage_begin; stage < stage_end; ++stage) {
     const int unit0 = stage * units_per_stage;
     const int units = min(units_per_stage, num_units - unit0);
+    const int total_rows = units * staged_rows;
+    const int items = units * pairs * col_groups;
 
-    __syncthreads();  // every thread is done reading the previous stage
-    // Stage: one warp per staged row, lanes across its columns.
-    for (int row = warp; row < units * staged_rows; row += num_warps) {
+    // grad_out of this thread's first item, loaded now so its latency hides
+    // behind the staging.
+    Acc dy[2][VW];
+    int s_offset = 0;
+    if (static_cast<int>(threadIdx.x) < items) {
+      s_offset = load_item_dy<T, K, S>(grad_out, dy, threadIdx.x, unit0, oc, out_channels, out_height,
+                                       out_width, band_rows, num_bands, pairs, col_groups, unit_elems,
+                                       staged_width, dy_vector);
+    }
+
+    // Row table (its previous contents were last read before the previous
+    // stage's post-copy barrier, so no barrier is needed before writing it).
+    for (int row = threadIdx.x; row < total_rows; row += blockDim.x) {
       const int p = row / staged_rows;
       const int i = row - p * staged_rows;
       const int u = unit0 + p;
@@ -180,48 +247,42 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
       const int rows_valid = (min(band_rows, out_height - oh0) - 1) * S + K;
       const int ih = oh0 * S - pad_top + i;
       const bool row_in = i < rows_valid && ih >= 0 && ih < height;
-      const T* x_row = x + ((static_cast<long long>(n) * channels + ic) * height + (row_in ? ih : 0)) * width;
-      T* s_row = staged + p * unit_elems + i * staged_width;
-      for (int j = lane; j < staged_width; j += 32) {
-        const int iw = j - pad_left;
-        const bool in = row_in && j < cols_valid && iw >= 0 && iw < width;
-        s_row[j] = in ? x_row[iw] : from_acc<T>(Acc(0));
+      row_table[row] = row_in ? (static_cast<long long>(n) * channels + ic) * plane_stride +
+                                    static_cast<long long>(ih) * width - pad_left
+                              : kZeroRow;
+    }
+    __syncthreads();  // the table is written and every thread is done reading the previous stage
+
+    if (stage_sub < rows_per_pass) {
+      for (int j = stage_col; j - stage_col < staged_width; j += lanes) {
+        const bool col_in = j < cols_valid && j >= pad_left && j - pad_left < width;
+        for (int row0 = stage_sub; row0 < total_rows; row0 += rows_per_pass * kStageSlots) {
+          T v[kStageSlots];
+#pragma unroll
+          for (int s = 0; s < kStageSlots; ++s) {
+            const int row = row0 + s * rows_per_pass;
+            const long long off = row < total_rows ? row_table[row] : kZeroRow;
+            v[s] = (col_in && off != kZeroRow) ? x[off + j] : from_acc<T>(Acc(0));
+          }
+          if (j < staged_width) {
+#pragma unroll
+            for (int s = 0; s < kStageSlots; ++s) {
+              const int row = row0 + s * rows_per_pass;
+              if (row < total_rows) staged[row * staged_width + j] = v[s];
+            }
+          }
+        }
       }
     }
     __syncthreads();  // the stage is complete
 
-    const int items = units * pairs * col_groups;
     for (int item = threadIdx.x; item < items; item += blockDim.x) {
-      const int cg = item % col_groups;
-      const int rest = item / col_groups;
-      const int rp = rest % pairs;
-      const int p = rest / pairs;
-      const int u = unit0 + p;
-      const int n = u / num_bands;
-      const int oh0 = (u - n * num_bands) * band_rows;
-      const int rows_in_band = min(band_rows, out_height - oh0);
-      const int ow0 = cg * VW;
-
-      // grad_out of the two rows (zero for a row past the band or a column
-      // past the image).
-      Acc dy[2][VW];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 2 * rp + h;
-        const T* dy_row = grad_out +
-            ((static_cast<long long>(n) * out_channels + oc) * out_height + oh0 + min(r, rows_in_band - 1)) * out_width + ow0;
-        if (r < rows_in_band && dy_vector) {
-          const uint4 raw[1] = {__ldg(reinterpret_cast<const uint4*>(dy_row))};
-          UnrollUnpack<0, VW>::template run<T>(raw, dy[h]);
-        } else {
-#pragma unroll
-          for (int v = 0; v < VW; ++v) {
-            dy[h][v] = (r < rows_in_band && ow0 + v < out_width) ? to_acc(dy_row[v]) : Acc(0);
-          }
-        }
+      if (item != static_cast<int>(threadIdx.x)) {
+        s_offset = load_item_dy<T, K, S>(grad_out, dy, item, unit0, oc, out_channels, out_height,
+                                         out_width, band_rows, num_bands, pairs, col_groups, unit_elems,
+                                         staged_width, dy_vector);
       }
-
-      const T* s_base = staged + p * unit_elems + 2 * rp * S * staged_width + ow0 * S;
+      const T* s_base = staged + s_offset;
 #pragma unroll
       for (int i = 0; i < kPairRows; ++i) {
         uint4 raw[NV];
@@ -242,6 +303,8 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
         }
       }
     }
+    // No barrier here: the next stage's first barrier (after its row table)
+    // orders these reads before its staging writes.
   }
 
   // Fixed-order block tree (warp butterflies, then warp 0 over the warps).

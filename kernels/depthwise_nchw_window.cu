@@ -13,6 +13,12 @@
 // registers one row at a time (SPAN values each) and FMAs every row into the
 // accumulator rows it feeds; weights live in registers.
 //
+// Stores.  When the destination width is a multiple of VW (and dst 16-byte
+// aligned) items store their rows as 16-byte vectors; otherwise the unit's
+// outputs, one contiguous range of dst, are written into the buffer the unit
+// was computed from (after a barrier) and leave as aligned 16-byte vectors,
+// instead of one L2 request per 2- or 4-byte element.
+//
 // Shared layout.  Image column c of a staged row sits at shared column
 // left_halo + c; the host picks left_halo so that the first source value of
 // every strip sits LEAD columns after a 16-byte boundary (LEAD = -(KW/2) mod
@@ -50,11 +56,14 @@ template <typename T> constexpr int kVec = 16 / static_cast<int>(sizeof(T));
 
 // Destination columns (VW) and rows (RH) per thread.  16 bytes of output per
 // row keeps stores 128-bit wide; rows amortize the KH-1 extra source rows
-// each item streams.  float64 7x7 keeps fewer rows so its double weights and
-// accumulators stay in registers.
+// each item streams, and 4 rows give half types units of as many bytes as
+// float32 (a unit's bytes are what a block keeps in flight).  float64 7x7
+// keeps fewer rows so its double weights and accumulators stay in registers.
 template <typename T> constexpr int kColumns = kVec<T>;
+// Half-type 3x3 keeps 2 rows: measured on the H200 (64x144x56 fp16), 4 rows
+// cost registers (87 vs 64) and a block per SM and ran 66 us against 53.
 template <typename T, int KH> constexpr int kRows =
-    sizeof(T) == 2 ? 2 : (sizeof(T) == 8 && KH > 5 ? 2 : 4);
+    (sizeof(T) == 8 && KH > 5) || (sizeof(T) == 2 && KH == 3) ? 2 : 4;
 
 // Blocks per SM the register budget is set for: 2 (<= 128 registers) except
 // float64 5x5/7x7, whose weights and accumulators need more.
@@ -218,7 +227,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
     T* __restrict__ dst, int channels, int multiplier, int num_dst_planes, int src_height,
     int src_width, int dst_height, int dst_width, int offset_top, int read_base,
     int planes_per_unit, int band_groups, int num_bands, int staged_rows, int staged_width,
-    int left_halo, int stage_bytes, int vector_stores) {
+    int left_halo, int stage_bytes, int direct_stores) {
   static_assert(!BACKWARD || STRIDE == 1, "backward-input uses this kernel at stride 1 only");
   using Acc = typename AccType<T>::type;
   constexpr int VEC = dwgn_window::kVec<T>;
@@ -244,7 +253,8 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
   T* const buffers = reinterpret_cast<T*>(shared_raw);
 
   // The halo columns [0, left_halo) and [left_halo + src_width, staged_width)
-  // of every staged row of both buffers are never written by the staging: zero them once.
+  // of every staged row of both buffers are never written by the staging: zero
+  // them once (the flat output path zeroes what it overwrote).
   {
     const int halo_width = staged_width - src_width;
     const float inv_halo = __frcp_rn(static_cast<float>(halo_width));
@@ -332,28 +342,67 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
           }
         }
       }
-      if (source == sources - 1) {
-        const Acc bias_value = (!BACKWARD && bias != nullptr) ? to_acc(bias[filter]) : Acc(0);
-        T* dst_plane_ptr = dst + static_cast<IndexT>(dst_plane) * dst_height * dst_width;
-        const int col0 = item_strip * VW;
+    }
+    if (source == sources - 1) {  // block-uniform: the barriers below are safe
+      const Acc bias_value = (!BACKWARD && bias != nullptr && active) ? to_acc(bias[filter]) : Acc(0);
+      const int col0 = item_strip * VW;
+      if (direct_stores) {
+        // dst_width % VEC == 0 and dst is 16-byte aligned (host checked):
+        // every strip is whole and aligned; streaming store, y is not re-read.
+        if (active) {
+          T* dst_plane_ptr = dst + static_cast<IndexT>(dst_plane) * dst_height * dst_width;
 #pragma unroll
-        for (int j = 0; j < RH; ++j) {
-          const int r = dst_row0 + j;
-          if (r >= dst_height) break;
-          T* out_row = dst_plane_ptr + static_cast<IndexT>(r) * dst_width + col0;
-          if (vector_stores && VW == VEC) {
-            // dst_width % VEC == 0 and dst is 16-byte aligned (host checked):
-            // every strip is whole and aligned; streaming store, y is not re-read.
+          for (int j = 0; j < RH; ++j) {
+            const int r = dst_row0 + j;
+            if (r >= dst_height) break;
             Vector packed;
             T* lanes = reinterpret_cast<T*>(&packed);
 #pragma unroll
             for (int o = 0; o < VW; ++o) lanes[o] = from_acc<T>(acc[j][o] + bias_value);
-            __stcs(reinterpret_cast<Vector*>(out_row), packed);
-          } else {
+            __stcs(reinterpret_cast<Vector*>(dst_plane_ptr + static_cast<IndexT>(r) * dst_width + col0), packed);
+          }
+        }
+      } else {
+        // Rows whose strips are not whole 16-byte vectors: per-item stores
+        // would be 2- or 4-byte writes 16 bytes apart across the warp (one L2
+        // request per element).  The unit's destination elements are one
+        // contiguous range of dst (whole planes, or whole rows of one plane),
+        // so the items write them into this step's (now read) buffer in dst
+        // order, shifted so that shared and global 16-byte boundaries
+        // coincide, and the block stores the range as aligned 16-byte vectors.
+        const int valid_planes = min(planes_per_unit, num_dst_planes - first_plane);
+        const int unit_rows = min(band_height, dst_height - band_row0);  // = dst_height when ppu > 1
+        T* const dst_unit = dst + static_cast<IndexT>(first_plane) * dst_height * dst_width +
+                            static_cast<IndexT>(band_row0) * dst_width;
+        const int shift = static_cast<int>(reinterpret_cast<size_t>(dst_unit) % 16) / static_cast<int>(sizeof(T));
+        const int length = valid_planes * unit_rows * dst_width;  // host: fits a buffer with shift
+        T* const flat = buffers + (step & 1) * buffer_elems;
+        __syncthreads();  // every item has finished reading this buffer
+        if (active) {
+          const int item_base = shift + (item_plane * unit_rows + dst_row0 - band_row0) * dst_width + col0;
+#pragma unroll
+          for (int j = 0; j < RH; ++j) {
+            if (dst_row0 + j >= dst_height) break;
 #pragma unroll
             for (int o = 0; o < VW; ++o)
-              if (col0 + o < dst_width) out_row[o] = from_acc<T>(acc[j][o] + bias_value);
+              if (col0 + o < dst_width) flat[item_base + j * dst_width + o] = from_acc<T>(acc[j][o] + bias_value);
           }
+        }
+        __syncthreads();  // the unit's outputs are all in `flat`
+        const int vectors = (shift + length + VEC - 1) / VEC;
+        for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
+          const int lo = v * VEC;
+          Vector* const shared_vector = reinterpret_cast<Vector*>(flat + lo);
+          if (lo >= shift && lo + VEC <= shift + length) {
+            __stcs(reinterpret_cast<Vector*>(dst_unit + (lo - shift)), *shared_vector);
+          } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e)
+              if (lo + e >= shift && lo + e < shift + length) dst_unit[lo + e - shift] = flat[lo + e];
+          }
+          // Staging rewrites only image columns: restore the zero halo columns
+          // this range overwrote (zeroing all of it is simpler and as cheap).
+          *shared_vector = zero_value<Vector>();
         }
       }
     }

@@ -325,6 +325,140 @@ __global__ void __launch_bounds__(256, 1) dwgn_dwconv_nhwc(
   }
 }
 
+namespace dwnhwc {
+
+// 16-byte global -> shared asynchronous copy; src_bytes = 0 writes 16 zero
+// bytes and reads nothing (a padding pixel or a channel past the end).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+}  // namespace dwnhwc
+
+// Shared-memory tiled direct convolution (CUTLASS DepthwiseDirect2dConv /
+// cuDNN channels_last design) for specialized filter sizes at dilation 1 and
+// stride STRIDE (1 or 2), M = 1, 16-byte channel vectors:
+//   forward: src = x, dst = y, offset = pad, flip = 0;
+//   stride-1 backward-input: src = grad_out, dst = grad_in, filter rotated
+//     180 degrees (flip = 1), offset = KH-1-pad_top, KW-1-pad_left.
+// A block owns an output tile of (blockDim.y / tile_ow) * RO rows x tile_ow
+// columns of one image and a channel slice of blockDim.x vectors.  It copies
+// the input tile + halo ((tile rows - 1) * STRIDE + KH) x ((tile_ow - 1) *
+// STRIDE + KW) pixels x slice into shared memory with cp.async (each pixel's
+// slice is contiguous in memory: coalesced 16-byte copies, every copy in
+// flight at once, no registers held; pixels outside the image are zero-
+// filled, which is the padding), and its filter slice as [tap][channel] in
+// the accumulator type.  Then each thread computes RO consecutive output rows
+// of one column for one channel vector from shared memory: for each filter
+// column kw it walks the (RO - 1) * STRIDE + KH input rows once, applying
+// each to every output row j that reads it (filter row r - j * STRIDE).
+// One tile per block; small register and shared footprints let several
+// blocks per SM overlap one block's copies with another's arithmetic.
+// Grid (1-D): blockIdx.x = (n * slices + slice) * tiles_h * tiles_w + tile,
+// so consecutive blocks are spatial neighbours sharing halo rows in L2.
+template <typename T, int KH, int KW, int VEC, int STRIDE, int RO, typename IndexT>
+__global__ void __launch_bounds__(256, 3) dwgn_dwconv_nhwc_tiled(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias,
+    T* __restrict__ dst, int src_h, int src_w, int dst_h, int dst_w, int channels,
+    int offset_top, int offset_left, int flip, int tile_ow, int tiles_h, int tiles_w, int slices) {
+  using Acc = typename AccType<T>::type;
+  constexpr int kTaps = KH * KW;
+  constexpr int kInRows = (RO - 1) * STRIDE + KH;  // input rows one thread reads
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  const int cv = blockDim.x;
+  const int slice_channels = cv * VEC;
+  const int tile_oh = (blockDim.y / tile_ow) * RO;
+  const int in_h = (tile_oh - 1) * STRIDE + KH;
+  const int in_w = (tile_ow - 1) * STRIDE + KW;
+  // [tap][slice channel] weights, then [input pixel][slice channel] inputs;
+  // kTaps * slice_channels * sizeof(Acc) is a multiple of 16 (VEC * sizeof(Acc) >= 16).
+  Acc* w_s = reinterpret_cast<Acc*>(shared_raw);
+  T* x_s = reinterpret_cast<T*>(shared_raw + kTaps * slice_channels * sizeof(Acc));
+
+  const int spatial = tiles_h * tiles_w;
+  const int tile = static_cast<int>(blockIdx.x % spatial);
+  const int rest = static_cast<int>(blockIdx.x / spatial);
+  const int slice = rest % slices;
+  const int n = rest / slices;
+  const int oh_base = (tile / tiles_w) * tile_oh;
+  const int ow_base = (tile % tiles_w) * tile_ow;
+  const int c_base = slice * slice_channels;
+  const int c = c_base + threadIdx.x * VEC;
+  const bool channel_ok = c < channels;  // channels % VEC == 0
+
+  // Input tile: thread (x, y) copies vector x of pixels y, y + blockDim.y, ...
+  const int ih0 = oh_base * STRIDE - offset_top;
+  const int iw0 = ow_base * STRIDE - offset_left;
+  const T* src_img = src + static_cast<IndexT>(n) * src_h * src_w * channels;
+  for (int p = threadIdx.y; p < in_h * in_w; p += blockDim.y) {
+    const int r = p / in_w;
+    const int ih = ih0 + r;
+    const int iw = iw0 + (p - r * in_w);
+    const bool inside = channel_ok && ih >= 0 && ih < src_h && iw >= 0 && iw < src_w;
+    const T* from = inside ? src_img + (static_cast<IndexT>(ih) * src_w + iw) * channels + c : src;
+    dwnhwc::cp_async_16(x_s + p * slice_channels + threadIdx.x * VEC, from, inside ? 16 : 0);
+  }
+  // Filter slice, read while the copies fly; consecutive i read consecutive
+  // taps of one filter (coalesced).  Rotating by 180 degrees maps tap t to
+  // kTaps - 1 - t.
+  const int tid = threadIdx.y * cv + threadIdx.x;
+  const int num_threads = cv * blockDim.y;
+  for (int i = tid; i < kTaps * slice_channels; i += num_threads) {
+    const int j = i / kTaps;
+    const int t = i - j * kTaps;
+    const int cc = c_base + j;
+    w_s[t * slice_channels + j] =
+        cc < channels ? to_acc(weight[static_cast<IndexT>(cc) * kTaps + (flip ? kTaps - 1 - t : t)])
+                      : Acc(0);
+  }
+  dwnhwc::cp_async_wait_all();
+  __syncthreads();  // the input tile and the filter slice are in shared memory
+
+  const int col = threadIdx.y % tile_ow;
+  const int row0 = (threadIdx.y / tile_ow) * RO;  // first output row of the thread, in the tile
+  const int ow = ow_base + col;
+  const int oh0 = oh_base + row0;
+  if (!channel_ok || ow >= dst_w || oh0 >= dst_h) return;  // no barrier follows
+
+  Acc acc[RO][VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    const Acc b = bias != nullptr ? to_acc(bias[c + v]) : Acc(0);
+#pragma unroll
+    for (int j = 0; j < RO; ++j) acc[j][v] = b;
+  }
+  // Input row r of the thread's window is tile row row0 * STRIDE + r; output
+  // row j reads it through filter row r - j * STRIDE.
+  const T* x_thread = x_s + (row0 * STRIDE * in_w + col * STRIDE) * slice_channels + threadIdx.x * VEC;
+  const Acc* w_thread = w_s + threadIdx.x * VEC;
+#pragma unroll
+  for (int kw = 0; kw < KW; ++kw) {
+#pragma unroll
+    for (int r = 0; r < kInRows; ++r) {
+      Acc xv[VEC];
+      dwnhwc::load_vec<VEC>(x_thread + (r * in_w + kw) * slice_channels, xv);
+#pragma unroll
+      for (int j = 0; j < RO; ++j) {
+        const int kh = r - j * STRIDE;
+        if (kh < 0 || kh >= KH) continue;
+        const auto w = dwnhwc::load_shared<VEC>(w_thread + (kh * KW + kw) * slice_channels);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) acc[j][v] += w.v[v] * xv[v];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < RO; ++j) {
+    if (oh0 + j < dst_h) {
+      dwnhwc::store_vec<VEC>(
+          dst + ((static_cast<IndexT>(n) * dst_h + oh0 + j) * dst_w + ow) * channels + c, acc[j]);
+    }
+  }
+}
+
 // Backward-input in gather form, any stride, dilation and multiplier (the
 // stride-1 vector case goes to dwgn_dwconv_nhwc<..., BACKWARD = true>).
 // One item = one grad_in pixel; each thread owns one channel vector of it and
