@@ -4,6 +4,8 @@ shared-memory tiled kernel, the two-pass deterministic weight gradient).
 The faster special-purpose kernels (_depthwise_nchw_window, _nchw_large,
 _nchw_wgrad) take the shapes they serve first; cupy_dwgn.depthwise picks."""
 
+import functools
+
 import cupy
 import numpy
 
@@ -215,8 +217,16 @@ def backward_weight(grad_out, x, out, g):
         (out_channels, num_splits, tap_groups), (_launch.BLOCK,),
         (grad_out, x, partial) + _geometry_args(g),
     )
-    finalize = _compile.get_kernel(KERNEL_FILE, _compile.name_expression(_FINALIZE, _dtypes.ctype(x.dtype)))
-    finalize(
-        _launch.grid_1d(out.size), (_launch.BLOCK,),
-        (partial, out, i32(out_channels), i32(taps), i32(num_splits)),
+    finalize_launch(x.dtype, out_channels, taps, num_splits, num_splits * taps, taps, 1)(partial, out)
+
+
+@functools.lru_cache(maxsize=256)
+def finalize_launch(dtype, out_channels, taps, num_splits, channel_stride, split_stride, tap_stride):
+    """The split-order sum of every weight-gradient kernel (NCHW and NHWC):
+    grad_weight[oc, tap] = sum_s partial[s*split_stride + oc*channel_stride + tap*tap_stride]."""
+    i64 = numpy.int64
+    return _launch.Launch(
+        KERNEL_FILE, _compile.name_expression(_FINALIZE, _dtypes.ctype(dtype)),
+        _launch.grid_1d(out_channels * taps), (_launch.BLOCK,), 0,
+        (i32(out_channels), i32(taps), i32(num_splits), i64(split_stride), i64(channel_stride), i64(tap_stride)),
     )

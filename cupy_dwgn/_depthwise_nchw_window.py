@@ -16,6 +16,10 @@ Launch rule (no user tuning), from the destination plane size:
 * A block is persistent: it walks units grid-size apart, copying the next
   unit's rows into a second shared buffer with cp.async while computing the
   current one; the grid is the number of blocks resident on the device.
+* Small planes (rows under 64 bytes or not 16-byte copyable, whole planes
+  per unit, multiplier 1) are staged flat: the unit's planes are one
+  contiguous range, copied as 16-byte cp.async vectors into a raw buffer and
+  expanded in shared memory into the padded layout (3 barriers per step).
 * A larger plane is cut into bands of 256 // strips item rows (one plane per
   block); planes wider than 1024 float32 (256 strips) are left to the tiled or
   direct kernel (plan returns None), as are shapes whose staged band would
@@ -202,8 +206,25 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
     direct_stores = int(dst_w % columns == 0 and dst_aligned)
     unit_rows = dst_h if bands == 1 else band_groups * rows
     assert vec - 1 + planes_per_unit * unit_rows * dst_w <= planes_per_unit * staged_rows(band_groups) * staged_width
-    # Two staging buffers (the unit being computed and the next one).
-    shared_mem = 2 * planes_per_unit * plane_bytes
+    # Flat staging: a unit of whole planes with one source plane each is one
+    # contiguous range of src, copied as 16-byte vectors into a raw buffer
+    # and expanded in shared memory into the padded layout.  Taken where row
+    # staging is narrow (rows under 64 bytes, or not 16-byte copyable): small
+    # planes such as 7x7, 14x14 float32 and 28x28 half types.  Shared memory:
+    # one padded buffer and two raw buffers, each holding the range (or the
+    # unit's outputs) shifted by < vec elements.
+    flat = bands == 1 and g.multiplier == 1 and (src_w * itemsize < 64 or stage_bytes < 16)
+    flat_elems = -(-(vec - 1 + planes_per_unit * max(src_h * src_w, dst_h * dst_w)) // vec) * vec
+    shared_mem = planes_per_unit * plane_bytes + 2 * flat_elems * itemsize
+    # At most 2 x 48 KB like row staging (_resident_blocks raises the kernel's
+    # dynamic shared memory limit) and at most 1.25 x row staging's two
+    # buffers (raw planes are smaller than padded ones; 28x28 half types need
+    # 1.05 x, where registers, not shared memory, bound the blocks per SM).
+    row_shared = 2 * planes_per_unit * plane_bytes
+    if not (flat and shared_mem <= min(2 * _SHARED_LIMIT, row_shared * 5 // 4)):
+        flat_elems = 0
+        # Two staging buffers (the unit being computed and the next one).
+        shared_mem = 2 * planes_per_unit * plane_bytes
     expression = _expression(dtype, size, stride, backward, index)
     if device_id is None:
         import cupy
@@ -220,7 +241,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
             i32(g.channels), i32(g.multiplier), i32(planes), i32(src_h), i32(src_w), i32(dst_h),
             i32(dst_w), i32(offset_top), i32(read_base), i32(planes_per_unit), i32(band_groups),
             i32(bands), i32(staged_rows(band_groups)), i32(staged_width), i32(left_halo), i32(stage_bytes),
-            i32(direct_stores),
+            i32(direct_stores), i32(flat_elems),
         ),
     )
 

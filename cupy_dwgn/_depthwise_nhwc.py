@@ -13,7 +13,7 @@ import math
 import cupy
 import numpy
 
-from . import _compile, _dtypes, _launch
+from . import _compile, _depthwise_nchw, _dtypes, _launch
 from ._launch import i32
 
 KERNEL_FILE = "depthwise_nhwc.cu"
@@ -26,7 +26,7 @@ _CONV = "dwgn_dwconv_nhwc"
 _TILED = "dwgn_dwconv_nhwc_tiled"
 _GATHER = "dwgn_dwconv_nhwc_bwd_input"
 _WGRAD = "dwgn_dwconv_nhwc_bwd_weight"
-_FINALIZE = "dwgn_dwconv_nhwc_bwd_weight_finalize"
+_WGRAD_TILED = "dwgn_dwconv_nhwc_bwd_weight_tiled"
 
 _OPS = ("depthwise_conv2d", "depthwise_conv2d_backward_input", "depthwise_conv2d_backward_weight")
 _VECTOR_BYTES = 16
@@ -132,8 +132,8 @@ def _wgrad_expr(dtype, size, vec, index):
     return _compile.name_expression(_WGRAD, _dtypes.ctype(dtype), *size, vec, tw, taps, index)
 
 
-def _finalize_expr(dtype):
-    return _compile.name_expression(_FINALIZE, _dtypes.ctype(dtype))
+def _wgrad_tiled_expr(dtype, size, stride, index):
+    return _compile.name_expression(_WGRAD_TILED, _dtypes.ctype(dtype), *size, _vec(dtype), stride, index)
 
 
 def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False, True)):
@@ -143,7 +143,9 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
     Per dtype and index width: tiled 6 (3x3, 5x5, 7x7 x stride 1, 2; stride 1
     also serves backward-input), forward 5 (3x3, 5x5, 7x7, generic vector;
     generic scalar), backward-input 6 (stride-1 vector conv for the 4 sizes;
-    gather vector and scalar), backward-weight 5 (+ 1 finalize per dtype).
+    gather vector and scalar), backward-weight 11 (tiled: 3x3, 5x5, 7x7 x
+    stride 1, 2; register kernel: 3x3, 5x5, 7x7, generic vector, generic
+    scalar) (+ the shared finalize of depthwise_conv2d.cu per dtype).
     """
     ops = _OPS if op is None else (op,)
     dtypes = tuple(_dtypes.CTYPES) if dtypes is None else tuple(numpy.dtype(d) for d in dtypes)
@@ -167,6 +169,9 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                 if "depthwise_conv2d_backward_input" in ops:
                     specs.append(_conv_expr(dtype, size, vec, True, index))
                 if "depthwise_conv2d_backward_weight" in ops:
+                    if size != (0, 0):
+                        for stride in _TILED_STRIDES:
+                            specs.append(_wgrad_tiled_expr(dtype, size, stride, index))
                     specs.append(_wgrad_expr(dtype, size, vec, index))
             # Scalar/any-stride kernels serve every filter size.
             if "depthwise_conv2d" in ops:
@@ -176,9 +181,10 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                 specs.append(_gather_expr(dtype, 1, index))
             if "depthwise_conv2d_backward_weight" in ops:
                 specs.append(_wgrad_expr(dtype, (0, 0), 1, index))
-        if "depthwise_conv2d_backward_weight" in ops:
-            specs.append(_finalize_expr(dtype))
-    return [(KERNEL_FILE, e) for e in dict.fromkeys(specs)]
+    specs = [(KERNEL_FILE, e) for e in dict.fromkeys(specs)]
+    if "depthwise_conv2d_backward_weight" in ops:
+        specs += _depthwise_nchw.specializations("depthwise_conv2d_backward_weight", dtypes, [(0, 0)], ())
+    return specs
 
 
 # --- plans -----------------------------------------------------------------
@@ -383,17 +389,97 @@ def backward_input(grad_out, weight, out, g):
 
 
 # Kernel and split per shape (backward-weight):
-#   vector kernel when M == 1, C % VEC == 0, x and grad_out aligned
+#   vector case with a 3x3/5x5/7x7 filter, dilation 1 and stride 1 or 2 (both
+#   axes) -> the shared-memory tiled kernel (_wgrad_tiled_launch: a block =
+#   channel slice of <= 8 vectors x a contiguous range of output tiles of
+#   tile_oh x tile_ow pixels, double-buffered cp.async staging, <= 64 KB;
+#   splits = ceil(1024 / slices) capped so each block loops over >= 4 tiles).
+#   Otherwise the register kernel: vector kernel when M == 1, C % VEC == 0, x and grad_out aligned
 #   (3x3/5x5/7x7 specialized: TW = 4 output columns per item, TAPS filter rows
 #   per tap group, see _wgrad_tile; other sizes generic, TAPS taps per group);
 #   scalar generic kernel otherwise.  Items = output-row strips; splits =
 #   ceil(_TARGET_BLOCKS / (channel tiles * tap groups)), capped so each thread
 #   gets >= _MIN_ITEMS_PER_THREAD items.  Both depend on the shape only: the
 #   partial sums and their finalize order are bit-identical run to run.
+# Tiled weight gradient (_wgrad_tiled_launch): shared memory per block (two
+# tile buffers; 3 blocks fit in an SM's 228 KB), the block count it aims at
+# (a constant, so the split count depends on the shape only) and the fewest
+# tiles a block loops over (the double buffering needs a few).
+_WGRAD_TILED_SHARED = 64 * 1024
+_WGRAD_TILED_BLOCKS = 1024
+_WGRAD_TILED_MIN_TILES = 4
+_WGRAD_TILED_MAX_COLUMNS = 32
+
+
+def _wgrad_tiled_launch(g, dtype, index, aligned):
+    """(partial launch, splits) of the shared-memory tiled weight gradient, or
+    None where it does not apply (scalar path, generic size, dilation, stride
+    other than 1/2 or unequal strides) or no tile fits."""
+    size = (g.filter_height, g.filter_width)
+    stride = g.stride_h
+    if (not _vector_ok(g.channels, g.multiplier, dtype, aligned)
+            or size not in SPECIALIZED_FILTER_SIZES
+            or (g.dilation_h, g.dilation_w) != (1, 1)
+            or g.stride_w != stride or stride not in _TILED_STRIDES):
+        return None
+    kh, kw = size
+    vec = _vec(dtype)
+    vectors = g.channels // vec
+    cv = _tiled_cv(vectors)
+    slices = -(-vectors // cv)
+    pixel_bytes = cv * _VECTOR_BYTES
+
+    def shared_bytes(oh, ow):
+        # Two buffers of (input tile + halo, grad_out tile); the final
+        # reduction (blockDim.y rows of the slice in Acc) reuses them.
+        x_pixels = ((oh - 1) * stride + kh) * ((ow - 1) * stride + kw)
+        return max(2 * (x_pixels + oh * ow) * pixel_bytes, oh * kh * cv * vec * _acc_bytes(dtype))
+
+    # Tile: blockDim.y = tile_oh * KH threads per channel vector (<= 256
+    # threads); the widest tile_ow <= 32 that fits, fewer rows only when not
+    # even min(out_w, 4) columns fit; then both balanced (the last tile is
+    # nearly full).
+    tile_oh = max(1, min(g.out_height, (_MAX_THREADS // cv) // kh))
+    while True:
+        tile_ow = min(g.out_width, _WGRAD_TILED_MAX_COLUMNS)
+        while tile_ow > 1 and shared_bytes(tile_oh, tile_ow) > _WGRAD_TILED_SHARED:
+            tile_ow -= 1
+        if tile_oh == 1 or tile_ow >= min(g.out_width, 4):
+            break
+        tile_oh -= 1
+    if shared_bytes(tile_oh, tile_ow) > _WGRAD_TILED_SHARED:
+        return None
+    tiles_h = -(-g.out_height // tile_oh)
+    tile_oh = -(-g.out_height // tiles_h)
+    tiles_w = -(-g.out_width // tile_ow)
+    tile_ow = -(-g.out_width // tiles_w)
+    num_tiles = g.batch * tiles_h * tiles_w
+    if num_tiles >= 2**31:
+        return None
+    splits = max(1, min(-(-_WGRAD_TILED_BLOCKS // slices), num_tiles // _WGRAD_TILED_MIN_TILES,
+                        _launch.MAX_GRID_Y))
+    per_split = -(-num_tiles // splits)
+    splits = -(-num_tiles // per_split)  # every split non-empty
+    scalars = (
+        i32(g.height), i32(g.width), i32(g.channels), i32(g.out_height), i32(g.out_width),
+        i32(g.pad_top), i32(g.pad_left), i32(tile_ow), i32(tiles_h), i32(tiles_w),
+        i32(num_tiles), i32(per_split),
+    )
+    return _launch.Launch(
+        KERNEL_FILE, _wgrad_tiled_expr(dtype, size, stride, index), (slices, splits),
+        (cv, tile_oh * kh), shared_bytes(tile_oh, tile_ow), scalars,
+    ), splits
+
+
 @functools.lru_cache(maxsize=1024)
 def _backward_weight_plan(g, dtype, index, aligned):
     out_channels = g.channels * g.multiplier
     taps = g.filter_height * g.filter_width
+    acc = _dtypes.accumulator_dtype(dtype)
+    tiled = _wgrad_tiled_launch(g, dtype, index, aligned)
+    if tiled is not None:
+        partial, splits = tiled
+        return (partial, _finalize(dtype, out_channels, taps, splits)), (splits, taps, out_channels), acc
     vec = _vec(dtype) if _vector_ok(g.channels, g.multiplier, dtype, aligned) else 1
     size = _template_size(g.filter_height, g.filter_width) if vec > 1 else (0, 0)
     tw, group_taps = _wgrad_tile(size, dtype, vec)
@@ -410,7 +496,6 @@ def _backward_weight_plan(g, dtype, index, aligned):
     grid_x = tiles * groups
     if grid_x >= 2**31:
         raise ValueError(f"weight: too many tap groups ({groups}) for one launch")
-    acc = _dtypes.accumulator_dtype(dtype)
     scalars = (
         i32(g.batch), i32(g.height), i32(g.width), i32(out_channels), i32(g.multiplier),
         i32(g.out_height), i32(g.out_width), i32(g.filter_height), i32(g.filter_width),
@@ -422,11 +507,12 @@ def _backward_weight_plan(g, dtype, index, aligned):
         KERNEL_FILE, _wgrad_expr(dtype, size, vec, index), (grid_x, splits), (bx, by),
         by * bx * vec * acc.itemsize, scalars,
     )
-    finalize = _launch.Launch(
-        KERNEL_FILE, _finalize_expr(dtype), _launch.grid_1d(out_channels * taps),
-        (_launch.BLOCK,), 0, (i32(out_channels), i32(taps), i32(splits)),
-    )
-    return (partial, finalize), (splits, taps, out_channels), acc
+    return (partial, _finalize(dtype, out_channels, taps, splits)), (splits, taps, out_channels), acc
+
+
+def _finalize(dtype, out_channels, taps, splits):
+    """The shared split-order sum over partial[split][tap][channel]."""
+    return _depthwise_nchw.finalize_launch(dtype, out_channels, taps, splits, 1, taps * out_channels, out_channels)
 
 
 def backward_weight(grad_out, x, out, g):

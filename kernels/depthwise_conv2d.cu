@@ -377,22 +377,26 @@ __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_partial(
   }
 }
 
-// Weight gradient, pass 2 of 2: grad_weight[oc, tap] = sum over splits, in
-// split order, of partial[oc, split, tap].  Grid-stride over the weight
-// elements (the host caps the grid).
+// Weight gradient, pass 2 of 2, shared by every weight-gradient kernel (NCHW
+// and NHWC): grad_weight[oc, tap] = sum over splits, in split order, of
+// partial[split * split_stride + oc * channel_stride + tap * tap_stride]
+// (NCHW partials are [oc][split][tap], NHWC ones [split][tap][oc]).  The fixed
+// order makes the result bit-identical run to run.  Grid-stride over the
+// weight elements (the host caps the grid).
 template <typename T>
 __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_finalize(
     const typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_weight,
-    int out_channels, int filter_taps, int num_splits) {
+    int out_channels, int filter_taps, int num_splits, long long split_stride,
+    long long channel_stride, long long tap_stride) {
   using Acc = typename AccType<T>::type;
   const int total = out_channels * filter_taps;
   const int stride = dwgn::global_thread_count<int>();
   for (int i = dwgn::global_thread_index<int>(); i < total; i = dwgn::grid_stride_next(i, stride, total)) {
     const int oc = i / filter_taps;
     const int tap = i - oc * filter_taps;
-    const Acc* p = partial + static_cast<long long>(oc) * num_splits * filter_taps + tap;
+    const Acc* p = partial + oc * channel_stride + tap * tap_stride;
     Acc sum = 0;
-    for (int s = 0; s < num_splits; ++s) sum += p[static_cast<long long>(s) * filter_taps];
+    for (int s = 0; s < num_splits; ++s) sum += p[s * split_stride];
     grad_weight[i] = from_acc<T>(sum);
   }
 }

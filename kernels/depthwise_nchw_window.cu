@@ -115,18 +115,6 @@ __device__ __forceinline__ int small_div(int n, float inv_d) {
   return __float2int_rz(__fmaf_rn(static_cast<float>(n), inv_d, 0.5f * inv_d));
 }
 
-template <int BYTES>
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if (BYTES == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(BYTES) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
 }  // namespace dwgn_window
 
 template <typename V> __device__ __forceinline__ V zero_value() { return V(0.0f); }
@@ -174,7 +162,7 @@ __device__ __forceinline__ void stage_rows_async(const StagingArgs<T>& a) {
     const T* row_ptr = staged_source_row<T, BACKWARD, IndexT>(a, row);
     T* to = a.staged + row * a.staged_width + a.left_halo + v * E;
     if (row_ptr != nullptr)
-      dwgn_window::cp_async<BYTES>(to, row_ptr + v * E);
+      dwgn::cp_async<BYTES>(to, row_ptr + v * E);
     else
       *reinterpret_cast<V*>(to) = zero_value<V>();
   }
@@ -218,7 +206,31 @@ __device__ __forceinline__ void stage_rows(const StagingArgs<T>& a, int stage_by
     case 4: if (sizeof(T) <= 4) stage_rows_async<T, 4, BACKWARD, IndexT>(a); break;
     default: if (sizeof(T) == 2) stage_rows_sync<T, BACKWARD, IndexT>(a); break;
   }
-  dwgn_window::cp_async_commit();
+  dwgn::cp_async_commit();
+}
+
+// Flat staging (host: flat_elems > 0; whole planes per unit, one source per
+// destination plane): the unit's source planes are one contiguous range of
+// src, copied as aligned 16-byte cp.async vectors into `raw` (shifted by the
+// range's 16-byte phase, like the flat output path) instead of row by row
+// with 4- or 8-byte copies and per-copy row arithmetic.  The at most two
+// partial vectors at the ends (misaligned or odd-length ranges only) are
+// copied element-wise with plain loads.  The caller commits.
+template <typename T>
+__device__ __forceinline__ void stage_flat(const T* range, T* raw, int length) {
+  constexpr int VEC = dwgn_window::kVec<T>;
+  const int shift = static_cast<int>(reinterpret_cast<size_t>(range) % 16) / static_cast<int>(sizeof(T));
+  const int vectors = (shift + length + VEC - 1) / VEC;
+  for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
+    const int lo = v * VEC;
+    if (lo >= shift && lo + VEC <= shift + length) {
+      dwgn::cp_async<16>(raw + lo, range + (lo - shift));
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        if (lo + e >= shift && lo + e < shift + length) raw[lo + e] = range[lo + e - shift];
+    }
+  }
 }
 
 template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, typename IndexT>
@@ -227,7 +239,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
     T* __restrict__ dst, int channels, int multiplier, int num_dst_planes, int src_height,
     int src_width, int dst_height, int dst_width, int offset_top, int read_base,
     int planes_per_unit, int band_groups, int num_bands, int staged_rows, int staged_width,
-    int left_halo, int stage_bytes, int direct_stores) {
+    int left_halo, int stage_bytes, int direct_stores, int flat_elems) {
   static_assert(!BACKWARD || STRIDE == 1, "backward-input uses this kernel at stride 1 only");
   using Acc = typename AccType<T>::type;
   constexpr int VEC = dwgn_window::kVec<T>;
@@ -251,7 +263,20 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
   const int buffer_elems = num_rows * staged_width;  // multiple of VEC: buffer 1 stays aligned
   const int num_units = (num_dst_planes + planes_per_unit - 1) / planes_per_unit * num_bands;
   T* const buffers = reinterpret_cast<T*>(shared_raw);
+  // Flat staging (flat_elems > 0, block-uniform): one padded buffer (the
+  // layout the items read, as buffer 0 of row staging) followed by two raw
+  // buffers of flat_elems (a multiple of VEC, so they stay 16-byte aligned)
+  // that receive the contiguous source range and later hold the unit's
+  // outputs for the flat output path.
+  const bool flat = flat_elems > 0;
+  T* const raw_buffers = buffers + buffer_elems;
+  const int src_plane_elems = src_height * src_width;
 
+  if (flat) {
+    // Every padded cell the expansion does not write (halo columns, padding
+    // rows, rows past the staged window) stays zero for the whole kernel.
+    for (int i = threadIdx.x; i < buffer_elems; i += blockDim.x) buffers[i] = T(0.0f);
+  } else {
   // The halo columns [0, left_halo) and [left_halo + src_width, staged_width)
   // of every staged row of both buffers are never written by the staging: zero
   // them once (the flat output path zeroes what it overwrote).
@@ -263,6 +288,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
       const int k = i - row * halo_width;
       buffers[row * staged_width + (k < left_halo ? k : src_width + k)] = T(0.0f);
     }
+  }
   }
 
   // This thread's item (the same in every unit).
@@ -278,6 +304,16 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
 
   const float inv_plane_rows = __frcp_rn(static_cast<float>(plane_rows));
   auto stage = [&](int unit, int source, int buffer) {
+    if (flat) {
+      // Whole planes, one source each (host: bands == 1, multiplier == 1):
+      // src planes first_plane .. first_plane + valid - 1.
+      const int first = unit * planes_per_unit;
+      const int valid = min(planes_per_unit, num_dst_planes - first);
+      stage_flat<T>(src + static_cast<IndexT>(first) * src_plane_elems, raw_buffers + buffer * flat_elems,
+                    valid * src_plane_elems);
+      dwgn::cp_async_commit();
+      return;
+    }
     const int first_plane = unit / num_bands * planes_per_unit;
     const int band_row0 = (unit - unit / num_bands * num_bands) * band_height;
     const StagingArgs<T> args{src, buffers + buffer * buffer_elems, source, first_plane,
@@ -299,8 +335,10 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
       next_unit = dwgn::grid_stride_next(unit, static_cast<int>(gridDim.x), num_units);
     }
     // Buffer (step + 1) & 1 was last read at step - 1, which ended with a barrier.
-    if (next_unit < num_units) stage(next_unit, next_source, (step + 1) & 1);
-    else dwgn_window::cp_async_commit();  // an empty group keeps wait_group<1> counting right
+    if (!flat) {
+      if (next_unit < num_units) stage(next_unit, next_source, (step + 1) & 1);
+      else dwgn::cp_async_commit();  // an empty group keeps wait_group<1> counting right
+    }
 
     const int first_plane = unit / num_bands * planes_per_unit;
     const int band_row0 = (unit - unit / num_bands * num_bands) * band_height;
@@ -321,11 +359,40 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
 #pragma unroll
         for (int o = 0; o < VW; ++o) acc[j][o] = Acc(0);
     }
-    dwgn_window::cp_async_wait<1>();  // this thread's copies of this step have landed
-    __syncthreads();                  // everyone's have (and the zero rows are visible)
+    if (!flat) {
+      dwgn::cp_async_wait<1>();  // this thread's copies of this step have landed
+      __syncthreads();                  // everyone's have (and the zero rows are visible)
+    } else {
+      // Three barriers per step.  This one: raw buffer step & 1 has landed
+      // (this step's only outstanding group) and is visible; every thread has
+      // finished step - 1 (its reads of the padded buffer and its stores from
+      // raw buffer (step + 1) & 1, which the next copy reuses).
+      dwgn::cp_async_wait<0>();
+      __syncthreads();
+      // Issued a whole step ahead of its use: the copy overlaps this step.
+      if (next_unit < num_units) stage(next_unit, next_source, (step + 1) & 1);
+      // Expand the raw planes into the padded layout: element i of the range
+      // is (plane pl, image row r, column c); image row r is staged row
+      // r + offset_top of its plane (band_row0 = 0).
+      const T* const range = src + static_cast<IndexT>(first_plane) * src_plane_elems;
+      const T* const raw = raw_buffers + (step & 1) * flat_elems +
+                           static_cast<int>(reinterpret_cast<size_t>(range) % 16) / static_cast<int>(sizeof(T));
+      const int total = min(planes_per_unit, num_dst_planes - first_plane) * src_plane_elems;
+      const float inv_width = __frcp_rn(static_cast<float>(src_width));
+      const float inv_height = __frcp_rn(static_cast<float>(src_height));
+      for (int i = threadIdx.x; i < total; i += blockDim.x) {
+        const int image_row = dwgn_window::small_div(i, inv_width);
+        const int c = i - image_row * src_width;
+        const int pl = dwgn_window::small_div(image_row, inv_height);
+        const int staged_row = image_row - pl * src_height + offset_top;
+        if (staged_row >= 0 && staged_row < plane_rows)
+          buffers[(pl * plane_rows + staged_row) * staged_width + left_halo + c] = raw[i];
+      }
+      __syncthreads();  // the padded planes are complete
+    }
 
     if (active) {
-      const T* item_src = buffers + (step & 1) * buffer_elems + item_offset;
+      const T* item_src = buffers + (flat ? 0 : (step & 1) * buffer_elems) + item_offset;
 #pragma unroll
       for (int r = 0; r < ROWS_IN; ++r) {
         Acc row[SPAN];
@@ -376,8 +443,10 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
                             static_cast<IndexT>(band_row0) * dst_width;
         const int shift = static_cast<int>(reinterpret_cast<size_t>(dst_unit) % 16) / static_cast<int>(sizeof(T));
         const int length = valid_planes * unit_rows * dst_width;  // host: fits a buffer with shift
-        T* const flat = buffers + (step & 1) * buffer_elems;
-        __syncthreads();  // every item has finished reading this buffer
+        // Flat staging: this step's raw buffer (fully read by the expansion,
+        // before the last barrier; flat_elems covers shift + length).
+        T* const flat_out = flat ? raw_buffers + (step & 1) * flat_elems : buffers + (step & 1) * buffer_elems;
+        if (!flat) __syncthreads();  // every item has finished reading this buffer
         if (active) {
           const int item_base = shift + (item_plane * unit_rows + dst_row0 - band_row0) * dst_width + col0;
 #pragma unroll
@@ -385,30 +454,31 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
             if (dst_row0 + j >= dst_height) break;
 #pragma unroll
             for (int o = 0; o < VW; ++o)
-              if (col0 + o < dst_width) flat[item_base + j * dst_width + o] = from_acc<T>(acc[j][o] + bias_value);
+              if (col0 + o < dst_width) flat_out[item_base + j * dst_width + o] = from_acc<T>(acc[j][o] + bias_value);
           }
         }
         __syncthreads();  // the unit's outputs are all in `flat`
         const int vectors = (shift + length + VEC - 1) / VEC;
         for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
           const int lo = v * VEC;
-          Vector* const shared_vector = reinterpret_cast<Vector*>(flat + lo);
+          Vector* const shared_vector = reinterpret_cast<Vector*>(flat_out + lo);
           if (lo >= shift && lo + VEC <= shift + length) {
             __stcs(reinterpret_cast<Vector*>(dst_unit + (lo - shift)), *shared_vector);
           } else {
 #pragma unroll
             for (int e = 0; e < VEC; ++e)
-              if (lo + e >= shift && lo + e < shift + length) dst_unit[lo + e - shift] = flat[lo + e];
+              if (lo + e >= shift && lo + e < shift + length) dst_unit[lo + e - shift] = flat_out[lo + e];
           }
-          // Staging rewrites only image columns: restore the zero halo columns
-          // this range overwrote (zeroing all of it is simpler and as cheap).
-          *shared_vector = zero_value<Vector>();
+          // Row staging rewrites only image columns: restore the zero halo
+          // columns this range overwrote (zeroing all of it is simpler and as
+          // cheap).  Flat staging rewrites the raw buffer whole.
+          if (!flat) *shared_vector = zero_value<Vector>();
         }
       }
     }
-    __syncthreads();  // buffer step & 1 is restaged at step + 1 (into (step + 2) & 1)
+    if (!flat) __syncthreads();  // buffer step & 1 is restaged at step + 1 (into (step + 2) & 1)
     unit = next_unit;
     source = next_source;
   }
-  dwgn_window::cp_async_wait<0>();
+  dwgn::cp_async_wait<0>();
 }

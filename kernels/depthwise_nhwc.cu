@@ -325,18 +325,6 @@ __global__ void __launch_bounds__(256, 1) dwgn_dwconv_nhwc(
   }
 }
 
-namespace dwnhwc {
-
-// 16-byte global -> shared asynchronous copy; src_bytes = 0 writes 16 zero
-// bytes and reads nothing (a padding pixel or a channel past the end).
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-}  // namespace dwnhwc
 
 // Shared-memory tiled direct convolution (CUTLASS DepthwiseDirect2dConv /
 // cuDNN channels_last design) for specialized filter sizes at dilation 1 and
@@ -399,7 +387,7 @@ __global__ void __launch_bounds__(256, 3) dwgn_dwconv_nhwc_tiled(
     const int iw = iw0 + (p - r * in_w);
     const bool inside = channel_ok && ih >= 0 && ih < src_h && iw >= 0 && iw < src_w;
     const T* from = inside ? src_img + (static_cast<IndexT>(ih) * src_w + iw) * channels + c : src;
-    dwnhwc::cp_async_16(x_s + p * slice_channels + threadIdx.x * VEC, from, inside ? 16 : 0);
+    dwgn::cp_async<16>(x_s + p * slice_channels + threadIdx.x * VEC, from, inside ? 16 : 0);
   }
   // Filter slice, read while the copies fly; consecutive i read consecutive
   // taps of one filter (coalesced).  Rotating by 180 degrees maps tap t to
@@ -414,7 +402,7 @@ __global__ void __launch_bounds__(256, 3) dwgn_dwconv_nhwc_tiled(
         cc < channels ? to_acc(weight[static_cast<IndexT>(cc) * kTaps + (flip ? kTaps - 1 - t : t)])
                       : Acc(0);
   }
-  dwnhwc::cp_async_wait_all();
+  dwgn::cp_async_wait_all();
   __syncthreads();  // the input tile and the filter slice are in shared memory
 
   const int col = threadIdx.y % tile_ow;
@@ -724,21 +712,148 @@ __global__ void __launch_bounds__(256, 1) dwgn_dwconv_nhwc_bwd_weight(
   }
 }
 
-// Weight gradient, pass 2 of 2: grad_weight[oc, tap] = sum over splits, in
-// split order, of partial[split, tap, oc].
-template <typename T>
-__global__ void __launch_bounds__(256) dwgn_dwconv_nhwc_bwd_weight_finalize(
-    const typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_weight,
-    int out_channels, int taps, int num_splits) {
+
+// Weight gradient, pass 1 of 2, shared-memory tiled (specialized filter sizes,
+// dilation 1, stride STRIDE (1 or 2) on both axes, M = 1, 16-byte channel
+// vectors).  grid = (slices, splits).  Block (slice, split) owns a channel
+// slice of blockDim.x vectors and the contiguous range of spatial tiles
+// [split * tiles_per_split, ...) (tile = tile_oh x tile_ow output pixels of
+// one image; tile index = (n * tiles_h + th) * tiles_w + tw).  For each tile
+// it copies, with 16-byte cp.async, the grad_out tile and the input tile +
+// halo ((tile_oh - 1) * STRIDE + KH) x ((tile_ow - 1) * STRIDE + KW) into
+// shared memory (pixels outside the image are zero-filled: the padding),
+// double-buffered: tile i + 1 is in flight while tile i is summed.
+// Thread (x, y): channel vector x, filter row kh = y % KH, tile output row
+// r = y / KH (blockDim.y = tile_oh * KH); it accumulates the KW taps of
+// filter row kh over the output pixels of row r of every tile, in registers
+// (KW x VEC accumulators; only output pixels inside the image are visited).
+// At the end the tile_oh threads of each (kh, channel) are summed in row
+// order through shared memory, and partial[split][tap][channel] is written.
+// Every order depends on the shape only: bit-identical run to run.
+template <typename T, int KH, int KW, int VEC, int STRIDE, typename IndexT>
+__global__ void __launch_bounds__(256, 2) dwgn_dwconv_nhwc_bwd_weight_tiled(
+    const T* __restrict__ grad_out, const T* __restrict__ x,
+    typename AccType<T>::type* __restrict__ partial, int height, int width, int channels,
+    int out_h, int out_w, int pad_top, int pad_left, int tile_ow, int tiles_h, int tiles_w,
+    int num_tiles, int tiles_per_split) {
   using Acc = typename AccType<T>::type;
-  const int total = out_channels * taps;
-  const int stride = dwgn::global_thread_count<int>();
-  for (int i = dwgn::global_thread_index<int>(); i < total; i = dwgn::grid_stride_next(i, stride, total)) {
-    const int oc = i / taps;
-    const int tap = i - oc * taps;
-    const Acc* p = partial + static_cast<long long>(tap) * out_channels + oc;
-    Acc sum = 0;
-    for (int s = 0; s < num_splits; ++s) sum += p[static_cast<long long>(s) * taps * out_channels];
-    grad_weight[i] = from_acc<T>(sum);
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  const int cv = blockDim.x;
+  const int slice_channels = cv * VEC;
+  const int tile_oh = blockDim.y / KH;
+  const int in_h = (tile_oh - 1) * STRIDE + KH;
+  const int in_w = (tile_ow - 1) * STRIDE + KW;
+  const int x_pixels = in_h * in_w;
+  const int g_pixels = tile_oh * tile_ow;
+  // Buffer b: [x tile pixel][slice channel] then [grad_out tile pixel][slice channel].
+  const int buffer_elems = (x_pixels + g_pixels) * slice_channels;
+  T* buffers = reinterpret_cast<T*>(shared_raw);
+
+  const int slice = blockIdx.x;
+  const int c_base = slice * slice_channels;
+  const int c = c_base + threadIdx.x * VEC;
+  const bool channel_ok = c < channels;  // channels % VEC == 0
+  const int tile_begin = blockIdx.y * tiles_per_split;
+  const int tile_end = min(num_tiles, tile_begin + tiles_per_split);
+  const int tiles_img = tiles_h * tiles_w;
+
+  // Issue the copies of tile t into buffer b (thread (x, y) copies vector x of
+  // pixels y, y + blockDim.y, ...: each pixel's slice is contiguous).
+  auto stage = [&](int t, int b) {
+    const int n = t / tiles_img;
+    const int rest = t - n * tiles_img;
+    const int oh_base = (rest / tiles_w) * tile_oh;
+    const int ow_base = (rest % tiles_w) * tile_ow;
+    T* x_s = buffers + b * buffer_elems;
+    T* g_s = x_s + x_pixels * slice_channels;
+    const int ih0 = oh_base * STRIDE - pad_top;
+    const int iw0 = ow_base * STRIDE - pad_left;
+    const T* x_img = x + static_cast<IndexT>(n) * height * width * channels;
+    for (int p = threadIdx.y; p < x_pixels; p += blockDim.y) {
+      const int r = p / in_w;
+      const int ih = ih0 + r;
+      const int iw = iw0 + (p - r * in_w);
+      const bool inside = channel_ok && ih >= 0 && ih < height && iw >= 0 && iw < width;
+      const T* from = inside ? x_img + (static_cast<IndexT>(ih) * width + iw) * channels + c : x;
+      dwgn::cp_async<16>(x_s + p * slice_channels + threadIdx.x * VEC, from, inside ? 16 : 0);
+    }
+    const T* g_img = grad_out + static_cast<IndexT>(n) * out_h * out_w * channels;
+    for (int p = threadIdx.y; p < g_pixels; p += blockDim.y) {
+      const int r = p / tile_ow;
+      const int oh = oh_base + r;
+      const int ow = ow_base + (p - r * tile_ow);
+      const bool inside = channel_ok && oh < out_h && ow < out_w;
+      const T* from = inside ? g_img + (static_cast<IndexT>(oh) * out_w + ow) * channels + c : grad_out;
+      dwgn::cp_async<16>(g_s + p * slice_channels + threadIdx.x * VEC, from, inside ? 16 : 0);
+    }
+    dwgn::cp_async_commit();
+  };
+
+  const int kh = threadIdx.y % KH;
+  const int row = threadIdx.y / KH;
+  Acc acc[KW][VEC];
+#pragma unroll
+  for (int k = 0; k < KW; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[k][v] = Acc(0);
+
+  if (tile_begin < tile_end) stage(tile_begin, 0);
+  for (int t = tile_begin; t < tile_end; ++t) {
+    const int b = (t - tile_begin) & 1;
+    if (t + 1 < tile_end) {
+      stage(t + 1, b ^ 1);  // its buffer was released by the barrier ending tile t - 1
+      dwgn::cp_async_wait<1>();  // this thread's copies of tile t have landed
+    } else {
+      dwgn::cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies of tile t are visible
+
+    const int rest = t % tiles_img;
+    const int oh = (rest / tiles_w) * tile_oh + row;
+    const int ow_base = (rest % tiles_w) * tile_ow;
+    const int columns = min(tile_ow, out_w - ow_base);
+    if (channel_ok && oh < out_h) {
+      const T* x_s = buffers + b * buffer_elems;
+      const T* g_thread = x_s + (x_pixels + row * tile_ow) * slice_channels + threadIdx.x * VEC;
+      const T* x_thread = x_s + (row * STRIDE + kh) * in_w * slice_channels + threadIdx.x * VEC;
+      // Two columns in flight hide shared-memory latency; the 7x7 half types
+      // (56 float accumulators) have no registers for the second.
+#pragma unroll(KW * VEC > 32 ? 1 : 2)
+      for (int col = 0; col < columns; ++col) {
+        Acc gv[VEC];
+        dwnhwc::load_vec<VEC>(g_thread + col * slice_channels, gv);
+#pragma unroll
+        for (int kw = 0; kw < KW; ++kw) {
+          Acc xv[VEC];
+          dwnhwc::load_vec<VEC>(x_thread + (col * STRIDE + kw) * slice_channels, xv);
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) acc[kw][v] += gv[v] * xv[v];
+        }
+      }
+    }
+    __syncthreads();  // every thread is done reading buffer b before it is refilled
+  }
+
+  // Fixed-order reduction over the tile rows, one filter column at a time,
+  // through shared memory (the tile buffers are free after the last barrier).
+  Acc* red = reinterpret_cast<Acc*>(shared_raw);  // [threadIdx.y][slice channel]
+  const int tid = threadIdx.y * cv + threadIdx.x;
+  const long long split_base = static_cast<long long>(blockIdx.y) * KH * KW * channels;
+#pragma unroll  // acc[kw] must index registers: compile-time kw
+  for (int kw = 0; kw < KW; ++kw) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) red[threadIdx.y * slice_channels + threadIdx.x * VEC + v] = acc[kw][v];
+    __syncthreads();  // every thread's sum of filter column kw is in shared memory
+    for (int i = tid; i < KH * slice_channels; i += cv * blockDim.y) {
+      const int f = i / slice_channels;  // filter row
+      const int j = i - f * slice_channels;
+      Acc sum = Acc(0);
+      for (int r = 0; r < tile_oh; ++r) sum += red[(r * KH + f) * slice_channels + j];
+      if (c_base + j < channels) {
+        partial[split_base + static_cast<long long>(f * KW + kw) * channels + c_base + j] = sum;
+      }
+    }
+    __syncthreads();  // the sums are read before the next column overwrites them
   }
 }
+

@@ -90,4 +90,30 @@ __device__ __forceinline__ void block_sum(Acc (&values)[NUM], Acc* scratch) {
   __syncthreads();  // scratch may be reused by the caller right after
 }
 
+// Asynchronous global -> shared copies (sm_80+), shared by the staging loops
+// of every kernel.  cp_async<BYTES> copies BYTES (4, 8 or 16) of which the
+// first src_bytes come from gmem and the rest are zero-filled (src_bytes 0:
+// all zeros, gmem is not read: a padding cell).  16-byte copies bypass L1
+// (.cg); smaller ones can only go through it (.ca).
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, int src_bytes = BYTES) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem), "n"(BYTES),
+                 "r"(src_bytes)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed copy groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 }  // namespace dwgn
