@@ -124,3 +124,45 @@ def test_group_norm_plans_launch_only_shipped_specializations(plan_name):
         assert plan.partial[0] == (n, gn._split(n, s, c)[1], 2, c)
         # Repeated signatures reuse the cached plan.
         assert make_plan(n, s, c, g, numpy.dtype(dtype), numpy.dtype(w_dtype), activation, aligned) is plan
+
+
+# Depthwise plans that need no GPU to build (the NHWC family and the NCHW
+# weight gradient; the window and large-filter plans read the device): every
+# kernel a plan launches must be one precompile() builds and the NVRTC test
+# above checks, in every dtype, for both index widths and alignments.
+_DEPTHWISE_GEOMETRIES = [
+    # (x NCHW shape, weight shape, stride, padding, dilation)
+    ((64, 144, 56, 56), (144, 1, 3, 3), 1, 1, 1),
+    ((64, 96, 112, 112), (96, 1, 3, 3), 2, 1, 1),
+    ((64, 240, 28, 28), (240, 1, 5, 5), 1, 2, 1),
+    ((64, 96, 56, 56), (96, 1, 7, 7), 1, 3, 1),
+    ((16, 512, 16, 16), (512, 1, 31, 31), 1, 15, 1),
+    ((2, 7, 13, 11), (14, 1, 3, 5), (2, 1), ((1, 2), (0, 3)), (2, 1)),
+    ((1, 5, 9, 9), (5, 1, 11, 11), 3, 5, 1),
+]
+
+
+@pytest.mark.parametrize("case", _DEPTHWISE_GEOMETRIES, ids=lambda c: "x".join(map(str, c[1])))
+def test_depthwise_plans_launch_only_shipped_specializations(case):
+    import numpy
+
+    from _helpers import DTYPES
+    from cupy_dwgn import _depthwise_nchw_wgrad as nchw_wgrad
+    from cupy_dwgn import _depthwise_nhwc as nhwc
+    from cupy_dwgn import _validate
+
+    shipped = set(ALL_SPECIALIZATIONS)
+    x_shape, w_shape, stride, padding, dilation = case
+    g = _validate.conv_geometry(x_shape, w_shape, stride, padding, dilation)
+    for dtype in DTYPES:
+        dtype = numpy.dtype(dtype)
+        for index in ("int", "long long"):
+            launches = []
+            for aligned in (True, False):
+                launches += nhwc._forward_plan(g, dtype, True, index, aligned)
+                launches.append(nhwc._backward_input_plan(g, dtype, index, aligned)[0])
+                launches += nhwc._backward_weight_plan(g, dtype, index, aligned)[0]
+            launches += nchw_wgrad.plan(g, dtype, index) or []
+            for launch in launches:
+                assert (launch.file, launch.expression) in shipped, launch
+                assert all(v > 0 for v in launch.grid + launch.block), launch
