@@ -9,7 +9,7 @@ import functools
 import cupy
 import numpy
 
-from . import _compile, _dtypes, _launch, _validate
+from . import _compile, _dtypes, _launch
 from ._launch import i32
 
 KERNEL_FILE = "depthwise_conv2d.cu"

@@ -64,6 +64,7 @@ def served(g):
 
 
 @functools.lru_cache(maxsize=None)
+@functools.cache  # a device's limit never changes; plan() asks on every call
 def _shared_limit(device_id):
     from cupy.cuda import runtime
 
@@ -95,7 +96,7 @@ def _grouped_pitches(row_pitch, groups, planes):
 
 def _layout(src_size, dst_size, filter_size, offset, planes, row_groups, acc_bytes):
     """Shared-memory pitches (in Acc elements) and bytes for one block."""
-    (src_h, src_w), (dst_h, dst_w), (kh, kw) = src_size, dst_size, filter_size
+    (src_h, src_w), (_, dst_w), (kh, kw) = src_size, dst_size, filter_size
     band_rows = row_groups * _VH
     strips = -(-dst_w // _VW)
     # Zero columns left of the image the kw loop can read: up to kVW - 1

@@ -13,9 +13,14 @@ kernel does not serve the geometry), in this order:
 * NHWC:           the channel-vector kernels of _depthwise_nhwc (all shapes)
 """
 
-import numpy
-
-from . import _depthwise_nchw, _depthwise_nchw_window, _validate
+from . import (
+    _depthwise_nchw,
+    _depthwise_nchw_large,
+    _depthwise_nchw_wgrad,
+    _depthwise_nchw_window,
+    _depthwise_nhwc,
+    _validate,
+)
 from ._launch import INT32_LIMIT, MAX_GRID_Y, check_plane_size
 
 #: Filter sizes with compile-time specializations; every other size runs a
@@ -27,24 +32,6 @@ LAYOUTS = ("NCHW", "NHWC")
 SELECTION_KEYS = ("dtypes", "filter_sizes", "large_index", "layouts")
 
 _OPS = ("depthwise_conv2d", "depthwise_conv2d_backward_input", "depthwise_conv2d_backward_weight")
-
-
-def _nhwc():
-    from . import _depthwise_nhwc
-
-    return _depthwise_nhwc
-
-
-def _nchw_large():
-    from . import _depthwise_nchw_large
-
-    return _depthwise_nchw_large
-
-
-def _nchw_wgrad():
-    from . import _depthwise_nchw_wgrad
-
-    return _depthwise_nchw_wgrad
 
 
 def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False, True), layouts=LAYOUTS):
@@ -60,7 +47,7 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
     large_index = (large_index,) if isinstance(large_index, bool) else tuple(large_index)
     layouts = (layouts,) if isinstance(layouts, str) else tuple(layouts)
     sizes = None if filter_sizes is None else [tuple(s) for s in filter_sizes]
-    large_filters = sizes is None or any(kh * kw >= _nchw_large().MIN_TAPS for kh, kw in sizes)
+    large_filters = sizes is None or any(kh * kw >= _depthwise_nchw_large.MIN_TAPS for kh, kw in sizes)
     specs = []
     for name in ops:
         if "NCHW" in layouts:
@@ -70,11 +57,11 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                     dtypes, sizes, name == "depthwise_conv2d_backward_input", large_index
                 )
                 if large_filters:
-                    specs += _nchw_large().specializations(dtypes, large_index)
+                    specs += _depthwise_nchw_large.specializations(dtypes, large_index)
             else:
-                specs += _nchw_wgrad().specializations(dtypes, sizes, large_index)
+                specs += _depthwise_nchw_wgrad.specializations(dtypes, sizes, large_index)
         if "NHWC" in layouts:
-            specs += _nhwc().specializations(name, dtypes, sizes, large_index)
+            specs += _depthwise_nhwc.specializations(name, dtypes, sizes, large_index)
     return list(dict.fromkeys(specs))
 
 
@@ -115,9 +102,9 @@ def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, l
         if out.size == 0:
             return out
         if layout == "NHWC":
-            _nhwc().forward(x, weight, bias, out, g)
+            _depthwise_nhwc.forward(x, weight, bias, out, g)
         elif not (
-            _nchw_large().forward(x, weight, bias, out, g)
+            _depthwise_nchw_large.forward(x, weight, bias, out, g)
             or _depthwise_nchw_window.forward(x, weight, bias, out, g)
         ):
             _depthwise_nchw.forward(x, weight, bias, out, g)
@@ -149,9 +136,9 @@ def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, 
         if out.size == 0:
             return out
         if layout == "NHWC":
-            _nhwc().backward_input(grad_out, weight, out, g)
+            _depthwise_nhwc.backward_input(grad_out, weight, out, g)
         elif not (
-            _nchw_large().backward_input(grad_out, weight, out, g)
+            _depthwise_nchw_large.backward_input(grad_out, weight, out, g)
             or _depthwise_nchw_window.backward_input(grad_out, weight, out, g)
         ):
             _depthwise_nchw.backward_input(grad_out, weight, out, g)
@@ -189,8 +176,8 @@ def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, pad
             out.fill(0)  # no output positions (or an empty input): every tap sums nothing
             return out
         if layout == "NHWC":
-            _nhwc().backward_weight(grad_out, x, out, g)
-        elif not _nchw_wgrad().backward_weight(grad_out, x, out, g):
+            _depthwise_nhwc.backward_weight(grad_out, x, out, g)
+        elif not _depthwise_nchw_wgrad.backward_weight(grad_out, x, out, g):
             _depthwise_nchw.backward_weight(grad_out, x, out, g)
     return out
 
