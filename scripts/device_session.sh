@@ -2,16 +2,16 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all but dwbench): facts cold examples tests sanitizer bench gnbench host dwbench
-# SANITIZER_ARGS pick kernel families (depthwise group_norm); BENCH_ARGS go to benchmarks/starting_line.py,
-# DWBENCH_ARGS to benchmarks/depthwise.py (the 144-cell depthwise table; e.g. "--dtypes float16 --quick").
+# STEPS selects parts (default: all): facts cold examples tests sanitizer dwbench gnbench host
+# SANITIZER_ARGS pick kernel families (depthwise group_norm); DWBENCH_ARGS go to benchmarks/depthwise.py
+# (the 144-cell depthwise table, about 70 s on an H200; e.g. "--dtypes float16 --quick").
 # PYTEST_ARGS replaces the pytest selection (default "-m gpu"; e.g. "-m 'gpu and not slow'").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:$PWD/benchmarks PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/dwgn_out}; mkdir -p "$OUT"
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/dwgn_cupy_cache}
-STEPS=${STEPS:-facts cold examples tests sanitizer bench gnbench host}
+STEPS=${STEPS:-facts cold examples tests sanitizer dwbench gnbench host}
 status=0
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -42,9 +42,6 @@ if has sanitizer; then
       | tail -n 30 | tee "$OUT/sanitizer_$tool.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
-fi
-if has bench; then
-  python3 benchmarks/starting_line.py --json "$OUT/starting_line.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/starting_line.txt"
 fi
 if has gnbench; then
   python3 benchmarks/group_norm.py --json "$OUT/group_norm.json" 2>&1 | tee "$OUT/group_norm.txt"
