@@ -44,10 +44,8 @@ implemented yet) gives ours_us null and an "error" string; the run goes on.
 import argparse
 import datetime
 import math
-import os
 import pathlib
 import re
-import subprocess
 import sys
 import traceback
 
@@ -55,7 +53,7 @@ import cupy
 
 import cupy_dwgn
 from cupy_dwgn import _dtypes
-from harness import run_facts, time_us, write_json
+from harness import results_document, run_facts, time_us, write_json
 
 #: (N, C, H=W, filter size, stride); padding is filter // 2 on every side.
 CASES = [
@@ -139,22 +137,6 @@ def gpu_short_name(device):
     """"NVIDIA H200" -> "h200" (the name in the results file names)."""
     match = re.search(r"\b([A-Z]{1,2}\d{2,4})\b", device)
     return (match.group(1) if match else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")).lower()
-
-
-def git_commit():
-    """The checkout's short sha (+"-dirty" with uncommitted changes); $DWGN_COMMIT
-    when set (a copy of the tree without .git); None when neither is known."""
-    if os.environ.get("DWGN_COMMIT"):
-        return os.environ["DWGN_COMMIT"]
-    root = pathlib.Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except Exception:
-        return None
 
 
 def check_streams(torch):
@@ -416,15 +398,12 @@ def main():
     l2 = l2_bytes()
     print(f"FP32 FMA rate: {fma_text}; L2 {l2 / 2**20:.0f} MiB")
     timing = dict(warmup=3, repeat=10, min_batch_us=1000.0) if args.quick else {}
-    results = {
-        "device": facts["device"], "date": facts["date"], "commit": git_commit(),
-        "versions": {"cupy": facts["cupy"], "torch": facts["torch"], "cudnn": facts["cudnn"]},
-        "copy_bandwidth_TBps": facts["copy_bandwidth_TBps"],
-        "fp32_fma_rate_TFMAps": fma_rate / 1e6, "fp32_fma_rate": fma_text,
-        "l2_bytes": l2, "stream": stream, "quick": args.quick,
-        "torch_settings": {"cudnn.benchmark": True, "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32},
-        "rows": [],
-    }
+    results = results_document(
+        facts, [],
+        fp32_fma_rate_TFMAps=fma_rate / 1e6, fp32_fma_rate=fma_text,
+        l2_bytes=l2, stream=stream, quick=args.quick,
+        torch_settings={"cudnn.benchmark": True, "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32},
+    )
     json_path = args.json
     if json_path is None:
         RESULTS_DIR.mkdir(exist_ok=True)

@@ -17,7 +17,7 @@ import sys
 import cupy
 
 import cupy_dwgn
-from harness import kernel_breakdown_us, report, run_facts, time_us, write_json
+from harness import kernel_breakdown_us, report, results_document, run_facts, time_us, write_json
 
 L2_BYTES = 60 * 2**20  # H100/H200 L2 (the copies below only need an upper bound)
 
@@ -84,6 +84,8 @@ def group_norm_case(torch, bandwidth, name, n, c, hw, activation="silu"):
     r = range(copies)
     result = {
         "case": f"{name} (NHWC {n}x{hw}x{hw}x{c} fp16 G={GROUPS} +{activation})",
+        "shape": [n, hw, hw, c],
+        "activation": activation,
         "rotating_copies": copies,
         "cupy_dwgn_fwd_us": time_us(_rotating([ours_fwd(i) for i in r])),
         "cupy_dwgn_bwd_us": time_us(_rotating([ours_bwd(i) for i in r])),
@@ -108,19 +110,41 @@ def group_norm_case(torch, bandwidth, name, n, c, hw, activation="silu"):
     return result
 
 
+def schema_rows(result):
+    """The rows of one case in the schema of DESIGN.md section 6: forward and
+    forward_backward (eager timing).  PyTorch has no backward-only call to
+    compare with, so our backward time rides in the forward_backward row."""
+    n, hw, _, c = result["shape"]
+    common = {
+        "op": "group_norm", "case": f"{n}x{hw}x{hw}x{c} G{GROUPS}", "dtype": "float16", "layout": "NHWC",
+        "activation": result["activation"], "timing": "eager", "rotating_copies": result["rotating_copies"],
+    }
+    kernels = {key.split(" ", 1)[1]: us for key, us in result.items() if key.startswith("kernel_us ")}
+    return [
+        dict(common, direction="forward", ours_us=result["cupy_dwgn_fwd_us"],
+             torch_nchw_us=result["torch_nchw_fwd_us"], torch_channels_last_us=result["torch_channels_last_fwd_us"],
+             floor_us=result["fwd_floor_us"]),
+        dict(common, direction="forward_backward", ours_us=result["cupy_dwgn_fwd_bwd_us"], torch_nchw_us=None,
+             torch_channels_last_us=result["torch_channels_last_fwd_bwd_us"], floor_us=result["fwd_bwd_floor_us"],
+             ours_backward_us=result["cupy_dwgn_bwd_us"], backward_floor_us=result["bwd_floor_us"],
+             kernel_us=kernels),
+    ]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     import torch
 
-    bandwidth, results = run_facts(torch)
-    results["cases"] = []
+    bandwidth, facts = run_facts(torch)
+    rows = []
     for i, (name, n, c, hw) in enumerate(CASES, 1):
         print(f"[{i}/{len(CASES)}] {name} ...", flush=True)
-        results["cases"].append(group_norm_case(torch, bandwidth, name, n, c, hw))
-        report({"cases": results["cases"][-1:]}, key_width=42)
-    write_json(args.json, results)
+        result = group_norm_case(torch, bandwidth, name, n, c, hw)
+        report({"cases": [result]}, key_width=42)
+        rows += schema_rows(result)
+    write_json(args.json, results_document(facts, rows))
     return 0
 
 

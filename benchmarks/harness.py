@@ -3,7 +3,10 @@ device-to-device copy bandwidth that every figure is compared with."""
 
 import datetime
 import json
+import os
+import pathlib
 import statistics
+import subprocess
 import time
 
 import cupy
@@ -112,3 +115,33 @@ def run_facts(torch):
     }
     print(f"{facts['device']}  copy bandwidth {facts['copy_bandwidth_TBps']:.2f} TB/s (read+write)")
     return bandwidth, facts
+
+
+def git_commit():
+    """The checkout's short sha (+"-dirty" with uncommitted changes); $DWGN_COMMIT
+    when set (a copy of the tree without .git); None when neither is known."""
+    if os.environ.get("DWGN_COMMIT"):
+        return os.environ["DWGN_COMMIT"]
+    root = pathlib.Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except Exception:
+        return None
+
+
+def results_document(facts, rows, commit=None, **extra):
+    """A results file in the schema of DESIGN.md section 6: the run's facts
+    (from run_facts), then ``extra`` keys, then one row per measured cell."""
+    document = {
+        "device": facts["device"], "date": facts["date"],
+        "commit": commit if commit is not None else git_commit(),
+        "versions": {"cupy": facts["cupy"], "torch": facts["torch"], "cudnn": facts["cudnn"]},
+        "copy_bandwidth_TBps": facts["copy_bandwidth_TBps"],
+    }
+    document.update(extra)
+    document["rows"] = rows
+    return document

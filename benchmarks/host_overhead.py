@@ -14,7 +14,34 @@ import sys
 import cupy
 
 import cupy_dwgn
-from harness import host_us, write_json
+from harness import host_us, results_document, run_facts, write_json
+
+#: What one call of each measured op launches and allocates today (kernels,
+#: cupy.empty calls), read from its code: the "bare" cost the DESIGN.md host
+#: target compares with is that many bare launches and allocations.  Update it
+#: when an op's launch plan changes.
+CALL_NEEDS = {
+    "group_norm": (3, 5),  # stats, finalize, apply; y, mean, rstd, partial, coefficients
+    "group_norm_backward": (3, 5),  # reduce, finalize, dx; dx, dw, db, partial, coefficients
+    "depthwise_conv2d": (1, 1),  # one NCHW 3x3 kernel; y
+}
+#: PyTorch's call beside each of ours.
+TORCH_KEYS = {"group_norm": "torch_group_norm_silu_us", "depthwise_conv2d": "torch_depthwise_conv2d_us"}
+
+
+def schema_rows(results):
+    """The timing="host" rows of DESIGN.md section 6 from the measurements."""
+    launch, empty = results["cupy_bare_launch_us"], results["cupy_empty_us"]
+    rows = []
+    for op, (launches, allocations) in CALL_NEEDS.items():
+        row = {
+            "op": op, "case": "tiny", "timing": "host", "ours_us": results[f"cupy_dwgn_{op}_us"],
+            "bare_us": launches * launch + allocations * empty, "launches": launches, "allocations": allocations,
+        }
+        if op in TORCH_KEYS:
+            row["torch_us"] = results[TORCH_KEYS[op]]
+        rows.append(row)
+    return rows
 
 
 def main():
@@ -24,6 +51,7 @@ def main():
     args = parser.parse_args()
     import torch
 
+    _, facts = run_facts(torch)
     x_gn = cupy.random.standard_normal((1, 4, 4, 32), dtype=cupy.float32).astype(cupy.float16)
     w_gn = cupy.ones(32, cupy.float32)
     b_gn = cupy.zeros(32, cupy.float32)
@@ -67,7 +95,7 @@ def main():
             pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
             print(f"== cProfile of 2000 calls of {name} (sorted by own time)")
             print(text.getvalue())
-    write_json(args.json, results)
+    write_json(args.json, results_document(facts, schema_rows(results), measurements=results))
     return 0
 
 

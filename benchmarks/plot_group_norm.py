@@ -12,15 +12,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-PANELS = [  # (title, floor key, [(label, timing key)])
-    ("forward", "fwd_floor_us", [
-        ("cupy-dwgn (NHWC)", "cupy_dwgn_fwd_us"),
-        ("PyTorch NCHW", "torch_nchw_fwd_us"),
-        ("PyTorch channels_last", "torch_channels_last_fwd_us"),
+PANELS = [  # (title, direction, [(label, row key)])
+    ("forward", "forward", [
+        ("cupy-dwgn (NHWC)", "ours_us"),
+        ("PyTorch NCHW", "torch_nchw_us"),
+        ("PyTorch channels_last", "torch_channels_last_us"),
     ]),
-    ("forward + backward", "fwd_bwd_floor_us", [
-        ("cupy-dwgn (NHWC)", "cupy_dwgn_fwd_bwd_us"),
-        ("PyTorch channels_last", "torch_channels_last_fwd_bwd_us"),
+    ("forward + backward", "forward_backward", [
+        ("cupy-dwgn (NHWC)", "ours_us"),
+        ("PyTorch channels_last", "torch_channels_last_us"),
     ]),
 ]
 
@@ -28,26 +28,26 @@ PANELS = [  # (title, floor key, [(label, timing key)])
 def main(path, out):
     with open(path) as f:
         result = json.load(f)
-    cases = result["cases"]
-    labels = [c["case"].split(" (")[0] for c in cases]
+    rows = [r for r in result["rows"] if r.get("op") == "group_norm"]
     fig, axes = plt.subplots(1, len(PANELS), figsize=(12, 4.5))
-    for ax, (title, floor_key, series) in zip(axes, PANELS):
+    for ax, (title, direction, series) in zip(axes, PANELS):
+        cases = [r for r in rows if r["direction"] == direction]
         width = 0.8 / len(series)
         for s, (label, key) in enumerate(series):
             xs = [i + (s - (len(series) - 1) / 2) * width for i in range(len(cases))]
-            ys = [c[key] / c[floor_key] for c in cases]
+            ys = [c[key] / c["floor_us"] for c in cases]
             bars = ax.bar(xs, ys, width, label=label)
             ax.bar_label(bars, labels=[f"{c[key]:.0f}" for c in cases], fontsize=6, padding=1)
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="memory floor")
         ax.set_yscale("log")
         ax.set_xticks(range(len(cases)))
-        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_xticklabels([c["case"] for c in cases], fontsize=8)
         ax.set_ylabel("time / memory floor (log; bar labels: us)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(
-        f"GroupNorm + SiLU, fp16, G=32: {result['device']}, {result['date']} "
-        f"(copy {result['copy_bandwidth_TBps']:.2f} TB/s, torch {result['torch']})",
+        f"GroupNorm + SiLU, fp16, G=32: {result['device']}, {result['date']}, commit {result['commit']} "
+        f"(copy {result['copy_bandwidth_TBps']:.2f} TB/s, torch {result['versions']['torch']})",
         fontsize=9,
     )
     fig.tight_layout()
