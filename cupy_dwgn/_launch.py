@@ -2,6 +2,8 @@
 
 import numpy
 
+from . import _compile
+
 BLOCK = 256
 # Grid-stride kernels cap their grid here; beyond it each thread loops.
 MAX_BLOCKS = 65536
@@ -48,6 +50,13 @@ def pointer_or_null(array):
     return NULL if array is None else array
 
 
+#: Dynamic shared memory any kernel may use without opting in.
+_DEFAULT_SHARED = 48 * 1024
+#: (kernel object id, bytes) whose opt-in is done; kernel objects are
+#: memoized for the life of the process, so their ids stay theirs.
+_SHARED_OPTED_IN = set()
+
+
 class Launch:
     """One kernel launch, fully resolved for one call signature: the kernel
     (file + name expression, looked up per device on use), grid, block,
@@ -68,11 +77,14 @@ class Launch:
         self.scalars = tuple(scalars)
 
     def __call__(self, *arrays):
-        from . import _compile
-
         kernel = _compile.get_kernel(self.file, self.expression)
-        if self.shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < self.shared_mem:
-            kernel.max_dynamic_shared_size_bytes = self.shared_mem
+        if self.shared_mem > _DEFAULT_SHARED and (id(kernel), self.shared_mem) not in _SHARED_OPTED_IN:
+            # Above 48 KB a kernel must opt in, once per kernel and device
+            # (the kernel object is per device); the attribute is a driver
+            # query, so it is not asked again on every launch.
+            if kernel.max_dynamic_shared_size_bytes < self.shared_mem:
+                kernel.max_dynamic_shared_size_bytes = self.shared_mem
+            _SHARED_OPTED_IN.add((id(kernel), self.shared_mem))
         kernel(self.grid, self.block, arrays + self.scalars, shared_mem=self.shared_mem)
 
     def __repr__(self):
