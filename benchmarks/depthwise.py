@@ -53,7 +53,7 @@ import cupy
 
 import cupy_dwgn
 from cupy_dwgn import _dtypes
-from harness import results_document, run_facts, time_us, write_json
+from harness import results_document, rotating, run_facts, time_us, write_json
 
 #: (N, C, H=W, filter size, stride); padding is filter // 2 on every side.
 CASES = [
@@ -166,18 +166,6 @@ def to_torch(torch, array):
     if array.dtype == _dtypes.bfloat16:
         return torch.from_dlpack(array.view(cupy.int16)).view(torch.bfloat16)
     return torch.from_dlpack(array)
-
-
-def rotating(calls):
-    """One callable that calls the next of ``calls`` each time."""
-    state = {"i": 0}
-
-    def call():
-        fn = calls[state["i"]]
-        state["i"] = (state["i"] + 1) % len(calls)
-        return fn()
-
-    return call
 
 
 class CaseData:

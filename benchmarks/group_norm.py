@@ -17,7 +17,7 @@ import sys
 import cupy
 
 import cupy_dwgn
-from harness import kernel_breakdown_us, report, results_document, run_facts, time_us, write_json
+from harness import kernel_breakdown_us, report, results_document, rotating, run_facts, time_us, write_json
 
 L2_BYTES = 60 * 2**20  # H100/H200 L2 (the copies below only need an upper bound)
 
@@ -29,18 +29,6 @@ CASES = [
     ("SDXL 8x320x128", 8, 320, 128),
 ]
 GROUPS = 32
-
-
-def _rotating(fns):
-    """One callable that calls the next of ``fns`` each time."""
-    state = {"i": 0}
-
-    def call():
-        fn = fns[state["i"]]
-        state["i"] = (state["i"] + 1) % len(fns)
-        return fn()
-
-    return call
 
 
 def group_norm_case(torch, bandwidth, name, n, c, hw, activation="silu"):
@@ -87,12 +75,12 @@ def group_norm_case(torch, bandwidth, name, n, c, hw, activation="silu"):
         "shape": [n, hw, hw, c],
         "activation": activation,
         "rotating_copies": copies,
-        "cupy_dwgn_fwd_us": time_us(_rotating([ours_fwd(i) for i in r])),
-        "cupy_dwgn_bwd_us": time_us(_rotating([ours_bwd(i) for i in r])),
-        "cupy_dwgn_fwd_bwd_us": time_us(_rotating([ours_fwd_bwd(i) for i in r])),
-        "torch_nchw_fwd_us": time_us(_rotating([torch_fwd(i, txs_nchw) for i in r])),
-        "torch_channels_last_fwd_us": time_us(_rotating([torch_fwd(i, txs) for i in r])),
-        "torch_channels_last_fwd_bwd_us": time_us(_rotating([torch_fwd_bwd(i) for i in r])),
+        "cupy_dwgn_fwd_us": time_us(rotating([ours_fwd(i) for i in r])),
+        "cupy_dwgn_bwd_us": time_us(rotating([ours_bwd(i) for i in r])),
+        "cupy_dwgn_fwd_bwd_us": time_us(rotating([ours_fwd_bwd(i) for i in r])),
+        "torch_nchw_fwd_us": time_us(rotating([torch_fwd(i, txs_nchw) for i in r])),
+        "torch_channels_last_fwd_us": time_us(rotating([torch_fwd(i, txs) for i in r])),
+        "torch_channels_last_fwd_bwd_us": time_us(rotating([torch_fwd_bwd(i) for i in r])),
         "fwd_floor_us": 2 * nbytes / bandwidth,
         "bwd_floor_us": 3 * nbytes / bandwidth,
         "fwd_bwd_floor_us": 5 * nbytes / bandwidth,
@@ -103,7 +91,7 @@ def group_norm_case(torch, bandwidth, name, n, c, hw, activation="silu"):
         result["torch_channels_last_fwd_bwd_us"] / result["cupy_dwgn_fwd_bwd_us"]
     )
     try:
-        for kernel, us in kernel_breakdown_us(torch, _rotating([ours_fwd_bwd(i) for i in r])).items():
+        for kernel, us in kernel_breakdown_us(torch, rotating([ours_fwd_bwd(i) for i in r])).items():
             result[f"kernel_us {kernel}"] = us
     except Exception as error:  # a diagnostic only: never lose the timings to it
         result["kernel_breakdown_error"] = repr(error)

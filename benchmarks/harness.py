@@ -40,6 +40,19 @@ def time_us(fn, *, warmup=5, repeat=30, min_batch_us=2000.0):
     return statistics.median(times)
 
 
+def rotating(calls):
+    """One callable that calls the next of ``calls`` each time (the calls
+    read rotating copies of their inputs, so none finds its data in L2)."""
+    state = {"i": 0}
+
+    def call():
+        fn = calls[state["i"]]
+        state["i"] = (state["i"] + 1) % len(calls)
+        return fn()
+
+    return call
+
+
 def host_us(fn, *, calls=2000):
     """Host time of one call (what a Python loop over tiny tensors sees)."""
     for _ in range(50):
