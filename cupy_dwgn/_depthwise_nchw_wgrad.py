@@ -10,7 +10,8 @@ the caller keeps dwgn_dwconv2d_bwd_weight_partial):
   warp), when the padded input plane plus the grad_out plane fit 96 KB of
   shared memory as accumulators (e.g. 31x31 on 16x16: 9.8 KB) and the filter
   needs at most 16 warps of 32 x 4 taps.
-* ``dwgn_nchw_wgrad_finalize<T>``: adds the splits in split order; launched
+* ``dwgn_dwconv2d_bwd_weight_finalize<T>`` (depthwise_conv2d.cu, shared by
+  every weight gradient): adds the splits in split order; launched
   only when a channel's sum is split over several blocks.
 
 Tiling rule of the small kernel (shape only, never the device, so results are
@@ -48,13 +49,12 @@ import functools
 
 import numpy
 
-from . import _compile, _dtypes, _launch
+from . import _compile, _depthwise_nchw, _dtypes, _launch
 from ._launch import i32
 
 KERNEL_FILE = "depthwise_nchw_wgrad.cu"
 SMALL = "dwgn_nchw_wgrad_small"
 LARGE = "dwgn_nchw_wgrad_large"
-FINALIZE = "dwgn_nchw_wgrad_finalize"
 SMALL_SIZES = (3, 5, 7)
 SMALL_STRIDES = (1, 2)
 
@@ -101,8 +101,8 @@ def specializations(dtypes=None, filter_sizes=None, large_index=(False, True)):
                 specs.append((KERNEL_FILE, _compile.name_expression(SMALL, ctype, k, stride)))
         if large:
             specs.append((KERNEL_FILE, _compile.name_expression(LARGE, ctype)))
-        specs.append((KERNEL_FILE, _compile.name_expression(FINALIZE, ctype)))
-    return specs
+    # The split sums run the shared finalize of depthwise_conv2d.cu.
+    return specs + _depthwise_nchw.specializations("depthwise_conv2d_backward_weight", dtypes, [(0, 0)], ())
 
 
 def _coordinates_fit(g):
@@ -117,16 +117,9 @@ def _splits(out_channels, limit):
 
 
 def _finalize(g, dtype, splits):
+    """The shared split-order sum over partial[oc][split][tap]."""
     taps = g.filter_height * g.filter_width
-    out_channels = g.channels * g.multiplier
-    return _launch.Launch(
-        KERNEL_FILE,
-        _compile.name_expression(FINALIZE, _dtypes.ctype(dtype)),
-        _launch.grid_1d(out_channels * taps),
-        (_launch.BLOCK,),
-        0,
-        (i32(out_channels), i32(taps), i32(splits)),
-    )
+    return _depthwise_nchw.finalize_launch(dtype, g.channels * g.multiplier, taps, splits, splits * taps, taps, 1)
 
 
 def _stage_shape(items_per_unit, units, max_units):

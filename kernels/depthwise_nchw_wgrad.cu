@@ -4,7 +4,7 @@
 //       grad_out[n, oc, oh, ow] * x[n, oc / M, oh*S - pad_top + kh, ow*S - pad_left + kw]
 //
 // Two partial kernels, each followed (when a channel's sum is split over
-// several blocks) by dwgn_nchw_wgrad_finalize, which adds the splits in split
+// several blocks) by dwgn_dwconv2d_bwd_weight_finalize (depthwise_conv2d.cu), which adds the splits in split
 // order:
 //   dwgn_nchw_wgrad_small<T, K, S>  square K in {3, 5, 7}, stride S in {1, 2}
 //       (both axes), dilation 1.  Register accumulators for all K*K taps.
@@ -427,22 +427,3 @@ __global__ void __launch_bounds__(512) dwgn_nchw_wgrad_large(
   }
 }
 
-// ---------------------------------------------------------------------------
-// grad_weight[oc, tap] = sum over splits, in split order, of
-// partial[oc, split, tap].  Grid-stride (the host caps the grid).
-template <typename T>
-__global__ void __launch_bounds__(256) dwgn_nchw_wgrad_finalize(
-    const typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_weight,
-    int out_channels, int filter_taps, int num_splits) {
-  using Acc = typename AccType<T>::type;
-  const int total = out_channels * filter_taps;
-  const int stride = dwgn::global_thread_count<int>();
-  for (int i = dwgn::global_thread_index<int>(); i < total; i = dwgn::grid_stride_next(i, stride, total)) {
-    const int oc = i / filter_taps;
-    const int tap = i - oc * filter_taps;
-    const Acc* p = partial + static_cast<long long>(oc) * num_splits * filter_taps + tap;
-    Acc sum = 0;
-    for (int s = 0; s < num_splits; ++s) sum += p[static_cast<long long>(s) * filter_taps];
-    grad_weight[i] = from_acc<T>(sum);
-  }
-}
