@@ -6,10 +6,9 @@ _nchw_wgrad) take the shapes they serve first; cupy_dwgn.depthwise picks."""
 
 import functools
 
-import cupy
 import numpy
 
-from . import _compile, _dtypes, _launch
+from . import _compile, _dtypes, _launch, _workspace
 from ._launch import i32
 
 KERNEL_FILE = "depthwise_conv2d.cu"
@@ -120,8 +119,9 @@ def _use_tiled(g, dtype):
     )
 
 
-def _launch_tiled(src, weight, bias, dst, g, backward):
-    """One launch of the stride-1 shared-memory kernel (see depthwise_conv2d.cu)."""
+@functools.lru_cache(maxsize=1024)
+def _tiled_plan(g, dtype, index, backward):
+    """The stride-1 shared-memory kernel (see depthwise_conv2d.cu)."""
     if backward:
         src_size, dst_size = (g.out_height, g.out_width), (g.height, g.width)
         # Backward-input is the forward correlation with the rotated filter,
@@ -135,23 +135,14 @@ def _launch_tiled(src, weight, bias, dst, g, backward):
         src_size, dst_size = (g.height, g.width), (g.out_height, g.out_width)
         offset = (g.pad_top, g.pad_left)
         planes = g.batch * g.channels * g.multiplier
-    index = _launch.index_type(src.size, dst.size)
-    kernel = _compile.get_kernel(
-        KERNEL_FILE, _expression(_TILED, dst.dtype, _template_size(g), index, backward)
-    )
     tiles = -(-dst_size[0] // _TILE) * -(-dst_size[1] // _TILE)
-    kernel(
-        (tiles, min(planes, _launch.MAX_GRID_Y)), (_TILE, 8),
-        (src, weight, _launch.pointer_or_null(bias), dst, i32(g.batch), i32(g.channels),
-         i32(g.multiplier), i32(src_size[0]), i32(src_size[1]), i32(dst_size[0]),
-         i32(dst_size[1]), i32(offset[0]), i32(offset[1]), i32(g.dilation_h), i32(g.dilation_w)),
-        shared_mem=_tile_bytes(g, dst.dtype),
+    return _launch.Launch(
+        KERNEL_FILE, _expression(_TILED, dtype, _template_size(g), index, backward),
+        (tiles, min(planes, _launch.MAX_GRID_Y)), (_TILE, 8), _tile_bytes(g, dtype),
+        (i32(g.batch), i32(g.channels), i32(g.multiplier), i32(src_size[0]), i32(src_size[1]),
+         i32(dst_size[0]), i32(dst_size[1]), i32(offset[0]), i32(offset[1]), i32(g.dilation_h),
+         i32(g.dilation_w)),
     )
-
-
-def _kernel(name, dtype, geometry, index):
-    expression = _expression(name, dtype, _template_size(geometry), index)
-    return _compile.get_kernel(KERNEL_FILE, expression)
 
 
 def _geometry_args(g):
@@ -163,61 +154,82 @@ def _geometry_args(g):
     )
 
 
-def forward(x, weight, bias, out, g):
+@functools.lru_cache(maxsize=1024)
+def _forward_plan(g, dtype, index):
     """Tiled kernel at stride 1 (specialized sizes), else the direct kernel."""
-    if _use_tiled(g, x.dtype):
-        _launch_tiled(x, weight, bias, out, g, backward=False)
-        return
-    kernel = _kernel("dwgn_dwconv2d_fwd", x.dtype, g, _launch.index_type(x.size, out.size))
-    kernel(
+    if _use_tiled(g, dtype):
+        return _tiled_plan(g, dtype, index, False)
+    return _launch.Launch(
+        KERNEL_FILE, _expression("dwgn_dwconv2d_fwd", dtype, _template_size(g), index),
         _launch.grid_planes(g.batch * g.channels * g.multiplier, g.out_height * g.out_width),
-        (_launch.BLOCK,),
-        (x, weight, _launch.pointer_or_null(bias), out) + _geometry_args(g),
+        (_launch.BLOCK,), 0, _geometry_args(g),
     )
 
 
-def backward_input(grad_out, weight, out, g):
+@functools.lru_cache(maxsize=1024)
+def _backward_input_plan(g, dtype, index):
     """Tiled kernel at stride 1 (specialized sizes), the phase kernel at
-    stride 2 (specialized sizes, dilation 1), else the direct gather kernel."""
-    if _use_tiled(g, grad_out.dtype):
-        _launch_tiled(grad_out, weight, None, out, g, backward=True)
-        return
+    stride 2 (specialized sizes, dilation 1), else the direct gather kernel.
+    Returns (launch, whether it takes the forward's (src, weight, bias, dst)
+    arguments: the tiled kernel is the forward kernel with a rotated filter)."""
+    if _use_tiled(g, dtype):
+        return _tiled_plan(g, dtype, index, True), True
     size = _template_size(g)
     if (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w) == (2, 2, 1, 1) and size != (0, 0):
-        index = _launch.index_type(grad_out.size, out.size)
-        kernel = _compile.get_kernel(KERNEL_FILE, _compile.name_expression(_PHASE, _dtypes.ctype(out.dtype), *size, index))
         blocks = -(-g.height // 2) * -(-g.width // 2)
-        kernel(
-            _launch.grid_planes(g.batch * g.channels, blocks), (_launch.BLOCK,),
-            (grad_out, weight, out) + _geometry_args(g),
-        )
-        return
-    kernel = _kernel("dwgn_dwconv2d_bwd_input", grad_out.dtype, g, _launch.index_type(grad_out.size, out.size))
-    kernel(
-        _launch.grid_planes(g.batch * g.channels, g.height * g.width),
-        (_launch.BLOCK,),
-        (grad_out, weight, out) + _geometry_args(g),
-    )
+        return _launch.Launch(
+            KERNEL_FILE, _compile.name_expression(_PHASE, _dtypes.ctype(dtype), *size, index),
+            _launch.grid_planes(g.batch * g.channels, blocks), (_launch.BLOCK,), 0, _geometry_args(g),
+        ), False
+    return _launch.Launch(
+        KERNEL_FILE, _expression("dwgn_dwconv2d_bwd_input", dtype, size, index),
+        _launch.grid_planes(g.batch * g.channels, g.height * g.width), (_launch.BLOCK,), 0,
+        _geometry_args(g),
+    ), False
 
 
-def backward_weight(grad_out, x, out, g):
-    """Two passes: per-(channel, split) partial sums, then a split-order sum."""
+@functools.lru_cache(maxsize=1024)
+def _backward_weight_plan(g, dtype, index):
+    """Two passes: per-(channel, split) partial sums, then a split-order sum;
+    returns the two launches and the (shape, dtype) of the partial sums."""
     out_channels = g.channels * g.multiplier
     taps = g.filter_height * g.filter_width
     positions = g.batch * g.out_height * g.out_width
-    tap_groups = taps // _taps_per_block(x.dtype, _template_size(g))
+    tap_groups = taps // _taps_per_block(dtype, _template_size(g))
     num_splits = max(1, min(
         -(-_TARGET_BLOCKS // (out_channels * tap_groups)),
         positions // _MIN_POSITIONS_PER_BLOCK,
         65535,
     ))
-    partial = cupy.empty((out_channels, num_splits, taps), dtype=_dtypes.accumulator_dtype(x.dtype))
-    kernel = _kernel("dwgn_dwconv2d_bwd_weight_partial", x.dtype, g, _launch.index_type(grad_out.size, x.size))
-    kernel(
-        (out_channels, num_splits, tap_groups), (_launch.BLOCK,),
-        (grad_out, x, partial) + _geometry_args(g),
+    partial = _launch.Launch(
+        KERNEL_FILE, _expression("dwgn_dwconv2d_bwd_weight_partial", dtype, _template_size(g), index),
+        (out_channels, num_splits, tap_groups), (_launch.BLOCK,), 0, _geometry_args(g),
     )
-    finalize_launch(x.dtype, out_channels, taps, num_splits, num_splits * taps, taps, 1)(partial, out)
+    finalize = finalize_launch(dtype, out_channels, taps, num_splits, num_splits * taps, taps, 1)
+    return partial, finalize, ((out_channels, num_splits, taps), _dtypes.accumulator_dtype(dtype))
+
+
+def forward(x, weight, bias, out, g):
+    _forward_plan(g, x.dtype, _launch.index_type(x.size, out.size))(
+        x, weight, _launch.pointer_or_null(bias), out
+    )
+
+
+def backward_input(grad_out, weight, out, g):
+    launch, takes_bias = _backward_input_plan(g, grad_out.dtype, _launch.index_type(grad_out.size, out.size))
+    if takes_bias:
+        launch(grad_out, weight, _launch.NULL, out)
+    else:
+        launch(grad_out, weight, out)
+
+
+def backward_weight(grad_out, x, out, g):
+    partial_launch, finalize, workspace = _backward_weight_plan(
+        g, x.dtype, _launch.index_type(grad_out.size, x.size)
+    )
+    (partial,) = _workspace.addresses(workspace)
+    partial_launch(grad_out, x, partial)
+    finalize(partial, out)
 
 
 @functools.lru_cache(maxsize=256)

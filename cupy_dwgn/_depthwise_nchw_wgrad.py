@@ -49,7 +49,7 @@ import functools
 
 import numpy
 
-from . import _compile, _depthwise_nchw, _dtypes, _launch
+from . import _compile, _depthwise_nchw, _dtypes, _launch, _workspace
 from ._launch import i32
 
 KERNEL_FILE = "depthwise_nchw_wgrad.cu"
@@ -273,12 +273,10 @@ def backward_weight(grad_out, x, out, g):
     if len(launches) == 1:
         partial_launch(grad_out, x, _launch.NULL, out)
         return True
-    import cupy
-
     splits = partial_launch.grid[1]
     taps = g.filter_height * g.filter_width
-    partial = cupy.empty(
-        (g.channels * g.multiplier, splits, taps), dtype=_dtypes.accumulator_dtype(x.dtype)
+    (partial,) = _workspace.addresses(
+        ((g.channels * g.multiplier, splits, taps), _dtypes.accumulator_dtype(x.dtype))
     )
     partial_launch(grad_out, x, partial, out)
     launches[1](partial, out)

@@ -10,10 +10,9 @@ function keyed on (geometry, dtype, has_bias, index type, 16-byte alignment).
 import functools
 import math
 
-import cupy
 import numpy
 
-from . import _compile, _depthwise_nchw, _dtypes, _launch
+from . import _compile, _depthwise_nchw, _dtypes, _launch, _workspace
 from ._launch import i32
 
 KERNEL_FILE = "depthwise_nhwc.cu"
@@ -521,6 +520,6 @@ def backward_weight(grad_out, x, out, g):
     index = _launch.index_type(grad_out.size, x.size)
     aligned = (grad_out.data.ptr | x.data.ptr) % _VECTOR_BYTES == 0
     (partial_launch, finalize), workspace_shape, acc = _backward_weight_plan(g, x.dtype, index, aligned)
-    partial = cupy.empty(workspace_shape, dtype=acc)
+    (partial,) = _workspace.addresses((workspace_shape, acc))
     partial_launch(grad_out, x, partial)
     finalize(partial, out)

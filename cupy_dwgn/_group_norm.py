@@ -7,14 +7,16 @@ the spatial positions and the C / num_groups channels of the group, with the
 biased variance, accumulated in float32 (float64 for float64 inputs).
 """
 
-import dataclasses
 import functools
 import numbers
+import typing
 
 import cupy
 import numpy
+from cupy import ndarray as _ndarray
+from cupy_backends.cuda.api import runtime as _runtime
 
-from . import _compile, _dtypes, _launch, _validate
+from . import _compile, _dtypes, _interop, _launch, _validate, _workspace
 from ._launch import i32
 
 KERNEL_FILE = "group_norm.cu"
@@ -112,32 +114,19 @@ def _affine_dtype(weight, bias, x):
 
 
 def _aligned(*arrays):
-    return all(a.data.ptr % 16 == 0 for a in arrays)
+    return all(a.data.ptr % 16 == 0 for a in arrays if a is not None)
 
 
-@dataclasses.dataclass(eq=False)
-class _Plan:
+class _Plan(typing.NamedTuple):
     """Everything about one call's launches that depends only on its
-    signature (shapes, dtypes, activation, vector path): the three kernels'
-    name expressions, grids, blocks and scalar arguments, and the (shape,
-    dtype) of the temporaries.  Plans are cached, so a repeated call skips
-    this work; the compiled kernels are looked up once per device."""
+    signature (shapes, dtypes, activation, eps, vector path): the three
+    launches and the (shape, dtype) of the two temporaries.  Plans are
+    cached, so a repeated call skips this work."""
 
-    expressions: tuple
-    grids: tuple
-    blocks: tuple
-    scalars: tuple
-    partial: tuple
-    coefficients: tuple
-    kernels_by_device: dict = dataclasses.field(default_factory=dict)
-
-    def kernels(self):
-        device = cupy.cuda.runtime.getDevice()
-        kernels = self.kernels_by_device.get(device)
-        if kernels is None:
-            kernels = tuple(_compile.get_kernel(KERNEL_FILE, e) for e in self.expressions)
-            self.kernels_by_device[device] = kernels
-        return kernels
+    first: _launch.Launch  # stats (forward) / reduce (backward)
+    finalize: _launch.Launch
+    elementwise: _launch.Launch  # apply (forward) / dx (backward)
+    temporaries: tuple  # ((shape, dtype) of the partial sums, of the coefficients)
 
 
 def _vector_width(dtype, channels, aligned):
@@ -161,28 +150,28 @@ def _geometry(batch, rows, channels, dtype, aligned):
 
 
 @functools.lru_cache(maxsize=1024)
-def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned):
+def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned, eps):
     name = _compile.name_expression
     index, t, acc_dtype, split, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
     rows_per_chunk, num_chunks, column_blocks = split
     grid_y = min(batch, _launch.MAX_GRID_Y)
     common = (i32(batch), i32(rows), i32(channels))
     return _Plan(
-        expressions=(
-            name(_STATS, t, index),
-            name(_FWD_FINALIZE, _dtypes.ctype(acc_dtype), _dtypes.ctype(w_dtype)),
-            name(_APPLY, t, _ACT_CODE[activation], vec, index),
-        ),
-        grids=((num_chunks, grid_y, column_blocks), (groups, grid_y), _launch.grid_1d(int(num_vectors))),
-        blocks=((_COLUMN_BLOCK,), (_group_block(channels // groups * num_chunks, 512),), (_launch.BLOCK,)),
-        scalars=(
+        _launch.Launch(
+            KERNEL_FILE, name(_STATS, t, index), (num_chunks, grid_y, column_blocks), (_COLUMN_BLOCK,), 0,
             common + (i32(rows_per_chunk),),
-            common + (i32(groups), i32(num_chunks), i32(rows_per_chunk)),
-            (num_vectors, i32(rows), i32(channels)),
+        ),
+        _launch.Launch(
+            KERNEL_FILE, name(_FWD_FINALIZE, _dtypes.ctype(acc_dtype), _dtypes.ctype(w_dtype)),
+            (groups, grid_y), (_group_block(channels // groups * num_chunks, 512),), 0,
+            common + (i32(groups), i32(num_chunks), i32(rows_per_chunk), acc_dtype.type(eps)),
+        ),
+        _launch.Launch(
+            KERNEL_FILE, name(_APPLY, t, _ACT_CODE[activation], vec, index),
+            _launch.grid_1d(int(num_vectors)), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
         ),
         # Forward summaries are double whatever x is: the sums keep the mean exact.
-        partial=((batch, num_chunks, 2, channels), numpy.dtype(numpy.float64)),
-        coefficients=((batch, 3, channels), acc_dtype),
+        (((batch, num_chunks, 2, channels), numpy.dtype(numpy.float64)), ((batch, 3, channels), acc_dtype)),
     )
 
 
@@ -195,24 +184,21 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
     act = _ACT_CODE[activation]
     common = (i32(batch), i32(rows), i32(channels), i32(groups))
     return _Plan(
-        expressions=(
-            name(_BWD_REDUCE, t, w_ctype, act, index),
-            name(_BWD_FINALIZE, _dtypes.ctype(acc_dtype), w_ctype),
-            name(_BWD_DX, t, act, vec, index),
-        ),
-        grids=(
-            (num_chunks, min(batch, _launch.MAX_GRID_Y), column_blocks),
-            (groups, min(batch + 1, _launch.MAX_GRID_Y)),
-            _launch.grid_1d(int(num_vectors)),
-        ),
-        blocks=((_COLUMN_BLOCK,), (_group_block(channels // groups * num_chunks, 256),), (_launch.BLOCK,)),
-        scalars=(
+        _launch.Launch(
+            KERNEL_FILE, name(_BWD_REDUCE, t, w_ctype, act, index),
+            (num_chunks, min(batch, _launch.MAX_GRID_Y), column_blocks), (_COLUMN_BLOCK,), 0,
             common + (i32(rows_per_chunk),),
-            common + (i32(num_chunks),),
-            (num_vectors, i32(rows), i32(channels)),
         ),
-        partial=((batch, num_chunks, 2, channels), acc_dtype),
-        coefficients=((batch, 5, channels), acc_dtype),
+        _launch.Launch(
+            KERNEL_FILE, name(_BWD_FINALIZE, _dtypes.ctype(acc_dtype), w_ctype),
+            (groups, min(batch + 1, _launch.MAX_GRID_Y)), (_group_block(channels // groups * num_chunks, 256),),
+            0, common + (i32(num_chunks),),
+        ),
+        _launch.Launch(
+            KERNEL_FILE, name(_BWD_DX, t, act, vec, index),
+            _launch.grid_1d(int(num_vectors)), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
+        ),
+        (((batch, num_chunks, 2, channels), acc_dtype), ((batch, 5, channels), acc_dtype)),
     )
 
 
@@ -234,13 +220,15 @@ def _group_block(pieces, limit):
     return min(limit, max(32, -(-pieces // 32) * 32))
 
 
-def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="identity", out=None, return_stats=False):
+def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="identity", out=None, mean_out=None, rstd_out=None, return_stats=False, stream=None):
     """Channels-last GroupNorm followed by an activation:
     ``y = act((x - mean) * rstd * weight + bias)``.
 
     Args:
-        x: cupy.ndarray (N, *spatial, C), 0 to 3 spatial dims, C-contiguous;
-            float16, float32, float64 or bfloat16.
+        x: (N, *spatial, C), 0 to 3 spatial dims, C-contiguous; float16,
+            float32, float64 or bfloat16.  A cupy.ndarray or any CUDA array
+            with ``__dlpack__`` (torch tensor, JAX array): used without a copy,
+            results come back as the caller's type.
         num_groups: int dividing C; every group is C // num_groups consecutive
             channels (num_groups == C is InstanceNorm, 1 is LayerNorm over
             (spatial, C)).
@@ -252,9 +240,15 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
             "gelu_tanh" (tanh approximation), applied after the affine transform.
         out: optional C-contiguous array of x's shape and dtype for y; may be x
             itself (in place), but must not otherwise overlap x, weight or bias.
+        mean_out, rstd_out: optional (N, num_groups) arrays of the statistics
+            dtype for mean and rstd.  With out, mean_out and rstd_out given the
+            call allocates nothing (temporaries come from a per-stream
+            workspace), so it can be captured in a CUDA graph.
         return_stats: also return mean and rstd = 1/sqrt(var + eps), each
             (N, num_groups), float32 (float64 for float64 x), for
             :func:`group_norm_backward`.
+        stream: launch on this stream (cupy Stream, ``__cuda_stream__``
+            object, torch.cuda.Stream); default the current CuPy stream.
 
     Returns:
         y, or (y, mean, rstd) when return_stats.  Statistics are accumulated in
@@ -268,39 +262,65 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
         >>> y.shape, mean.shape
         ((2, 64, 64, 320), (2, 32))
     """
-    batch, rows, channels, groups = check_forward_args(
-        x, num_groups, weight, bias, eps, activation, out
+    if stream is None and type(x) is _ndarray:
+        result = _forward_cached(x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats)
+        if result is not _MISS:
+            return result
+    return _interop.call(
+        _forward_checked, (x, weight, bias, out, mean_out, rstd_out), stream, num_groups, eps, activation,
+        return_stats,
     )
+
+
+def _forward_cached(x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats):
+    """The call through the signature cache, or _MISS."""
+    try:
+        shape = _SIGNATURES[
+            ("fwd", _sig(x), num_groups, _sig(weight), _sig(bias), eps, activation, _sig(out),
+             _sig(mean_out), _sig(rstd_out), type(num_groups), type(eps))
+        ]
+    except (KeyError, TypeError):  # a new signature, or an unhashable argument
+        return _MISS
+    if not _separate((out, mean_out, rstd_out), (x, weight, bias), x):
+        return _MISS
+    return _on_device(x, _forward, x, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats, shape)
+
+
+def _forward_checked(x, weight, bias, out, mean_out, rstd_out, num_groups, eps, activation, return_stats):
+    result = _forward_cached(x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats)
+    if result is not _MISS:  # e.g. torch tensors, now viewed as cupy arrays
+        return result
+    shape = check_forward_args(x, num_groups, weight, bias, eps, activation, out, mean_out=mean_out, rstd_out=rstd_out)
+    _remember(
+        ("fwd", _sig(x), num_groups, _sig(weight), _sig(bias), eps, activation, _sig(out), _sig(mean_out),
+         _sig(rstd_out), type(num_groups), type(eps)),
+        shape,
+    )
+    return _on_device(x, _forward, x, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats, shape)
+
+
+def _forward(x, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats, shape):
+    batch, rows, channels, groups = shape
     acc_dtype = _dtypes.accumulator_dtype(x.dtype)
-    with x.device:
-        y = _validate.empty_unless_given(out, x.shape, x.dtype)
-        mean = cupy.empty((batch, groups), dtype=acc_dtype)
-        rstd = cupy.empty((batch, groups), dtype=acc_dtype)
-        if x.size == 0:
-            mean.fill(numpy.nan)  # mean of nothing (a no-op when N == 0)
-            rstd.fill(numpy.nan)
-            return (y, mean, rstd) if return_stats else y
-        plan = _forward_plan(
-            batch, rows, channels, groups, x.dtype, _affine_dtype(weight, bias, x), activation,
-            _aligned(x, y),
-        )
-        partial = cupy.empty(*plan.partial)
-        coefficients = cupy.empty(*plan.coefficients)
-        stats, finalize, apply = plan.kernels()
-        grids, blocks, scalars = plan.grids, plan.blocks, plan.scalars
-        stats(grids[0], blocks[0], (x, partial) + scalars[0])
-        finalize(
-            grids[1], blocks[1],
-            (
-                partial, _launch.pointer_or_null(weight), _launch.pointer_or_null(bias), mean, rstd,
-                coefficients,
-            ) + scalars[1] + (acc_dtype.type(eps),),
-        )
-        apply(grids[2], blocks[2], (x, coefficients, y, *scalars[2]))
+    y = cupy.empty(x.shape, dtype=x.dtype) if out is None else out
+    mean = cupy.empty((batch, groups), dtype=acc_dtype) if mean_out is None else mean_out
+    rstd = cupy.empty((batch, groups), dtype=acc_dtype) if rstd_out is None else rstd_out
+    if x.size == 0:
+        mean.fill(numpy.nan)  # mean of nothing (a no-op when N == 0)
+        rstd.fill(numpy.nan)
+        return (y, mean, rstd) if return_stats else y
+    plan = _forward_plan(
+        batch, rows, channels, groups, x.dtype, _affine_dtype(weight, bias, x), activation, _aligned(x, y), eps,
+    )
+    partial, coefficients = _workspace.addresses(*plan.temporaries)
+    weight_ptr, bias_ptr = _launch.pointer_or_null(weight), _launch.pointer_or_null(bias)
+    plan.first(x, partial)
+    plan.finalize(partial, weight_ptr, bias_ptr, mean, rstd, coefficients)
+    plan.elementwise(x, coefficients, y)
     return (y, mean, rstd) if return_stats else y
 
 
-def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=None, *, activation="identity"):
+def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=None, *, activation="identity", out=None, grad_weight_out=None, grad_bias_out=None, stream=None):
     """Gradients of :func:`group_norm` with respect to x, weight and bias.
 
     Args:
@@ -311,6 +331,12 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
         num_groups, weight, bias, activation: as in the forward call (bias
             only matters through the activation's derivative, and for the
             presence of its gradient).
+        out: optional array of x's shape and dtype for grad_x.
+        grad_weight_out, grad_bias_out: optional (C,) arrays of the weight's
+            dtype (only with weight / bias given).  With every output given
+            the call allocates nothing (CUDA-graph capturable).
+        stream: as in :func:`group_norm`.  Arrays may be cupy or any CUDA
+            ``__dlpack__`` array (results come back as the caller's type).
 
     Returns:
         (grad_x, grad_weight, grad_bias): grad_x of x's shape and dtype;
@@ -321,38 +347,136 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
         >>> y, mean, rstd = group_norm(x, 32, w, b, activation="silu", return_stats=True)
         >>> dx, dw, db = group_norm_backward(dy, x, mean, rstd, 32, w, b, activation="silu")
     """
-    batch, rows, channels, groups = check_backward_args(
-        grad_out, x, mean, rstd, num_groups, weight, bias, activation
+    if stream is None and type(x) is _ndarray:
+        result = _backward_cached(
+            grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, num_groups, activation
+        )
+        if result is not _MISS:
+            return result
+    return _interop.call(
+        _backward_checked, (grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out), stream,
+        num_groups, activation,
     )
+
+
+def _backward_cached(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, num_groups, activation):
+    try:
+        shape = _SIGNATURES[
+            ("bwd", _sig(grad_out), _sig(x), _sig(mean), _sig(rstd), num_groups, _sig(weight), _sig(bias),
+             activation, _sig(out), _sig(grad_weight_out), _sig(grad_bias_out), type(num_groups))
+        ]
+    except (KeyError, TypeError):
+        return _MISS
+    if not _separate((out, grad_weight_out, grad_bias_out), (grad_out, x, mean, rstd, weight, bias)):
+        return _MISS
+    return _on_device(
+        x, _backward, grad_out, x, mean, rstd, weight, bias, activation, out, grad_weight_out, grad_bias_out, shape
+    )
+
+
+def _backward_checked(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, num_groups, activation):
+    result = _backward_cached(
+        grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, num_groups, activation
+    )
+    if result is not _MISS:
+        return result
+    shape = check_backward_args(
+        grad_out, x, mean, rstd, num_groups, weight, bias, activation, out=out,
+        grad_weight_out=grad_weight_out, grad_bias_out=grad_bias_out,
+    )
+    _remember(
+        ("bwd", _sig(grad_out), _sig(x), _sig(mean), _sig(rstd), num_groups, _sig(weight), _sig(bias), activation,
+         _sig(out), _sig(grad_weight_out), _sig(grad_bias_out), type(num_groups)),
+        shape,
+    )
+    return _on_device(
+        x, _backward, grad_out, x, mean, rstd, weight, bias, activation, out, grad_weight_out, grad_bias_out, shape
+    )
+
+
+def _backward(grad_out, x, mean, rstd, weight, bias, activation, out, grad_weight_out, grad_bias_out, shape):
+    batch, rows, channels, groups = shape
     w_dtype = _affine_dtype(weight, bias, x)
-    with x.device:
-        grad_in = cupy.empty(x.shape, dtype=x.dtype)
-        grad_weight = None if weight is None else cupy.empty((channels,), dtype=w_dtype)
-        grad_bias = None if bias is None else cupy.empty((channels,), dtype=w_dtype)
-        if x.size == 0:  # sums over nothing
-            for g in (grad_weight, grad_bias):
-                if g is not None:
-                    g.fill(0)
-            return grad_in, grad_weight, grad_bias
-        plan = _backward_plan(
-            batch, rows, channels, groups, x.dtype, w_dtype, activation, _aligned(x, grad_out, grad_in)
-        )
-        partial = cupy.empty(*plan.partial)
-        coefficients = cupy.empty(*plan.coefficients)
-        reduce, finalize, dx = plan.kernels()
-        grids, blocks, scalars = plan.grids, plan.blocks, plan.scalars
-        weight_ptr = _launch.pointer_or_null(weight)
-        bias_ptr = _launch.pointer_or_null(bias)
-        reduce(grids[0], blocks[0], (grad_out, x, mean, rstd, weight_ptr, bias_ptr, partial) + scalars[0])
-        finalize(
-            grids[1], blocks[1],
-            (
-                partial, mean, rstd, weight_ptr, bias_ptr, coefficients,
-                _launch.pointer_or_null(grad_weight), _launch.pointer_or_null(grad_bias),
-            ) + scalars[1],
-        )
-        dx(grids[2], blocks[2], (grad_out, x, coefficients, grad_in) + scalars[2])
+    grad_in = cupy.empty(x.shape, dtype=x.dtype) if out is None else out
+    grad_weight = grad_bias = None
+    if weight is not None:
+        grad_weight = cupy.empty((channels,), dtype=w_dtype) if grad_weight_out is None else grad_weight_out
+    if bias is not None:
+        grad_bias = cupy.empty((channels,), dtype=w_dtype) if grad_bias_out is None else grad_bias_out
+    if x.size == 0:  # sums over nothing
+        for g in (grad_weight, grad_bias):
+            if g is not None:
+                g.fill(0)
+        return grad_in, grad_weight, grad_bias
+    plan = _backward_plan(
+        batch, rows, channels, groups, x.dtype, w_dtype, activation, _aligned(x, grad_out, grad_in)
+    )
+    partial, coefficients = _workspace.addresses(*plan.temporaries)
+    weight_ptr, bias_ptr = _launch.pointer_or_null(weight), _launch.pointer_or_null(bias)
+    plan.first(grad_out, x, mean, rstd, weight_ptr, bias_ptr, partial)
+    plan.finalize(
+        partial, mean, rstd, weight_ptr, bias_ptr, coefficients,
+        _launch.pointer_or_null(grad_weight), _launch.pointer_or_null(grad_bias),
+    )
+    plan.elementwise(grad_out, x, coefficients, grad_in)
     return grad_in, grad_weight, grad_bias
+
+
+# Call-signature cache, as in cupy_dwgn.depthwise: a signature that passed the
+# full checks once maps to (N, S, C, num_groups); a repeated call only checks
+# that its outputs do not overlap the inputs or each other.
+_SIGNATURES = {}
+_MAX_SIGNATURES = 4096
+_UNCACHED = object()
+_MISS = object()
+
+
+def _sig(array):
+    if array is None:
+        return None
+    if type(array) is not _ndarray:
+        return _UNCACHED
+    return array.shape, array.dtype, array.flags.c_contiguous, array.data.device_id
+
+
+def _remember(key, value):
+    try:
+        if len(_SIGNATURES) >= _MAX_SIGNATURES:
+            _SIGNATURES.clear()
+        _SIGNATURES[key] = value
+    except TypeError:  # an unhashable argument: nothing to remember
+        pass
+
+
+def _separate(outputs, inputs, in_place_ok=None):
+    """No given output overlaps an input or another output (the first output
+    may be exactly ``in_place_ok``); False sends the call to the checked
+    path, which raises the error."""
+    given = [a for a in outputs if a is not None]
+    if not given:
+        return True
+    spans = [(a.data.ptr, a.data.ptr + a.nbytes) for a in given]
+    for a in inputs:
+        if a is not None and a.nbytes:
+            start, end = a.data.ptr, a.data.ptr + a.nbytes
+            for index, (o_start, o_end) in enumerate(spans):
+                if o_start < end and start < o_end and not (
+                    index == 0 and outputs[0] is not None and a is in_place_ok and (start, end) == (o_start, o_end)
+                ):
+                    return False
+    for i in range(len(spans)):
+        for j in range(i):
+            if spans[i][0] < spans[j][1] and spans[j][0] < spans[i][1]:
+                return False
+    return True
+
+
+def _on_device(array, function, *args):
+    """function(*args) with array's device current (entered only when it is not)."""
+    if array.data.device_id == _runtime.getDevice():
+        return function(*args)
+    with array.device:
+        return function(*args)
 
 
 # ---------------------------------------------------------------------------
@@ -446,7 +570,7 @@ def _check_affine(weight, bias, x, channels, kind):
         _validate.check_same_dtype("bias", bias, "weight", weight)
 
 
-def check_forward_args(x, num_groups, weight, bias, eps, activation, out, kind=None):
+def check_forward_args(x, num_groups, weight, bias, eps, activation, out, kind=None, *, mean_out=None, rstd_out=None):
     """Validate group_norm's arguments; returns (N, S, C, num_groups)."""
     batch, rows, channels = _check_x("x", x, kind)
     groups = _check_num_groups(num_groups, channels)
@@ -459,10 +583,17 @@ def check_forward_args(x, num_groups, weight, bias, eps, activation, out, kind=N
     # overwritten, by the same thread), but no other overlap.
     if out is not None and not _validate.same_memory(out, x):
         _validate.check_no_overlap(out, x=x, weight=weight, bias=bias)
+    stats_dtype = _dtypes.accumulator_dtype(x.dtype)
+    for name, array in (("mean_out", mean_out), ("rstd_out", rstd_out)):
+        _validate.check_out(array, (batch, groups), stats_dtype, kind, name)
+    if mean_out is not None or rstd_out is not None:
+        _validate.check_same_device(x=x, mean_out=mean_out, rstd_out=rstd_out)
+        _validate.check_no_overlap(mean_out, "mean_out", x=x, weight=weight, bias=bias, out=out, rstd_out=rstd_out)
+        _validate.check_no_overlap(rstd_out, "rstd_out", x=x, weight=weight, bias=bias, out=out)
     return batch, rows, channels, groups
 
 
-def check_backward_args(grad_out, x, mean, rstd, num_groups, weight, bias, activation, kind=None):
+def check_backward_args(grad_out, x, mean, rstd, num_groups, weight, bias, activation, kind=None, *, out=None, grad_weight_out=None, grad_bias_out=None):
     """Validate group_norm_backward's arguments; returns (N, S, C, num_groups)."""
     _validate.check_array("grad_out", grad_out, None, "", kind)
     batch, rows, channels = _check_x("x", x, kind)
@@ -483,4 +614,18 @@ def check_backward_args(grad_out, x, mean, rstd, num_groups, weight, bias, activ
     _validate.check_same_device(
         x=x, grad_out=grad_out, mean=mean, rstd=rstd, weight=weight, bias=bias
     )
+    _validate.check_out(out, x.shape, x.dtype, kind)
+    w_dtype = _affine_dtype(weight, bias, x)
+    for name, array, param in (("grad_weight_out", grad_weight_out, "weight"), ("grad_bias_out", grad_bias_out, "bias")):
+        if array is not None and (weight if param == "weight" else bias) is None:
+            raise ValueError(f"{name}: expected None because {param} is None (there is no {param} gradient)")
+        _validate.check_out(array, (channels,), w_dtype, kind, name)
+    outputs = {"out": out, "grad_weight_out": grad_weight_out, "grad_bias_out": grad_bias_out}
+    if any(a is not None for a in outputs.values()):
+        _validate.check_same_device(x=x, **outputs)
+        inputs = {"grad_out": grad_out, "x": x, "mean": mean, "rstd": rstd, "weight": weight, "bias": bias}
+        names = list(outputs)
+        for index, name in enumerate(names):
+            others = {n: outputs[n] for n in names[:index]}
+            _validate.check_no_overlap(outputs[name], name, **inputs, **others)
     return batch, rows, channels, groups

@@ -1,5 +1,9 @@
 """Launch helpers shared by the ops: grid sizes, index type, typed scalars."""
 
+import ctypes
+import struct
+import threading
+
 import numpy
 
 from . import _compile
@@ -9,8 +13,8 @@ BLOCK = 256
 MAX_BLOCKS = 65536
 INT32_LIMIT = 2**31
 
-#: Null pointer for optional array arguments (passed by value as 8 bytes).
-NULL = numpy.uintp(0)
+#: Null pointer for optional array arguments (an 8-byte address).
+NULL = 0
 
 i32 = numpy.int32
 
@@ -52,9 +56,9 @@ def pointer_or_null(array):
 
 #: Dynamic shared memory any kernel may use without opting in.
 _DEFAULT_SHARED = 48 * 1024
-#: (kernel object id, bytes) whose opt-in is done; kernel objects are
-#: memoized for the life of the process, so their ids stay theirs.
-_SHARED_OPTED_IN = set()
+
+# cuLaunchKernel's ``extra`` markers: the arguments travel as one packed buffer.
+_PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _PARAM_END = 1, 2, 0
 
 
 class Launch:
@@ -64,31 +68,108 @@ class Launch:
 
     Build it once per signature (cache the builder with functools.lru_cache)
     and call it with the array arguments: ``launch(x, weight, bias, y)``.
+    Each array argument is a cupy.ndarray or a raw device address (an int;
+    0 is the null pointer, e.g. for an absent bias).
+
+    The launch goes straight to ``cuLaunchKernel`` on the current CuPy
+    stream with the arguments packed in one buffer: the scalars are packed
+    once, per call only the addresses are written.  A CuPy kernel call
+    converts every argument on every call (about 0.3 us per scalar; 8.6 us
+    for 4 arrays + 10 ints against 5.9 for a bare launch on an H200).
     """
 
-    __slots__ = ("file", "expression", "grid", "block", "shared_mem", "scalars")
+    __slots__ = (
+        "file", "expression", "grid", "block", "shared_mem", "scalars",
+        "_kernels", "_buffer", "_extra", "_lock",
+    )
 
     def __init__(self, file, expression, grid, block, shared_mem=0, scalars=()):
         self.file = file
         self.expression = expression
-        self.grid = tuple(int(v) for v in grid)
-        self.block = tuple(int(v) for v in block)
+        self.grid = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
+        self.block = tuple(int(v) for v in block) + (1,) * (3 - len(block))
         self.shared_mem = int(shared_mem)
         self.scalars = tuple(scalars)
+        self._kernels = {}  # device id -> kernel address
+        self._buffer = None
+        self._lock = threading.Lock()
+
+    def _kernel(self, device):
+        """The kernel's CUfunction address on ``device`` (compiled or loaded on first use)."""
+        kernel = _compile.get_kernel(self.file, self.expression)
+        if self.shared_mem > _DEFAULT_SHARED and kernel.max_dynamic_shared_size_bytes < self.shared_mem:
+            # Above 48 KB a kernel must opt in, once per kernel and device.
+            kernel.max_dynamic_shared_size_bytes = self.shared_mem
+        # The CUfunction of the current device; the memoized RawKernel keeps
+        # its module loaded for the life of the process.
+        address = self._kernels[device] = kernel.kernel.ptr
+        return address
+
+    def _pack(self, num_pointers):
+        """The argument buffer: ``num_pointers`` 8-byte addresses, then the
+        scalars, each at its natural alignment (the kernel ABI's layout).
+        The scalars are written once; each call writes the addresses."""
+        layout = []
+        offset = 8 * num_pointers
+        for value in self.scalars:
+            raw = numpy.asarray(value).tobytes()
+            offset = -(-offset // len(raw)) * len(raw)
+            layout.append((offset, raw))
+            offset += len(raw)
+        buffer = (ctypes.c_ubyte * max(8, offset))()
+        for start, raw in layout:
+            ctypes.memmove(ctypes.addressof(buffer) + start, raw, len(raw))
+        size = ctypes.c_size_t(offset)
+        extra = (ctypes.c_void_p * 5)(
+            _PARAM_BUFFER_POINTER, ctypes.addressof(buffer), _PARAM_BUFFER_SIZE, ctypes.addressof(size), _PARAM_END
+        )
+        # Referenced by this object: the driver reads them on every launch.
+        self._buffer = (buffer, size, extra, num_pointers, struct.Struct(f"{num_pointers}Q"))
+        self._extra = ctypes.addressof(extra)
 
     def __call__(self, *arrays):
-        kernel = _compile.get_kernel(self.file, self.expression)
-        if self.shared_mem > _DEFAULT_SHARED and (id(kernel), self.shared_mem) not in _SHARED_OPTED_IN:
-            # Above 48 KB a kernel must opt in, once per kernel and device
-            # (the kernel object is per device); the attribute is a driver
-            # query, so it is not asked again on every launch.
-            if kernel.max_dynamic_shared_size_bytes < self.shared_mem:
-                kernel.max_dynamic_shared_size_bytes = self.shared_mem
-            _SHARED_OPTED_IN.add((id(kernel), self.shared_mem))
-        kernel(self.grid, self.block, arrays + self.scalars, shared_mem=self.shared_mem)
+        if _runtime is None:
+            _import_cuda()
+        device = _runtime.getDevice()
+        kernel = self._kernels.get(device) or self._kernel(device)
+        packed = self._buffer
+        if packed is None or packed[3] != len(arrays):
+            self._pack(len(arrays))
+            packed = self._buffer
+        addresses = [a.data.ptr if type(a) is _ndarray else _address(a) for a in arrays]
+        stream = _cupy.cuda.get_current_stream().ptr
+        grid, block = self.grid, self.block
+        # The buffer is shared by every caller of this plan: write and launch
+        # as one step (cuLaunchKernel copies the arguments before returning).
+        with self._lock:
+            packed[4].pack_into(packed[0], 0, *addresses)
+            _driver.launchKernel(
+                kernel, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                self.shared_mem, stream, 0, self._extra,
+            )
 
     def __repr__(self):
         return (
             f"Launch({self.expression}, grid={self.grid}, block={self.block}, "
             f"shared_mem={self.shared_mem})"
         )
+
+
+def _address(array):
+    """Device address of a kernel argument other than a cupy array: a raw
+    address (int, e.g. ``NULL``) or an array with a CuPy memory pointer."""
+    data = getattr(array, "data", None)
+    return data.ptr if hasattr(data, "ptr") else int(array)
+
+
+# CuPy is imported on the first launch: the references and the CLI import
+# this module on machines without it.
+_cupy = _driver = _runtime = _ndarray = None
+
+
+def _import_cuda():
+    global _cupy, _driver, _runtime, _ndarray
+    import cupy
+    from cupy_backends.cuda.api import driver, runtime
+
+    _cupy, _driver, _runtime, _ndarray = cupy, driver, runtime, cupy.ndarray

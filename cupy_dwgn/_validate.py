@@ -38,12 +38,15 @@ def check_array(name, array, ndim=None, shape_doc="", kind=None):
     """
     kind = cupy_ndarray() if kind is None else kind
     if not isinstance(array, kind):
-        hint = (
-            " (for NumPy arrays use cupy_dwgn.host)"
-            if isinstance(array, numpy.ndarray) and kind is not numpy.ndarray
-            else ""
-        )
-        raise TypeError(f"{name}: expected a {_kind_name(kind)}, got {_type_name(array)}{hint}")
+        hint = ""
+        expected = _kind_name(kind)
+        if kind is not numpy.ndarray:
+            expected += " or a CUDA array with __dlpack__ (torch tensor, JAX array)"
+            if isinstance(array, numpy.ndarray):
+                hint = " (for NumPy arrays use cupy_dwgn.host)"
+            elif hasattr(array, "__dlpack_device__"):
+                hint = f" on a non-CUDA device (DLPack device {array.__dlpack_device__()})"
+        raise TypeError(f"{name}: expected a {expected}, got {_type_name(array)}{hint}")
     check_dtype(name, array.dtype)
     if ndim is not None and array.ndim != ndim:
         raise ValueError(
@@ -121,7 +124,7 @@ def same_memory(a, b):
     return _byte_range(a) == _byte_range(b)
 
 
-def check_no_overlap(out, name="out", **inputs):
+def check_no_overlap(out, name="out", /, **inputs):
     """``out`` must not share memory with an input the kernel still reads
     while writing it (an in-place call would read half-written values)."""
     if out is None or out.nbytes == 0:

@@ -19,9 +19,16 @@ from . import (
     _depthwise_nchw_wgrad,
     _depthwise_nchw_window,
     _depthwise_nhwc,
+    _interop,
     _validate,
 )
 from ._launch import INT32_LIMIT, MAX_GRID_Y, check_plane_size
+
+try:
+    from cupy import ndarray as _ndarray
+    from cupy_backends.cuda.api import runtime as _runtime
+except ImportError:  # CuPy absent: every call takes the checked path, which says so
+    _ndarray = _runtime = None
 
 #: Filter sizes with compile-time specializations; every other size runs a
 #: generic kernel.
@@ -65,9 +72,17 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
     return list(dict.fromkeys(specs))
 
 
-def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, layout="NCHW", out=None):
+def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, layout="NCHW", out=None, stream=None):
     """Depthwise 2-D convolution (cross-correlation, as ``torch.nn.functional.conv2d``
     with ``groups=C``).
+
+    Arrays may be cupy.ndarray or any CUDA array with ``__dlpack__`` (torch
+    tensors, JAX arrays): they are used without a copy and the result comes
+    back as the caller's type.  For ``layout="NCHW"``, 4-D arrays whose memory
+    is channels-last (a torch ``channels_last`` tensor) run the NHWC kernels
+    and the result is channels-last too.  ``stream``: launch on this stream
+    (a cupy Stream, anything with ``__cuda_stream__``, a torch.cuda.Stream);
+    default the current CuPy stream.  Nothing synchronizes the host.
 
     Args:
         x: cupy.ndarray (N, C, H, W) for ``layout="NCHW"`` or (N, H, W, C) for
@@ -95,24 +110,69 @@ def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, l
         >>> depthwise_conv2d(x, w, padding=1).shape
         (8, 32, 56, 56)
     """
+    if stream is None and type(x) is _ndarray:
+        result = _forward_cached(x, weight, bias, out, stride, padding, dilation, layout)
+        if result is not _MISS:
+            return result
+    return _interop.call(_forward_checked, (x, weight, bias, out), stream, stride, padding, dilation, layout)
+
+
+def _forward_cached(x, weight, bias, out, stride, padding, dilation, layout):
+    """The call through the signature cache, or _MISS (new signature,
+    unhashable argument, or an out that needs the full checks)."""
+    try:
+        g, out_shape = _SIGNATURES[
+            ("fwd", _sig(x), _sig(weight), _sig(bias), _sig(out), stride, padding, dilation, layout,
+             type(stride), type(dilation))
+        ]
+    except (KeyError, TypeError):
+        return _MISS
+    if out is not None and not _no_overlap(out, x, weight, bias):
+        return _MISS
+    return _on_device(x, _forward, x, weight, bias, out, g, out_shape, layout)
+
+
+def _forward_checked(x, weight, bias, out, stride, padding, dilation, layout):
+    result = _forward_cached(x, weight, bias, out, stride, padding, dilation, layout)
+    if result is not _MISS:  # e.g. torch tensors, now viewed as cupy arrays
+        return result
+    if _channels_last_nchw(layout, x):
+        result = _forward_checked(_as_nhwc(x, "x"), weight, bias, _as_nhwc(out, "out"), stride, padding, dilation, "NHWC")
+        return _as_nchw(result) if out is None else out
     g = check_forward_args(x, weight, bias, stride, padding, dilation, layout, out)
-    shape = _validate.layout_shape(layout, g.batch, g.channels * g.multiplier, g.out_height, g.out_width)
-    with x.device:
-        out = _validate.empty_unless_given(out, shape, x.dtype)
-        if out.size == 0:
-            return out
-        if layout == "NHWC":
-            _depthwise_nhwc.forward(x, weight, bias, out, g)
-        elif not (
-            _depthwise_nchw_large.forward(x, weight, bias, out, g)
-            or _depthwise_nchw_window.forward(x, weight, bias, out, g)
-        ):
-            _depthwise_nchw.forward(x, weight, bias, out, g)
+    out_shape = _validate.layout_shape(layout, g.batch, g.channels * g.multiplier, g.out_height, g.out_width)
+    _remember(
+        ("fwd", _sig(x), _sig(weight), _sig(bias), _sig(out), stride, padding, dilation, layout,
+         type(stride), type(dilation)),
+        (g, out_shape),
+    )
+    return _on_device(x, _forward, x, weight, bias, out, g, out_shape, layout)
+
+
+def _forward(x, weight, bias, out, g, out_shape, layout):
+    out = _validate.empty_unless_given(out, out_shape, x.dtype)
+    if out.size == 0:
+        return out
+    if layout == "NHWC":
+        _depthwise_nhwc.forward(x, weight, bias, out, g)
+    elif not (
+        _depthwise_nchw_large.forward(x, weight, bias, out, g)
+        or _depthwise_nchw_window.forward(x, weight, bias, out, g)
+    ):
+        _depthwise_nchw.forward(x, weight, bias, out, g)
     return out
 
 
-def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, padding=0, dilation=1, layout="NCHW", out=None):
+def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, padding=0, dilation=1, layout="NCHW", out=None, stream=None):
     """Gradient of :func:`depthwise_conv2d` with respect to its input.
+
+    Arrays may be cupy.ndarray or any CUDA array with ``__dlpack__`` (torch
+    tensors, JAX arrays): they are used without a copy and the result comes
+    back as the caller's type.  For ``layout="NCHW"``, 4-D arrays whose memory
+    is channels-last (a torch ``channels_last`` tensor) run the NHWC kernels
+    and the result is channels-last too.  ``stream``: launch on this stream
+    (a cupy Stream, anything with ``__cuda_stream__``, a torch.cuda.Stream);
+    default the current CuPy stream.  Nothing synchronizes the host.
 
     Args:
         grad_out: (N, C*M, OH, OW) (NHWC: (N, OH, OW, C*M)), the gradient of
@@ -130,26 +190,76 @@ def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, 
     Example:
         >>> dx = depthwise_conv2d_backward_input(dy, w, x.shape, padding=1)
     """
+    if stream is None and type(grad_out) is _ndarray:
+        result = _backward_input_cached(grad_out, weight, out, input_shape, stride, padding, dilation, layout)
+        if result is not _MISS:
+            return result
+    return _interop.call(
+        _backward_input_checked, (grad_out, weight, out), stream, input_shape, stride, padding, dilation, layout
+    )
+
+
+def _backward_input_cached(grad_out, weight, out, input_shape, stride, padding, dilation, layout):
+    try:
+        g = _SIGNATURES[
+            ("bwd_input", _sig(grad_out), _sig(weight), input_shape, _sig(out), stride, padding, dilation,
+             layout, type(stride), type(dilation))
+        ]
+    except (KeyError, TypeError):
+        return _MISS
+    if out is not None and not _no_overlap(out, grad_out, weight):
+        return _MISS
+    return _on_device(grad_out, _backward_input, grad_out, weight, out, g, layout)
+
+
+def _backward_input_checked(grad_out, weight, out, input_shape, stride, padding, dilation, layout):
+    result = _backward_input_cached(grad_out, weight, out, input_shape, stride, padding, dilation, layout)
+    if result is not _MISS:
+        return result
+    if _channels_last_nchw(layout, grad_out):
+        n, c, h, w = _validate.check_int_shape("input_shape", input_shape, 4)
+        result = _backward_input_checked(
+            _as_nhwc(grad_out, "grad_out"), weight, _as_nhwc(out, "out"), (n, h, w, c), stride, padding,
+            dilation, "NHWC",
+        )
+        return _as_nchw(result) if out is None else out
     g = check_backward_input_args(grad_out, weight, input_shape, stride, padding, dilation, layout, out)
-    with grad_out.device:
-        out = _validate.empty_unless_given(out, tuple(input_shape), grad_out.dtype)
-        if out.size == 0:
-            return out
-        if layout == "NHWC":
-            _depthwise_nhwc.backward_input(grad_out, weight, out, g)
-        elif not (
-            _depthwise_nchw_large.backward_input(grad_out, weight, out, g)
-            or _depthwise_nchw_window.backward_input(grad_out, weight, out, g)
-        ):
-            _depthwise_nchw.backward_input(grad_out, weight, out, g)
+    _remember(
+        ("bwd_input", _sig(grad_out), _sig(weight), input_shape, _sig(out), stride, padding, dilation, layout,
+         type(stride), type(dilation)),
+        g,
+    )
+    return _on_device(grad_out, _backward_input, grad_out, weight, out, g, layout)
+
+
+def _backward_input(grad_out, weight, out, g, layout):
+    shape = _validate.layout_shape(layout, g.batch, g.channels, g.height, g.width)
+    out = _validate.empty_unless_given(out, shape, grad_out.dtype)
+    if out.size == 0:
+        return out
+    if layout == "NHWC":
+        _depthwise_nhwc.backward_input(grad_out, weight, out, g)
+    elif not (
+        _depthwise_nchw_large.backward_input(grad_out, weight, out, g)
+        or _depthwise_nchw_window.backward_input(grad_out, weight, out, g)
+    ):
+        _depthwise_nchw.backward_input(grad_out, weight, out, g)
     return out
 
 
-def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, padding=0, dilation=1, layout="NCHW", out=None):
+def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, padding=0, dilation=1, layout="NCHW", out=None, stream=None):
     """Gradient of :func:`depthwise_conv2d` with respect to its weight.
 
     Deterministic: no atomics; the same inputs give bit-identical results on
     every run (the reduction order depends on the shapes only).
+
+    Arrays may be cupy.ndarray or any CUDA array with ``__dlpack__`` (torch
+    tensors, JAX arrays): they are used without a copy and the result comes
+    back as the caller's type.  For ``layout="NCHW"``, 4-D arrays whose memory
+    is channels-last (a torch ``channels_last`` tensor) run the NHWC kernels
+    and the result is channels-last too.  ``stream``: launch on this stream
+    (a cupy Stream, anything with ``__cuda_stream__``, a torch.cuda.Stream);
+    default the current CuPy stream.  Nothing synchronizes the host.
 
     Args:
         grad_out: (N, C*M, OH, OW) (NHWC: (N, OH, OW, C*M)), the gradient of
@@ -167,19 +277,127 @@ def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, pad
     Example:
         >>> dw = depthwise_conv2d_backward_weight(dy, x, w.shape, padding=1)
     """
+    if stream is None and type(grad_out) is _ndarray:
+        result = _backward_weight_cached(grad_out, x, out, weight_shape, stride, padding, dilation, layout)
+        if result is not _MISS:
+            return result
+    return _interop.call(
+        _backward_weight_checked, (grad_out, x, out), stream, weight_shape, stride, padding, dilation, layout
+    )
+
+
+def _backward_weight_cached(grad_out, x, out, weight_shape, stride, padding, dilation, layout):
+    try:
+        g = _SIGNATURES[
+            ("bwd_weight", _sig(grad_out), _sig(x), weight_shape, _sig(out), stride, padding, dilation,
+             layout, type(stride), type(dilation))
+        ]
+    except (KeyError, TypeError):
+        return _MISS
+    if out is not None and not _no_overlap(out, grad_out, x):
+        return _MISS
+    return _on_device(x, _backward_weight, grad_out, x, out, g, layout)
+
+
+def _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, dilation, layout):
+    result = _backward_weight_cached(grad_out, x, out, weight_shape, stride, padding, dilation, layout)
+    if result is not _MISS:
+        return result
+    if _channels_last_nchw(layout, grad_out):
+        grad_out, x = _as_nhwc(grad_out, "grad_out"), _as_nhwc(x, "x")
+        return _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, dilation, "NHWC")
     g = check_backward_weight_args(grad_out, x, weight_shape, stride, padding, dilation, layout, out)
-    with x.device:
-        out = _validate.empty_unless_given(out, tuple(weight_shape), x.dtype)
-        if out.size == 0:
-            return out
-        if grad_out.size == 0 or x.size == 0:
-            out.fill(0)  # no output positions (or an empty input): every tap sums nothing
-            return out
-        if layout == "NHWC":
-            _depthwise_nhwc.backward_weight(grad_out, x, out, g)
-        elif not _depthwise_nchw_wgrad.backward_weight(grad_out, x, out, g):
-            _depthwise_nchw.backward_weight(grad_out, x, out, g)
+    _remember(
+        ("bwd_weight", _sig(grad_out), _sig(x), weight_shape, _sig(out), stride, padding, dilation, layout,
+         type(stride), type(dilation)),
+        g,
+    )
+    return _on_device(x, _backward_weight, grad_out, x, out, g, layout)
+
+
+def _backward_weight(grad_out, x, out, g, layout):
+    shape = (g.channels * g.multiplier, 1, g.filter_height, g.filter_width)
+    out = _validate.empty_unless_given(out, shape, x.dtype)
+    if out.size == 0:
+        return out
+    if grad_out.size == 0 or x.size == 0:
+        out.fill(0)  # no output positions (or an empty input): every tap sums nothing
+        return out
+    if layout == "NHWC":
+        _depthwise_nhwc.backward_weight(grad_out, x, out, g)
+    elif not _depthwise_nchw_wgrad.backward_weight(grad_out, x, out, g):
+        _depthwise_nchw.backward_weight(grad_out, x, out, g)
     return out
+
+
+# Call-signature cache: a signature (op, each array's shape, dtype,
+# contiguity and device, the int/str arguments) that passed the full checks
+# once maps to its ConvGeometry, so a repeated call only checks that out
+# does not overlap an input.  Argument types are part of the key (True == 1
+# would otherwise hit the entry of 1).
+_SIGNATURES = {}
+_MAX_SIGNATURES = 4096
+_UNCACHED = object()  # never a key part: a foreign array always takes the checked path
+_MISS = object()  # what a *_cached function returns when the call needs the checks
+
+
+def _sig(array):
+    if array is None:
+        return None
+    if type(array) is not _ndarray:
+        return _UNCACHED
+    return array.shape, array.dtype, array.flags.c_contiguous, array.data.device_id
+
+
+def _remember(key, value):
+    try:
+        if len(_SIGNATURES) >= _MAX_SIGNATURES:
+            _SIGNATURES.clear()
+        _SIGNATURES[key] = value
+    except TypeError:  # an unhashable argument (a list): nothing to remember
+        pass
+
+
+def _no_overlap(out, *inputs):
+    start = out.data.ptr
+    end = start + out.nbytes
+    for a in inputs:
+        if a is not None and a.nbytes and a.data.ptr < end and start < a.data.ptr + a.nbytes:
+            return False  # the checked path raises the error
+    return True
+
+
+def _on_device(array, function, *args):
+    """function(*args) with array's device current (entered only when it is not)."""
+    if array.data.device_id == _runtime.getDevice():
+        return function(*args)
+    with array.device:
+        return function(*args)
+
+
+def _channels_last_nchw(layout, array):
+    """An NCHW-shaped 4-D array stored channels-last (torch channels_last)."""
+    return (
+        layout == "NCHW" and type(array) is _ndarray and array.ndim == 4
+        and not array.flags.c_contiguous and array.transpose(0, 2, 3, 1).flags.c_contiguous
+    )
+
+
+def _as_nhwc(array, name):
+    """The NHWC view of a channels-last NCHW array (None stays None)."""
+    if array is None:
+        return None
+    view = array.transpose(0, 2, 3, 1) if type(array) is _ndarray and array.ndim == 4 else array
+    if type(array) is _ndarray and array.ndim == 4 and not view.flags.c_contiguous:
+        raise ValueError(
+            f"{name}: expected channels-last memory like the first array (a channels_last "
+            f"tensor), got strides {array.strides} for shape {tuple(array.shape)}"
+        )
+    return view
+
+
+def _as_nchw(result):
+    return result.transpose(0, 3, 1, 2)
 
 
 # Argument checks: duck-typed over the array class (``kind``), so

@@ -262,3 +262,33 @@ def test_arrays_on_different_devices():
     y, mean, rstd = gn.group_norm(x, 2, return_stats=True)
     with pytest.raises(ValueError, match="grad_out: expected an array on device 0"):
         gn.group_norm_backward(dy, x, mean, rstd, 2)
+
+
+# -- caller-given statistics and gradient outputs ---------------------------
+
+def test_stats_outputs_checked_by_name():
+    x = z((2, 3, 4))
+    gn.check_forward_args(x, 2, None, None, 1e-5, "identity", None, numpy.ndarray, mean_out=z((2, 2)), rstd_out=z((2, 2)))
+    with pytest.raises(ValueError, match=r"^mean_out: expected shape \(2, 2\)"):
+        gn.check_forward_args(x, 2, None, None, 1e-5, "identity", None, numpy.ndarray, mean_out=z((2, 3)))
+    with pytest.raises(TypeError, match=r"^rstd_out: expected dtype float32"):
+        gn.check_forward_args(x, 2, None, None, 1e-5, "identity", None, numpy.ndarray, rstd_out=z((2, 2), F16))
+    stats = z((2, 2))
+    with pytest.raises(ValueError, match=r"^mean_out: expected memory separate from rstd_out"):
+        gn.check_forward_args(x, 2, None, None, 1e-5, "identity", None, numpy.ndarray, mean_out=stats, rstd_out=stats)
+
+
+def test_gradient_outputs_checked_by_name():
+    x, stats = z((2, 3, 4)), z((2, 2))
+    w = z(4)
+
+    def check(**outputs):
+        return gn.check_backward_args(x, x, stats, stats, 2, w, None, "identity", numpy.ndarray, **outputs)
+
+    check(out=z((2, 3, 4)), grad_weight_out=z(4))
+    with pytest.raises(ValueError, match=r"^grad_bias_out: expected None because bias is None"):
+        check(grad_bias_out=z(4))
+    with pytest.raises(ValueError, match=r"^grad_weight_out: expected shape \(4,\)"):
+        check(grad_weight_out=z(5))
+    with pytest.raises(ValueError, match=r"^out: expected memory separate from x"):
+        gn.check_backward_args(z((2, 3, 4)), x, stats, stats, 2, w, None, "identity", numpy.ndarray, out=x)

@@ -1,0 +1,99 @@
+"""Arrays and streams from other libraries: DLPack in, the caller's type out.
+
+Every public GPU op runs its cupy.ndarray fast path directly; any other
+argument comes here.  A GPU array with ``__dlpack__`` (a torch tensor, a JAX
+array, ...) is viewed as a cupy.ndarray without a copy by
+``cupy.from_dlpack``, which orders the current stream after the producer's
+(the DLPack protocol's ``stream`` argument); the results go back through the
+caller's own ``from_dlpack`` (torch, or the array API namespace of the
+array, e.g. jax.numpy), which orders the consumer's stream after ours.  An
+``out=`` argument given as a foreign array is written in place and returned
+as the very object the caller passed.
+"""
+
+import contextlib
+
+#: DLPack device types whose memory a CUDA kernel can address.
+_CUDA_DEVICE_TYPES = (2, 13)  # kDLCUDA, kDLCUDAManaged
+
+_STREAMS = {}  # (device, stream address) -> cupy stream object
+
+
+def as_stream(stream):
+    """A CuPy stream object for ``stream``: a cupy.cuda.Stream (or
+    ExternalStream), an object with ``__cuda_stream__`` (CUDA stream
+    protocol, e.g. torch.cuda.Stream in recent PyTorch), an object with a
+    ``cuda_stream`` address (torch.cuda.Stream), or a raw address (int)."""
+    import cupy
+
+    if isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):
+        return stream
+    device = cupy.cuda.runtime.getDevice()
+    if hasattr(stream, "__cuda_stream__"):
+        address = stream.__cuda_stream__()[1]
+    elif isinstance(getattr(stream, "cuda_stream", None), int):
+        address = stream.cuda_stream
+        device = getattr(getattr(stream, "device", None), "index", None) or device
+    elif type(stream) is int:
+        address = stream
+    else:
+        raise TypeError(
+            "stream: expected a cupy.cuda.Stream, an object with __cuda_stream__ or a "
+            f"cuda_stream address (torch.cuda.Stream), or an int address, got {type(stream).__name__}"
+        )
+    key = (device, address)
+    cached = _STREAMS.get(key)
+    if cached is None:
+        cached = _STREAMS[key] = cupy.cuda.ExternalStream(address, device)
+    return cached
+
+
+def _foreign_gpu_array(value):
+    """value is not a cupy array but a GPU array with __dlpack__."""
+    if not hasattr(value, "__dlpack__") or not hasattr(value, "__dlpack_device__"):
+        return False
+    try:
+        return value.__dlpack_device__()[0] in _CUDA_DEVICE_TYPES
+    except Exception:  # a producer that cannot say: leave it to the type check
+        return False
+
+
+def call(function, arrays, stream, *args):
+    """``function(*cupy_arrays, *args)`` on ``stream`` (None: the current
+    CuPy stream), with foreign GPU arrays in ``arrays`` viewed as cupy arrays
+    and the results returned as the type of the first foreign array."""
+    import cupy
+
+    context = contextlib.nullcontext() if stream is None else as_stream(stream)
+    with context:
+        like = None
+        converted = []
+        for value in arrays:
+            if value is not None and type(value) is not cupy.ndarray and _foreign_gpu_array(value):
+                like = value if like is None else like
+                value = cupy.from_dlpack(value)
+            converted.append(value)
+        result = function(*converted, *args)
+        if like is None:
+            return result
+        back = _converter(like)
+        originals = {id(c): a for a, c in zip(arrays, converted) if c is not a}
+        return _map(result, lambda r: originals[id(r)] if id(r) in originals else back(r))
+
+
+def _map(result, convert):
+    if isinstance(result, tuple):
+        return tuple(None if r is None else convert(r) for r in result)
+    return convert(result)
+
+
+def _converter(like):
+    """cupy array -> an array of ``like``'s library, zero-copy."""
+    if type(like).__module__.split(".")[0] == "torch":
+        import torch
+
+        return torch.from_dlpack
+    namespace = getattr(like, "__array_namespace__", None)
+    if namespace is not None:
+        return namespace().from_dlpack
+    return lambda array: array

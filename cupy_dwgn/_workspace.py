@@ -1,0 +1,72 @@
+"""Reusable device temporaries (weight-gradient partial sums, GroupNorm
+statistics), one growing buffer per (device, stream).
+
+A call takes its temporaries from the buffer of the current device and
+stream instead of allocating: with every output given (``out=``...), a call
+allocates nothing once a first call has sized the buffer, so it can be
+captured in a CUDA graph.  Work on one stream runs in order, so successive
+calls on that stream may share the bytes; calls on other streams get their
+own buffer.
+
+A buffer that is outgrown stays allocated (kept in ``_RETIRED``): a CUDA
+graph captured earlier may still point into it.  With sizes doubling, the
+retired buffers hold less than the live one.  :func:`release` frees them all
+(call it only when no captured graph is replayed any more).
+"""
+
+import functools
+
+import numpy
+
+try:
+    import cupy as _cupy
+    from cupy_backends.cuda.api import runtime as _runtime
+except ImportError:  # the references import nothing from here, but stay importable
+    _cupy = _runtime = None
+
+#: Every temporary starts on this boundary (cudaMalloc's own alignment).
+ALIGNMENT = 256
+
+_BUFFERS = {}  # (device id, stream address) -> cupy uint8 array
+_RETIRED = []
+
+
+def addresses(*requests):
+    """Device addresses of one temporary per ``(shape, dtype)`` request,
+    carved from the current device and stream's buffer (grown if needed).
+    The bytes are uninitialized and stay valid until the next call on the
+    same stream takes temporaries."""
+    offsets, total = _layout(requests)
+    key = (_runtime.getDevice(), _cupy.cuda.get_current_stream().ptr)
+    buffer = _BUFFERS.get(key)
+    if buffer is None or buffer.nbytes < total:
+        buffer = _grow(key, buffer, total)
+    start = buffer.data.ptr
+    return [start + offset for offset in offsets]
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout(requests):
+    """(offset of each request, total bytes), each start ALIGNMENT-aligned."""
+    offsets, total = [], 0
+    for shape, dtype in requests:
+        offsets.append(total)
+        count = 1
+        for extent in shape:
+            count *= extent
+        total += -(-count * numpy.dtype(dtype).itemsize // ALIGNMENT) * ALIGNMENT
+    return tuple(offsets), total
+
+
+def _grow(key, buffer, total):
+    if buffer is not None:
+        _RETIRED.append(buffer)
+    size = max(total, 2 * buffer.nbytes if buffer is not None else 0, 64 * 1024)
+    buffer = _BUFFERS[key] = _cupy.empty(size, dtype=numpy.uint8)
+    return buffer
+
+
+def release():
+    """Free every workspace buffer (the next call allocates afresh)."""
+    _BUFFERS.clear()
+    _RETIRED.clear()

@@ -1,0 +1,275 @@
+"""Fit with the caller's stack on the GPU: DLPack arrays in and the caller's
+type out (torch, channels_last included), stream ordering against a busy
+non-default torch stream, ``stream=``, the signature cache, ``out=`` on every
+output with no allocation, and CUDA-graph capture and replay."""
+
+import numpy
+import pytest
+
+from cupy_dwgn import reference
+
+from _helpers import TOLERANCE, poisoned, random, relative_error
+
+cupy = pytest.importorskip("cupy")
+import cupy_dwgn  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+F32 = numpy.dtype(numpy.float32)
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+class _AllocationCounter(cupy.cuda.MemoryHook):
+    """Counts device allocations made through CuPy's memory pool."""
+
+    name = "AllocationCounter"
+
+    def __init__(self):
+        self.count = 0
+
+    def malloc_preprocess(self, **kwargs):
+        self.count += 1
+
+
+# ---------------------------------------------------------------- torch tensors
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
+def test_depthwise_takes_and_returns_torch_tensors(rng, channels_last):
+    torch = _torch()
+    x_host = random(rng, (2, 6, 11, 13), F32)
+    w_host = random(rng, (12, 1, 3, 3), F32)
+    b_host = random(rng, (12,), F32)
+    x = torch.from_numpy(x_host).cuda()
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b = torch.from_numpy(w_host).cuda(), torch.from_numpy(b_host).cuda()
+    y = cupy_dwgn.depthwise_conv2d(x, w, b, stride=2, padding=1)
+    assert isinstance(y, torch.Tensor) and y.device == x.device
+    # A channels_last input runs the NHWC kernels and gives channels_last.
+    assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    ref = reference.depthwise_conv2d(x_host, w_host, b_host, stride=2, padding=1)
+    assert relative_error(cupy.from_dlpack(y.contiguous()), ref) <= TOLERANCE[F32]
+
+    dy_host = random(rng, ref.shape, F32)
+    dy = torch.from_numpy(dy_host).cuda()
+    if channels_last:
+        dy = dy.contiguous(memory_format=torch.channels_last)
+    dx = cupy_dwgn.depthwise_conv2d_backward_input(dy, w, tuple(x.shape), stride=2, padding=1)
+    dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, tuple(w.shape), stride=2, padding=1)
+    assert isinstance(dx, torch.Tensor) and isinstance(dw, torch.Tensor)
+    assert dx.shape == x.shape and dw.shape == w.shape
+    ref_dx = reference.depthwise_conv2d_backward_input(dy_host, w_host, x_host.shape, stride=2, padding=1)
+    ref_dw = reference.depthwise_conv2d_backward_weight(dy_host, x_host, w_host.shape, stride=2, padding=1)
+    assert relative_error(cupy.from_dlpack(dx.contiguous()), ref_dx) <= TOLERANCE[F32]
+    assert relative_error(cupy.from_dlpack(dw.contiguous()), ref_dw) <= TOLERANCE[F32]
+
+
+def test_torch_out_is_written_in_place_and_returned(rng):
+    torch = _torch()
+    x_host, w_host = random(rng, (2, 4, 9, 9), F32), random(rng, (4, 1, 3, 3), F32)
+    x, w = torch.from_numpy(x_host).cuda(), torch.from_numpy(w_host).cuda()
+    out = torch.full((2, 4, 9, 9), float("nan"), device="cuda")
+    y = cupy_dwgn.depthwise_conv2d(x, w, padding=1, out=out)
+    assert y is out
+    ref = reference.depthwise_conv2d(x_host, w_host, padding=1)
+    assert relative_error(cupy.from_dlpack(out), ref) <= TOLERANCE[F32]
+
+
+def test_mixed_memory_formats_are_refused_by_name(rng):
+    torch = _torch()
+    x = torch.randn(2, 4, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last)
+    dy = torch.randn(2, 4, 9, 9, device="cuda")  # contiguous NCHW
+    with pytest.raises(ValueError, match="^x: expected channels-last memory"):
+        cupy_dwgn.depthwise_conv2d_backward_weight(x, dy, (4, 1, 3, 3), padding=1)
+
+
+def test_group_norm_takes_and_returns_torch_tensors(rng):
+    torch = _torch()
+    x_host = random(rng, (2, 5, 7, 32), F32)
+    w_host, b_host = random(rng, (32,), F32), random(rng, (32,), F32)
+    x = torch.from_numpy(x_host).cuda()
+    w, b = torch.from_numpy(w_host).cuda(), torch.from_numpy(b_host).cuda()
+    y, mean, rstd = cupy_dwgn.group_norm(x, 8, w, b, activation="silu", return_stats=True)
+    assert all(isinstance(t, torch.Tensor) for t in (y, mean, rstd))
+    ref_y, _, _ = reference.group_norm(x_host, 8, w_host, b_host, activation="silu")
+    assert relative_error(cupy.from_dlpack(y), ref_y) <= TOLERANCE[F32]
+    dy_host = random(rng, x_host.shape, F32)
+    dx, dw, db = cupy_dwgn.group_norm_backward(
+        torch.from_numpy(dy_host).cuda(), x, mean, rstd, 8, w, b, activation="silu"
+    )
+    ref_dx, ref_dw, ref_db = reference.group_norm_backward(dy_host, x_host, 8, w_host, b_host, activation="silu")
+    for got, ref in ((dx, ref_dx), (dw, ref_dw), (db, ref_db)):
+        assert isinstance(got, torch.Tensor)
+        assert relative_error(cupy.from_dlpack(got), ref) <= TOLERANCE[F32]
+
+
+def test_no_race_with_a_busy_nondefault_torch_stream(rng):
+    """x is produced by a long matmul chain on a non-default torch stream and
+    consumed at once by our op (on CuPy's stream): the DLPack exchange must
+    order the two, every time."""
+    torch = _torch()
+    side = torch.cuda.Stream()
+    w = torch.from_numpy(random(rng, (64, 1, 3, 3), F32)).cuda()
+    a = torch.randn(2048, 2048, device="cuda") / 48
+    torch.cuda.synchronize()
+    for repeat in range(20):
+        with torch.cuda.stream(side):
+            m = a
+            for _ in range(4):
+                m = m @ a  # keeps the side stream busy for a while
+            x = (m[:1024, :1024].reshape(4, 64, 64, 64) + repeat).contiguous()
+            y = cupy_dwgn.depthwise_conv2d(x, w, padding=1)
+            expected = torch.nn.functional.conv2d(x, w, padding=1, groups=64)
+            error = ((y - expected).norm() / expected.norm()).item()
+        assert error <= TOLERANCE[F32], (repeat, error)
+
+
+# ---------------------------------------------------------------- streams
+
+
+def test_stream_argument_launches_there(rng):
+    x_host, w_host = random(rng, (2, 8, 20, 20), F32), random(rng, (8, 1, 5, 5), F32)
+    x, w = cupy.asarray(x_host), cupy.asarray(w_host)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    y = cupy_dwgn.depthwise_conv2d(x, w, padding=2, stream=stream)
+    stream.synchronize()
+    assert relative_error(y, reference.depthwise_conv2d(x_host, w_host, padding=2)) <= TOLERANCE[F32]
+    xg = cupy.asarray(random(rng, (2, 6, 6, 16), F32))
+    y, mean, rstd = cupy_dwgn.group_norm(xg, 4, return_stats=True, stream=stream)
+    stream.synchronize()
+    ref_y, ref_mean, _ = reference.group_norm(xg.get(), 4)
+    assert relative_error(y, ref_y) <= TOLERANCE[F32]
+
+
+def test_torch_stream_object_as_stream_argument(rng):
+    torch = _torch()
+    x_host, w_host = random(rng, (2, 8, 20, 20), F32), random(rng, (8, 1, 3, 3), F32)
+    x, w = cupy.asarray(x_host), cupy.asarray(w_host)
+    side = torch.cuda.Stream()
+    y = cupy_dwgn.depthwise_conv2d(x, w, padding=1, stream=side)
+    side.synchronize()
+    assert relative_error(y, reference.depthwise_conv2d(x_host, w_host, padding=1)) <= TOLERANCE[F32]
+
+
+def test_stream_of_the_wrong_kind_is_refused():
+    x = cupy.zeros((1, 2, 4, 4), cupy.float32)
+    w = cupy.zeros((2, 1, 3, 3), cupy.float32)
+    with pytest.raises(TypeError, match="^stream: expected"):
+        cupy_dwgn.depthwise_conv2d(x, w, stream="default")
+
+
+# ---------------------------------------------------------------- signature cache
+
+
+def test_repeated_signature_reads_the_new_arrays(rng):
+    """The second call of a signature takes the cached path: it must use its
+    own arrays and still refuse an overlapping out."""
+    w_host = random(rng, (8, 1, 3, 3), F32)
+    w = cupy.asarray(w_host)
+    for _ in range(3):
+        x_host = random(rng, (2, 8, 12, 12), F32)
+        y = cupy_dwgn.depthwise_conv2d(cupy.asarray(x_host), w, padding=1)
+        assert relative_error(y, reference.depthwise_conv2d(x_host, w_host, padding=1)) <= TOLERANCE[F32]
+    x = cupy.asarray(random(rng, (2, 8, 12, 12), F32))
+    with pytest.raises(ValueError, match="^out: expected memory separate from x"):
+        cupy_dwgn.depthwise_conv2d(x, w, padding=1, out=x)
+    with pytest.raises(TypeError, match="^stride"):
+        cupy_dwgn.depthwise_conv2d(x, w, padding=1, stride=True)  # True == 1 must not hit the cache
+    with pytest.raises(ValueError, match="C-contiguous"):
+        cupy_dwgn.depthwise_conv2d(cupy.asarray(random(rng, (2, 8, 12, 24), F32))[..., ::2], w, padding=1)
+
+
+# ---------------------------------------------------------------- out= and CUDA graphs
+
+
+def _problem(rng, dtype=F32):
+    """Host inputs for one forward + backward of both ops."""
+    return {
+        "x": random(rng, (2, 16, 12, 12), dtype),
+        "w": random(rng, (16, 1, 3, 3), dtype),
+        "b": random(rng, (16,), dtype),
+        "dy": random(rng, (2, 16, 12, 12), dtype),
+        "gx": random(rng, (2, 6, 6, 64), dtype),
+        "gw": random(rng, (64,), dtype),
+        "gb": random(rng, (64,), dtype),
+        "gdy": random(rng, (2, 6, 6, 64), dtype),
+    }
+
+
+def _references(p):
+    y, mean, rstd = reference.group_norm(p["gx"], 8, p["gw"], p["gb"], activation="silu")
+    gdx, gdw, gdb = reference.group_norm_backward(p["gdy"], p["gx"], 8, p["gw"], p["gb"], activation="silu")
+    return {
+        "y": reference.depthwise_conv2d(p["x"], p["w"], p["b"], padding=1),
+        "dx": reference.depthwise_conv2d_backward_input(p["dy"], p["w"], p["x"].shape, padding=1),
+        "dw": reference.depthwise_conv2d_backward_weight(p["dy"], p["x"], p["w"].shape, padding=1),
+        "gy": y, "mean": mean, "rstd": rstd, "gdx": gdx, "gdw": gdw, "gdb": gdb,
+    }
+
+
+def _all_ops(inputs, outputs):
+    """Forward and backward of both ops, every output given."""
+    i, o = inputs, outputs
+    cupy_dwgn.depthwise_conv2d(i["x"], i["w"], i["b"], padding=1, out=o["y"])
+    cupy_dwgn.depthwise_conv2d_backward_input(i["dy"], i["w"], i["x"].shape, padding=1, out=o["dx"])
+    cupy_dwgn.depthwise_conv2d_backward_weight(i["dy"], i["x"], i["w"].shape, padding=1, out=o["dw"])
+    cupy_dwgn.group_norm(
+        i["gx"], 8, i["gw"], i["gb"], activation="silu", out=o["gy"], mean_out=o["mean"], rstd_out=o["rstd"]
+    )
+    cupy_dwgn.group_norm_backward(
+        i["gdy"], i["gx"], o["mean"], o["rstd"], 8, i["gw"], i["gb"], activation="silu",
+        out=o["gdx"], grad_weight_out=o["gdw"], grad_bias_out=o["gdb"],
+    )
+
+
+def _outputs(references):
+    return {k: poisoned(v.shape, F32) for k, v in references.items()}
+
+
+def _check(outputs, references):
+    for name, ref in references.items():
+        assert relative_error(outputs[name], ref) <= TOLERANCE[F32], name
+
+
+def test_every_output_given_allocates_nothing(rng):
+    p = _problem(rng)
+    refs = _references(p)
+    inputs = {k: cupy.asarray(v) for k, v in p.items()}
+    outputs = _outputs(refs)
+    _all_ops(inputs, outputs)  # compiles, sizes the workspace
+    counter = _AllocationCounter()
+    with counter:
+        for _ in range(3):
+            _all_ops(inputs, outputs)
+    cupy.cuda.Device().synchronize()
+    assert counter.count == 0
+    _check(outputs, refs)
+
+
+def test_cuda_graph_capture_and_replay_on_new_data(rng):
+    first, second = _problem(rng), _problem(rng)
+    refs_second = _references(second)
+    cupy_dwgn.precompile(
+        dtypes=[F32], filter_sizes=[(3, 3)], activations=["silu"], layouts=["NCHW"], progress=False
+    )
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        inputs = {k: cupy.asarray(v) for k, v in first.items()}
+        outputs = _outputs(refs_second)
+        _all_ops(inputs, outputs)  # warm-up on the capturing stream: workspace sized there
+        stream.synchronize()
+        stream.begin_capture()
+        _all_ops(inputs, outputs)
+        graph = stream.end_capture()
+        # New data into the captured input buffers, poisoned outputs, replay.
+        for name, value in second.items():
+            inputs[name].set(value, stream=stream)
+        for array in outputs.values():
+            array.fill(numpy.nan)
+        graph.launch(stream)
+        stream.synchronize()
+    _check(outputs, refs_second)
