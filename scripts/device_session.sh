@@ -2,7 +2,9 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all): facts cold examples tests sanitizer dwbench gnbench host
+# STEPS selects parts (default: all but models): facts cold examples tests sanitizer dwbench gnbench host models
+# (models: the real-model training-step benchmark, about 3 minutes; on 2 GPUs the tests step also runs
+# tests/test_multi_gpu.py and examples/ddp_train.py).
 # SANITIZER_ARGS pick kernel families (depthwise group_norm); DWBENCH_ARGS go to benchmarks/depthwise.py
 # (the 144-cell depthwise table, about 70 s on an H200; e.g. "--dtypes float16 --quick").
 # PYTEST_ARGS replaces the pytest selection (default "-m gpu"; e.g. "-m 'gpu and not slow'").
@@ -45,6 +47,10 @@ if has sanitizer; then
 fi
 if has gnbench; then
   python3 benchmarks/group_norm.py --json "$OUT/group_norm.json" 2>&1 | tee "$OUT/group_norm.txt"
+fi
+if has models; then
+  python3 benchmarks/models.py --json "$OUT/models.json" --png "$OUT/models.png" ${MODELS_ARGS:-} 2>&1 | tee "$OUT/models.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if has host; then
   python3 benchmarks/host_overhead.py --profile --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.txt"

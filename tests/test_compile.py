@@ -117,13 +117,16 @@ def test_group_norm_plans_launch_only_shipped_specializations(plan_name):
         (3, 7, 5, 5, numpy.float64, numpy.float64, "gelu_tanh", True),
         (1, 2**22, 1024, 32, numpy.float16, numpy.float16, "relu", True),  # 2**32 elements
     ]
+    extra = (1e-5,) if plan_name == "_forward_plan" else ()  # the forward plan carries eps
     for n, s, c, g, dtype, w_dtype, activation, aligned in signatures:
-        plan = make_plan(n, s, c, g, numpy.dtype(dtype), numpy.dtype(w_dtype), activation, aligned)
-        assert set(plan.expressions) <= shipped, plan.expressions
-        assert ("long long" in plan.expressions[0]) == (n * s * c >= 2**31)
-        assert plan.partial[0] == (n, gn._split(n, s, c)[1], 2, c)
+        args = (n, s, c, g, numpy.dtype(dtype), numpy.dtype(w_dtype), activation, aligned) + extra
+        plan = make_plan(*args)
+        expressions = [launch.expression for launch in (plan.first, plan.finalize, plan.elementwise)]
+        assert set(expressions) <= shipped, expressions
+        assert ("long long" in expressions[0]) == (n * s * c >= 2**31)
+        assert plan.temporaries[0][0] == (n, gn._split(n, s, c)[1], 2, c)
         # Repeated signatures reuse the cached plan.
-        assert make_plan(n, s, c, g, numpy.dtype(dtype), numpy.dtype(w_dtype), activation, aligned) is plan
+        assert make_plan(*args) is plan
 
 
 # Depthwise plans that need no GPU to build (the NHWC family and the NCHW
