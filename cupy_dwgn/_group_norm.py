@@ -14,7 +14,6 @@ import typing
 import cupy
 import numpy
 from cupy import ndarray as _ndarray
-from cupy_backends.cuda.api import runtime as _runtime
 
 from . import _compile, _dtypes, _interop, _launch, _validate, _workspace
 from ._launch import i32
@@ -113,10 +112,6 @@ def _affine_dtype(weight, bias, x):
     return weight.dtype if weight is not None else (bias.dtype if bias is not None else x.dtype)
 
 
-def _aligned(*arrays):
-    return all(a.data.ptr % 16 == 0 for a in arrays if a is not None)
-
-
 class _Plan(typing.NamedTuple):
     """Everything about one call's launches that depends only on its
     signature (shapes, dtypes, activation, eps, vector path): the three
@@ -127,6 +122,7 @@ class _Plan(typing.NamedTuple):
     finalize: _launch.Launch
     elementwise: _launch.Launch  # apply (forward) / dx (backward)
     temporaries: tuple  # ((shape, dtype) of the partial sums, of the coefficients)
+    statistics: tuple = None  # (shape, dtype) of mean and of rstd (forward)
 
 
 def _vector_width(dtype, channels, aligned):
@@ -172,6 +168,7 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, ali
         ),
         # Forward summaries are double whatever x is: the sums keep the mean exact.
         (((batch, num_chunks, 2, channels), numpy.dtype(numpy.float64)), ((batch, 3, channels), acc_dtype)),
+        ((batch, groups), acc_dtype),
     )
 
 
@@ -262,8 +259,11 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
         >>> y.shape, mean.shape
         ((2, 64, 64, 320), (2, 32))
     """
-    if stream is None and type(x) is _ndarray:
-        result = _forward_cached(x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats)
+    if type(x) is _ndarray:
+        result = _interop.on_stream(
+            stream, _forward_cached, x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out,
+            return_stats,
+        )
         if result is not _MISS:
             return result
     return _interop.call(
@@ -276,14 +276,14 @@ def _forward_cached(x, num_groups, weight, bias, eps, activation, out, mean_out,
     """The call through the signature cache, or _MISS."""
     try:
         shape = _SIGNATURES[
-            ("fwd", _sig(x), num_groups, _sig(weight), _sig(bias), eps, activation, _sig(out),
-             _sig(mean_out), _sig(rstd_out), type(num_groups), type(eps))
+            ("fwd", _interop.signature(x), num_groups, _interop.signature(weight), _interop.signature(bias), eps, activation, _interop.signature(out),
+             _interop.signature(mean_out), _interop.signature(rstd_out), type(num_groups), type(eps))
         ]
     except (KeyError, TypeError):  # a new signature, or an unhashable argument
         return _MISS
-    if not _separate((out, mean_out, rstd_out), (x, weight, bias), x):
+    if not _interop.outputs_separate((out, mean_out, rstd_out), (x, weight, bias), x):
         return _MISS
-    return _on_device(x, _forward, x, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats, shape)
+    return _interop.on_device(x, _forward, x, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats, shape)
 
 
 def _forward_checked(x, weight, bias, out, mean_out, rstd_out, num_groups, eps, activation, return_stats):
@@ -291,28 +291,37 @@ def _forward_checked(x, weight, bias, out, mean_out, rstd_out, num_groups, eps, 
     if result is not _MISS:  # e.g. torch tensors, now viewed as cupy arrays
         return result
     shape = check_forward_args(x, num_groups, weight, bias, eps, activation, out, mean_out=mean_out, rstd_out=rstd_out)
-    _remember(
-        ("fwd", _sig(x), num_groups, _sig(weight), _sig(bias), eps, activation, _sig(out), _sig(mean_out),
-         _sig(rstd_out), type(num_groups), type(eps)),
+    _interop.remember(_SIGNATURES, 
+        ("fwd", _interop.signature(x), num_groups, _interop.signature(weight), _interop.signature(bias), eps, activation, _interop.signature(out), _interop.signature(mean_out),
+         _interop.signature(rstd_out), type(num_groups), type(eps)),
         shape,
     )
-    return _on_device(x, _forward, x, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats, shape)
+    return _interop.on_device(x, _forward, x, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats, shape)
 
 
 def _forward(x, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats, shape):
     batch, rows, channels, groups = shape
-    acc_dtype = _dtypes.accumulator_dtype(x.dtype)
     y = cupy.empty(x.shape, dtype=x.dtype) if out is None else out
-    mean = cupy.empty((batch, groups), dtype=acc_dtype) if mean_out is None else mean_out
-    rstd = cupy.empty((batch, groups), dtype=acc_dtype) if rstd_out is None else rstd_out
     if x.size == 0:
+        acc_dtype = _dtypes.accumulator_dtype(x.dtype)
+        mean = cupy.empty((batch, groups), dtype=acc_dtype) if mean_out is None else mean_out
+        rstd = cupy.empty((batch, groups), dtype=acc_dtype) if rstd_out is None else rstd_out
         mean.fill(numpy.nan)  # mean of nothing (a no-op when N == 0)
         rstd.fill(numpy.nan)
         return (y, mean, rstd) if return_stats else y
     plan = _forward_plan(
-        batch, rows, channels, groups, x.dtype, _affine_dtype(weight, bias, x), activation, _aligned(x, y), eps,
+        batch, rows, channels, groups, x.dtype, _affine_dtype(weight, bias, x), activation,
+        (x.data.ptr | y.data.ptr) % 16 == 0, eps,
     )
-    partial, coefficients = _workspace.addresses(*plan.temporaries)
+    if return_stats:
+        mean = cupy.empty(*plan.statistics) if mean_out is None else mean_out
+        rstd = cupy.empty(*plan.statistics) if rstd_out is None else rstd_out
+        partial, coefficients = _workspace.addresses(*plan.temporaries)
+    else:
+        # Statistics nobody asked for are temporaries too.
+        partial, coefficients, mean, rstd = _workspace.addresses(*plan.temporaries, plan.statistics, plan.statistics)
+        mean = mean if mean_out is None else mean_out
+        rstd = rstd if rstd_out is None else rstd_out
     weight_ptr, bias_ptr = _launch.pointer_or_null(weight), _launch.pointer_or_null(bias)
     plan.first(x, partial)
     plan.finalize(partial, weight_ptr, bias_ptr, mean, rstd, coefficients)
@@ -347,9 +356,10 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
         >>> y, mean, rstd = group_norm(x, 32, w, b, activation="silu", return_stats=True)
         >>> dx, dw, db = group_norm_backward(dy, x, mean, rstd, 32, w, b, activation="silu")
     """
-    if stream is None and type(x) is _ndarray:
-        result = _backward_cached(
-            grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, num_groups, activation
+    if type(x) is _ndarray:
+        result = _interop.on_stream(
+            stream, _backward_cached, grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out,
+            num_groups, activation,
         )
         if result is not _MISS:
             return result
@@ -362,14 +372,14 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
 def _backward_cached(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, num_groups, activation):
     try:
         shape = _SIGNATURES[
-            ("bwd", _sig(grad_out), _sig(x), _sig(mean), _sig(rstd), num_groups, _sig(weight), _sig(bias),
-             activation, _sig(out), _sig(grad_weight_out), _sig(grad_bias_out), type(num_groups))
+            ("bwd", _interop.signature(grad_out), _interop.signature(x), _interop.signature(mean), _interop.signature(rstd), num_groups, _interop.signature(weight), _interop.signature(bias),
+             activation, _interop.signature(out), _interop.signature(grad_weight_out), _interop.signature(grad_bias_out), type(num_groups))
         ]
     except (KeyError, TypeError):
         return _MISS
-    if not _separate((out, grad_weight_out, grad_bias_out), (grad_out, x, mean, rstd, weight, bias)):
+    if not _interop.outputs_separate((out, grad_weight_out, grad_bias_out), (grad_out, x, mean, rstd, weight, bias)):
         return _MISS
-    return _on_device(
+    return _interop.on_device(
         x, _backward, grad_out, x, mean, rstd, weight, bias, activation, out, grad_weight_out, grad_bias_out, shape
     )
 
@@ -384,12 +394,12 @@ def _backward_checked(grad_out, x, mean, rstd, weight, bias, out, grad_weight_ou
         grad_out, x, mean, rstd, num_groups, weight, bias, activation, out=out,
         grad_weight_out=grad_weight_out, grad_bias_out=grad_bias_out,
     )
-    _remember(
-        ("bwd", _sig(grad_out), _sig(x), _sig(mean), _sig(rstd), num_groups, _sig(weight), _sig(bias), activation,
-         _sig(out), _sig(grad_weight_out), _sig(grad_bias_out), type(num_groups)),
+    _interop.remember(_SIGNATURES, 
+        ("bwd", _interop.signature(grad_out), _interop.signature(x), _interop.signature(mean), _interop.signature(rstd), num_groups, _interop.signature(weight), _interop.signature(bias), activation,
+         _interop.signature(out), _interop.signature(grad_weight_out), _interop.signature(grad_bias_out), type(num_groups)),
         shape,
     )
-    return _on_device(
+    return _interop.on_device(
         x, _backward, grad_out, x, mean, rstd, weight, bias, activation, out, grad_weight_out, grad_bias_out, shape
     )
 
@@ -409,7 +419,7 @@ def _backward(grad_out, x, mean, rstd, weight, bias, activation, out, grad_weigh
                 g.fill(0)
         return grad_in, grad_weight, grad_bias
     plan = _backward_plan(
-        batch, rows, channels, groups, x.dtype, w_dtype, activation, _aligned(x, grad_out, grad_in)
+        batch, rows, channels, groups, x.dtype, w_dtype, activation, (x.data.ptr | grad_out.data.ptr | grad_in.data.ptr) % 16 == 0
     )
     partial, coefficients = _workspace.addresses(*plan.temporaries)
     weight_ptr, bias_ptr = _launch.pointer_or_null(weight), _launch.pointer_or_null(bias)
@@ -426,57 +436,15 @@ def _backward(grad_out, x, mean, rstd, weight, bias, activation, out, grad_weigh
 # full checks once maps to (N, S, C, num_groups); a repeated call only checks
 # that its outputs do not overlap the inputs or each other.
 _SIGNATURES = {}
-_MAX_SIGNATURES = 4096
-_UNCACHED = object()
-_MISS = object()
+_MISS = _interop.MISS
 
 
-def _sig(array):
-    if array is None:
-        return None
-    if type(array) is not _ndarray:
-        return _UNCACHED
-    return array.shape, array.dtype, array.flags.c_contiguous, array.data.device_id
 
 
-def _remember(key, value):
-    try:
-        if len(_SIGNATURES) >= _MAX_SIGNATURES:
-            _SIGNATURES.clear()
-        _SIGNATURES[key] = value
-    except TypeError:  # an unhashable argument: nothing to remember
-        pass
 
 
-def _separate(outputs, inputs, in_place_ok=None):
-    """No given output overlaps an input or another output (the first output
-    may be exactly ``in_place_ok``); False sends the call to the checked
-    path, which raises the error."""
-    given = [a for a in outputs if a is not None]
-    if not given:
-        return True
-    spans = [(a.data.ptr, a.data.ptr + a.nbytes) for a in given]
-    for a in inputs:
-        if a is not None and a.nbytes:
-            start, end = a.data.ptr, a.data.ptr + a.nbytes
-            for index, (o_start, o_end) in enumerate(spans):
-                if o_start < end and start < o_end and not (
-                    index == 0 and outputs[0] is not None and a is in_place_ok and (start, end) == (o_start, o_end)
-                ):
-                    return False
-    for i in range(len(spans)):
-        for j in range(i):
-            if spans[i][0] < spans[j][1] and spans[j][0] < spans[i][1]:
-                return False
-    return True
 
 
-def _on_device(array, function, *args):
-    """function(*args) with array's device current (entered only when it is not)."""
-    if array.data.device_id == _runtime.getDevice():
-        return function(*args)
-    with array.device:
-        return function(*args)
 
 
 # ---------------------------------------------------------------------------

@@ -18,6 +18,101 @@ _CUDA_DEVICE_TYPES = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
 _STREAMS = {}  # (device, stream address) -> cupy stream object
 
+#: Returned by an op's signature-cache path when the call needs the full checks.
+MISS = object()
+
+try:
+    import cupy as _cupy
+    from cupy_backends.cuda.api import runtime as _runtime
+
+    _CUPY_STREAMS = (_cupy.cuda.Stream, _cupy.cuda.ExternalStream)
+    _ndarray = _cupy.ndarray
+except ImportError:
+    _CUPY_STREAMS = ()
+    _ndarray = _runtime = None
+
+# ---------------------------------------------------------------------------
+# The ops' call-signature caches: a signature (op, each array's shape, dtype,
+# contiguity and device, the other arguments) that passed the full checks
+# once maps to what the checks computed, so a repeated call skips them.
+
+#: A key part that never matches: a foreign array always takes the checked path.
+UNCACHED = object()
+MAX_SIGNATURES = 4096
+
+if _ndarray is not None and hasattr(_ndarray, "_c_contiguous"):
+
+    def signature(array):
+        """What the checks of one array argument depend on (None for None)."""
+        if array is None:
+            return None
+        if type(array) is not _ndarray:
+            return UNCACHED
+        # _c_contiguous: the flag CuPy keeps (a.flags builds an object per call).
+        return array.shape, array.dtype, array._c_contiguous, array.data.device_id
+
+else:
+
+    def signature(array):
+        """What the checks of one array argument depend on (None for None)."""
+        if array is None:
+            return None
+        if type(array) is not _ndarray:
+            return UNCACHED
+        return array.shape, array.dtype, array.flags.c_contiguous, array.data.device_id
+
+
+def remember(cache, key, value):
+    """cache[key] = value, bounded; an unhashable key (a list argument) is not kept."""
+    try:
+        if len(cache) >= MAX_SIGNATURES:
+            cache.clear()
+        cache[key] = value
+    except TypeError:
+        pass
+
+def outputs_separate(outputs, inputs, in_place_ok=None):
+    """No given output overlaps an input or another output (the first output
+    may be exactly ``in_place_ok``); False sends the call to the checked
+    path, which raises the error."""
+    given = [a for a in outputs if a is not None]
+    if not given:
+        return True
+    spans = [(a.data.ptr, a.data.ptr + a.nbytes) for a in given]
+    for a in inputs:
+        if a is not None and a.nbytes:
+            start, end = a.data.ptr, a.data.ptr + a.nbytes
+            for index, (o_start, o_end) in enumerate(spans):
+                if o_start < end and start < o_end and not (
+                    index == 0 and outputs[0] is not None and a is in_place_ok and (start, end) == (o_start, o_end)
+                ):
+                    return False
+    for i in range(len(spans)):
+        for j in range(i):
+            if spans[i][0] < spans[j][1] and spans[j][0] < spans[i][1]:
+                return False
+    return True
+
+
+def on_device(array, function, *args):
+    """function(*args) with array's device current (entered only when it is not)."""
+    if array.data.device_id == _runtime.getDevice():
+        return function(*args)
+    with array.device:
+        return function(*args)
+
+
+def on_stream(stream, function, *args):
+    """``function(*args)`` (an op's signature-cache path) with ``stream``
+    current when it is a CuPy stream object; MISS for any other stream
+    (converted by the checked path)."""
+    if stream is None:
+        return function(*args)
+    if type(stream) in _CUPY_STREAMS:
+        with stream:
+            return function(*args)
+    return MISS
+
 
 def as_stream(stream):
     """A CuPy stream object for ``stream``: a cupy.cuda.Stream (or

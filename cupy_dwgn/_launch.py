@@ -136,7 +136,7 @@ class Launch:
         if packed is None or packed[3] != len(arrays):
             self._pack(len(arrays))
             packed = self._buffer
-        addresses = [a.data.ptr if type(a) is _ndarray else _address(a) for a in arrays]
+        addresses = [a if type(a) is int else a.data.ptr if type(a) is _ndarray else _address(a) for a in arrays]
         stream = _cupy.cuda.get_current_stream().ptr
         grid, block = self.grid, self.block
         # The buffer is shared by every caller of this plan: write and launch

@@ -143,9 +143,17 @@ def check_no_overlap(out, name="out", /, **inputs):
 
 def empty_unless_given(out, shape, dtype):
     """``out`` (already checked) or a new cupy array, on the current device."""
-    import cupy
+    if out is not None:
+        return out
+    global _cupy_empty
+    if _cupy_empty is None:
+        import cupy
 
-    return cupy.empty(shape, dtype=dtype) if out is None else out
+        _cupy_empty = cupy.empty
+    return _cupy_empty(shape, dtype=dtype)
+
+
+_cupy_empty = None
 
 
 def _is_int(value):

@@ -110,8 +110,8 @@ def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, l
         >>> depthwise_conv2d(x, w, padding=1).shape
         (8, 32, 56, 56)
     """
-    if stream is None and type(x) is _ndarray:
-        result = _forward_cached(x, weight, bias, out, stride, padding, dilation, layout)
+    if type(x) is _ndarray:
+        result = _interop.on_stream(stream, _forward_cached, x, weight, bias, out, stride, padding, dilation, layout)
         if result is not _MISS:
             return result
     return _interop.call(_forward_checked, (x, weight, bias, out), stream, stride, padding, dilation, layout)
@@ -122,14 +122,14 @@ def _forward_cached(x, weight, bias, out, stride, padding, dilation, layout):
     unhashable argument, or an out that needs the full checks)."""
     try:
         g, out_shape = _SIGNATURES[
-            ("fwd", _sig(x), _sig(weight), _sig(bias), _sig(out), stride, padding, dilation, layout,
+            ("fwd", _interop.signature(x), _interop.signature(weight), _interop.signature(bias), _interop.signature(out), stride, padding, dilation, layout,
              type(stride), type(dilation))
         ]
     except (KeyError, TypeError):
         return _MISS
-    if out is not None and not _no_overlap(out, x, weight, bias):
+    if out is not None and not _interop.outputs_separate((out,), (x, weight, bias)):
         return _MISS
-    return _on_device(x, _forward, x, weight, bias, out, g, out_shape, layout)
+    return _interop.on_device(x, _forward, x, weight, bias, out, g, out_shape, layout)
 
 
 def _forward_checked(x, weight, bias, out, stride, padding, dilation, layout):
@@ -141,12 +141,12 @@ def _forward_checked(x, weight, bias, out, stride, padding, dilation, layout):
         return _as_nchw(result) if out is None else out
     g = check_forward_args(x, weight, bias, stride, padding, dilation, layout, out)
     out_shape = _validate.layout_shape(layout, g.batch, g.channels * g.multiplier, g.out_height, g.out_width)
-    _remember(
-        ("fwd", _sig(x), _sig(weight), _sig(bias), _sig(out), stride, padding, dilation, layout,
+    _interop.remember(_SIGNATURES, 
+        ("fwd", _interop.signature(x), _interop.signature(weight), _interop.signature(bias), _interop.signature(out), stride, padding, dilation, layout,
          type(stride), type(dilation)),
         (g, out_shape),
     )
-    return _on_device(x, _forward, x, weight, bias, out, g, out_shape, layout)
+    return _interop.on_device(x, _forward, x, weight, bias, out, g, out_shape, layout)
 
 
 def _forward(x, weight, bias, out, g, out_shape, layout):
@@ -190,8 +190,10 @@ def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, 
     Example:
         >>> dx = depthwise_conv2d_backward_input(dy, w, x.shape, padding=1)
     """
-    if stream is None and type(grad_out) is _ndarray:
-        result = _backward_input_cached(grad_out, weight, out, input_shape, stride, padding, dilation, layout)
+    if type(grad_out) is _ndarray:
+        result = _interop.on_stream(
+            stream, _backward_input_cached, grad_out, weight, out, input_shape, stride, padding, dilation, layout
+        )
         if result is not _MISS:
             return result
     return _interop.call(
@@ -202,14 +204,14 @@ def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, 
 def _backward_input_cached(grad_out, weight, out, input_shape, stride, padding, dilation, layout):
     try:
         g = _SIGNATURES[
-            ("bwd_input", _sig(grad_out), _sig(weight), input_shape, _sig(out), stride, padding, dilation,
+            ("bwd_input", _interop.signature(grad_out), _interop.signature(weight), input_shape, _interop.signature(out), stride, padding, dilation,
              layout, type(stride), type(dilation))
         ]
     except (KeyError, TypeError):
         return _MISS
-    if out is not None and not _no_overlap(out, grad_out, weight):
+    if out is not None and not _interop.outputs_separate((out,), (grad_out, weight)):
         return _MISS
-    return _on_device(grad_out, _backward_input, grad_out, weight, out, g, layout)
+    return _interop.on_device(grad_out, _backward_input, grad_out, weight, out, g, layout)
 
 
 def _backward_input_checked(grad_out, weight, out, input_shape, stride, padding, dilation, layout):
@@ -224,12 +226,12 @@ def _backward_input_checked(grad_out, weight, out, input_shape, stride, padding,
         )
         return _as_nchw(result) if out is None else out
     g = check_backward_input_args(grad_out, weight, input_shape, stride, padding, dilation, layout, out)
-    _remember(
-        ("bwd_input", _sig(grad_out), _sig(weight), input_shape, _sig(out), stride, padding, dilation, layout,
+    _interop.remember(_SIGNATURES, 
+        ("bwd_input", _interop.signature(grad_out), _interop.signature(weight), input_shape, _interop.signature(out), stride, padding, dilation, layout,
          type(stride), type(dilation)),
         g,
     )
-    return _on_device(grad_out, _backward_input, grad_out, weight, out, g, layout)
+    return _interop.on_device(grad_out, _backward_input, grad_out, weight, out, g, layout)
 
 
 def _backward_input(grad_out, weight, out, g, layout):
@@ -277,8 +279,10 @@ def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, pad
     Example:
         >>> dw = depthwise_conv2d_backward_weight(dy, x, w.shape, padding=1)
     """
-    if stream is None and type(grad_out) is _ndarray:
-        result = _backward_weight_cached(grad_out, x, out, weight_shape, stride, padding, dilation, layout)
+    if type(grad_out) is _ndarray:
+        result = _interop.on_stream(
+            stream, _backward_weight_cached, grad_out, x, out, weight_shape, stride, padding, dilation, layout
+        )
         if result is not _MISS:
             return result
     return _interop.call(
@@ -289,14 +293,14 @@ def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, pad
 def _backward_weight_cached(grad_out, x, out, weight_shape, stride, padding, dilation, layout):
     try:
         g = _SIGNATURES[
-            ("bwd_weight", _sig(grad_out), _sig(x), weight_shape, _sig(out), stride, padding, dilation,
+            ("bwd_weight", _interop.signature(grad_out), _interop.signature(x), weight_shape, _interop.signature(out), stride, padding, dilation,
              layout, type(stride), type(dilation))
         ]
     except (KeyError, TypeError):
         return _MISS
-    if out is not None and not _no_overlap(out, grad_out, x):
+    if out is not None and not _interop.outputs_separate((out,), (grad_out, x)):
         return _MISS
-    return _on_device(x, _backward_weight, grad_out, x, out, g, layout)
+    return _interop.on_device(x, _backward_weight, grad_out, x, out, g, layout)
 
 
 def _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, dilation, layout):
@@ -307,12 +311,12 @@ def _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, di
         grad_out, x = _as_nhwc(grad_out, "grad_out"), _as_nhwc(x, "x")
         return _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, dilation, "NHWC")
     g = check_backward_weight_args(grad_out, x, weight_shape, stride, padding, dilation, layout, out)
-    _remember(
-        ("bwd_weight", _sig(grad_out), _sig(x), weight_shape, _sig(out), stride, padding, dilation, layout,
+    _interop.remember(_SIGNATURES, 
+        ("bwd_weight", _interop.signature(grad_out), _interop.signature(x), weight_shape, _interop.signature(out), stride, padding, dilation, layout,
          type(stride), type(dilation)),
         g,
     )
-    return _on_device(x, _backward_weight, grad_out, x, out, g, layout)
+    return _interop.on_device(x, _backward_weight, grad_out, x, out, g, layout)
 
 
 def _backward_weight(grad_out, x, out, g, layout):
@@ -330,49 +334,20 @@ def _backward_weight(grad_out, x, out, g, layout):
     return out
 
 
-# Call-signature cache: a signature (op, each array's shape, dtype,
-# contiguity and device, the int/str arguments) that passed the full checks
-# once maps to its ConvGeometry, so a repeated call only checks that out
-# does not overlap an input.  Argument types are part of the key (True == 1
-# would otherwise hit the entry of 1).
+# Call-signature cache (see _interop): a signature that passed the full checks
+# once maps to its ConvGeometry, so a repeated call only checks that out does
+# not overlap an input.  Argument types are part of the key (True == 1 would
+# otherwise hit the entry of 1).
 _SIGNATURES = {}
-_MAX_SIGNATURES = 4096
-_UNCACHED = object()  # never a key part: a foreign array always takes the checked path
-_MISS = object()  # what a *_cached function returns when the call needs the checks
+_MISS = _interop.MISS  # what a *_cached function returns when the call needs the checks
 
 
-def _sig(array):
-    if array is None:
-        return None
-    if type(array) is not _ndarray:
-        return _UNCACHED
-    return array.shape, array.dtype, array.flags.c_contiguous, array.data.device_id
 
 
-def _remember(key, value):
-    try:
-        if len(_SIGNATURES) >= _MAX_SIGNATURES:
-            _SIGNATURES.clear()
-        _SIGNATURES[key] = value
-    except TypeError:  # an unhashable argument (a list): nothing to remember
-        pass
 
 
-def _no_overlap(out, *inputs):
-    start = out.data.ptr
-    end = start + out.nbytes
-    for a in inputs:
-        if a is not None and a.nbytes and a.data.ptr < end and start < a.data.ptr + a.nbytes:
-            return False  # the checked path raises the error
-    return True
 
 
-def _on_device(array, function, *args):
-    """function(*args) with array's device current (entered only when it is not)."""
-    if array.data.device_id == _runtime.getDevice():
-        return function(*args)
-    with array.device:
-        return function(*args)
 
 
 def _channels_last_nchw(layout, array):

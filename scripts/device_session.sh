@@ -5,7 +5,7 @@
 # STEPS selects parts (default: all but models): facts cold examples tests sanitizer dwbench gnbench host models
 # (models: the real-model training-step benchmark, about 3 minutes; on 2 GPUs the tests step also runs
 # tests/test_multi_gpu.py and examples/ddp_train.py).
-# SANITIZER_ARGS pick kernel families (depthwise group_norm); DWBENCH_ARGS go to benchmarks/depthwise.py
+# SANITIZER_ARGS pick kernel families (depthwise group_norm), SANITIZER_TOOLS the tools (memcheck racecheck); DWBENCH_ARGS go to benchmarks/depthwise.py
 # (the 144-cell depthwise table, about 70 s on an H200; e.g. "--dtypes float16 --quick").
 # PYTEST_ARGS replaces the pytest selection (default "-m gpu"; e.g. "-m 'gpu and not slow'").
 set -uo pipefail
@@ -39,7 +39,7 @@ if has tests; then
   echo "pytest wall time: $(( $(date +%s) - start )) s" | tee -a "$OUT/pytest.txt"
 fi
 if has sanitizer; then
-  for tool in memcheck racecheck; do
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
     compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitizer_workload.py ${SANITIZER_ARGS:-} 2>&1 \
       | tail -n 30 | tee "$OUT/sanitizer_$tool.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -282,7 +282,7 @@ def test_gpu_op_rejects_numpy_input_with_a_hint():
 
     import cupy_dwgn
 
-    with pytest.raises(TypeError, match=r"x: expected a cupy.ndarray, got numpy.ndarray \(for NumPy arrays use cupy_dwgn.host\)"):
+    with pytest.raises(TypeError, match=r"x: expected a cupy.ndarray or a CUDA array with __dlpack__ \(torch tensor, JAX array\), got numpy.ndarray \(for NumPy arrays use cupy_dwgn.host\)"):
         cupy_dwgn.depthwise_conv2d(X, cupy.asarray(W))
 
 

@@ -226,7 +226,7 @@ def test_specializations_selection():
 
 @pytest.mark.gpu
 def test_numpy_input_points_to_host():
-    with pytest.raises(TypeError, match=r"x: expected a cupy.ndarray, got numpy.ndarray \(for NumPy arrays use cupy_dwgn.host\)"):
+    with pytest.raises(TypeError, match=r"x: expected a cupy.ndarray or a CUDA array with __dlpack__ \(torch tensor, JAX array\), got numpy.ndarray \(for NumPy arrays use cupy_dwgn.host\)"):
         gn.group_norm(numpy.zeros((1, 2, 4), F32), 2)
 
 
