@@ -84,13 +84,21 @@ def check_same_device(**arrays):
     if not hasattr(getattr(items[0][1], "device", None), "id"):  # NumPy (1.x has no .device)
         return None
     first_name, first = items[0]
+    first_id = _device_id(first)
     for name, array in items[1:]:
-        if array.device.id != first.device.id:
+        if _device_id(array) != first_id:
             raise ValueError(
-                f"{name}: expected an array on device {first.device.id} (the device of "
-                f"{first_name}), got device {array.device.id}"
+                f"{name}: expected an array on device {first_id} (the device of "
+                f"{first_name}), got device {_device_id(array)}"
             )
     return first.device
+
+
+def _device_id(array):
+    """The device of the array's memory (its MemoryPointer's), as the ops'
+    signature caches and launches see it."""
+    device_id = getattr(getattr(array, "data", None), "device_id", None)
+    return array.device.id if device_id is None else device_id
 
 
 def check_shape(name, array, expected, what=""):

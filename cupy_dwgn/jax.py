@@ -185,6 +185,7 @@ def _depthwise_op(stride, padding, dilation, layout):
 
     def op_bwd(residuals, grad):
         x, weight, bias = residuals
+        grad = _on_device_of(grad, x)
         arrays = (grad, x, weight)
         if _traced(arrays):
             specs = [(x.shape, x.dtype), (weight.shape, weight.dtype)]
@@ -245,6 +246,7 @@ def _group_norm_op(num_groups, eps, activation):
 
     def op_bwd(residuals, grad):
         x, weight, bias, mean, rstd = residuals
+        grad = _on_device_of(grad, x)
         arrays = (grad, x, mean, rstd, weight, bias)
         if _traced(arrays):
             specs = [(x.shape, x.dtype)]
@@ -263,6 +265,18 @@ def _group_norm_op(num_groups, eps, activation):
 
 # ---------------------------------------------------------------------------
 # Eager calls: DLPack views of JAX's buffers, kernels on the current CuPy stream.
+
+
+def _on_device_of(value, like):
+    """``value`` on ``like``'s device.  JAX makes an uncommitted cotangent (the
+    ones of a ``.sum()``) on the default device, whatever device the primal
+    lives on; the backward kernels need both on one GPU."""
+    if _traced((value, like)):
+        return value
+    devices = like.devices()
+    if value.devices() != devices:
+        value = jax.device_put(value, next(iter(devices)))
+    return value
 
 
 def _eager_call(body, arrays):
