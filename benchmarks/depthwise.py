@@ -1,4 +1,4 @@
-"""Depthwise convolution, every cell of issue 7's table: cupy-dwgn next to
+"""Depthwise convolution, every cell of the depthwise table (benchmarks/README.md): cupy-dwgn next to
 PyTorch (both memory formats, cudnn.benchmark on) in one process on one GPU.
 
 Cells: 8 cases (N x C x H=W, filter, stride; padding = filter // 2) x
@@ -29,7 +29,7 @@ The copy bandwidth is measured in the same run (harness.run_facts).
 
 Correctness, not timed: every result of ours is compared with PyTorch in
 float64 on the same (rounded) data; the relative error norm is printed
-and stored, with DESIGN.md section 5's bound (f32 1e-5, f16 2e-3,
+and stored, with the test suite's bound (f32 1e-5, f16 2e-3,
 bf16 1.6e-2) flagged when exceeded.
 
     PYTHONPATH=.:benchmarks python benchmarks/depthwise.py [--json F] [--png F]
@@ -70,7 +70,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 LAYOUTS = ("NCHW", "NHWC")
 DIRECTIONS = ("forward", "backward_input", "backward_weight")
 
-#: Relative error-norm bounds of DESIGN.md section 5 (tests/_helpers.py).
+#: Relative error-norm bounds of the GPU tests (tests/_helpers.py).
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 #: Lower bound on the L2 size used for the rotation (H200: 60 MB).

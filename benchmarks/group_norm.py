@@ -1,5 +1,5 @@
 """GroupNorm (channels-last, fused activation) next to PyTorch, on the shapes of
-DESIGN.md section 6 (Stable Diffusion / SDXL U-Net and VAE blocks), fp16, G=32.
+Stable Diffusion / SDXL U-Net and VAE blocks (CASES below), fp16, G=32.
 
 For each shape: forward, backward and forward+backward of cupy_dwgn.group_norm
 and PyTorch's group_norm on a channels_last tensor of the same data (and the
@@ -99,7 +99,7 @@ def group_norm_case(torch, bandwidth, name, n, c, hw, activation="silu"):
 
 
 def schema_rows(result):
-    """The rows of one case in the schema of DESIGN.md section 6: forward and
+    """The rows of one case in the results schema (benchmarks/README.md): forward and
     forward_backward (eager timing).  PyTorch has no backward-only call to
     compare with, so our backward time rides in the forward_backward row."""
     n, hw, _, c = result["shape"]

@@ -147,7 +147,7 @@ def git_commit():
 
 
 def results_document(facts, rows, commit=None, **extra):
-    """A results file in the schema of DESIGN.md section 6: the run's facts
+    """A results file in the results schema (benchmarks/README.md): the run's facts
     (from run_facts), then ``extra`` keys, then one row per measured cell."""
     document = {
         "device": facts["device"], "date": facts["date"],

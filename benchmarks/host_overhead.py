@@ -18,7 +18,7 @@ from harness import host_us, results_document, run_facts, write_json
 
 #: What one call of each measured op launches and allocates today (kernels,
 #: cupy.empty calls; temporaries come from the reusable workspace), read from
-#: its code: the "bare" cost the DESIGN.md host target compares with is that
+#: its code: the "bare" cost the host-cost target compares with is that
 #: many bare launches and allocations.  Update it when an op's plan changes.
 CALL_NEEDS = {
     "group_norm": (3, 1),  # stats, finalize, apply; y (mean/rstd unasked: workspace)
@@ -47,7 +47,7 @@ TORCH_CALLS = {
 
 
 def schema_rows(results):
-    """The timing="host" rows of DESIGN.md section 6 from the measurements."""
+    """The timing="host" rows of the results schema (benchmarks/README.md) from the measurements."""
     launch, empty = results["cupy_bare_launch_us"], results["cupy_empty_us"]
     rows = []
     for op, (launches, allocations) in CALL_NEEDS.items():

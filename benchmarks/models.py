@@ -36,7 +36,7 @@ faster format too (every variant's time is in the JSON).
     ||v - v64|| / ||v64|| of the output, of the input gradient dL/dx, and of all parameter
     gradients concatenated into one vector.  TF32 is off for this part (torch.backends.cudnn /
     cuda.matmul .allow_tf32 = False), so float32 means float32 arithmetic in every layer.
-    Target (issue 8): ours within 2x of torch's own error, each of the three, compared in the
+    Target: ours within 2x of torch's own error, each of the three, compared in the
     same memory format (so only the swapped layers differ), in both formats ("error_ok").
     Gradient errors carry the ReLU/ReLU6 masks that flip between float32 and float64 (randomly
     initialized mobilenetv2 shows ~5e-3 in float32 for torch itself): noisy, but the same for both.
@@ -81,7 +81,7 @@ MODELS = {
 MODES = ("float32", "bfloat16-autocast", "bfloat16-cast")
 DEFAULT_MODES = ("float32", "bfloat16-autocast")
 FORMATS = ("NCHW", "channels_last")
-#: Issue 8: the converted model's error within this factor of torch's own.
+#: Target: the converted model's error within this factor of torch's own.
 ERROR_FACTOR = 2.0
 ERROR_KINDS = ("out", "dx", "dparam")
 

@@ -20,7 +20,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 DIRECTIONS = ("forward", "backward_input", "backward_weight")
 DTYPE_COLORS = {"float32": "tab:blue", "float16": "tab:orange", "bfloat16": "tab:green"}
 LAYOUT_HATCH = {"NCHW": "", "NHWC": "///"}
-#: DESIGN.md section 6: 3x3 / 5x5 should reach 75% of copy bandwidth.
+#: The depthwise target: 3x3 / 5x5 should reach 75% of copy bandwidth.
 FLOOR_TARGET = 0.75
 
 

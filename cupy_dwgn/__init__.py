@@ -1,9 +1,10 @@
 """cupy-dwgn: depthwise convolution and channels-last GroupNorm kernels for CuPy.
 
 The GPU ops take and return ``cupy.ndarray``; ``cupy_dwgn.host`` has the same
-functions for NumPy arrays and ``cupy_dwgn.reference`` the float64 NumPy
-references.  CuPy is imported on first use of a GPU op, so the references
-work on machines without CuPy.
+functions for NumPy arrays (on the GPU, or on the CPU through the references
+when there is none) and ``cupy_dwgn.reference`` the float64 NumPy references.
+CuPy is imported on first use of a GPU op, so the references and the host
+functions work on machines without CuPy.
 """
 
 __version__ = "0.1.0"
@@ -18,9 +19,9 @@ _LAZY = {
     "gpu_status": "_device",
 }
 
-__all__ = sorted(_LAZY) + ["KernelCompileError", "__version__"]
+__all__ = sorted(_LAZY) + ["CPUFallbackWarning", "KernelCompileError", "__version__"]
 
-from .errors import KernelCompileError  # noqa: E402
+from .errors import CPUFallbackWarning, KernelCompileError  # noqa: E402
 
 
 def __getattr__(name):

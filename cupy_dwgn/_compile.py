@@ -167,6 +167,22 @@ def specializations(ops=None, **selection):
     return list(dict.fromkeys(specs))
 
 
+def _supported_dtype(dtype):
+    """``dtype`` as a NumPy dtype when the kernels support it, else a ValueError
+    naming the supported ones."""
+    import numpy
+
+    from ._dtypes import CTYPES, SUPPORTED_NAMES
+
+    try:
+        resolved = numpy.dtype(dtype)
+    except TypeError:
+        resolved = None
+    if resolved not in CTYPES:
+        raise ValueError(f"dtypes: expected names from {', '.join(SUPPORTED_NAMES)}, got {dtype!r}")
+    return resolved
+
+
 def precompile(ops=None, *, dtypes=None, filter_sizes=None, activations=None, layouts=None, large_index=False, progress=True):
     """Compile, or load from the disk cache, every kernel a model needs, on the
     current device, so that no compilation happens later (for example during
@@ -188,7 +204,16 @@ def precompile(ops=None, *, dtypes=None, filter_sizes=None, activations=None, la
     Example:
         >>> cupy_dwgn.precompile(["depthwise_conv2d"], dtypes=[cupy.float16], filter_sizes=[(3, 3)])
     """
-    widths = {False: (False,), True: (False, True), "only": (True,)}[large_index]
+    widths = {False: (False,), True: (False, True), "only": (True,)}.get(large_index)
+    if widths is None or not isinstance(large_index, (bool, str)):
+        raise ValueError(f"large_index: expected False, True or 'only', got {large_index!r}")
+    if dtypes is not None:
+        dtypes = [_supported_dtype(d) for d in ((dtypes,) if isinstance(dtypes, str) else dtypes)]
+    if layouts is not None:
+        layouts = (layouts,) if isinstance(layouts, str) else tuple(layouts)
+        for layout in layouts:
+            if layout not in ("NCHW", "NHWC"):
+                raise ValueError(f"layouts: expected 'NCHW' and/or 'NHWC', got {layout!r}")
     selection = {"dtypes": dtypes, "large_index": widths}
     if filter_sizes is not None:
         selection["filter_sizes"] = filter_sizes

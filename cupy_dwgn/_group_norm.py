@@ -8,20 +8,19 @@ biased variance, accumulated in float32 (float64 for float64 inputs).
 """
 
 import functools
-import numbers
 import typing
 
 import cupy
 import numpy
 from cupy import ndarray as _ndarray
 
-from . import _compile, _dtypes, _interop, _launch, _validate, _workspace
+from . import _checks, _compile, _dtypes, _interop, _launch, _workspace
 from ._launch import i32
 
 KERNEL_FILE = "group_norm.cu"
 
 #: Activations, in the order of their template code in group_norm.cu.
-ACTIVATIONS = ("identity", "relu", "silu", "gelu", "gelu_tanh")
+ACTIVATIONS = _checks.ACTIVATIONS
 _ACT_CODE = {name: code for code, name in enumerate(ACTIVATIONS)}
 
 #: The keyword arguments of specializations() that cupy_dwgn.precompile forwards.
@@ -39,7 +38,7 @@ _BWD_DX = "dwgn_gn_bwd_dx"
 # (never on the device), so results are bit-identical everywhere.
 _TARGET_BLOCKS = 1024
 _MIN_ROWS_PER_CHUNK = 32
-_COLUMN_BLOCK = 256  # block size of the column kernels (their shared scratch is sized for it)
+_COLUMN_BLOCK = _checks.COLUMN_BLOCK  # block size of the column kernels (their shared scratch is sized for it)
 
 
 def _vec_width(dtype):
@@ -47,14 +46,7 @@ def _vec_width(dtype):
     return 16 // numpy.dtype(dtype).itemsize
 
 
-@functools.lru_cache(maxsize=None)
-def weight_dtypes(dtype):
-    """The weight/bias dtypes accepted with inputs of ``dtype``: the same dtype,
-    and float32 too for float16/bfloat16 (mixed precision)."""
-    dtype = numpy.dtype(dtype)
-    if dtype.itemsize == 2:
-        return (dtype, numpy.dtype(numpy.float32))
-    return (dtype,)
+weight_dtypes = _checks.weight_dtypes
 
 
 def _acc_ctype(dtype):
@@ -107,9 +99,7 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
     return [(KERNEL_FILE, e) for e in dict.fromkeys(specs)]
 
 
-def _affine_dtype(weight, bias, x):
-    """The dtype of the affine parameters (and their gradients)."""
-    return weight.dtype if weight is not None else (bias.dtype if bias is not None else x.dtype)
+_affine_dtype = _checks.affine_dtype
 
 
 class _Plan(typing.NamedTuple):
@@ -448,152 +438,10 @@ _MISS = _interop.MISS
 
 
 # ---------------------------------------------------------------------------
-# Argument checks: duck-typed over the array class (``kind``), so
-# cupy_dwgn.host runs the very same checks on NumPy inputs before any transfer.
+# Argument checks: duck-typed over the array class (``kind``) and CuPy-free
+# (cupy_dwgn._checks), so cupy_dwgn.host and cupy_dwgn.reference run the very
+# same checks on NumPy inputs.
 
-_X_DOC = "(N, *spatial, C) with 0 to 3 spatial dims"
-# Normal float32 range: eps inside it is finite and > 0 in either statistics dtype.
-_FLOAT32_TINY = float(numpy.finfo(numpy.float32).tiny)
-_FLOAT32_MAX = float(numpy.finfo(numpy.float32).max)
-
-
-def _check_activation(activation):
-    if not isinstance(activation, str):
-        raise TypeError(
-            f"activation: expected a str, one of {', '.join(map(repr, ACTIVATIONS))}, "
-            f"got {type(activation).__name__}"
-        )
-    if activation not in _ACT_CODE:
-        raise ValueError(
-            f"activation: expected one of {', '.join(map(repr, ACTIVATIONS))}, got {activation!r}"
-        )
-
-
-def _check_num_groups(num_groups, channels):
-    if not isinstance(num_groups, numbers.Integral) or isinstance(num_groups, bool):
-        raise TypeError(f"num_groups: expected an int, got {type(num_groups).__name__}")
-    if num_groups <= 0:
-        raise ValueError(f"num_groups: expected a positive int, got {num_groups}")
-    if channels % num_groups != 0:
-        raise ValueError(
-            f"num_groups: expected a divisor of C = {channels} (the last dim of x), got {num_groups}"
-        )
-    return int(num_groups)
-
-
-def _check_eps(eps, dtype):
-    """eps must stay finite and > 0 in the statistics dtype (float32 unless x is float64)."""
-    if type(eps) is float and _FLOAT32_TINY <= eps <= _FLOAT32_MAX:  # the common case, cheaply
-        return
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
-        raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
-    acc = _dtypes.accumulator_dtype(dtype)
-    try:
-        with numpy.errstate(over="ignore"):  # overflow gives inf, rejected below
-            value = acc.type(float(eps))
-    except OverflowError:  # beyond even float64 (e.g. 10**400)
-        value = acc.type(numpy.inf)
-    if not (numpy.isfinite(value) and value > 0):
-        raise ValueError(
-            f"eps: expected a finite value > 0 in {acc} (the statistics dtype), got {eps!r}"
-        )
-
-
-def _check_x(name, x, kind):
-    _validate.check_array(name, x, None, "", kind)
-    if not 2 <= x.ndim <= 5:
-        raise ValueError(f"{name}: expected a 2-D to 5-D array {_X_DOC}, got shape {tuple(x.shape)}")
-    channels = x.shape[-1]
-    if channels == 0:
-        raise ValueError(f"{name}: expected at least one channel (last dim), got shape {tuple(x.shape)}")
-    batch = x.shape[0]
-    rows = 1
-    for s in x.shape[1:-1]:
-        rows *= s
-    if channels > _COLUMN_BLOCK * _launch.MAX_GRID_Y:
-        raise ValueError(
-            f"{name}: expected at most {_COLUMN_BLOCK * _launch.MAX_GRID_Y} channels, got {channels}"
-        )
-    if rows >= _launch.INT32_LIMIT or batch * channels >= _launch.INT32_LIMIT:
-        raise ValueError(
-            f"{name}: expected fewer than 2**31 spatial positions and N*C < 2**31, got shape "
-            f"{tuple(x.shape)}"
-        )
-    return batch, rows, channels
-
-
-def _check_affine(weight, bias, x, channels, kind):
-    allowed = weight_dtypes(x.dtype)
-    for name, a in (("weight", weight), ("bias", bias)):
-        if a is None:
-            continue
-        _validate.check_array(name, a, 1, "(C,)", kind)
-        if a.dtype not in allowed:
-            allowed_doc = " or ".join(str(d) for d in allowed)
-            raise TypeError(
-                f"{name}: expected dtype {allowed_doc} (for x of dtype {x.dtype}), got {a.dtype}"
-            )
-        _validate.check_shape(name, a, (channels,), " (C,), C the last dim of x")
-    if weight is not None and bias is not None:
-        _validate.check_same_dtype("bias", bias, "weight", weight)
-
-
-def check_forward_args(x, num_groups, weight, bias, eps, activation, out, kind=None, *, mean_out=None, rstd_out=None):
-    """Validate group_norm's arguments; returns (N, S, C, num_groups)."""
-    batch, rows, channels = _check_x("x", x, kind)
-    groups = _check_num_groups(num_groups, channels)
-    _check_affine(weight, bias, x, channels, kind)
-    _check_eps(eps, x.dtype)
-    _check_activation(activation)
-    _validate.check_out(out, x.shape, x.dtype, kind)
-    _validate.check_same_device(x=x, weight=weight, bias=bias, out=out)
-    # out may be x itself (in place: each element is read before it is
-    # overwritten, by the same thread), but no other overlap.
-    if out is not None and not _validate.same_memory(out, x):
-        _validate.check_no_overlap(out, x=x, weight=weight, bias=bias)
-    stats_dtype = _dtypes.accumulator_dtype(x.dtype)
-    for name, array in (("mean_out", mean_out), ("rstd_out", rstd_out)):
-        _validate.check_out(array, (batch, groups), stats_dtype, kind, name)
-    if mean_out is not None or rstd_out is not None:
-        _validate.check_same_device(x=x, mean_out=mean_out, rstd_out=rstd_out)
-        _validate.check_no_overlap(mean_out, "mean_out", x=x, weight=weight, bias=bias, out=out, rstd_out=rstd_out)
-        _validate.check_no_overlap(rstd_out, "rstd_out", x=x, weight=weight, bias=bias, out=out)
-    return batch, rows, channels, groups
-
-
-def check_backward_args(grad_out, x, mean, rstd, num_groups, weight, bias, activation, kind=None, *, out=None, grad_weight_out=None, grad_bias_out=None):
-    """Validate group_norm_backward's arguments; returns (N, S, C, num_groups)."""
-    _validate.check_array("grad_out", grad_out, None, "", kind)
-    batch, rows, channels = _check_x("x", x, kind)
-    _validate.check_same_dtype("grad_out", grad_out, "x", x)
-    _validate.check_shape("grad_out", grad_out, x.shape, " (the shape of x)")
-    groups = _check_num_groups(num_groups, channels)
-    acc_dtype = _dtypes.accumulator_dtype(x.dtype)
-    for name, a in (("mean", mean), ("rstd", rstd)):
-        _validate.check_array(name, a, 2, "(N, num_groups)", kind)
-        if a.dtype != acc_dtype:
-            raise TypeError(
-                f"{name}: expected dtype {acc_dtype} (the statistics dtype for x of dtype "
-                f"{x.dtype}), got {a.dtype}"
-            )
-        _validate.check_shape(name, a, (batch, groups), " (N, num_groups)")
-    _check_affine(weight, bias, x, channels, kind)
-    _check_activation(activation)
-    _validate.check_same_device(
-        x=x, grad_out=grad_out, mean=mean, rstd=rstd, weight=weight, bias=bias
-    )
-    _validate.check_out(out, x.shape, x.dtype, kind)
-    w_dtype = _affine_dtype(weight, bias, x)
-    for name, array, param in (("grad_weight_out", grad_weight_out, "weight"), ("grad_bias_out", grad_bias_out, "bias")):
-        if array is not None and (weight if param == "weight" else bias) is None:
-            raise ValueError(f"{name}: expected None because {param} is None (there is no {param} gradient)")
-        _validate.check_out(array, (channels,), w_dtype, kind, name)
-    outputs = {"out": out, "grad_weight_out": grad_weight_out, "grad_bias_out": grad_bias_out}
-    if any(a is not None for a in outputs.values()):
-        _validate.check_same_device(x=x, **outputs)
-        inputs = {"grad_out": grad_out, "x": x, "mean": mean, "rstd": rstd, "weight": weight, "bias": bias}
-        names = list(outputs)
-        for index, name in enumerate(names):
-            others = {n: outputs[n] for n in names[:index]}
-            _validate.check_no_overlap(outputs[name], name, **inputs, **others)
-    return batch, rows, channels, groups
+check_forward_args = _checks.check_group_norm_forward
+check_backward_args = _checks.check_group_norm_backward
+_check_activation = _checks.check_activation

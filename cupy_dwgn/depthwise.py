@@ -14,6 +14,7 @@ kernel does not serve the geometry), in this order:
 """
 
 from . import (
+    _checks,
     _depthwise_nchw,
     _depthwise_nchw_large,
     _depthwise_nchw_wgrad,
@@ -22,7 +23,6 @@ from . import (
     _interop,
     _validate,
 )
-from ._launch import INT32_LIMIT, MAX_GRID_Y, check_plane_size
 
 try:
     from cupy import ndarray as _ndarray
@@ -375,76 +375,10 @@ def _as_nchw(result):
     return result.transpose(0, 3, 1, 2)
 
 
-# Argument checks: duck-typed over the array class (``kind``), so
-# cupy_dwgn.host runs the very same checks on NumPy inputs before any transfer.
-
-def check_forward_args(x, weight, bias, stride, padding, dilation, layout, out, kind=None):
-    """Validate depthwise_conv2d's arguments; returns the ConvGeometry."""
-    layout = _validate.check_layout(layout)
-    _validate.check_array("x", x, 4, _validate.layout_doc(layout), kind)
-    _validate.check_array("weight", weight, 4, "(C*M, 1, KH, KW)", kind)
-    _validate.check_same_dtype("weight", weight, "x", x)
-    g = _validate.conv_geometry(x.shape, weight.shape, stride, padding, dilation, layout=layout)
-    _check_limits("x", g)
-    out_channels = g.channels * g.multiplier
-    if bias is not None:
-        _validate.check_array("bias", bias, 1, "(C*M,)", kind)
-        _validate.check_same_dtype("bias", bias, "x", x)
-        _validate.check_shape("bias", bias, (out_channels,), " (C*M,)")
-    out_shape = _validate.layout_shape(layout, g.batch, out_channels, g.out_height, g.out_width)
-    _validate.check_out(out, out_shape, x.dtype, kind)
-    _validate.check_same_device(x=x, weight=weight, bias=bias, out=out)
-    _validate.check_no_overlap(out, x=x, weight=weight, bias=bias)
-    return g
-
-
-def check_backward_input_args(grad_out, weight, input_shape, stride, padding, dilation, layout, out, kind=None):
-    """Validate depthwise_conv2d_backward_input's arguments; returns the ConvGeometry."""
-    layout = _validate.check_layout(layout)
-    _validate.check_array("grad_out", grad_out, 4, _validate.layout_doc(layout, "C*M", ("OH", "OW")), kind)
-    _validate.check_array("weight", weight, 4, "(C*M, 1, KH, KW)", kind)
-    _validate.check_same_dtype("weight", weight, "grad_out", grad_out)
-    input_shape = _validate.check_int_shape("input_shape", input_shape, 4)
-    g = _validate.conv_geometry(input_shape, weight.shape, stride, padding, dilation, "input_shape", layout=layout)
-    _check_limits("input_shape", g)
-    _check_grad_out(grad_out, g, layout)
-    _validate.check_out(out, input_shape, grad_out.dtype, kind)
-    _validate.check_same_device(grad_out=grad_out, weight=weight, out=out)
-    _validate.check_no_overlap(out, grad_out=grad_out, weight=weight)
-    return g
-
-
-def check_backward_weight_args(grad_out, x, weight_shape, stride, padding, dilation, layout, out, kind=None):
-    """Validate depthwise_conv2d_backward_weight's arguments; returns the ConvGeometry."""
-    layout = _validate.check_layout(layout)
-    _validate.check_array("grad_out", grad_out, 4, _validate.layout_doc(layout, "C*M", ("OH", "OW")), kind)
-    _validate.check_array("x", x, 4, _validate.layout_doc(layout), kind)
-    _validate.check_same_dtype("x", x, "grad_out", grad_out)
-    weight_shape = _validate.check_int_shape("weight_shape", weight_shape, 4)
-    g = _validate.conv_geometry(x.shape, weight_shape, stride, padding, dilation, layout=layout)
-    _check_limits("x", g)
-    _check_grad_out(grad_out, g, layout)
-    _validate.check_out(out, weight_shape, x.dtype, kind)
-    _validate.check_same_device(grad_out=grad_out, x=x, out=out)
-    _validate.check_no_overlap(out, grad_out=grad_out, x=x)
-    return g
-
-
-def _check_limits(name, g):
-    """Sizes the kernels' 32-bit in-plane indexing and grid can take."""
-    check_plane_size(name, g.height * g.width)
-    check_plane_size(name, g.out_height * g.out_width)
-    taps = g.filter_height * g.filter_width
-    if g.channels * g.multiplier * taps >= INT32_LIMIT or taps > MAX_GRID_Y:
-        raise ValueError(
-            f"weight: expected fewer than 2**31 elements and at most {MAX_GRID_Y} taps "
-            f"per filter, got {g.channels * g.multiplier} filters of "
-            f"{g.filter_height}x{g.filter_width}"
-        )
-    if g.batch * g.channels * g.multiplier >= INT32_LIMIT:
-        raise ValueError(f"{name}: expected N*C*M < 2**31, got {g.batch * g.channels * g.multiplier}")
-
-
-def _check_grad_out(grad_out, g, layout):
-    expected = _validate.layout_shape(layout, g.batch, g.channels * g.multiplier, g.out_height, g.out_width)
-    _validate.check_shape("grad_out", grad_out, expected, " (the forward output shape)")
+# Argument checks: duck-typed over the array class (``kind``) and CuPy-free, so
+# cupy_dwgn.host and cupy_dwgn.reference run the very same checks on NumPy inputs.
+check_forward_args = _checks.check_depthwise_forward
+check_backward_input_args = _checks.check_depthwise_backward_input
+check_backward_weight_args = _checks.check_depthwise_backward_weight
+_check_limits = _checks.check_depthwise_limits
+_check_grad_out = _checks.check_depthwise_grad_out

@@ -15,13 +15,25 @@ class KernelCompileError(RuntimeError):
         self.log = log
         hint = ""
         if "cannot open source file" in log:
+            from ._device import INSTALL_HINT
+
             hint = (
-                "\nhint: the CUDA runtime headers were not found; install the extra that "
-                "matches your CUDA driver (pip install 'cupy-dwgn[cuda12]' or "
-                "'cupy-dwgn[cuda13]') or set CUDA_PATH to a CUDA toolkit."
+                "\nhint: the CUDA runtime headers were not found (they come in the "
+                f"nvidia-cuda-runtime wheel); {INSTALL_HINT}; or set CUDA_PATH to a CUDA toolkit."
             )
         super().__init__(
             f"NVRTC failed to compile {name_expression!r} "
             f"(options {self.options}, CuPy {cupy_version}):\n{log}{hint}\n"
             "Set CUPY_DUMP_CUDA_SOURCE_ON_ERROR=1 to print the numbered source."
         )
+
+
+class CPUFallbackWarning(RuntimeWarning):
+    """cupy_dwgn.host found no usable CUDA GPU and runs the NumPy references on
+    the CPU instead (correct results, far slower than the GPU kernels).
+
+    Warned once per process.  Set ``CUPY_DWGN_DEVICE=cpu`` to choose the CPU
+    path without the warning, or filter it::
+
+        warnings.filterwarnings("ignore", category=cupy_dwgn.CPUFallbackWarning)
+    """

@@ -1,42 +1,54 @@
-"""Float64 NumPy references for every op: the oracle of the tests.
+"""Float64 NumPy references of every op: the oracle of the tests, and the CPU
+path of :mod:`cupy_dwgn.host`.
 
-Slow and simple on purpose; each takes and returns NumPy arrays (any float
-dtype in, float64 out) and follows the same argument rules as the GPU ops
-(the depthwise references take the same ``layout="NCHW"`` / ``"NHWC"``).
+Each function takes the GPU op's signature (less ``out=`` / ``stream=``) and
+runs the GPU op's very argument checks (:mod:`cupy_dwgn._checks`, with NumPy
+arrays as the array kind), so bad input raises the same exception with the
+same message as ``cupy_dwgn.depthwise_conv2d`` & co. and ``cupy_dwgn.host``:
+
+* arrays: C-contiguous ``numpy.ndarray`` of float16, float32, float64 or
+  bfloat16 (``ml_dtypes.bfloat16``), related dtypes as the GPU op requires
+  them (e.g. weight in x's dtype);
+* the computation runs in float64 whatever the input dtype, and every array
+  returned is float64 and C-contiguous (``cupy_dwgn.host`` casts to the
+  GPU op's output dtypes).
+
+Vectorized NumPy: a loop over the filter taps at most (never over pixels or
+channels); an 8x64x56x56 3x3 depthwise forward or a 2x64x64x320 GroupNorm
+forward takes a fraction of a second on one CPU core.  Importing this module
+does not import CuPy.
+
+Example:
+    >>> import numpy
+    >>> from cupy_dwgn import reference
+    >>> x = numpy.random.randn(2, 8, 16, 16).astype(numpy.float32)     # NCHW
+    >>> w = numpy.random.randn(8, 1, 3, 3).astype(numpy.float32)
+    >>> reference.depthwise_conv2d(x, w, padding=1).dtype
+    dtype('float64')
+    >>> h = numpy.random.randn(2, 4, 4, 32).astype(numpy.float16)      # NHWC
+    >>> y, mean, rstd = reference.group_norm(h, 8, activation="silu", return_stats=True)
+    >>> y.shape, mean.shape
+    ((2, 4, 4, 32), (2, 8))
 """
+
+import math
 
 import numpy
 
-from . import _validate
+from . import _checks
+
+_NDARRAY = numpy.ndarray
 
 
 def _f64(a):
-    return numpy.asarray(a).astype(numpy.float64)
+    """A float64 copy (or a C-contiguous float64 input itself, never written)."""
+    return None if a is None else numpy.asarray(a, dtype=numpy.float64)
 
 
-def _tap_window(g, kh, kw):
-    """Slices of the zero-padded input read by tap (kh, kw) for every output."""
-    h0 = kh * g.dilation_h
-    w0 = kw * g.dilation_w
-    return (
-        slice(h0, h0 + g.stride_h * (g.out_height - 1) + 1, g.stride_h),
-        slice(w0, w0 + g.stride_w * (g.out_width - 1) + 1, g.stride_w),
-    )
-
-
-def _pad(x, g):
-    # Bottom/right padding may be larger than what the outputs read; extend so
-    # every tap window is in range, and crop negative extents away.
-    padded_h = max(g.pad_top + g.height + g.pad_bottom, g.stride_h * (g.out_height - 1) + g.dilation_h * (g.filter_height - 1) + 1)
-    padded_w = max(g.pad_left + g.width + g.pad_right, g.stride_w * (g.out_width - 1) + g.dilation_w * (g.filter_width - 1) + 1)
-    out = numpy.zeros(x.shape[:2] + (padded_h, padded_w))
-    out[:, :, g.pad_top : g.pad_top + g.height, g.pad_left : g.pad_left + g.width] = x
-    return out
-
-
-# Depthwise convolution.  Each reference runs the GPU op's layout, rank and
-# geometry checks, with the same messages, on its float64 copies; the NHWC
-# variants transpose to NCHW, run the NCHW math and transpose back.
+# ---------------------------------------------------------------------------
+# Depthwise convolution.  The math runs on NCHW float64 copies, as
+# (N, C, M, OH, OW) with output channel c*M + m reading input channel c; NHWC
+# arguments are transposed in and the results back out.
 
 
 def _to_nchw(a, layout):
@@ -44,174 +56,306 @@ def _to_nchw(a, layout):
 
 
 def _from_nchw(a, layout):
-    return numpy.ascontiguousarray(a.transpose(0, 2, 3, 1)) if layout == "NHWC" else a
+    return numpy.ascontiguousarray(a.transpose(0, 2, 3, 1) if layout == "NHWC" else a)
 
 
-def _check_rank(name, a, shape_doc):
-    _validate.check_array(name, a, 4, shape_doc, numpy.ndarray)
+def _padded_extent(g):
+    """(rows, columns) of the zero-padded input: at least the padded input, and
+    enough for every tap window (bottom/right padding may exceed what the
+    outputs read, and a stride may leave the last rows unread)."""
+    rows = max(
+        g.pad_top + g.height + g.pad_bottom,
+        g.stride_h * (g.out_height - 1) + g.dilation_h * (g.filter_height - 1) + 1,
+    )
+    columns = max(
+        g.pad_left + g.width + g.pad_right,
+        g.stride_w * (g.out_width - 1) + g.dilation_w * (g.filter_width - 1) + 1,
+    )
+    return rows, columns
 
 
-def _check_grad_out(grad_out, g, layout):
-    expected = _validate.layout_shape(layout, g.batch, g.channels * g.multiplier, g.out_height, g.out_width)
-    _validate.check_shape("grad_out", grad_out, expected, " (the forward output shape)")
+def _pad(x, g):
+    """x (N, C, H, W) inside a zero (N, C, rows, columns) float64 array."""
+    out = numpy.zeros(x.shape[:2] + _padded_extent(g))
+    out[:, :, g.pad_top : g.pad_top + g.height, g.pad_left : g.pad_left + g.width] = x
+    return out
 
 
-_WEIGHT_DOC = "(C*M, 1, KH, KW)"
-
-
-def _grad_out_doc(layout):
-    return _validate.layout_doc(layout, "C*M", ("OH", "OW"))
+def _taps(g):
+    """For every filter tap (kh, kw): (kh, kw, rows, cols), the slices of the
+    padded input that tap reads for the whole (OH, OW) output."""
+    for kh in range(g.filter_height):
+        h0 = kh * g.dilation_h
+        rows = slice(h0, h0 + g.stride_h * (g.out_height - 1) + 1, g.stride_h)
+        for kw in range(g.filter_width):
+            w0 = kw * g.dilation_w
+            cols = slice(w0, w0 + g.stride_w * (g.out_width - 1) + 1, g.stride_w)
+            yield kh, kw, rows, cols
 
 
 def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, layout="NCHW"):
-    """Depthwise convolution in float64; arguments as cupy_dwgn.depthwise_conv2d.
+    """Depthwise 2-D convolution (cross-correlation) in float64; arguments and
+    checks as :func:`cupy_dwgn.depthwise_conv2d`.
 
-    layout: "NCHW" (x (N, C, H, W), result (N, C*M, OH, OW)) or "NHWC"
-    (x (N, H, W, C), result (N, OH, OW, C*M)); weight (C*M, 1, KH, KW) in both.
+    Args:
+        x: (N, C, H, W) for ``layout="NCHW"``, (N, H, W, C) for "NHWC".
+        weight: (C*M, 1, KH, KW) in both layouts (M: depth multiplier), x's dtype.
+        bias: optional (C*M,), x's dtype.
+        stride, dilation: int or (h, w).  padding: int, (h, w),
+            ((top, bottom), (left, right)), "same" or "valid".
+
+    Returns:
+        float64 (N, C*M, OH, OW) ("NHWC": (N, OH, OW, C*M)).
+
+    Example:
+        >>> y = reference.depthwise_conv2d(x, w, b, stride=2, padding=1)
     """
-    _validate.check_layout(layout)
-    x = _f64(x)
-    weight = _f64(weight)
-    _check_rank("x", x, _validate.layout_doc(layout))
-    _check_rank("weight", weight, _WEIGHT_DOC)
-    g = _validate.conv_geometry(x.shape, weight.shape, stride, padding, dilation, layout=layout)
-    x = _to_nchw(x, layout)
-    # (N, C, M, OH, OW): output channel c*M + m reads input channel c.
-    xp = _pad(x, g)
-    w = weight.reshape(g.channels, g.multiplier, g.filter_height, g.filter_width)
+    g = _checks.check_depthwise_forward(x, weight, bias, stride, padding, dilation, layout, None, _NDARRAY)
+    xp = _pad(_to_nchw(_f64(x), layout), g)[:, :, None]  # (N, C, 1, rows, columns)
+    w = _f64(weight).reshape(g.channels, g.multiplier, g.filter_height, g.filter_width)
     y = numpy.zeros((g.batch, g.channels, g.multiplier, g.out_height, g.out_width))
-    for kh in range(g.filter_height):
-        for kw in range(g.filter_width):
-            rows, cols = _tap_window(g, kh, kw)
-            y += xp[:, :, None, rows, cols] * w[None, :, :, kh, kw, None, None]
+    product = numpy.empty_like(y)
+    for kh, kw, rows, cols in _taps(g):
+        numpy.multiply(xp[:, :, :, rows, cols], w[:, :, kh, kw, None, None], out=product)
+        y += product
     y = y.reshape(g.batch, g.channels * g.multiplier, g.out_height, g.out_width)
     if bias is not None:
-        y += _f64(bias)[None, :, None, None]
+        y += _f64(bias)[:, None, None]
     return _from_nchw(y, layout)
 
 
 def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, padding=0, dilation=1, layout="NCHW"):
-    """Adjoint of :func:`depthwise_conv2d` with respect to x, in float64.
+    """Gradient of :func:`depthwise_conv2d` with respect to x, in float64;
+    arguments and checks as :func:`cupy_dwgn.depthwise_conv2d_backward_input`.
 
-    ``input_shape`` and the result are in ``layout``'s order ((N, H, W, C) for
-    "NHWC"), as is grad_out ((N, OH, OW, C*M) for "NHWC").
+    Args:
+        grad_out: (N, C*M, OH, OW) ("NHWC": (N, OH, OW, C*M)).
+        weight: (C*M, 1, KH, KW), grad_out's dtype.
+        input_shape: the forward x's shape, in ``layout``'s order.
+        stride, padding, dilation, layout: as in the forward call.
+
+    Returns:
+        float64 array of shape ``input_shape``.
+
+    Example:
+        >>> dx = reference.depthwise_conv2d_backward_input(dy, w, x.shape, padding=1)
     """
-    _validate.check_layout(layout)
-    grad_out = _f64(grad_out)
-    weight = _f64(weight)
-    _check_rank("grad_out", grad_out, _grad_out_doc(layout))
-    _check_rank("weight", weight, _WEIGHT_DOC)
-    input_shape = _validate.check_int_shape("input_shape", input_shape, 4)
-    g = _validate.conv_geometry(input_shape, weight.shape, stride, padding, dilation, "input_shape", layout)
-    _check_grad_out(grad_out, g, layout)
-    dy = _to_nchw(grad_out, layout).reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
-    w = weight.reshape(g.channels, g.multiplier, g.filter_height, g.filter_width)
-    dxp = _pad(numpy.zeros((g.batch, g.channels, g.height, g.width)), g)
-    for kh in range(g.filter_height):
-        for kw in range(g.filter_width):
-            rows, cols = _tap_window(g, kh, kw)
+    g = _checks.check_depthwise_backward_input(
+        grad_out, weight, input_shape, stride, padding, dilation, layout, None, _NDARRAY
+    )
+    dy = _to_nchw(_f64(grad_out), layout).reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
+    w = _f64(weight).reshape(g.channels, g.multiplier, g.filter_height, g.filter_width)
+    dxp = numpy.zeros((g.batch, g.channels) + _padded_extent(g))
+    if g.multiplier == 1:
+        dy = dy[:, :, 0]
+        product = numpy.empty_like(dy)
+        for kh, kw, rows, cols in _taps(g):
+            numpy.multiply(dy, w[:, 0, kh, kw, None, None], out=product)
+            dxp[:, :, rows, cols] += product
+    else:
+        for kh, kw, rows, cols in _taps(g):
             dxp[:, :, rows, cols] += numpy.einsum("ncmhw,cm->nchw", dy, w[:, :, kh, kw])
     dx = dxp[:, :, g.pad_top : g.pad_top + g.height, g.pad_left : g.pad_left + g.width]
-    return numpy.ascontiguousarray(_from_nchw(dx, layout))
+    return _from_nchw(dx, layout)
 
 
 def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, padding=0, dilation=1, layout="NCHW"):
-    """Adjoint of :func:`depthwise_conv2d` with respect to weight, in float64.
+    """Gradient of :func:`depthwise_conv2d` with respect to weight, in float64;
+    arguments and checks as :func:`cupy_dwgn.depthwise_conv2d_backward_weight`.
 
-    grad_out and x in ``layout``'s order; the result is (C*M, 1, KH, KW).
+    Args:
+        grad_out: (N, C*M, OH, OW) ("NHWC": (N, OH, OW, C*M)).
+        x: the forward input, (N, C, H, W) ("NHWC": (N, H, W, C)), grad_out's dtype.
+        weight_shape: (C*M, 1, KH, KW).
+        stride, padding, dilation, layout: as in the forward call.
+
+    Returns:
+        float64 array of shape ``weight_shape``.  (The bias gradient is
+        ``grad_out.sum(axis=(0, 2, 3))``, NHWC ``axis=(0, 1, 2)``.)
+
+    Example:
+        >>> dw = reference.depthwise_conv2d_backward_weight(dy, x, w.shape, padding=1)
     """
-    _validate.check_layout(layout)
-    grad_out = _f64(grad_out)
-    x = _f64(x)
-    _check_rank("grad_out", grad_out, _grad_out_doc(layout))
-    _check_rank("x", x, _validate.layout_doc(layout))
-    weight_shape = _validate.check_int_shape("weight_shape", weight_shape, 4)
-    g = _validate.conv_geometry(x.shape, weight_shape, stride, padding, dilation, layout=layout)
-    _check_grad_out(grad_out, g, layout)
-    dy = _to_nchw(grad_out, layout).reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
-    xp = _pad(_to_nchw(x, layout), g)
+    g = _checks.check_depthwise_backward_weight(
+        grad_out, x, weight_shape, stride, padding, dilation, layout, None, _NDARRAY
+    )
+    dy = _to_nchw(_f64(grad_out), layout).reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
+    xp = _pad(_to_nchw(_f64(x), layout), g)
+    # (C, M, N*OH*OW) x (C, N*OH*OW) per tap: one batched matrix-vector product.
+    dy = numpy.ascontiguousarray(dy.transpose(1, 2, 0, 3, 4)).reshape(g.channels, g.multiplier, -1)
     dw = numpy.zeros((g.channels, g.multiplier, g.filter_height, g.filter_width))
-    for kh in range(g.filter_height):
-        for kw in range(g.filter_width):
-            rows, cols = _tap_window(g, kh, kw)
-            dw[:, :, kh, kw] = numpy.einsum("ncmhw,nchw->cm", dy, xp[:, :, rows, cols])
-    return dw.reshape(weight_shape)
+    for kh, kw, rows, cols in _taps(g):
+        window = numpy.ascontiguousarray(xp[:, :, rows, cols].transpose(1, 0, 2, 3)).reshape(g.channels, -1, 1)
+        dw[:, :, kh, kw] = numpy.matmul(dy, window)[:, :, 0]
+    return dw.reshape(tuple(int(s) for s in weight_shape))
 
 
 # ---------------------------------------------------------------------------
 # Channels-last GroupNorm (x: (N, *spatial, C)) with a fused activation.
 
-_GN_ACTIVATIONS = ("identity", "relu", "silu", "gelu", "gelu_tanh")
+_SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+# Phi(z) = 0.5 + z * pdf(z) * sum_n z**(2n) / (2n+1)!! (every term > 0) for
+# |z| <= _SERIES_LIMIT; beyond, the continued fraction of erfc.  The term
+# counts give float64 accuracy (tests/test_group_norm_reference.py checks
+# against math.erfc); the loops run over terms, each on whole arrays.
+_SERIES_LIMIT = 2.75
+_SERIES_COEFFICIENTS = [1.0]
+for _n in range(1, 31):
+    _SERIES_COEFFICIENTS.append(_SERIES_COEFFICIENTS[-1] / (2 * _n + 1))
+_FRACTION_TERMS = 60
 
 
-def _gn_activation(z, activation):
-    """act(z) and act'(z) in float64."""
-    from math import erf, sqrt, pi
+def _normal_pdf(z):
+    """exp(-z**2 / 2) / sqrt(2 pi), with z**2 split so its rounding costs no digits."""
+    z = numpy.clip(z, -64.0, 64.0)  # the pdf is 0 from |z| = 39 on; no overflow in z * 16
+    s = numpy.round(z * 16.0) / 16.0  # s*s is exact
+    return numpy.exp(-0.5 * s * s) * numpy.exp(-0.5 * (z - s) * (z + s)) * _INV_SQRT_2PI
 
+
+def _normal_cdf(z, pdf):
+    """Phi(z) = (1 + erf(z / sqrt(2))) / 2 to float64 accuracy, vectorized
+    (NumPy has no erf; math.erf would be a Python call per element)."""
+    cdf = numpy.empty_like(z)
+    near = numpy.abs(z) <= _SERIES_LIMIT
+    zn = z[near]
+    u = zn * zn
+    series = numpy.full_like(zn, _SERIES_COEFFICIENTS[-1])
+    for c in _SERIES_COEFFICIENTS[-2::-1]:
+        series *= u
+        series += c
+    cdf[near] = 0.5 + zn * pdf[near] * series
+    far = ~near
+    zf = z[far]
+    # erfc(t) = exp(-t**2) / sqrt(pi) / (t + (1/2) / (t + 1 / (t + (3/2) / (t + ...)))), t = |z| / sqrt(2)
+    t = numpy.abs(zf) * _SQRT_HALF
+    fraction = t.copy()
+    for k in range(_FRACTION_TERMS, 0, -1):
+        fraction = t + (0.5 * k) / fraction
+    tail = pdf[far] / (math.sqrt(2.0) * fraction)  # Phi(-|z|)
+    cdf[far] = numpy.where(zf < 0, tail, 1.0 - tail)
+    return cdf
+
+
+def _gn_activation(z, activation, slope=True):
+    """act(z), and act'(z) too (a pair) when ``slope``; float64."""
     if activation == "identity":
-        return z, numpy.ones_like(z)
+        return (z, numpy.ones_like(z)) if slope else z
     if activation == "relu":
-        return numpy.maximum(z, 0.0), (z > 0).astype(numpy.float64)
+        y = numpy.maximum(z, 0.0)
+        return (y, (z > 0).astype(numpy.float64)) if slope else y
     if activation == "silu":
         s = 0.5 * (1.0 + numpy.tanh(0.5 * z))  # = 1 / (1 + exp(-z)), no overflow
-        return z * s, s * (1.0 + z * (1.0 - s))
+        return (z * s, s * (1.0 + z * (1.0 - s))) if slope else z * s
     if activation == "gelu":
-        cdf = 0.5 * (1.0 + numpy.vectorize(erf, otypes=[numpy.float64])(z / sqrt(2.0)))
-        return z * cdf, cdf + z * numpy.exp(-0.5 * z * z) / sqrt(2.0 * pi)
+        pdf = _normal_pdf(z)
+        cdf = _normal_cdf(z, pdf)
+        return (z * cdf, cdf + z * pdf) if slope else z * cdf
     if activation == "gelu_tanh":
         k0, k1 = 0.7978845608028654, 0.044715
         t = numpy.tanh(k0 * (z + k1 * z**3))
-        return 0.5 * z * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * k0 * (1.0 + 3.0 * k1 * z * z)
-    raise ValueError(f"activation: expected one of {', '.join(map(repr, _GN_ACTIVATIONS))}, got {activation!r}")
+        y = 0.5 * z * (1.0 + t)
+        return (y, 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * k0 * (1.0 + 3.0 * k1 * z * z)) if slope else y
+    _checks.check_activation(activation)  # raises
+    raise AssertionError(activation)
 
 
-def _gn_prepare(x, num_groups, weight, bias, activation):
-    if activation not in _GN_ACTIVATIONS:
-        _gn_activation(numpy.zeros(0), activation)  # raises the ValueError
-    x = _f64(x)
-    channels = x.shape[-1]
-    if not 2 <= x.ndim <= 5:
-        raise ValueError(f"x: expected a 2-D to 5-D array (N, *spatial, C), got shape {x.shape}")
-    if num_groups <= 0 or channels % num_groups != 0:
-        raise ValueError(f"num_groups: expected a positive divisor of C = {channels}, got {num_groups}")
-    batch = x.shape[0]
-    xg = x.reshape(batch, -1, num_groups, channels // num_groups)  # (N, S, G, D)
-    w = numpy.ones(channels) if weight is None else _f64(weight)
-    b = numpy.zeros(channels) if bias is None else _f64(bias)
-    return x, xg, w, b
+def _gn_affine(weight, bias, groups, per_group):
+    """weight and bias as float64 (G, D) arrays (1 and 0 where absent)."""
+    w = numpy.ones(groups * per_group) if weight is None else _f64(weight)
+    b = numpy.zeros(groups * per_group) if bias is None else _f64(bias)
+    return w.reshape(groups, per_group), b.reshape(groups, per_group)
 
 
-def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="identity"):
-    """Channels-last GroupNorm + activation in float64; arguments as
-    cupy_dwgn.group_norm.  Returns (y, mean, rstd), mean/rstd of shape
-    (N, num_groups), biased variance."""
-    x, xg, w, b = _gn_prepare(x, num_groups, weight, bias, activation)
-    mean = xg.mean(axis=(1, 3))
-    var = ((xg - mean[:, None, :, None]) ** 2).mean(axis=(1, 3))
-    rstd = 1.0 / numpy.sqrt(var + eps)
-    xhat = ((xg - mean[:, None, :, None]) * rstd[:, None, :, None]).reshape(x.shape)
-    y, _ = _gn_activation(xhat * w + b, activation)
-    return y, mean, rstd
+def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="identity", return_stats=False):
+    """Channels-last GroupNorm + activation in float64,
+    ``y = act((x - mean) * rstd * weight + bias)``; arguments and checks as
+    :func:`cupy_dwgn.group_norm`.
+
+    Args:
+        x: (N, *spatial, C), 0 to 3 spatial dims.
+        num_groups: a divisor of C; group g is channels [g*C/G, (g+1)*C/G).
+        weight, bias: optional (C,), x's dtype (or float32 for float16/bfloat16 x).
+        eps: added to the (biased) variance.
+        activation: "identity", "relu", "silu", "gelu" (erf) or "gelu_tanh".
+        return_stats: also return mean and rstd = 1 / sqrt(var + eps).
+
+    Returns:
+        y, float64 of x's shape; with ``return_stats`` (y, mean, rstd), mean
+        and rstd float64 (N, num_groups) (the GPU op's are float32 unless x
+        is float64).  With no spatial positions mean and rstd are NaN.
+
+    Example:
+        >>> y, mean, rstd = reference.group_norm(h, 32, gamma, beta, activation="silu", return_stats=True)
+    """
+    batch, rows, channels, groups = _checks.check_group_norm_forward(
+        x, num_groups, weight, bias, eps, activation, None, _NDARRAY
+    )
+    per_group = channels // groups
+    xg = _f64(x).reshape(batch, rows, groups, per_group)
+    with numpy.errstate(invalid="ignore", divide="ignore"):  # no rows: NaN statistics, as on the GPU
+        count = rows * per_group
+        mean = xg.sum(axis=(1, 3)) / count
+        centered = xg - mean[:, None, :, None]
+        var = numpy.square(centered).sum(axis=(1, 3)) / count
+        rstd = 1.0 / numpy.sqrt(var + eps)
+    w, b = _gn_affine(weight, bias, groups, per_group)
+    centered *= rstd[:, None, :, None]  # xhat
+    centered *= w
+    centered += b
+    y = _gn_activation(centered, activation, slope=False).reshape(x.shape)
+    return (y, mean, rstd) if return_stats else y
 
 
-def group_norm_backward(grad_out, x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="identity"):
-    """Gradients of :func:`group_norm` in float64: (dx, dw, db), dw/db None
-    when weight/bias is None.  Computes its own float64 statistics."""
-    x, xg, w, b = _gn_prepare(x, num_groups, weight, bias, activation)
-    dy = _f64(grad_out)
-    mean = xg.mean(axis=(1, 3))
-    var = ((xg - mean[:, None, :, None]) ** 2).mean(axis=(1, 3))
-    rstd = 1.0 / numpy.sqrt(var + eps)
-    xhat = ((xg - mean[:, None, :, None]) * rstd[:, None, :, None]).reshape(x.shape)
-    _, grad = _gn_activation(xhat * w + b, activation)
-    dz = dy * grad
-    spatial_axes = tuple(range(x.ndim - 1))
-    dw = None if weight is None else (dz * xhat).sum(axis=spatial_axes)
-    db = None if bias is None else dz.sum(axis=spatial_axes)
-    # d/dxhat, then the normalization's Jacobian per (n, g).
-    g = (dz * w).reshape(xg.shape)
-    xh = xhat.reshape(xg.shape)
-    mean_g = g.mean(axis=(1, 3), keepdims=True)
-    mean_gx = (g * xh).mean(axis=(1, 3), keepdims=True)
-    dx = rstd[:, None, :, None] * (g - mean_g - xh * mean_gx)
-    return dx.reshape(x.shape), dw, db
+def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=None, *, activation="identity"):
+    """Gradients of :func:`group_norm` in float64, computed from the given
+    mean/rstd as :func:`cupy_dwgn.group_norm_backward` does; arguments and
+    checks as that function.
+
+    ``mean``/``rstd`` must have the GPU op's statistics dtype: float64 for
+    float64 x, float32 otherwise (the same check, the same message).  For a
+    float64-exact oracle pass float64 x and its float64 statistics; for other
+    dtypes pass ``mean.astype(numpy.float32)`` / ``rstd.astype(numpy.float32)``
+    of :func:`group_norm`'s float64 statistics (or the GPU op's own): rounding
+    the statistics to float32 moves the gradients by about 1e-7 relative, far
+    inside the float32 tolerance (1e-5) and the half ones.
+
+    Args:
+        grad_out: (N, *spatial, C), the gradient of y; x's dtype.
+        x: the forward input.
+        mean, rstd: (N, num_groups) from the forward (``return_stats=True``).
+        num_groups, weight, bias, activation: as in the forward call (bias
+            matters through the activation's derivative and for the
+            presence of its gradient).
+
+    Returns:
+        (dx, dw, db): dx float64 of x's shape; dw/db float64 (C,), or None
+        when weight/bias is None.
+
+    Example:
+        >>> y, mean, rstd = reference.group_norm(x, 8, w, b, activation="gelu", return_stats=True)
+        >>> dx, dw, db = reference.group_norm_backward(dy, x, mean, rstd, 8, w, b, activation="gelu")
+    """
+    batch, rows, channels, groups = _checks.check_group_norm_backward(
+        grad_out, x, mean, rstd, num_groups, weight, bias, activation, _NDARRAY
+    )
+    per_group = channels // groups
+    shape = (batch, rows, groups, per_group)
+    mean = _f64(mean)[:, None, :, None]
+    rstd = _f64(rstd)[:, None, :, None]
+    xhat = (_f64(x).reshape(shape) - mean) * rstd
+    w, b = _gn_affine(weight, bias, groups, per_group)
+    _, slope = _gn_activation(xhat * w + b, activation)
+    dz = _f64(grad_out).reshape(shape) * slope
+    dw = None if weight is None else (dz * xhat).sum(axis=(0, 1)).reshape(channels)
+    db = None if bias is None else dz.sum(axis=(0, 1)).reshape(channels)
+    dz *= w  # the gradient of xhat
+    count = rows * per_group
+    with numpy.errstate(invalid="ignore", divide="ignore"):  # no rows: dx is empty anyway
+        mean_g = dz.sum(axis=(1, 3), keepdims=True) / count
+        mean_gx = (dz * xhat).sum(axis=(1, 3), keepdims=True) / count
+    xhat *= mean_gx
+    dz -= mean_g
+    dz -= xhat
+    dz *= rstd
+    return dz.reshape(numpy.shape(x)), dw, db

@@ -70,7 +70,7 @@ import numpy
 from torch import nn
 from torch.nn import functional as F
 
-from . import reference as _reference
+from . import _validate, reference as _reference
 
 __all__ = [
     "DepthwiseConv2d",
@@ -262,33 +262,11 @@ def _int_pair(name, value, minimum):
 
 def _explicit_padding(padding, kernel_size, stride, dilation):
     """int | (h, w) | ((top, bottom), (left, right)) | "same" | "valid" ->
-    (top, bottom, left, right)."""
-    if isinstance(padding, str):
-        if padding == "valid":
-            return (0, 0, 0, 0)
-        if padding == "same":
-            if stride != (1, 1):
-                raise ValueError(f"padding: 'same' needs stride 1, got stride {stride}")
-            sides = []
-            for k, d in zip(kernel_size, dilation):
-                total = d * (k - 1)  # the extra row/column goes after, as in PyTorch
-                sides += [total // 2, total - total // 2]
-            return tuple(sides)
-        raise ValueError(f"padding: expected an int, a pair, 'same' or 'valid', got {padding!r}")
-    if isinstance(padding, (tuple, list)) and len(padding) == 2 and all(
-        isinstance(p, (tuple, list)) for p in padding
-    ):
-        sides = tuple(v for p in padding for v in p)
-        if len(sides) != 4:
-            raise TypeError(f"padding: expected ((top, bottom), (left, right)), got {padding!r}")
-    else:
-        h, w = _int_pair("padding", padding, 0)
-        return (h, h, w, w)
-    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in sides):
-        raise TypeError(f"padding: expected ints, got {padding!r}")
-    if min(sides) < 0:
-        raise ValueError(f"padding: expected values >= 0, got {padding!r}")
-    return tuple(int(v) for v in sides)
+    (top, bottom, left, right), by the core's own rule and messages
+    (PyTorch's one-element form (p,) is taken too)."""
+    if isinstance(padding, (tuple, list)) and len(padding) == 1:
+        padding = padding[0]
+    return _validate._padding(padding, tuple(kernel_size), tuple(dilation), tuple(stride))
 
 
 def _core_padding(pads):
@@ -693,7 +671,8 @@ def _gn_forward(x, num_groups, weight, bias, eps, activation, need_stats=True):
         return y, mean, rstd
     _check_group_norm_cpu(x, weight, bias)
     y_ref, mean_ref, rstd_ref = _reference.group_norm(
-        _nhwc_numpy(x), num_groups, _as_float64(weight), _as_float64(bias), eps=eps, activation=activation
+        _nhwc_numpy(x), num_groups, _as_float64(weight), _as_float64(bias), eps=eps, activation=activation,
+        return_stats=True,
     )
     y.copy_(_from_nhwc_numpy(y_ref))
     mean.copy_(torch.from_numpy(mean_ref))
@@ -714,7 +693,8 @@ def _group_norm_grads(x, weight, bias):
 
 
 def _gn_backward(grad_out, x, mean, rstd, num_groups, weight, bias, eps, activation):
-    """(grad_x, grad_weight, grad_bias); eps is used by the CPU kernel only."""
+    """(grad_x, grad_weight, grad_bias) from the forward's mean/rstd (eps is
+    part of the op's schema but used by neither kernel)."""
     copy, strides, shape = _group_norm_plan(x)
     if copy:
         x = _to_channels_last(x)
@@ -744,10 +724,11 @@ def _gn_backward(grad_out, x, mean, rstd, num_groups, weight, bias, eps, activat
         )
         return dx, dw, db
     _check_group_norm_cpu(x, weight, bias)
-    # The reference recomputes its float64 statistics from x (and eps).
+    # The reference backward from the forward's mean/rstd (as the CUDA kernels
+    # do), in float64 like every CPU argument.
     dx_ref, dw_ref, db_ref = _reference.group_norm_backward(
-        _nhwc_numpy(grad_out), _nhwc_numpy(x), num_groups, _as_float64(weight), _as_float64(bias),
-        eps=eps, activation=activation,
+        _nhwc_numpy(grad_out), _nhwc_numpy(x), _as_float64(mean), _as_float64(rstd), num_groups,
+        _as_float64(weight), _as_float64(bias), activation=activation,
     )
     dx.copy_(_from_nhwc_numpy(dx_ref))
     if weight is not None:

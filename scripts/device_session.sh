@@ -2,7 +2,8 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all but models): facts cold examples tests sanitizer dwbench gnbench host models
+# STEPS selects parts (default: all but models): facts cold examples cli tests sanitizer dwbench gnbench host models
+# (cli: cupy-dwgn info, selftest and a precompile, as a user runs them).
 # (models: the real-model training-step benchmark, about 3 minutes; on 2 GPUs the tests step also runs
 # tests/test_multi_gpu.py and examples/ddp_train.py).
 # SANITIZER_ARGS pick kernel families (depthwise group_norm), SANITIZER_TOOLS the tools (memcheck racecheck); DWBENCH_ARGS go to benchmarks/depthwise.py
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:$PWD/benchmarks PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/dwgn_out}; mkdir -p "$OUT"
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/dwgn_cupy_cache}
-STEPS=${STEPS:-facts cold examples tests sanitizer dwbench gnbench host}
+STEPS=${STEPS:-facts cold examples cli tests sanitizer dwbench gnbench host}
 status=0
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -28,6 +29,13 @@ if has examples; then
   for example in examples/*.py; do
     echo "== $example" | tee -a "$OUT/examples.txt"
     python3 "$example" 2>&1 | tee -a "$OUT/examples.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+if has cli; then
+  for args in "info" "selftest" "precompile --ops group_norm --dtypes float16 --activations silu"; do
+    echo "== python3 -m cupy_dwgn $args" | tee -a "$OUT/cli.txt"
+    python3 -m cupy_dwgn $args 2>&1 | tee -a "$OUT/cli.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi

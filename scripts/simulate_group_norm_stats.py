@@ -65,23 +65,23 @@ def rel(a,b): return np.linalg.norm(a.astype(np.float64)-b)/np.linalg.norm(b)
 rng=np.random.default_rng(1)
 for trial in range(3):
     x=(1000+rng.standard_normal((2,9,11,32))).astype(f)
-    y,m,r=sim(x,8); ry,rm,rr=reference.group_norm(x,8)
+    y,m,r=sim(x,8); ry,rm,rr=reference.group_norm(x,8,return_stats=True)
     print('1000+randn f32: y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))
 for spike in (64,512):
     x=(3+rng.standard_normal((1,4096,8))).astype(f); x[0,0,:]+=spike
-    y,m,r=sim(x,2); ry,rm,rr=reference.group_norm(x,2)
+    y,m,r=sim(x,2); ry,rm,rr=reference.group_norm(x,2,return_stats=True)
     print('spike %d: y %.2e mean %.2e rstd %.2e'%(spike,rel(y,ry),rel(m,rm),rel(r,rr)))
 x=(3+rng.standard_normal((2,5,7,24))).astype(f)
-y,m,r=sim(x,4); ry,rm,rr=reference.group_norm(x,4)
+y,m,r=sim(x,4); ry,rm,rr=reference.group_norm(x,4,return_stats=True)
 print('3+randn: y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))
 x=(1000+rng.standard_normal((2,9,11,32))).astype(np.float16)
-y,m,r=sim(x,8); ry,rm,rr=reference.group_norm(x,8)
+y,m,r=sim(x,8); ry,rm,rr=reference.group_norm(x,8,return_stats=True)
 print('1000+randn f16 (acc f32, y stored f32 here): y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))
 # Few, long chunks (target=8 blocks), so each lane walks many whole batches.
 for trial in range(2):
     x=(1000+rng.standard_normal((2,64,64,32))).astype(f)
-    y,m,r=sim(x,8,target=8); ry,rm,rr=reference.group_norm(x,8)
+    y,m,r=sim(x,8,target=8); ry,rm,rr=reference.group_norm(x,8,return_stats=True)
     print('batched 1000+randn f32: y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))
 x=(3+rng.standard_normal((1,4099,8))).astype(f); x[0,0,:]+=512; x[0,1234,3]-=300
-y,m,r=sim(x,2,target=2); ry,rm,rr=reference.group_norm(x,2)
+y,m,r=sim(x,2,target=2); ry,rm,rr=reference.group_norm(x,2,return_stats=True)
 print('batched spikes: y %.2e mean %.2e rstd %.2e'%(rel(y,ry),rel(m,rm),rel(r,rr)))

@@ -10,13 +10,13 @@ from cupy_dwgn import gpu_status
 GPU_COUNT, NO_GPU_REASON = gpu_status()
 
 
-def pytest_collection_modifyitems(config, items):
-    if GPU_COUNT:
-        return
-    skip = pytest.mark.skip(reason=NO_GPU_REASON)
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # Skipped from this one line (not by a mark per test), so the -ra summary
+    # folds every GPU test into one "SKIPPED [n] tests/conftest.py" line and the
+    # reason, a paragraph, appears once.
+    if not GPU_COUNT and "gpu" in item.keywords:
+        pytest.skip(f"GPU test, no usable GPU here: {NO_GPU_REASON}")
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def pytest_report_header(config):
 
         props = cupy.cuda.runtime.getDeviceProperties(0)
         return f"cupy {cupy.__version__}, {GPU_COUNT} GPU(s): {props['name'].decode()}"
-    return f"GPU tests will be skipped: {NO_GPU_REASON}"
+    return "no usable GPU: the GPU tests will be skipped (the reason is in the skip summary at the end)"
 
 
 def pytest_terminal_summary(terminalreporter):

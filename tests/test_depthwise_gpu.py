@@ -1,6 +1,7 @@
 """Depthwise convolution on the GPU against the float64 reference: all three ops,
-all dtypes, NaN-poisoned outputs, the DESIGN.md §5 edge cases, seeded random
-geometries, and one test per seed bug of DESIGN.md §7."""
+all dtypes, NaN-poisoned outputs, the edge cases (odd and prime sizes, C not a
+multiple of 4/8, padding >= filter, ...), seeded random geometries, and one test
+per seed bug (CHANGELOG.md, "Fixed, relative to the kernels cupy-dwgn started from")."""
 
 import numpy
 import pytest
@@ -328,7 +329,7 @@ def test_precompile_loads_the_kernels_it_names(capsys):
     assert cupy_dwgn.precompile(["depthwise_conv2d"], layouts=["NHWC"], **selection) == len(nhwc)
 
 
-# --- seed bugs (DESIGN.md §7), each with the input that broke the seed --------
+# --- seed bugs (CHANGELOG.md, Fixed), each with the input that broke the seed --------
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -163,13 +163,15 @@ def test_nhwc_forward_elementwise_against_a_direct_loop(rng):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_reference_results_are_contiguous_float64(layout, rng):
     x = rng.standard_normal((1, 4, 6, 4)).astype(numpy.float16)  # C = 4 in both layouts
-    w = rng.standard_normal((4, 1, 3, 3)).astype(numpy.float32)
+    w = rng.standard_normal((4, 1, 3, 3)).astype(numpy.float16)  # x's dtype, as the GPU op requires
     for result in (
         reference.depthwise_conv2d(x, w, padding=1, layout=layout),
         reference.depthwise_conv2d_backward_input(x, w, x.shape, padding=1, layout=layout),
         reference.depthwise_conv2d_backward_weight(x, x, w.shape, padding=1, layout=layout),
     ):
         assert result.dtype == numpy.float64 and result.flags.c_contiguous
+    with pytest.raises(TypeError, match=r"^weight: expected dtype float16 \(the dtype of x\), got float32$"):
+        reference.depthwise_conv2d(x, w.astype(numpy.float32), padding=1, layout=layout)
 
 
 # Hypothesis draws geometries over the whole argument space: the reference

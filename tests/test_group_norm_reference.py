@@ -62,8 +62,10 @@ def test_forward_matches_loop(rng, shape, num_groups, activation, affine):
     channels = shape[-1]
     weight = rng.standard_normal(channels) if affine in ("both", "weight") else None
     bias = rng.standard_normal(channels) if affine == "both" else None
-    y, mean, rstd = reference.group_norm(x, num_groups, weight, bias, eps=1e-3, activation=activation)
+    y, mean, rstd = reference.group_norm(x, num_groups, weight, bias, eps=1e-3, activation=activation, return_stats=True)
     y2, mean2, rstd2 = _loop_group_norm(x, num_groups, weight, bias, 1e-3, activation)
+    y_only = reference.group_norm(x, num_groups, weight, bias, eps=1e-3, activation=activation)
+    assert isinstance(y_only, numpy.ndarray) and numpy.array_equal(y_only, y)
     assert y.dtype == mean.dtype == rstd.dtype == numpy.float64
     numpy.testing.assert_allclose(mean, mean2, rtol=1e-13)
     numpy.testing.assert_allclose(rstd, rstd2, rtol=1e-12)
@@ -72,7 +74,7 @@ def test_forward_matches_loop(rng, shape, num_groups, activation, affine):
 
 def test_forward_large_offset_is_exact(rng):
     x = 1000.0 + rng.standard_normal((2, 16, 8))
-    y, mean, rstd = reference.group_norm(x, 4)
+    y, mean, rstd = reference.group_norm(x, 4, return_stats=True)
     y2, mean2, rstd2 = _loop_group_norm(x, 4, None, None, 1e-5, "identity")
     numpy.testing.assert_allclose(y, y2, rtol=1e-9, atol=1e-10)
     numpy.testing.assert_allclose(rstd, rstd2, rtol=1e-9)
@@ -80,7 +82,7 @@ def test_forward_large_offset_is_exact(rng):
 
 def _numeric_gradients(x, dy, num_groups, weight, bias, activation, step=1e-6):
     def loss(x_, w_, b_):
-        y, _, _ = reference.group_norm(x_, num_groups, w_, b_, eps=1e-3, activation=activation)
+        y = reference.group_norm(x_, num_groups, w_, b_, eps=1e-3, activation=activation)
         return float(numpy.sum(y * dy))
 
     def central(array, rebuild):
@@ -109,11 +111,10 @@ def test_backward_matches_finite_differences(rng, shape, num_groups, activation,
     weight = rng.standard_normal(channels) if affine == "both" else None
     bias = rng.standard_normal(channels) if affine in ("both", "bias") else None
     if activation == "relu":  # keep z away from the kink, where the derivative jumps
-        y, _, _ = reference.group_norm(x, num_groups, weight, bias, eps=1e-3)
+        y = reference.group_norm(x, num_groups, weight, bias, eps=1e-3)
         assert numpy.abs(y).min() > 1e-4, "resample: z too close to 0 for relu"
-    dx, dw, db = reference.group_norm_backward(
-        dy, x, num_groups, weight, bias, eps=1e-3, activation=activation
-    )
+    _, mean, rstd = reference.group_norm(x, num_groups, weight, bias, eps=1e-3, return_stats=True)
+    dx, dw, db = reference.group_norm_backward(dy, x, mean, rstd, num_groups, weight, bias, activation=activation)
     ndx, ndw, ndb = _numeric_gradients(x, dy, num_groups, weight, bias, activation)
     numpy.testing.assert_allclose(dx, ndx, rtol=1e-6, atol=1e-7)
     assert (dw is None) == (weight is None) and (db is None) == (bias is None)
@@ -126,3 +127,40 @@ def test_backward_matches_finite_differences(rng, shape, num_groups, activation,
 def test_reference_rejects_unknown_activation():
     with pytest.raises(ValueError, match="gelu_tanh"):
         reference.group_norm(numpy.ones((1, 4)), 2, activation="tanh")
+
+
+def test_normal_cdf_matches_math_erfc():
+    # gelu's Phi(z) = erfc(-z / sqrt(2)) / 2, vectorized (series near 0, continued fraction beyond).
+    z = numpy.concatenate([numpy.linspace(-40.0, 40.0, 160001), numpy.linspace(-3.0, 3.0, 60001)])
+    want = numpy.array([0.5 * math.erfc(-v / math.sqrt(2.0)) for v in z])
+    pdf = reference._normal_pdf(z)
+    got = reference._normal_cdf(z, pdf)
+    numpy.testing.assert_allclose(pdf, numpy.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi), rtol=1e-13, atol=1e-300)
+    assert numpy.abs(got - want).max() <= 4e-16  # 2 ulp of values near 1
+    tail = want > 1e-300
+    assert (numpy.abs(got - want)[tail] / want[tail]).max() <= 1e-12
+    # Non-finite and huge arguments: no overflow, NaN stays NaN.
+    edge = numpy.array([-numpy.inf, -1e300, 1e300, numpy.inf, numpy.nan])
+    with numpy.errstate(over="raise", invalid="raise"):
+        got = reference._normal_cdf(edge, reference._normal_pdf(edge))
+    numpy.testing.assert_array_equal(got[:4], [0.0, 0.0, 1.0, 1.0])
+    assert numpy.isnan(got[4])
+
+
+def test_backward_uses_the_given_statistics(rng):
+    # float32 statistics (what a float32 x must come with) move the float64
+    # gradients by ~1e-7 relative: far inside the float32 tolerance.
+    x = (3.0 + rng.standard_normal((2, 5, 7, 16))).astype(numpy.float32)
+    dy = rng.standard_normal(x.shape).astype(numpy.float32)
+    w = rng.standard_normal(16).astype(numpy.float32)
+    x64, dy64, w64 = x.astype(numpy.float64), dy.astype(numpy.float64), w.astype(numpy.float64)
+    _, mean, rstd = reference.group_norm(x64, 4, w64, None, activation="gelu", return_stats=True)
+    exact = reference.group_norm_backward(dy64, x64, mean, rstd, 4, w64, None, activation="gelu")
+    rounded = reference.group_norm_backward(
+        dy, x, mean.astype(numpy.float32), rstd.astype(numpy.float32), 4, w, None, activation="gelu"
+    )
+    for a, b in zip(exact[:2], rounded[:2]):
+        error = numpy.linalg.norm(a - b) / numpy.linalg.norm(a)
+        assert 0 < error < 1e-6
+    with pytest.raises(TypeError, match=r"^mean: expected dtype float32 \(the statistics dtype for x of dtype float32\), got float64$"):
+        reference.group_norm_backward(dy, x, mean, rstd, 4, w, None, activation="gelu")

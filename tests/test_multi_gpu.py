@@ -5,7 +5,7 @@ DistributedDataParallel run of examples/ddp_train.py matches one GPU.
     interleaved, each call made while the OTHER device is current: the kernels
     must be loaded (and their launch plans cached) per device, the launch must
     go to the arrays' device, and the results must live there.  Each result is
-    compared with the float64 NumPy reference (DESIGN.md §5 bounds), outputs
+    compared with the float64 NumPy reference (tests/_helpers.py bounds), outputs
     NaN-poisoned before the call.
     The same for the PyTorch bridge: cupy_dwgn.torch forward + backward on cuda:1 and cuda:0
     tensors with torch's current device the other one, against torch's layers in float64.
@@ -131,8 +131,10 @@ def test_group_norm_runs_on_the_arrays_device(dtype, rng):
         dy = random(rng, x.shape, dtype)
         weight = (1.0 + 0.1 * rng.standard_normal(c)).astype(affine)
         bias = (0.1 * rng.standard_normal(c)).astype(affine)
-        ref_y, ref_mean, ref_rstd = reference.group_norm(x, groups, weight, bias, activation="silu")
-        ref_dx, ref_dw, ref_db = reference.group_norm_backward(dy, x, groups, weight, bias, activation="silu")
+        ref_y, ref_mean, ref_rstd = reference.group_norm(x, groups, weight, bias, activation="silu", return_stats=True)
+        ref_dx, ref_dw, ref_db = reference.group_norm_backward(
+            dy, x, ref_mean.astype(stats), ref_rstd.astype(stats), groups, weight, bias, activation="silu"
+        )
         x_d, dy_d, w_d, b_d = (_on(device, lambda a=a: cupy.asarray(a)) for a in (x, dy, weight, bias))
         y_out, dx_out = (_on(device, lambda: poisoned(x.shape, dtype)) for _ in range(2))
         mean_out, rstd_out = (_on(device, lambda: poisoned((n, groups), stats)) for _ in range(2))
