@@ -53,7 +53,7 @@ import cupy
 
 import cupy_dwgn
 from cupy_dwgn import _dtypes
-from harness import results_document, rotating, run_facts, time_us, write_json
+from harness import plot_safely, results_document, rotating, run_facts, time_us, write_json
 
 #: (N, C, H=W, filter size, stride); padding is filter // 2 on every side.
 CASES = [
@@ -408,13 +408,7 @@ def main():
     final_table(results["rows"])
     print(f"wall time {(datetime.datetime.now() - start).total_seconds():.0f} s" + (f"; results in {json_path}" if json_path else ""))
     if args.png:
-        try:
-            import plot_depthwise
-
-            plot_depthwise.plot(results, args.png)
-            print(f"plot in {args.png}")
-        except Exception as error:  # never lose the measurements to the plot
-            print(f"no plot: {type(error).__name__}: {error}")
+        plot_safely("plot_depthwise", results, args.png)
     return 0
 
 

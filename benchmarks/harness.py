@@ -2,6 +2,7 @@
 device-to-device copy bandwidth that every figure is compared with."""
 
 import datetime
+import importlib
 import json
 import os
 import pathlib
@@ -108,6 +109,16 @@ def report(results, json_path=None, key_width=34):
             if key != "case":
                 print(f"    {key:{key_width}} {value:10.2f}" if isinstance(value, float) else f"    {key:{key_width}} {value}")
     write_json(json_path, results)
+
+
+def plot_safely(module_name, results, png):
+    """Plot ``results`` into ``png`` with benchmarks/<module_name>.py; a
+    failing plot is reported and never loses the measurements."""
+    try:
+        importlib.import_module(module_name).plot(results, png)
+        print(f"plot in {png}")
+    except Exception as error:
+        print(f"no plot: {type(error).__name__}: {error}")
 
 
 def write_json(path, results):

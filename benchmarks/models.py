@@ -569,7 +569,7 @@ def main(argv=None):
     }
     from depthwise import gpu_short_name
 
-    from harness import results_document, write_json
+    from harness import plot_safely, results_document, write_json
 
     results = results_document(
         facts, [], commit=None, quick=args.quick, cpu_dry_run=args.cpu_dry_run, torch_settings=settings,
@@ -613,13 +613,7 @@ def main(argv=None):
     final_table(rows)
     print(f"wall time {time.perf_counter() - start:.0f} s" + (f"; results in {json_path}" if json_path else ""))
     if args.png:
-        try:
-            import plot_models
-
-            plot_models.plot(results, args.png)
-            print(f"plot in {args.png}")
-        except Exception as error:  # never lose the measurements to the plot
-            print(f"no plot: {type(error).__name__}: {error}")
+        plot_safely("plot_models", results, args.png)
     return 0
 
 
