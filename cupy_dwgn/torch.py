@@ -244,20 +244,16 @@ def _wrap_optional(t, device):
 
 
 def _int_pair(name, value, minimum):
-    if type(value) is int:
-        pair = (value, value)
-    else:
+    """The core's int-or-pair rule (and messages), also taking PyTorch's
+    one-element form (k,) and any sequence (torch.Size, list)."""
+    if type(value) is not int and not isinstance(value, str):
         try:
-            pair = tuple(value)
+            value = tuple(value)
         except TypeError:
-            pair = ()
-        if len(pair) == 1:
-            pair = pair * 2
-    if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in pair):
-        raise TypeError(f"{name}: expected an int or a pair of ints, got {value!r}")
-    if min(pair) < minimum:
-        raise ValueError(f"{name}: expected values >= {minimum}, got {value!r}")
-    return (int(pair[0]), int(pair[1]))
+            pass
+        else:
+            value = value * 2 if len(value) == 1 else value
+    return _validate.int_pair(name, value, minimum)
 
 
 def _explicit_padding(padding, kernel_size, stride, dilation):
