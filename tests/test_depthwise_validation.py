@@ -322,6 +322,7 @@ def test_gpu_op_rejects_arrays_on_different_devices():
     x = cupy.asarray(X)
     with cupy.cuda.Device(1):
         w = cupy.asarray(W)
+    assert (x.device.id, w.device.id) == (0, 1), "an earlier test left another device current"
     with pytest.raises(ValueError, match=r"weight: expected an array on device 0 \(the device of x\), got device 1"):
         cupy_dwgn.depthwise_conv2d(x, w, padding=1)
 

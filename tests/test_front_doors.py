@@ -224,6 +224,7 @@ def _gpu_message(message):
 @pytest.mark.parametrize("op, args, kwargs, error, pattern", CASES)
 def test_gpu_op_raises_the_same(op, args, kwargs, error, pattern):
     from_reference = _raised(lambda: getattr(reference, op)(*args, **kwargs))
-    from_gpu = _raised(lambda: getattr(cupy_dwgn, op)(*map(_as_cupy, args), **kwargs))
+    gpu_kwargs = {name: _as_cupy(value) for name, value in kwargs.items()}
+    from_gpu = _raised(lambda: getattr(cupy_dwgn, op)(*map(_as_cupy, args), **gpu_kwargs))
     assert type(from_gpu) is error, repr(from_gpu)
     assert str(from_gpu) == _gpu_message(str(from_reference))

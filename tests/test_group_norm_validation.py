@@ -255,6 +255,7 @@ def test_arrays_on_different_devices():
     x = cupy.zeros((1, 2, 4), F32)
     with cupy.cuda.Device(1):
         w = cupy.ones(4, F32)
+    assert (x.device.id, w.device.id) == (0, 1), "an earlier test left another device current"
     with pytest.raises(ValueError, match="weight: expected an array on device 0 .*got device 1"):
         gn.group_norm(x, 2, w)
     with cupy.cuda.Device(1):

@@ -34,10 +34,23 @@ F32 = numpy.dtype(numpy.float32)
 
 
 def _jax_gpus():
+    # Opening JAX's GPU backend leaves the last GPU's context current on this
+    # thread (XLA makes each device's context current as it opens it), so
+    # CuPy would put every later array of the test session on that GPU (seen
+    # on 2 GPUs: the device-mismatch tests of other files then ran on GPU 1
+    # only).  Put back the CUDA device that was current.
+    try:
+        from cupy.cuda import runtime
+        current = runtime.getDevice()
+    except Exception:  # no CuPy or no GPU: nothing to put back
+        runtime = None
     try:
         return jax.devices("gpu")
     except RuntimeError:  # no GPU backend (jax without the CUDA plugin, or no GPU)
         return []
+    finally:
+        if runtime is not None:
+            runtime.setDevice(current)
 
 
 JAX_GPUS = _jax_gpus()
