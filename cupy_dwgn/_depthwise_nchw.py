@@ -8,7 +8,7 @@ import functools
 
 import numpy
 
-from . import _compile, _dtypes, _launch, _workspace
+from . import _compile, _dtypes, _launch
 from ._launch import i32
 
 KERNEL_FILE = "depthwise_conv2d.cu"
@@ -155,7 +155,7 @@ def _geometry_args(g):
 
 
 @functools.lru_cache(maxsize=1024)
-def _forward_plan(g, dtype, index):
+def forward_plan(g, dtype, index):
     """Tiled kernel at stride 1 (specialized sizes), else the direct kernel."""
     if _use_tiled(g, dtype):
         return _tiled_plan(g, dtype, index, False)
@@ -167,7 +167,7 @@ def _forward_plan(g, dtype, index):
 
 
 @functools.lru_cache(maxsize=1024)
-def _backward_input_plan(g, dtype, index):
+def backward_input_plan(g, dtype, index):
     """Tiled kernel at stride 1 (specialized sizes), the phase kernel at
     stride 2 (specialized sizes, dilation 1), else the direct gather kernel.
     Returns (launch, whether it takes the forward's (src, weight, bias, dst)
@@ -189,7 +189,7 @@ def _backward_input_plan(g, dtype, index):
 
 
 @functools.lru_cache(maxsize=1024)
-def _backward_weight_plan(g, dtype, index):
+def backward_weight_plan(g, dtype, index):
     """Two passes: per-(channel, split) partial sums, then a split-order sum;
     returns the two launches and the (shape, dtype) of the partial sums."""
     out_channels = g.channels * g.multiplier
@@ -207,29 +207,6 @@ def _backward_weight_plan(g, dtype, index):
     )
     finalize = finalize_launch(dtype, out_channels, taps, num_splits, num_splits * taps, taps, 1)
     return partial, finalize, ((out_channels, num_splits, taps), _dtypes.accumulator_dtype(dtype))
-
-
-def forward(x, weight, bias, out, g):
-    _forward_plan(g, x.dtype, _launch.index_type(x.size, out.size))(
-        x, weight, _launch.pointer_or_null(bias), out
-    )
-
-
-def backward_input(grad_out, weight, out, g):
-    launch, takes_bias = _backward_input_plan(g, grad_out.dtype, _launch.index_type(grad_out.size, out.size))
-    if takes_bias:
-        launch(grad_out, weight, _launch.NULL, out)
-    else:
-        launch(grad_out, weight, out)
-
-
-def backward_weight(grad_out, x, out, g):
-    partial_launch, finalize, workspace = _backward_weight_plan(
-        g, x.dtype, _launch.index_type(grad_out.size, x.size)
-    )
-    (partial,) = _workspace.addresses(workspace)
-    partial_launch(grad_out, x, partial)
-    finalize(partial, out)
 
 
 @functools.lru_cache(maxsize=256)

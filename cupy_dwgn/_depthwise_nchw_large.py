@@ -193,29 +193,11 @@ def _dtype_name(dtype):
 
 
 def plan(g, dtype, backward):
-    """The Launch this path would use for ``g`` on the current device, or None."""
-    import cupy
-
-    return _plan(g, _dtype_name(dtype), backward, _shared_limit(cupy.cuda.Device().id))
-
-
-def forward(x, weight, bias, out, g):
-    """y = depthwise_conv2d(x, weight, bias) into ``out``; False if not served."""
+    """The Launch this path would use for ``g`` on the current device (the
+    forward kernel's arguments: src, weight, bias or NULL, dst), or None
+    when it does not serve ``g``."""
     if not served(g):
-        return False
-    launch = plan(g, x.dtype, False)
-    if launch is None:
-        return False
-    launch(x, weight, _launch.pointer_or_null(bias), out)
-    return True
+        return None
+    from cupy.cuda import runtime
 
-
-def backward_input(grad_out, weight, out, g):
-    """grad_in into ``out`` (written, not accumulated); False if not served."""
-    if not served(g):
-        return False
-    launch = plan(g, grad_out.dtype, True)
-    if launch is None:
-        return False
-    launch(grad_out, weight, _launch.NULL, out)
-    return True
+    return _plan(g, _dtype_name(dtype), backward, _shared_limit(runtime.getDevice()))

@@ -49,7 +49,7 @@ import functools
 
 import numpy
 
-from . import _compile, _depthwise_nchw, _dtypes, _launch, _workspace
+from . import _compile, _depthwise_nchw, _dtypes, _launch
 from ._launch import i32
 
 KERNEL_FILE = "depthwise_nchw_wgrad.cu"
@@ -241,14 +241,13 @@ def _plan_large(g, dtype):
 
 
 @functools.lru_cache(maxsize=512)
-def plan(g, dtype, index):
+def plan(g, dtype):
     """The launches for this signature (the partial kernel, then the finalize
-    when the sum is split), or None when neither kernel serves ``g``.
-
-    ``index`` (the caller's IndexT) does not change the plan: plane offsets
-    are 64-bit in these kernels.
+    when the sum is split), or None when neither kernel serves ``g``.  The
+    index type does not change the plan: plane offsets are 64-bit in these
+    kernels.  Arguments: partial (grad_out, x, partial sums or NULL, dst),
+    finalize (partial sums, dst).
     """
-    del index
     dtype = numpy.dtype(dtype)
     if (g.dilation_h, g.dilation_w) != (1, 1) or g.stride_h != g.stride_w or not _coordinates_fit(g):
         return None
@@ -261,23 +260,3 @@ def plan(g, dtype, index):
     if g.stride_h == 1 and g.filter_width >= _LARGE_MIN_WIDTH:
         return _plan_large(g, dtype)
     return None
-
-
-def backward_weight(grad_out, x, out, g):
-    """Launch the weight gradient into ``out`` (C*M, 1, KH, KW); False when
-    plan does not serve ``g`` (nothing launched)."""
-    launches = plan(g, x.dtype, _launch.index_type(grad_out.size, x.size))
-    if launches is None:
-        return False
-    partial_launch = launches[0]
-    if len(launches) == 1:
-        partial_launch(grad_out, x, _launch.NULL, out)
-        return True
-    splits = partial_launch.grid[1]
-    taps = g.filter_height * g.filter_width
-    (partial,) = _workspace.addresses(
-        ((g.channels * g.multiplier, splits, taps), _dtypes.accumulator_dtype(x.dtype))
-    )
-    partial_launch(grad_out, x, partial, out)
-    launches[1](partial, out)
-    return True

@@ -244,39 +244,3 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
             i32(direct_stores), i32(flat_elems),
         ),
     )
-
-
-def _alignment(array):
-    """The largest of 16, 8, 4, 2, 1 bytes that the array's address is aligned to."""
-    ptr = array.data.ptr
-    return min(16, ptr & -ptr) if ptr else 16
-
-
-def _current_device():
-    import cupy
-
-    return cupy.cuda.runtime.getDevice()
-
-
-def forward(x, weight, bias, out, g):
-    """Launch the window forward kernel; False when it does not serve ``g``."""
-    launch = plan(
-        g, x.dtype, False, _launch.index_type(x.size, out.size), _alignment(x), _alignment(out) == 16,
-        _current_device(),
-    )
-    if launch is None:
-        return False
-    launch(x, weight, _launch.pointer_or_null(bias), out)
-    return True
-
-
-def backward_input(grad_out, weight, out, g):
-    """Launch the window backward-input kernel (stride 1); False when it does not serve ``g``."""
-    launch = plan(
-        g, grad_out.dtype, True, _launch.index_type(grad_out.size, out.size), _alignment(grad_out),
-        _alignment(out) == 16, _current_device(),
-    )
-    if launch is None:
-        return False
-    launch(grad_out, weight, _launch.NULL, out)
-    return True

@@ -12,7 +12,7 @@ import math
 
 import numpy
 
-from . import _compile, _depthwise_nchw, _dtypes, _launch, _workspace
+from . import _compile, _depthwise_nchw, _dtypes, _launch
 from ._launch import i32
 
 KERNEL_FILE = "depthwise_nhwc.cu"
@@ -327,17 +327,9 @@ def _conv_launch(g, dtype, index, aligned, backward):
 #   most 32 vectors (BX), BY = 256 // BX items per step, ~2048 blocks each
 #   owning a contiguous item range.
 @functools.lru_cache(maxsize=1024)
-def _forward_plan(g, dtype, has_bias, index, aligned):
-    del has_bias  # bias is read per channel; it changes no launch parameter
+def forward_plan(g, dtype, index, aligned):
+    """The forward launches (src, weight, bias or NULL, dst)."""
     return (_conv_launch(g, dtype, index, aligned, backward=False),)
-
-
-def forward(x, weight, bias, out, g):
-    """y = depthwise_conv2d(x, weight, bias) on NHWC arrays, written to ``out``."""
-    index = _launch.index_type(x.size, out.size)
-    aligned = (x.data.ptr | out.data.ptr) % _VECTOR_BYTES == 0
-    for launch in _forward_plan(g, x.dtype, bias is not None, index, aligned):
-        launch(x, weight, _launch.pointer_or_null(bias), out)
 
 
 # Kernel per shape (backward-input); the plan is (Launch, whether it is the
@@ -349,7 +341,7 @@ def forward(x, weight, bias, out, g):
 #   stride / gcd(stride, dilation); weights staged in shared memory when the
 #   tile's KH*KW*M weights fit in 48 KB, read from global memory otherwise.
 @functools.lru_cache(maxsize=1024)
-def _backward_input_plan(g, dtype, index, aligned):
+def backward_input_plan(g, dtype, index, aligned):
     vector = _vector_ok(g.channels, g.multiplier, dtype, aligned)
     if vector and (g.stride_h, g.stride_w) == (1, 1):
         return _conv_launch(g, dtype, index, aligned, backward=True), True
@@ -374,17 +366,6 @@ def _backward_input_plan(g, dtype, index, aligned):
         KERNEL_FILE, _gather_expr(dtype, vec, index), (tiles, blocks_y), (bx, by),
         shared if staged else 0, scalars,
     ), False
-
-
-def backward_input(grad_out, weight, out, g):
-    """grad_in (NHWC) of depthwise_conv2d, written to ``out`` (never accumulated)."""
-    index = _launch.index_type(grad_out.size, out.size)
-    aligned = (grad_out.data.ptr | out.data.ptr) % _VECTOR_BYTES == 0
-    launch, conv_kernel = _backward_input_plan(g, grad_out.dtype, index, aligned)
-    if conv_kernel:  # the forward kernel's signature: (src, weight, bias, dst)
-        launch(grad_out, weight, _launch.NULL, out)
-    else:
-        launch(grad_out, weight, out)
 
 
 # Kernel and split per shape (backward-weight):
@@ -471,14 +452,15 @@ def _wgrad_tiled_launch(g, dtype, index, aligned):
 
 
 @functools.lru_cache(maxsize=1024)
-def _backward_weight_plan(g, dtype, index, aligned):
+def backward_weight_plan(g, dtype, index, aligned):
+    """((partial launch, finalize launch), (shape, dtype) of the partial sums)."""
     out_channels = g.channels * g.multiplier
     taps = g.filter_height * g.filter_width
     acc = _dtypes.accumulator_dtype(dtype)
     tiled = _wgrad_tiled_launch(g, dtype, index, aligned)
     if tiled is not None:
         partial, splits = tiled
-        return (partial, _finalize(dtype, out_channels, taps, splits)), (splits, taps, out_channels), acc
+        return (partial, _finalize(dtype, out_channels, taps, splits)), ((splits, taps, out_channels), acc)
     vec = _vec(dtype) if _vector_ok(g.channels, g.multiplier, dtype, aligned) else 1
     size = _template_size(g.filter_height, g.filter_width) if vec > 1 else (0, 0)
     tw, group_taps = _wgrad_tile(size, dtype, vec)
@@ -506,20 +488,9 @@ def _backward_weight_plan(g, dtype, index, aligned):
         KERNEL_FILE, _wgrad_expr(dtype, size, vec, index), (grid_x, splits), (bx, by),
         by * bx * vec * acc.itemsize, scalars,
     )
-    return (partial, _finalize(dtype, out_channels, taps, splits)), (splits, taps, out_channels), acc
+    return (partial, _finalize(dtype, out_channels, taps, splits)), ((splits, taps, out_channels), acc)
 
 
 def _finalize(dtype, out_channels, taps, splits):
     """The shared split-order sum over partial[split][tap][channel]."""
     return _depthwise_nchw.finalize_launch(dtype, out_channels, taps, splits, 1, taps * out_channels, out_channels)
-
-
-def backward_weight(grad_out, x, out, g):
-    """grad_weight (C*M, 1, KH, KW) of depthwise_conv2d on NHWC grad_out/x,
-    written to ``out``; deterministic (fixed-order sums, no atomics)."""
-    index = _launch.index_type(grad_out.size, x.size)
-    aligned = (grad_out.data.ptr | x.data.ptr) % _VECTOR_BYTES == 0
-    (partial_launch, finalize), workspace_shape, acc = _backward_weight_plan(g, x.dtype, index, aligned)
-    (partial,) = _workspace.addresses((workspace_shape, acc))
-    partial_launch(grad_out, x, partial)
-    finalize(partial, out)

@@ -14,7 +14,7 @@ import cupy
 import numpy
 from cupy import ndarray as _ndarray
 
-from . import _checks, _compile, _dtypes, _interop, _launch, _workspace
+from . import _checks, _compile, _dtypes, _interop, _launch
 from ._launch import i32
 
 KERNEL_FILE = "group_norm.cu"
@@ -136,7 +136,7 @@ def _geometry(batch, rows, channels, dtype, aligned):
 
 
 @functools.lru_cache(maxsize=1024)
-def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned, eps):
+def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps, aligned):
     name = _compile.name_expression
     index, t, acc_dtype, split, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
     rows_per_chunk, num_chunks, column_blocks = split
@@ -160,6 +160,42 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, ali
         (((batch, num_chunks, 2, channels), numpy.dtype(numpy.float64)), ((batch, 3, channels), acc_dtype)),
         ((batch, groups), acc_dtype),
     )
+
+
+# Argument tuples of the launches (positions the Steps refer to; the
+# workspace temporaries follow them):
+#   forward:  (x, weight or NULL, bias or NULL, y, mean, rstd), then the
+#             partial sums (6), coefficients (7), and mean / rstd (8, 9) when
+#             the caller did not ask for them
+#   backward: (grad_out, x, mean, rstd, weight or NULL, bias or NULL, grad_x,
+#             grad_weight or NULL, grad_bias or NULL), then the partial sums
+#             (9) and coefficients (10)
+
+def _forward_steps(plan, mean_temporary, rstd_temporary):
+    mean = 8 if mean_temporary else 4
+    rstd = 8 + mean_temporary if rstd_temporary else 5
+    return _launch.steps(
+        ((plan.first, (0, 6)), (plan.finalize, (6, 1, 2, mean, rstd, 7)), (plan.elementwise, (0, 7, 3))),
+        plan.temporaries + (plan.statistics,) * (mean_temporary + rstd_temporary),
+    )
+
+
+def _backward_steps(plan):
+    return _launch.steps(
+        ((plan.first, (0, 1, 2, 3, 4, 5, 9)), (plan.finalize, (9, 2, 3, 4, 5, 10, 7, 8)),
+         (plan.elementwise, (0, 1, 10, 6))),
+        plan.temporaries,
+    )
+
+
+class _Entry(typing.NamedTuple):
+    """A checked call signature: (N, S, C, num_groups), the plan builder's
+    arguments but the alignment, and the resolved Steps per alignment key."""
+
+    shape: tuple
+    plan_args: tuple
+    steps: dict
+    separate: list  # _interop.outputs_separate_memo's slot
 
 
 @functools.lru_cache(maxsize=1024)
@@ -265,15 +301,15 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
 def _forward_cached(x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats):
     """The call through the signature cache, or _MISS."""
     try:
-        shape = _SIGNATURES[
+        entry = _SIGNATURES[
             ("fwd", _interop.signature(x), num_groups, _interop.signature(weight), _interop.signature(bias), eps, activation, _interop.signature(out),
              _interop.signature(mean_out), _interop.signature(rstd_out), type(num_groups), type(eps))
         ]
     except (KeyError, TypeError):  # a new signature, or an unhashable argument
         return _MISS
-    if not _interop.outputs_separate((out, mean_out, rstd_out), (x, weight, bias), x):
+    if not _interop.outputs_separate_memo(entry.separate, (out, mean_out, rstd_out), (x, weight, bias), x):
         return _MISS
-    return _interop.on_device(x, _forward, x, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats, shape)
+    return _interop.on_device(x, _forward, x, weight, bias, out, mean_out, rstd_out, return_stats, entry)
 
 
 def _forward_checked(x, weight, bias, out, mean_out, rstd_out, num_groups, eps, activation, return_stats):
@@ -281,41 +317,36 @@ def _forward_checked(x, weight, bias, out, mean_out, rstd_out, num_groups, eps, 
     if result is not _MISS:  # e.g. torch tensors, now viewed as cupy arrays
         return result
     shape = check_forward_args(x, num_groups, weight, bias, eps, activation, out, mean_out=mean_out, rstd_out=rstd_out)
+    entry = _Entry(shape, (*shape, x.dtype, _affine_dtype(weight, bias, x), activation, eps), {}, [None])
     _interop.remember(_SIGNATURES, 
         ("fwd", _interop.signature(x), num_groups, _interop.signature(weight), _interop.signature(bias), eps, activation, _interop.signature(out), _interop.signature(mean_out),
          _interop.signature(rstd_out), type(num_groups), type(eps)),
-        shape,
+        entry,
     )
-    return _interop.on_device(x, _forward, x, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats, shape)
+    return _interop.on_device(x, _forward, x, weight, bias, out, mean_out, rstd_out, return_stats, entry)
 
 
-def _forward(x, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats, shape):
-    batch, rows, channels, groups = shape
+def _forward(x, weight, bias, out, mean_out, rstd_out, return_stats, entry):
     y = cupy.empty(x.shape, dtype=x.dtype) if out is None else out
+    if return_stats:  # the statistics: (N, num_groups) of the accumulator dtype
+        stats_shape, stats_dtype = entry.shape[::3], _dtypes.accumulator_dtype(x.dtype)
+        mean = cupy.empty(stats_shape, stats_dtype) if mean_out is None else mean_out
+        rstd = cupy.empty(stats_shape, stats_dtype) if rstd_out is None else rstd_out
+    else:  # statistics nobody asked for are workspace temporaries
+        mean, rstd = mean_out, rstd_out
     if x.size == 0:
-        acc_dtype = _dtypes.accumulator_dtype(x.dtype)
-        mean = cupy.empty((batch, groups), dtype=acc_dtype) if mean_out is None else mean_out
-        rstd = cupy.empty((batch, groups), dtype=acc_dtype) if rstd_out is None else rstd_out
-        mean.fill(numpy.nan)  # mean of nothing (a no-op when N == 0)
-        rstd.fill(numpy.nan)
+        for stat in (mean, rstd):
+            if stat is not None:
+                stat.fill(numpy.nan)  # mean of nothing (a no-op when N == 0)
         return (y, mean, rstd) if return_stats else y
-    plan = _forward_plan(
-        batch, rows, channels, groups, x.dtype, _affine_dtype(weight, bias, x), activation,
-        (x.data.ptr | y.data.ptr) % 16 == 0, eps,
-    )
-    if return_stats:
-        mean = cupy.empty(*plan.statistics) if mean_out is None else mean_out
-        rstd = cupy.empty(*plan.statistics) if rstd_out is None else rstd_out
-        partial, coefficients = _workspace.addresses(*plan.temporaries)
-    else:
-        # Statistics nobody asked for are temporaries too.
-        partial, coefficients, mean, rstd = _workspace.addresses(*plan.temporaries, plan.statistics, plan.statistics)
-        mean = mean if mean_out is None else mean_out
-        rstd = rstd if rstd_out is None else rstd_out
-    weight_ptr, bias_ptr = _launch.pointer_or_null(weight), _launch.pointer_or_null(bias)
-    plan.first(x, partial)
-    plan.finalize(partial, weight_ptr, bias_ptr, mean, rstd, coefficients)
-    plan.elementwise(x, coefficients, y)
+    key = ((x.data.ptr | y.data.ptr) & 15, mean is None, rstd is None)
+    steps = entry.steps.get(key)
+    if steps is None:
+        plan = _forward_plan(*entry.plan_args, (x.data.ptr | y.data.ptr) % 16 == 0)
+        steps = entry.steps[key] = _forward_steps(plan, mean is None, rstd is None)
+    null = _launch.NULL
+    _launch.run(steps, (x, null if weight is None else weight, null if bias is None else bias,
+                        y, null if mean is None else mean, null if rstd is None else rstd))
     return (y, mean, rstd) if return_stats else y
 
 
@@ -361,16 +392,18 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
 
 def _backward_cached(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, num_groups, activation):
     try:
-        shape = _SIGNATURES[
+        entry = _SIGNATURES[
             ("bwd", _interop.signature(grad_out), _interop.signature(x), _interop.signature(mean), _interop.signature(rstd), num_groups, _interop.signature(weight), _interop.signature(bias),
              activation, _interop.signature(out), _interop.signature(grad_weight_out), _interop.signature(grad_bias_out), type(num_groups))
         ]
     except (KeyError, TypeError):
         return _MISS
-    if not _interop.outputs_separate((out, grad_weight_out, grad_bias_out), (grad_out, x, mean, rstd, weight, bias)):
+    if not _interop.outputs_separate_memo(
+        entry.separate, (out, grad_weight_out, grad_bias_out), (grad_out, x, mean, rstd, weight, bias)
+    ):
         return _MISS
     return _interop.on_device(
-        x, _backward, grad_out, x, mean, rstd, weight, bias, activation, out, grad_weight_out, grad_bias_out, shape
+        x, _backward, grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, entry
     )
 
 
@@ -384,19 +417,20 @@ def _backward_checked(grad_out, x, mean, rstd, weight, bias, out, grad_weight_ou
         grad_out, x, mean, rstd, num_groups, weight, bias, activation, out=out,
         grad_weight_out=grad_weight_out, grad_bias_out=grad_bias_out,
     )
+    entry = _Entry(shape, (*shape, x.dtype, _affine_dtype(weight, bias, x), activation), {}, [None])
     _interop.remember(_SIGNATURES, 
         ("bwd", _interop.signature(grad_out), _interop.signature(x), _interop.signature(mean), _interop.signature(rstd), num_groups, _interop.signature(weight), _interop.signature(bias), activation,
          _interop.signature(out), _interop.signature(grad_weight_out), _interop.signature(grad_bias_out), type(num_groups)),
-        shape,
+        entry,
     )
     return _interop.on_device(
-        x, _backward, grad_out, x, mean, rstd, weight, bias, activation, out, grad_weight_out, grad_bias_out, shape
+        x, _backward, grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, entry
     )
 
 
-def _backward(grad_out, x, mean, rstd, weight, bias, activation, out, grad_weight_out, grad_bias_out, shape):
-    batch, rows, channels, groups = shape
-    w_dtype = _affine_dtype(weight, bias, x)
+def _backward(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, entry):
+    channels = entry.shape[2]
+    w_dtype = entry.plan_args[5]
     grad_in = cupy.empty(x.shape, dtype=x.dtype) if out is None else out
     grad_weight = grad_bias = None
     if weight is not None:
@@ -408,17 +442,15 @@ def _backward(grad_out, x, mean, rstd, weight, bias, activation, out, grad_weigh
             if g is not None:
                 g.fill(0)
         return grad_in, grad_weight, grad_bias
-    plan = _backward_plan(
-        batch, rows, channels, groups, x.dtype, w_dtype, activation, (x.data.ptr | grad_out.data.ptr | grad_in.data.ptr) % 16 == 0
-    )
-    partial, coefficients = _workspace.addresses(*plan.temporaries)
-    weight_ptr, bias_ptr = _launch.pointer_or_null(weight), _launch.pointer_or_null(bias)
-    plan.first(grad_out, x, mean, rstd, weight_ptr, bias_ptr, partial)
-    plan.finalize(
-        partial, mean, rstd, weight_ptr, bias_ptr, coefficients,
-        _launch.pointer_or_null(grad_weight), _launch.pointer_or_null(grad_bias),
-    )
-    plan.elementwise(grad_out, x, coefficients, grad_in)
+    alignment = (x.data.ptr | grad_out.data.ptr | grad_in.data.ptr) & 15
+    steps = entry.steps.get(alignment)
+    if steps is None:
+        steps = entry.steps[alignment] = _backward_steps(_backward_plan(*entry.plan_args, alignment == 0))
+    null = _launch.NULL
+    _launch.run(steps, (
+        grad_out, x, mean, rstd, null if weight is None else weight, null if bias is None else bias, grad_in,
+        null if grad_weight is None else grad_weight, null if grad_bias is None else grad_bias,
+    ))
     return grad_in, grad_weight, grad_bias
 
 
@@ -427,14 +459,6 @@ def _backward(grad_out, x, mean, rstd, weight, bias, activation, out, grad_weigh
 # that its outputs do not overlap the inputs or each other.
 _SIGNATURES = {}
 _MISS = _interop.MISS
-
-
-
-
-
-
-
-
 
 
 # ---------------------------------------------------------------------------

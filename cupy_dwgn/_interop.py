@@ -71,6 +71,20 @@ def remember(cache, key, value):
     except TypeError:
         pass
 
+def outputs_separate_memo(memo, outputs, inputs, in_place_ok=None):
+    """:func:`outputs_separate`, remembered for the last addresses it passed:
+    ``memo`` is a one-item list kept with one call signature, whose sizes
+    are fixed, so the same addresses give the same answer (a loop that
+    reuses its output buffers checks them once)."""
+    addresses = tuple([None if a is None else a.data.ptr for a in outputs + inputs])
+    if memo[0] == addresses:
+        return True
+    if not outputs_separate(outputs, inputs, in_place_ok):
+        return False
+    memo[0] = addresses
+    return True
+
+
 def outputs_separate(outputs, inputs, in_place_ok=None):
     """No given output overlaps an input or another output (the first output
     may be exactly ``in_place_ok``); False sends the call to the checked

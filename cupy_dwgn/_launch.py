@@ -1,8 +1,10 @@
 """Launch helpers shared by the ops: grid sizes, index type, typed scalars."""
 
 import ctypes
+import operator
 import struct
 import threading
+import typing
 
 import numpy
 
@@ -50,10 +52,6 @@ def check_plane_size(name, plane_size):
         )
 
 
-def pointer_or_null(array):
-    return NULL if array is None else array
-
-
 #: Dynamic shared memory any kernel may use without opting in.
 _DEFAULT_SHARED = 48 * 1024
 
@@ -80,7 +78,7 @@ class Launch:
 
     __slots__ = (
         "file", "expression", "grid", "block", "shared_mem", "scalars",
-        "_kernels", "_buffer", "_extra", "_lock",
+        "_kernels", "_buffer", "_extra", "_lock", "_dims",
     )
 
     def __init__(self, file, expression, grid, block, shared_mem=0, scalars=()):
@@ -93,6 +91,8 @@ class Launch:
         self._kernels = {}  # device id -> kernel address
         self._buffer = None
         self._lock = threading.Lock()
+        # cuLaunchKernel's grid, block and shared-memory arguments, in order.
+        self._dims = (*self.grid, *self.block, self.shared_mem)
 
     def _kernel(self, device):
         """The kernel's CUfunction address on ``device`` (compiled or loaded on first use)."""
@@ -130,29 +130,71 @@ class Launch:
     def __call__(self, *arrays):
         if _runtime is None:
             _import_cuda()
-        device = _runtime.getDevice()
+        self.launch(_runtime.getDevice(), _cupy.cuda.get_current_stream().ptr, arrays)
+
+    def launch(self, device, stream, arrays):
+        """Launch on ``device`` (the current one) and ``stream`` (an address)
+        with ``arrays`` as the array arguments (see the class docstring)."""
+        self.launch_addresses(
+            device, stream, [a if type(a) is int else a.data.ptr if type(a) is _ndarray else _address(a) for a in arrays]
+        )
+
+    def launch_addresses(self, device, stream, addresses):
+        """:meth:`launch` with the array arguments given as device addresses (ints)."""
         kernel = self._kernels.get(device) or self._kernel(device)
         packed = self._buffer
-        if packed is None or packed[3] != len(arrays):
-            self._pack(len(arrays))
+        if packed is None or packed[3] != len(addresses):
+            self._pack(len(addresses))
             packed = self._buffer
-        addresses = [a if type(a) is int else a.data.ptr if type(a) is _ndarray else _address(a) for a in arrays]
-        stream = _cupy.cuda.get_current_stream().ptr
-        grid, block = self.grid, self.block
         # The buffer is shared by every caller of this plan: write and launch
         # as one step (cuLaunchKernel copies the arguments before returning).
         with self._lock:
             packed[4].pack_into(packed[0], 0, *addresses)
-            _driver.launchKernel(
-                kernel, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                self.shared_mem, stream, 0, self._extra,
-            )
+            _driver.launchKernel(kernel, *self._dims, stream, 0, self._extra)
 
     def __repr__(self):
         return (
             f"Launch({self.expression}, grid={self.grid}, block={self.block}, "
             f"shared_mem={self.shared_mem})"
         )
+
+
+class Steps(typing.NamedTuple):
+    """One call's work, resolved once per call signature (and pointer
+    alignment): its launches, each with a picker of its array arguments from
+    the call's argument addresses, and the temporaries, ``(shape, dtype)``
+    each, whose workspace addresses are appended to those in order.
+
+    An op builds its argument tuple (inputs, outputs, NULL for absent ones)
+    and hands it to :func:`run`, which reads the device and stream once for
+    all the launches."""
+
+    launches: tuple = ()  # ((Launch, argument picker), ...): see steps()
+    temporaries: tuple = ()  # ((shape, dtype), ...)
+
+
+def steps(launches, temporaries=()):
+    """Steps from ``((Launch, (argument position, ...)), ...)``: each launch
+    gets an itemgetter of its arguments' addresses (one C call per launch)."""
+    return Steps(
+        tuple((launch, operator.itemgetter(*positions)) for launch, positions in launches),
+        tuple(temporaries),
+    )
+
+
+def run(steps, arguments):
+    """Launch ``steps`` (a :class:`Steps`) on the current device and CuPy
+    stream with ``arguments``: cupy arrays and raw addresses (NULL for an
+    absent array)."""
+    if _runtime is None:
+        _import_cuda()
+    device = _runtime.getDevice()
+    stream = _cupy.cuda.get_current_stream().ptr
+    addresses = [a if type(a) is int else a.data.ptr for a in arguments]
+    if steps.temporaries:
+        addresses += _workspace.addresses_on(device, stream, steps.temporaries)
+    for launch, pick in steps.launches:
+        launch.launch_addresses(device, stream, pick(addresses))
 
 
 def _address(array):
@@ -164,12 +206,14 @@ def _address(array):
 
 # CuPy is imported on the first launch: the references and the CLI import
 # this module on machines without it.
-_cupy = _driver = _runtime = _ndarray = None
+_cupy = _driver = _runtime = _ndarray = _workspace = None
 
 
 def _import_cuda():
-    global _cupy, _driver, _runtime, _ndarray
+    global _cupy, _driver, _runtime, _ndarray, _workspace
     import cupy
     from cupy_backends.cuda.api import driver, runtime
 
-    _cupy, _driver, _runtime, _ndarray = cupy, driver, runtime, cupy.ndarray
+    from . import _workspace as workspace
+
+    _cupy, _driver, _runtime, _ndarray, _workspace = cupy, driver, runtime, cupy.ndarray, workspace

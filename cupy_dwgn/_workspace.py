@@ -36,8 +36,14 @@ def addresses(*requests):
     carved from the current device and stream's buffer (grown if needed).
     The bytes are uninitialized and stay valid until the next call on the
     same stream takes temporaries."""
+    return addresses_on(_runtime.getDevice(), _cupy.cuda.get_current_stream().ptr, requests)
+
+
+def addresses_on(device, stream, requests):
+    """:func:`addresses` for a tuple of requests on a known device and
+    stream (address), which must be the current ones."""
     offsets, total = _layout(requests)
-    key = (_runtime.getDevice(), _cupy.cuda.get_current_stream().ptr)
+    key = (device, stream)
     buffer = _BUFFERS.get(key)
     if buffer is None or buffer.nbytes < total:
         buffer = _grow(key, buffer, total)

@@ -13,8 +13,12 @@ kernel does not serve the geometry), in this order:
 * NHWC:           the channel-vector kernels of _depthwise_nhwc (all shapes)
 """
 
+import typing
+
 from . import (
     _checks,
+    _dtypes,
+    _launch,
     _depthwise_nchw,
     _depthwise_nchw_large,
     _depthwise_nchw_wgrad,
@@ -121,15 +125,15 @@ def _forward_cached(x, weight, bias, out, stride, padding, dilation, layout):
     """The call through the signature cache, or _MISS (new signature,
     unhashable argument, or an out that needs the full checks)."""
     try:
-        g, out_shape = _SIGNATURES[
+        entry = _SIGNATURES[
             ("fwd", _interop.signature(x), _interop.signature(weight), _interop.signature(bias), _interop.signature(out), stride, padding, dilation, layout,
              type(stride), type(dilation))
         ]
     except (KeyError, TypeError):
         return _MISS
-    if out is not None and not _interop.outputs_separate((out,), (x, weight, bias)):
+    if out is not None and not _interop.outputs_separate_memo(entry.separate, (out,), (x, weight, bias)):
         return _MISS
-    return _interop.on_device(x, _forward, x, weight, bias, out, g, out_shape, layout)
+    return _interop.on_device(x, _forward, x, weight, bias, out, entry)
 
 
 def _forward_checked(x, weight, bias, out, stride, padding, dilation, layout):
@@ -140,26 +144,20 @@ def _forward_checked(x, weight, bias, out, stride, padding, dilation, layout):
         result = _forward_checked(_as_nhwc(x, "x"), weight, bias, _as_nhwc(out, "out"), stride, padding, dilation, "NHWC")
         return _as_nchw(result) if out is None else out
     g = check_forward_args(x, weight, bias, stride, padding, dilation, layout, out)
-    out_shape = _validate.layout_shape(layout, g.batch, g.channels * g.multiplier, g.out_height, g.out_width)
+    entry = _Entry(g, layout, _validate.layout_shape(layout, g.batch, g.channels * g.multiplier, g.out_height, g.out_width), {}, [None])
     _interop.remember(_SIGNATURES, 
         ("fwd", _interop.signature(x), _interop.signature(weight), _interop.signature(bias), _interop.signature(out), stride, padding, dilation, layout,
          type(stride), type(dilation)),
-        (g, out_shape),
+        entry,
     )
-    return _interop.on_device(x, _forward, x, weight, bias, out, g, out_shape, layout)
+    return _interop.on_device(x, _forward, x, weight, bias, out, entry)
 
 
-def _forward(x, weight, bias, out, g, out_shape, layout):
-    out = _validate.empty_unless_given(out, out_shape, x.dtype)
-    if out.size == 0:
-        return out
-    if layout == "NHWC":
-        _depthwise_nhwc.forward(x, weight, bias, out, g)
-    elif not (
-        _depthwise_nchw_large.forward(x, weight, bias, out, g)
-        or _depthwise_nchw_window.forward(x, weight, bias, out, g)
-    ):
-        _depthwise_nchw.forward(x, weight, bias, out, g)
+def _forward(x, weight, bias, out, entry):
+    out = _validate.empty_unless_given(out, entry.out_shape, x.dtype)
+    if out.size:
+        steps = _steps(entry, _forward_steps, x, out)
+        _launch.run(steps, (x, weight, _launch.NULL if bias is None else bias, out))
     return out
 
 
@@ -203,15 +201,15 @@ def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, 
 
 def _backward_input_cached(grad_out, weight, out, input_shape, stride, padding, dilation, layout):
     try:
-        g = _SIGNATURES[
+        entry = _SIGNATURES[
             ("bwd_input", _interop.signature(grad_out), _interop.signature(weight), input_shape, _interop.signature(out), stride, padding, dilation,
              layout, type(stride), type(dilation))
         ]
     except (KeyError, TypeError):
         return _MISS
-    if out is not None and not _interop.outputs_separate((out,), (grad_out, weight)):
+    if out is not None and not _interop.outputs_separate_memo(entry.separate, (out,), (grad_out, weight)):
         return _MISS
-    return _interop.on_device(grad_out, _backward_input, grad_out, weight, out, g, layout)
+    return _interop.on_device(grad_out, _backward_input, grad_out, weight, out, entry)
 
 
 def _backward_input_checked(grad_out, weight, out, input_shape, stride, padding, dilation, layout):
@@ -226,26 +224,19 @@ def _backward_input_checked(grad_out, weight, out, input_shape, stride, padding,
         )
         return _as_nchw(result) if out is None else out
     g = check_backward_input_args(grad_out, weight, input_shape, stride, padding, dilation, layout, out)
+    entry = _Entry(g, layout, _validate.layout_shape(layout, g.batch, g.channels, g.height, g.width), {}, [None])
     _interop.remember(_SIGNATURES, 
         ("bwd_input", _interop.signature(grad_out), _interop.signature(weight), input_shape, _interop.signature(out), stride, padding, dilation, layout,
          type(stride), type(dilation)),
-        g,
+        entry,
     )
-    return _interop.on_device(grad_out, _backward_input, grad_out, weight, out, g, layout)
+    return _interop.on_device(grad_out, _backward_input, grad_out, weight, out, entry)
 
 
-def _backward_input(grad_out, weight, out, g, layout):
-    shape = _validate.layout_shape(layout, g.batch, g.channels, g.height, g.width)
-    out = _validate.empty_unless_given(out, shape, grad_out.dtype)
-    if out.size == 0:
-        return out
-    if layout == "NHWC":
-        _depthwise_nhwc.backward_input(grad_out, weight, out, g)
-    elif not (
-        _depthwise_nchw_large.backward_input(grad_out, weight, out, g)
-        or _depthwise_nchw_window.backward_input(grad_out, weight, out, g)
-    ):
-        _depthwise_nchw.backward_input(grad_out, weight, out, g)
+def _backward_input(grad_out, weight, out, entry):
+    out = _validate.empty_unless_given(out, entry.out_shape, grad_out.dtype)
+    if out.size:
+        _launch.run(_steps(entry, _backward_input_steps, grad_out, out), (grad_out, weight, _launch.NULL, out))
     return out
 
 
@@ -292,15 +283,15 @@ def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, pad
 
 def _backward_weight_cached(grad_out, x, out, weight_shape, stride, padding, dilation, layout):
     try:
-        g = _SIGNATURES[
+        entry = _SIGNATURES[
             ("bwd_weight", _interop.signature(grad_out), _interop.signature(x), weight_shape, _interop.signature(out), stride, padding, dilation,
              layout, type(stride), type(dilation))
         ]
     except (KeyError, TypeError):
         return _MISS
-    if out is not None and not _interop.outputs_separate((out,), (grad_out, x)):
+    if out is not None and not _interop.outputs_separate_memo(entry.separate, (out,), (grad_out, x)):
         return _MISS
-    return _interop.on_device(x, _backward_weight, grad_out, x, out, g, layout)
+    return _interop.on_device(x, _backward_weight, grad_out, x, out, entry)
 
 
 def _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, dilation, layout):
@@ -311,27 +302,116 @@ def _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, di
         grad_out, x = _as_nhwc(grad_out, "grad_out"), _as_nhwc(x, "x")
         return _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, dilation, "NHWC")
     g = check_backward_weight_args(grad_out, x, weight_shape, stride, padding, dilation, layout, out)
+    entry = _Entry(g, layout, (g.channels * g.multiplier, 1, g.filter_height, g.filter_width), {}, [None])
     _interop.remember(_SIGNATURES, 
         ("bwd_weight", _interop.signature(grad_out), _interop.signature(x), weight_shape, _interop.signature(out), stride, padding, dilation, layout,
          type(stride), type(dilation)),
-        g,
+        entry,
     )
-    return _interop.on_device(x, _backward_weight, grad_out, x, out, g, layout)
+    return _interop.on_device(x, _backward_weight, grad_out, x, out, entry)
 
 
-def _backward_weight(grad_out, x, out, g, layout):
-    shape = (g.channels * g.multiplier, 1, g.filter_height, g.filter_width)
-    out = _validate.empty_unless_given(out, shape, x.dtype)
+def _backward_weight(grad_out, x, out, entry):
+    out = _validate.empty_unless_given(out, entry.out_shape, x.dtype)
     if out.size == 0:
         return out
     if grad_out.size == 0 or x.size == 0:
         out.fill(0)  # no output positions (or an empty input): every tap sums nothing
         return out
-    if layout == "NHWC":
-        _depthwise_nhwc.backward_weight(grad_out, x, out, g)
-    elif not _depthwise_nchw_wgrad.backward_weight(grad_out, x, out, g):
-        _depthwise_nchw.backward_weight(grad_out, x, out, g)
+    _launch.run(_steps(entry, _backward_weight_steps, grad_out, x), (grad_out, x, _launch.NULL, out))
     return out
+
+
+# ---------------------------------------------------------------------------
+# Kernel choice.  A call signature that passed the checks maps to an _Entry;
+# its Steps (the launches and their argument positions, see _launch.Steps)
+# are resolved on the first call with a given pointer alignment of the two
+# arrays the vector kernels care about, then reused, so a repeated call goes
+# from the signature lookup straight to its launches.
+#
+# Argument tuples (positions the Steps refer to; temporaries follow them):
+#   forward:          (x, weight, bias or NULL, out)
+#   backward-input:   (grad_out, weight, NULL, out)   (NULL: the forward kernels' bias slot)
+#   backward-weight:  (grad_out, x, NULL, out), then the partial sums at 4
+
+class _Entry(typing.NamedTuple):
+    geometry: _validate.ConvGeometry
+    layout: str
+    out_shape: tuple
+    steps: dict  # (first address % 16, second address % 16) -> _launch.Steps
+    separate: list  # _interop.outputs_separate_memo's slot
+
+
+_ALL4 = (0, 1, 2, 3)
+_NO_BIAS = (0, 1, 3)
+
+
+def _steps(entry, resolve, first, second):
+    """The entry's Steps for the alignment of ``first`` and ``second``."""
+    alignment = (first.data.ptr & 15, second.data.ptr & 15)
+    steps = entry.steps.get(alignment)
+    if steps is None:
+        steps = entry.steps[alignment] = resolve(entry.geometry, entry.layout, first, second)
+    return steps
+
+
+def _alignment(array):
+    """The largest of 16, 8, 4, 2, 1 bytes that the array's address is aligned to."""
+    ptr = array.data.ptr
+    return min(16, ptr & -ptr) if ptr else 16
+
+
+def _vector_aligned(a, b):
+    return (a.data.ptr | b.data.ptr) % 16 == 0
+
+
+def _forward_steps(g, layout, x, out):
+    index = _launch.index_type(x.size, out.size)
+    if layout == "NHWC":
+        launches = _depthwise_nhwc.forward_plan(g, x.dtype, index, _vector_aligned(x, out))
+    else:
+        launch = (
+            _depthwise_nchw_large.plan(g, x.dtype, False)
+            or _depthwise_nchw_window.plan(g, x.dtype, False, index, _alignment(x), _alignment(out) == 16,
+                                           _runtime.getDevice())
+            or _depthwise_nchw.forward_plan(g, x.dtype, index)
+        )
+        launches = (launch,)
+    return _launch.steps(tuple((launch, _ALL4) for launch in launches))
+
+
+def _backward_input_steps(g, layout, grad_out, out):
+    index = _launch.index_type(grad_out.size, out.size)
+    if layout == "NHWC":
+        # The stride-1 vector case runs the forward kernel (bias slot: NULL).
+        launch, forward_kernel = _depthwise_nhwc.backward_input_plan(g, grad_out.dtype, index, _vector_aligned(grad_out, out))
+    else:
+        launch = (
+            _depthwise_nchw_large.plan(g, grad_out.dtype, True)
+            or _depthwise_nchw_window.plan(g, grad_out.dtype, True, index, _alignment(grad_out),
+                                           _alignment(out) == 16, _runtime.getDevice())
+        )
+        forward_kernel = launch is not None
+        if launch is None:
+            launch, forward_kernel = _depthwise_nchw.backward_input_plan(g, grad_out.dtype, index)
+    return _launch.steps(((launch, _ALL4 if forward_kernel else _NO_BIAS),))
+
+
+def _backward_weight_steps(g, layout, grad_out, x):
+    index = _launch.index_type(grad_out.size, x.size)
+    if layout == "NHWC":
+        (partial, finalize), temporary = _depthwise_nhwc.backward_weight_plan(g, x.dtype, index, _vector_aligned(grad_out, x))
+        return _launch.steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
+    launches = _depthwise_nchw_wgrad.plan(g, x.dtype)
+    if launches is not None:
+        if len(launches) == 1:  # one pass: no partial sums
+            return _launch.steps(((launches[0], _ALL4),))
+        partial, finalize = launches
+        temporary = ((g.channels * g.multiplier, partial.grid[1], g.filter_height * g.filter_width),
+                     _dtypes.accumulator_dtype(x.dtype))
+        return _launch.steps(((partial, (0, 1, 4, 3)), (finalize, (4, 3))), (temporary,))
+    partial, finalize, temporary = _depthwise_nchw.backward_weight_plan(g, x.dtype, index)
+    return _launch.steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
 
 
 # Call-signature cache (see _interop): a signature that passed the full checks
@@ -340,14 +420,6 @@ def _backward_weight(grad_out, x, out, g, layout):
 # otherwise hit the entry of 1).
 _SIGNATURES = {}
 _MISS = _interop.MISS  # what a *_cached function returns when the call needs the checks
-
-
-
-
-
-
-
-
 
 
 def _channels_last_nchw(layout, array):

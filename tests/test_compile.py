@@ -117,9 +117,9 @@ def test_group_norm_plans_launch_only_shipped_specializations(plan_name):
         (3, 7, 5, 5, numpy.float64, numpy.float64, "gelu_tanh", True),
         (1, 2**22, 1024, 32, numpy.float16, numpy.float16, "relu", True),  # 2**32 elements
     ]
-    extra = (1e-5,) if plan_name == "_forward_plan" else ()  # the forward plan carries eps
+    eps = (1e-5,) if plan_name == "_forward_plan" else ()  # the forward plan carries eps
     for n, s, c, g, dtype, w_dtype, activation, aligned in signatures:
-        args = (n, s, c, g, numpy.dtype(dtype), numpy.dtype(w_dtype), activation, aligned) + extra
+        args = (n, s, c, g, numpy.dtype(dtype), numpy.dtype(w_dtype), activation, *eps, aligned)
         plan = make_plan(*args)
         expressions = [launch.expression for launch in (plan.first, plan.finalize, plan.elementwise)]
         assert set(expressions) <= shipped, expressions
@@ -129,8 +129,9 @@ def test_group_norm_plans_launch_only_shipped_specializations(plan_name):
         assert make_plan(*args) is plan
 
 
-# Depthwise plans that need no GPU to build (the NHWC family and the NCHW
-# weight gradient; the window and large-filter plans read the device): every
+# Depthwise plans that need no GPU to build (the NHWC family, the NCHW
+# tiled/direct kernels and weight gradients; the window and large-filter
+# plans read the device): every
 # kernel a plan launches must be one precompile() builds and the NVRTC test
 # above checks, in every dtype, for both index widths and alignments.
 _DEPTHWISE_GEOMETRIES = [
@@ -150,6 +151,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
     import numpy
 
     from _helpers import DTYPES
+    from cupy_dwgn import _depthwise_nchw as nchw
     from cupy_dwgn import _depthwise_nchw_wgrad as nchw_wgrad
     from cupy_dwgn import _depthwise_nhwc as nhwc
     from cupy_dwgn import _validate
@@ -162,10 +164,13 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
         for index in ("int", "long long"):
             launches = []
             for aligned in (True, False):
-                launches += nhwc._forward_plan(g, dtype, True, index, aligned)
-                launches.append(nhwc._backward_input_plan(g, dtype, index, aligned)[0])
-                launches += nhwc._backward_weight_plan(g, dtype, index, aligned)[0]
-            launches += nchw_wgrad.plan(g, dtype, index) or []
+                launches += nhwc.forward_plan(g, dtype, index, aligned)
+                launches.append(nhwc.backward_input_plan(g, dtype, index, aligned)[0])
+                launches += nhwc.backward_weight_plan(g, dtype, index, aligned)[0]
+            launches.append(nchw.forward_plan(g, dtype, index))
+            launches.append(nchw.backward_input_plan(g, dtype, index)[0])
+            launches += nchw.backward_weight_plan(g, dtype, index)[:2]
+            launches += nchw_wgrad.plan(g, dtype) or []
             for launch in launches:
                 assert (launch.file, launch.expression) in shipped, launch
                 assert all(v > 0 for v in launch.grid + launch.block), launch

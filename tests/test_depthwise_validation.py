@@ -355,6 +355,29 @@ def test_gpu_op_rejects_out_overlapping_an_input():
 
 
 @pytest.mark.gpu
+def test_overlap_is_caught_after_a_separate_out_of_the_same_signature():
+    # The fast path remembers the last addresses that passed the overlap
+    # check; other addresses with the same shapes must be checked again.
+    import cupy
+
+    import cupy_dwgn
+
+    x = cupy.zeros((2, 3, 8, 8), cupy.float32)
+    w = cupy.asarray(W)
+    separate = cupy.empty_like(x)
+    for _ in range(2):
+        cupy_dwgn.depthwise_conv2d(x, w, padding=1, out=separate)
+    with pytest.raises(ValueError, match=r"out: expected memory separate from x, got an overlapping array"):
+        cupy_dwgn.depthwise_conv2d(x, w, padding=1, out=x)
+    cupy_dwgn.depthwise_conv2d(x, w, padding=1, out=separate)
+    y, mean, rstd = cupy_dwgn.group_norm(x, 3, return_stats=True)
+    for _ in range(2):
+        cupy_dwgn.group_norm(x, 3, out=y, mean_out=mean, rstd_out=rstd)
+    with pytest.raises(ValueError, match=r"mean_out: expected memory separate from rstd_out"):
+        cupy_dwgn.group_norm(x, 3, out=y, mean_out=mean, rstd_out=mean)
+
+
+@pytest.mark.gpu
 def test_gpu_op_rejects_bad_nhwc_out():
     import cupy
 
