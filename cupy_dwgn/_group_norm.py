@@ -307,7 +307,9 @@ def _forward_cached(x, num_groups, weight, bias, eps, activation, out, mean_out,
         ]
     except (KeyError, TypeError):  # a new signature, or an unhashable argument
         return _MISS
-    if not _interop.outputs_separate_memo(entry.separate, (out, mean_out, rstd_out), (x, weight, bias), x):
+    if (out is not None or mean_out is not None or rstd_out is not None) and not _interop.outputs_separate_memo(
+        entry.separate, (out, mean_out, rstd_out), (x, weight, bias), x
+    ):
         return _MISS
     return _interop.on_device(x, _forward, x, weight, bias, out, mean_out, rstd_out, return_stats, entry)
 
@@ -398,7 +400,7 @@ def _backward_cached(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out
         ]
     except (KeyError, TypeError):
         return _MISS
-    if not _interop.outputs_separate_memo(
+    if (out is not None or grad_weight_out is not None or grad_bias_out is not None) and not _interop.outputs_separate_memo(
         entry.separate, (out, grad_weight_out, grad_bias_out), (grad_out, x, mean, rstd, weight, bias)
     ):
         return _MISS

@@ -171,14 +171,19 @@ class Steps(typing.NamedTuple):
 
     launches: tuple = ()  # ((Launch, argument picker), ...): see steps()
     temporaries: tuple = ()  # ((shape, dtype), ...)
+    workspace: tuple = ((), 0)  # the temporaries' (offsets, total bytes) in the workspace
 
 
 def steps(launches, temporaries=()):
     """Steps from ``((Launch, (argument position, ...)), ...)``: each launch
     gets an itemgetter of its arguments' addresses (one C call per launch)."""
+    from . import _workspace  # imports CuPy: only the GPU ops build Steps
+
+    temporaries = tuple(temporaries)
     return Steps(
         tuple((launch, operator.itemgetter(*positions)) for launch, positions in launches),
-        tuple(temporaries),
+        temporaries,
+        _workspace.layout(temporaries),
     )
 
 
@@ -192,7 +197,7 @@ def run(steps, arguments):
     stream = _cupy.cuda.get_current_stream().ptr
     addresses = [a if type(a) is int else a.data.ptr for a in arguments]
     if steps.temporaries:
-        addresses += _workspace.addresses_on(device, stream, steps.temporaries)
+        addresses += _workspace.addresses_on(device, stream, steps.workspace)
     for launch, pick in steps.launches:
         launch.launch_addresses(device, stream, pick(addresses))
 

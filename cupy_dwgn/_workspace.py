@@ -36,13 +36,13 @@ def addresses(*requests):
     carved from the current device and stream's buffer (grown if needed).
     The bytes are uninitialized and stay valid until the next call on the
     same stream takes temporaries."""
-    return addresses_on(_runtime.getDevice(), _cupy.cuda.get_current_stream().ptr, requests)
+    return addresses_on(_runtime.getDevice(), _cupy.cuda.get_current_stream().ptr, layout(requests))
 
 
-def addresses_on(device, stream, requests):
-    """:func:`addresses` for a tuple of requests on a known device and
-    stream (address), which must be the current ones."""
-    offsets, total = _layout(requests)
+def addresses_on(device, stream, workspace_layout):
+    """:func:`addresses` for a :func:`layout` of requests on a known device
+    and stream (address), which must be the current ones."""
+    offsets, total = workspace_layout
     key = (device, stream)
     buffer = _BUFFERS.get(key)
     if buffer is None or buffer.nbytes < total:
@@ -52,7 +52,7 @@ def addresses_on(device, stream, requests):
 
 
 @functools.lru_cache(maxsize=1024)
-def _layout(requests):
+def layout(requests):
     """(offset of each request, total bytes), each start ALIGNMENT-aligned."""
     offsets, total = [], 0
     for shape, dtype in requests:
