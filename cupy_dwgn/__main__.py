@@ -104,10 +104,13 @@ def _info(args):
         rows.append(("CuPy", cupy.__version__ + (f" ({wheel})" if wheel else "")))
         runtime = cupy.cuda.runtime
         cuda = _device.runtime_cuda_version(runtime)
-        rows.append(("CUDA runtime", _device.cuda_version_text(cuda) if cuda else "unknown"))
+        rows.append(("CUDA runtime", (_device.cuda_version_text(cuda) + " (the one CuPy runs on)") if cuda else "unknown"))
         try:
             version, archs = _nvrtc()
-            shown = f" (compiles for sm_{archs[0]} to sm_{archs[-1]})" if archs else ""
+            shown = (
+                f" (targets sm_{archs[0]} to sm_{archs[-1]}; cupy-dwgn's kernels need sm_{MIN_ARCH} or newer)"
+                if archs else ""
+            )
             rows.append(("NVRTC", version + shown))
         except Exception as error:
             rows.append(("NVRTC", f"not loadable ({type(error).__name__}: {error})"))
@@ -125,6 +128,7 @@ def _info(args):
             rows.append((f"GPU {device}", f"{props['name'].decode()} (sm_{props['major']}{props['minor']}, {memory:.0f} GiB)"))
     else:
         rows.append(("GPUs", f"none: {reason}"))
+    rows.append(("cupy_dwgn.host", _host_path()))
     try:
         rows.append(("kernels", str(_compile.kernel_dir())))
     except FileNotFoundError as error:
@@ -165,6 +169,19 @@ def _filter_size(text):
     if len(sizes) != 2 or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"expected KHxKW such as 3x3 or 7x7 (or one size, 5), got {text!r}")
     return sizes
+
+
+def _host_path():
+    """Which path cupy_dwgn.host takes here, and why (CUPY_DWGN_DEVICE)."""
+    from . import host
+
+    setting = f"{host.DEVICE_VARIABLE}={os.environ.get(host.DEVICE_VARIABLE) or 'auto'}"
+    try:
+        path = host.device()
+    except (ValueError, RuntimeError) as error:
+        return f"error: {error}"
+    where = "the CUDA kernels" if path == "gpu" else "the float64 NumPy references on the CPU"
+    return f"{where} ({setting})"
 
 
 def _precompile(args):

@@ -18,6 +18,12 @@ INSTALL_HINT = (
 _WITHOUT_GPU = "cupy_dwgn.reference (float64 NumPy) and cupy_dwgn.host run without one."
 
 
+def reason_without_alternatives(reason):
+    """A :func:`gpu_status` reason without its closing pointer to the
+    GPU-less modules (for messages raised by one of them)."""
+    return reason.removesuffix(" " + _WITHOUT_GPU).removesuffix(_WITHOUT_GPU).rstrip()
+
+
 def cuda_version_text(version):
     """CUDA's integer version (13020) as text ("13.2")."""
     return f"{version // 1000}.{version % 1000 // 10}"

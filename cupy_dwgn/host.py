@@ -87,8 +87,10 @@ def device():
     if count:
         return "gpu"
     if choice == "gpu":
+        from ._device import reason_without_alternatives
+
         raise RuntimeError(
-            f"{DEVICE_VARIABLE}=gpu, but cupy_dwgn.host has no GPU to run on: {reason} "
+            f"{DEVICE_VARIABLE}=gpu, but cupy_dwgn.host has no GPU to run on: {reason_without_alternatives(reason)} "
             f"(Unset {DEVICE_VARIABLE}, or set it to cpu, to run on the CPU.)"
         ) from None
     return "cpu"

@@ -53,7 +53,7 @@ def need_torch():
     try:
         import torch
     except ImportError:
-        sys.exit("Cannot run this example: PyTorch is not installed: pip install torch")
+        sys.exit("Cannot run this example: PyTorch is not installed (pip install torch)")
     return torch
 
 

@@ -20,7 +20,7 @@ def torch_and_device():
     try:
         import torch
     except ImportError:
-        sys.exit("Cannot run this example: it needs PyTorch (pip install torch)")
+        sys.exit("Cannot run this example: PyTorch is not installed (pip install torch)")
     import cupy_dwgn
 
     count, reason = cupy_dwgn.gpu_status()

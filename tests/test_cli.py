@@ -45,7 +45,7 @@ def test_info_reports_versions_gpus_and_folders(tmp_path):
     assert result.returncode == 0, result.stderr
     _plain(result)
     labels = [line.split(":", 1)[0] for line in result.stdout.splitlines()]
-    for label in ("cupy-dwgn", "Python", "NumPy", "CuPy", "CUDA runtime", "NVRTC", "NVIDIA driver", "kernels", "kernel cache"):
+    for label in ("cupy-dwgn", "Python", "NumPy", "CuPy", "CUDA runtime", "NVRTC", "NVIDIA driver", "cupy_dwgn.host", "kernels", "kernel cache"):
         assert label in labels, result.stdout
     assert ("GPU 0" in labels) == bool(GPU_COUNT) and ("GPUs" in labels) == (not GPU_COUNT)
     assert str(tmp_path / "cache") in result.stdout

@@ -188,6 +188,21 @@ def test_warning_is_a_runtime_warning_exported_at_the_top():
     assert "CPUFallbackWarning" in cupy_dwgn.__all__
 
 
+def test_forced_gpu_error_does_not_say_host_runs_without_a_gpu(monkeypatch):
+    # gpu_status's reason ends by pointing at the GPU-less modules, host among
+    # them: host's own error for a forced GPU path leaves that out.
+    from cupy_dwgn import _device
+
+    monkeypatch.setenv("CUPY_DWGN_DEVICE", "gpu")
+    monkeypatch.setattr(host, "_gpu_status", (0, f"{NO_GPU} {_device._WITHOUT_GPU}"))
+    with pytest.raises(RuntimeError) as info:
+        host.device()
+    assert str(info.value) == (
+        f"CUPY_DWGN_DEVICE=gpu, but cupy_dwgn.host has no GPU to run on: {NO_GPU} "
+        "(Unset CUPY_DWGN_DEVICE, or set it to cpu, to run on the CPU.)"
+    )
+
+
 def test_forced_gpu_without_a_gpu_is_one_clear_error(no_gpu, monkeypatch):
     monkeypatch.setenv("CUPY_DWGN_DEVICE", "gpu")
     x = numpy.ones((1, 2, 4, 4), F32)
