@@ -9,6 +9,9 @@
 # SANITIZER_ARGS pick kernel families (depthwise group_norm), SANITIZER_TOOLS the tools (memcheck racecheck); DWBENCH_ARGS go to benchmarks/depthwise.py
 # (the 144-cell depthwise table, about 70 s on an H200; e.g. "--dtypes float16 --quick").
 # PYTEST_ARGS replaces the pytest selection (default "-m gpu"; e.g. "-m 'gpu and not slow'").
+# DWGN_COMMIT: the commit the results files record.  Pass it (DWGN_COMMIT=$(git rev-parse --short HEAD))
+# when the tree was copied to the GPU machine: a copy's .git can be stale (seen: a run of 7260f39
+# recorded 7ed4de2-dirty).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:$PWD/benchmarks PYTHONUNBUFFERED=1
@@ -16,6 +19,7 @@ OUT=${OUT:-/tmp/dwgn_out}; mkdir -p "$OUT"
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/dwgn_cupy_cache}
 STEPS=${STEPS:-facts cold examples cli tests sanitizer dwbench gnbench host}
 status=0
+[ -n "${DWGN_COMMIT:-}" ] || echo "note: DWGN_COMMIT is not set; results record this copy's git HEAD, which may be stale" >&2
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
 if has facts; then
