@@ -301,10 +301,7 @@ def group_norm(x, num_groups, weight=None, bias=None, *, eps=1e-5, activation="i
 def _forward_cached(x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out, return_stats):
     """The call through the signature cache, or _MISS."""
     try:
-        entry = _SIGNATURES[
-            ("fwd", _interop.signature(x), num_groups, _interop.signature(weight), _interop.signature(bias), eps, activation, _interop.signature(out),
-             _interop.signature(mean_out), _interop.signature(rstd_out), type(num_groups), type(eps))
-        ]
+        entry = _SIGNATURES[_forward_key(x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out)]
     except (KeyError, TypeError):  # a new signature, or an unhashable argument
         return _MISS
     if (out is not None or mean_out is not None or rstd_out is not None) and not _interop.outputs_separate_memo(
@@ -320,10 +317,8 @@ def _forward_checked(x, weight, bias, out, mean_out, rstd_out, num_groups, eps, 
         return result
     shape = check_forward_args(x, num_groups, weight, bias, eps, activation, out, mean_out=mean_out, rstd_out=rstd_out)
     entry = _Entry(shape, (*shape, x.dtype, _affine_dtype(weight, bias, x), activation, eps), {}, [None])
-    _interop.remember(_SIGNATURES, 
-        ("fwd", _interop.signature(x), num_groups, _interop.signature(weight), _interop.signature(bias), eps, activation, _interop.signature(out), _interop.signature(mean_out),
-         _interop.signature(rstd_out), type(num_groups), type(eps)),
-        entry,
+    _interop.remember(
+        _SIGNATURES, _forward_key(x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out), entry
     )
     return _interop.on_device(x, _forward, x, weight, bias, out, mean_out, rstd_out, return_stats, entry)
 
@@ -395,8 +390,8 @@ def group_norm_backward(grad_out, x, mean, rstd, num_groups, weight=None, bias=N
 def _backward_cached(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, num_groups, activation):
     try:
         entry = _SIGNATURES[
-            ("bwd", _interop.signature(grad_out), _interop.signature(x), _interop.signature(mean), _interop.signature(rstd), num_groups, _interop.signature(weight), _interop.signature(bias),
-             activation, _interop.signature(out), _interop.signature(grad_weight_out), _interop.signature(grad_bias_out), type(num_groups))
+            _backward_key(grad_out, x, mean, rstd, num_groups, weight, bias, activation, out, grad_weight_out,
+                          grad_bias_out)
         ]
     except (KeyError, TypeError):
         return _MISS
@@ -420,9 +415,10 @@ def _backward_checked(grad_out, x, mean, rstd, weight, bias, out, grad_weight_ou
         grad_weight_out=grad_weight_out, grad_bias_out=grad_bias_out,
     )
     entry = _Entry(shape, (*shape, x.dtype, _affine_dtype(weight, bias, x), activation), {}, [None])
-    _interop.remember(_SIGNATURES, 
-        ("bwd", _interop.signature(grad_out), _interop.signature(x), _interop.signature(mean), _interop.signature(rstd), num_groups, _interop.signature(weight), _interop.signature(bias), activation,
-         _interop.signature(out), _interop.signature(grad_weight_out), _interop.signature(grad_bias_out), type(num_groups)),
+    _interop.remember(
+        _SIGNATURES,
+        _backward_key(grad_out, x, mean, rstd, num_groups, weight, bias, activation, out, grad_weight_out,
+                      grad_bias_out),
         entry,
     )
     return _interop.on_device(
@@ -461,6 +457,19 @@ def _backward(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_
 # that its outputs do not overlap the inputs or each other.
 _SIGNATURES = {}
 _MISS = _interop.MISS
+
+
+def _forward_key(x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out):
+    signature = _interop.signature
+    return ("fwd", signature(x), num_groups, signature(weight), signature(bias), eps, activation, signature(out),
+            signature(mean_out), signature(rstd_out), type(num_groups), type(eps))
+
+
+def _backward_key(grad_out, x, mean, rstd, num_groups, weight, bias, activation, out, grad_weight_out, grad_bias_out):
+    signature = _interop.signature
+    return ("bwd", signature(grad_out), signature(x), signature(mean), signature(rstd), num_groups, signature(weight),
+            signature(bias), activation, signature(out), signature(grad_weight_out), signature(grad_bias_out),
+            type(num_groups))
 
 
 # ---------------------------------------------------------------------------

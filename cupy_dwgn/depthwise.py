@@ -125,10 +125,7 @@ def _forward_cached(x, weight, bias, out, stride, padding, dilation, layout):
     """The call through the signature cache, or _MISS (new signature,
     unhashable argument, or an out that needs the full checks)."""
     try:
-        entry = _SIGNATURES[
-            ("fwd", _interop.signature(x), _interop.signature(weight), _interop.signature(bias), _interop.signature(out), stride, padding, dilation, layout,
-             type(stride), type(dilation))
-        ]
+        entry = _SIGNATURES[_key("fwd", x, weight, _interop.signature(bias), out, stride, padding, dilation, layout)]
     except (KeyError, TypeError):
         return _MISS
     if out is not None and not _interop.outputs_separate_memo(entry.separate, (out,), (x, weight, bias)):
@@ -145,10 +142,8 @@ def _forward_checked(x, weight, bias, out, stride, padding, dilation, layout):
         return _as_nchw(result) if out is None else out
     g = check_forward_args(x, weight, bias, stride, padding, dilation, layout, out)
     entry = _Entry(g, layout, _validate.layout_shape(layout, g.batch, g.channels * g.multiplier, g.out_height, g.out_width), {}, [None])
-    _interop.remember(_SIGNATURES, 
-        ("fwd", _interop.signature(x), _interop.signature(weight), _interop.signature(bias), _interop.signature(out), stride, padding, dilation, layout,
-         type(stride), type(dilation)),
-        entry,
+    _interop.remember(
+        _SIGNATURES, _key("fwd", x, weight, _interop.signature(bias), out, stride, padding, dilation, layout), entry
     )
     return _interop.on_device(x, _forward, x, weight, bias, out, entry)
 
@@ -201,10 +196,7 @@ def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, 
 
 def _backward_input_cached(grad_out, weight, out, input_shape, stride, padding, dilation, layout):
     try:
-        entry = _SIGNATURES[
-            ("bwd_input", _interop.signature(grad_out), _interop.signature(weight), input_shape, _interop.signature(out), stride, padding, dilation,
-             layout, type(stride), type(dilation))
-        ]
+        entry = _SIGNATURES[_key("bwd_input", grad_out, weight, input_shape, out, stride, padding, dilation, layout)]
     except (KeyError, TypeError):
         return _MISS
     if out is not None and not _interop.outputs_separate_memo(entry.separate, (out,), (grad_out, weight)):
@@ -225,10 +217,8 @@ def _backward_input_checked(grad_out, weight, out, input_shape, stride, padding,
         return _as_nchw(result) if out is None else out
     g = check_backward_input_args(grad_out, weight, input_shape, stride, padding, dilation, layout, out)
     entry = _Entry(g, layout, _validate.layout_shape(layout, g.batch, g.channels, g.height, g.width), {}, [None])
-    _interop.remember(_SIGNATURES, 
-        ("bwd_input", _interop.signature(grad_out), _interop.signature(weight), input_shape, _interop.signature(out), stride, padding, dilation, layout,
-         type(stride), type(dilation)),
-        entry,
+    _interop.remember(
+        _SIGNATURES, _key("bwd_input", grad_out, weight, input_shape, out, stride, padding, dilation, layout), entry
     )
     return _interop.on_device(grad_out, _backward_input, grad_out, weight, out, entry)
 
@@ -283,10 +273,7 @@ def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, pad
 
 def _backward_weight_cached(grad_out, x, out, weight_shape, stride, padding, dilation, layout):
     try:
-        entry = _SIGNATURES[
-            ("bwd_weight", _interop.signature(grad_out), _interop.signature(x), weight_shape, _interop.signature(out), stride, padding, dilation,
-             layout, type(stride), type(dilation))
-        ]
+        entry = _SIGNATURES[_key("bwd_weight", grad_out, x, weight_shape, out, stride, padding, dilation, layout)]
     except (KeyError, TypeError):
         return _MISS
     if out is not None and not _interop.outputs_separate_memo(entry.separate, (out,), (grad_out, x)):
@@ -303,10 +290,8 @@ def _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, di
         return _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, dilation, "NHWC")
     g = check_backward_weight_args(grad_out, x, weight_shape, stride, padding, dilation, layout, out)
     entry = _Entry(g, layout, (g.channels * g.multiplier, 1, g.filter_height, g.filter_width), {}, [None])
-    _interop.remember(_SIGNATURES, 
-        ("bwd_weight", _interop.signature(grad_out), _interop.signature(x), weight_shape, _interop.signature(out), stride, padding, dilation, layout,
-         type(stride), type(dilation)),
-        entry,
+    _interop.remember(
+        _SIGNATURES, _key("bwd_weight", grad_out, x, weight_shape, out, stride, padding, dilation, layout), entry
     )
     return _interop.on_device(x, _backward_weight, grad_out, x, out, entry)
 
@@ -420,6 +405,15 @@ def _backward_weight_steps(g, layout, grad_out, x):
 # otherwise hit the entry of 1).
 _SIGNATURES = {}
 _MISS = _interop.MISS  # what a *_cached function returns when the call needs the checks
+
+
+def _key(op, first, second, third, out, stride, padding, dilation, layout):
+    """The signature-cache key of one call: ``first``/``second`` are its two
+    arrays, ``third`` the bias's signature (forward) or the shape argument
+    (backward)."""
+    signature = _interop.signature
+    return (op, signature(first), signature(second), third, signature(out), stride, padding, dilation, layout,
+            type(stride), type(dilation))
 
 
 def _channels_last_nchw(layout, array):
