@@ -44,8 +44,6 @@ implemented yet) gives ours_us null and an "error" string; the run goes on.
 import argparse
 import datetime
 import math
-import pathlib
-import re
 import sys
 import traceback
 
@@ -53,7 +51,7 @@ import cupy
 
 import cupy_dwgn
 from cupy_dwgn import _dtypes
-from harness import plot_safely, results_document, rotating, run_facts, time_us, write_json
+from harness import plot_safely, results_document, results_path, rotating, run_facts, time_us, write_json
 
 #: (N, C, H=W, filter size, stride); padding is filter // 2 on every side.
 CASES = [
@@ -79,7 +77,6 @@ L2_BYTES_AT_LEAST = 60 * 2**20
 #: FP32 lanes (FMA units) per SM by compute capability; 128 for anything not listed.
 FP32_LANES_PER_SM = {(7, 0): 64, (7, 5): 64, (8, 0): 64}
 
-RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 
 
 def case_name(n, c, hw, k, stride):
@@ -131,12 +128,6 @@ def l2_bytes():
         return max(cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"], L2_BYTES_AT_LEAST)
     except Exception:
         return L2_BYTES_AT_LEAST
-
-
-def gpu_short_name(device):
-    """"NVIDIA H200" -> "h200" (the name in the results file names)."""
-    match = re.search(r"\b([A-Z]{1,2}\d{2,4})\b", device)
-    return (match.group(1) if match else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")).lower()
 
 
 def check_streams(torch):
@@ -392,12 +383,7 @@ def main():
         l2_bytes=l2, stream=stream, quick=args.quick,
         torch_settings={"cudnn.benchmark": True, "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32},
     )
-    json_path = args.json
-    if json_path is None:
-        RESULTS_DIR.mkdir(exist_ok=True)
-        json_path = str(RESULTS_DIR / f"depthwise_{gpu_short_name(facts['device'])}_{facts['date']}.json")
-    if json_path == "-":
-        json_path = None
+    json_path = results_path(args.json, "depthwise", facts)
     progress = [0, len(cases) * len(args.dtypes) * len(args.layouts) * len(args.directions)]
     start = datetime.datetime.now()
     with torch.no_grad():

@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import time
@@ -125,6 +126,26 @@ def write_json(path, results):
     if path:
         with open(path, "w") as f:
             json.dump(results, f, indent=2)
+
+
+RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def gpu_short_name(device):
+    """"NVIDIA H200" -> "h200" (the name in the results file names)."""
+    match = re.search(r"\b([A-Z]{1,2}\d{2,4})\b", device)
+    return (match.group(1) if match else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")).lower()
+
+
+def results_path(json_arg, name, facts):
+    """Where a benchmark writes its JSON: ``json_arg`` as given (None for
+    "-", no file), else results/<name>_<gpu>_<date>.json."""
+    if json_arg == "-":
+        return None
+    if json_arg is not None:
+        return json_arg
+    RESULTS_DIR.mkdir(exist_ok=True)
+    return str(RESULTS_DIR / f"{name}_{gpu_short_name(facts['device'])}_{facts['date']}.json")
 
 
 def run_facts(torch):

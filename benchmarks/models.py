@@ -64,7 +64,6 @@ import contextlib
 import copy
 import datetime
 import math
-import pathlib
 import platform
 import statistics
 import sys
@@ -95,7 +94,6 @@ METHOD = {
                 "model in its faster memory format",
 }
 
-RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 
 
 # ---------------------------------------------------------------------------
@@ -567,9 +565,8 @@ def main(argv=None):
         "loss": "cross_entropy vs random labels (timm); mse vs random target (unet_block)",
         "steps": args.steps, "warmup": args.warmup,
     }
-    from depthwise import gpu_short_name
 
-    from harness import plot_safely, results_document, write_json
+    from harness import plot_safely, results_document, results_path, write_json
 
     results = results_document(
         facts, [], commit=None, quick=args.quick, cpu_dry_run=args.cpu_dry_run, torch_settings=settings,
@@ -577,12 +574,7 @@ def main(argv=None):
         error_metric="||v - v64|| / ||v64|| against a float64 copy of the model (same weights, input, cotangent)",
         error_target=f"ours <= {ERROR_FACTOR:g} x torch, for out, dx and dparam",
     )
-    json_path = args.json
-    if json_path is None:
-        RESULTS_DIR.mkdir(exist_ok=True)
-        json_path = str(RESULTS_DIR / f"models_{gpu_short_name(facts['device'])}_{facts['date']}.json")
-    if json_path == "-":
-        json_path = None
+    json_path = results_path(args.json, "models", facts)
 
     total = len(models) * len(modes)
     done = 0
