@@ -174,14 +174,14 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
 def _forward_steps(plan, mean_temporary, rstd_temporary):
     mean = 8 if mean_temporary else 4
     rstd = 8 + mean_temporary if rstd_temporary else 5
-    return _launch.steps(
+    return _launch.Steps(
         ((plan.first, (0, 6)), (plan.finalize, (6, 1, 2, mean, rstd, 7)), (plan.elementwise, (0, 7, 3))),
         plan.temporaries + (plan.statistics,) * (mean_temporary + rstd_temporary),
     )
 
 
 def _backward_steps(plan):
-    return _launch.steps(
+    return _launch.Steps(
         ((plan.first, (0, 1, 2, 3, 4, 5, 9)), (plan.finalize, (9, 2, 3, 4, 5, 10, 7, 8)),
          (plan.elementwise, (0, 1, 10, 6))),
         plan.temporaries,

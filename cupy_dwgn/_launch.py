@@ -1,10 +1,8 @@
 """Launch helpers shared by the ops: grid sizes, index type, typed scalars."""
 
 import ctypes
-import operator
 import struct
 import threading
-import typing
 
 import numpy
 
@@ -55,31 +53,18 @@ def check_plane_size(name, plane_size):
 #: Dynamic shared memory any kernel may use without opting in.
 _DEFAULT_SHARED = 48 * 1024
 
-# cuLaunchKernel's ``extra`` markers: the arguments travel as one packed buffer.
-_PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _PARAM_END = 1, 2, 0
-
-
 class Launch:
     """One kernel launch, fully resolved for one call signature: the kernel
     (file + name expression, looked up per device on use), grid, block,
     dynamic shared memory and the scalar arguments that follow the arrays.
 
-    Build it once per signature (cache the builder with functools.lru_cache)
-    and call it with the array arguments: ``launch(x, weight, bias, y)``.
-    Each array argument is a cupy.ndarray or a raw device address (an int;
-    0 is the null pointer, e.g. for an absent bias).
-
-    The launch goes straight to ``cuLaunchKernel`` on the current CuPy
-    stream with the arguments packed in one buffer: the scalars are packed
-    once, per call only the addresses are written.  A CuPy kernel call
-    converts every argument on every call (about 0.3 us per scalar; 8.6 us
-    for 4 arrays + 10 ints against 5.9 for a bare launch on an H200).
+    Build it once per signature (cache the builder with functools.lru_cache);
+    a :class:`Steps` launches it.  ``launch(x, weight, bias, y)`` also works
+    (each array a cupy.ndarray or a raw address, 0 for the null pointer), at
+    the cost of building a Steps per call.
     """
 
-    __slots__ = (
-        "file", "expression", "grid", "block", "shared_mem", "scalars",
-        "_kernels", "_buffer", "_extra", "_lock", "_dims",
-    )
+    __slots__ = ("file", "expression", "grid", "block", "shared_mem", "scalars", "_kernels", "_scalar_storage")
 
     def __init__(self, file, expression, grid, block, shared_mem=0, scalars=()):
         self.file = file
@@ -89,68 +74,41 @@ class Launch:
         self.shared_mem = int(shared_mem)
         self.scalars = tuple(scalars)
         self._kernels = {}  # device id -> kernel address
-        self._buffer = None
-        self._lock = threading.Lock()
-        # cuLaunchKernel's grid, block and shared-memory arguments, in order.
-        self._dims = (*self.grid, *self.block, self.shared_mem)
+        self._scalar_storage = None
 
-    def _kernel(self, device):
-        """The kernel's CUfunction address on ``device`` (compiled or loaded on first use)."""
-        kernel = _compile.get_kernel(self.file, self.expression)
-        if self.shared_mem > _DEFAULT_SHARED and kernel.max_dynamic_shared_size_bytes < self.shared_mem:
-            # Above 48 KB a kernel must opt in, once per kernel and device.
-            kernel.max_dynamic_shared_size_bytes = self.shared_mem
-        # The CUfunction of the current device; the memoized RawKernel keeps
-        # its module loaded for the life of the process.
-        address = self._kernels[device] = kernel.kernel.ptr
+    def kernel(self, device):
+        """The kernel's CUfunction address on ``device`` (the current device;
+        compiled or loaded on first use)."""
+        address = self._kernels.get(device)
+        if address is None:
+            kernel = _compile.get_kernel(self.file, self.expression)
+            if self.shared_mem > _DEFAULT_SHARED and kernel.max_dynamic_shared_size_bytes < self.shared_mem:
+                # Above 48 KB a kernel must opt in, once per kernel and device.
+                kernel.max_dynamic_shared_size_bytes = self.shared_mem
+            # The memoized RawKernel keeps its module loaded for the life of the process.
+            address = self._kernels[device] = kernel.kernel.ptr
         return address
 
-    def _pack(self, num_pointers):
-        """The argument buffer: ``num_pointers`` 8-byte addresses, then the
-        scalars, each at its natural alignment (the kernel ABI's layout).
-        The scalars are written once; each call writes the addresses."""
-        layout = []
-        offset = 8 * num_pointers
-        for value in self.scalars:
-            raw = numpy.asarray(value).tobytes()
-            offset = -(-offset // len(raw)) * len(raw)
-            layout.append((offset, raw))
-            offset += len(raw)
-        buffer = (ctypes.c_ubyte * max(8, offset))()
-        for start, raw in layout:
-            ctypes.memmove(ctypes.addressof(buffer) + start, raw, len(raw))
-        size = ctypes.c_size_t(offset)
-        extra = (ctypes.c_void_p * 5)(
-            _PARAM_BUFFER_POINTER, ctypes.addressof(buffer), _PARAM_BUFFER_SIZE, ctypes.addressof(size), _PARAM_END
-        )
-        # Referenced by this object: the driver reads them on every launch.
-        self._buffer = (buffer, size, extra, num_pointers, struct.Struct(f"{num_pointers}Q"))
-        self._extra = ctypes.addressof(extra)
+    def scalar_addresses(self):
+        """Host addresses of the scalar arguments, each stored once at its
+        natural alignment in a buffer this Launch keeps (cuLaunchKernel's
+        kernelParams point at them)."""
+        if self._scalar_storage is None:
+            layout, offset = [], 0
+            for value in self.scalars:
+                raw = numpy.asarray(value).tobytes()
+                offset = -(-offset // len(raw)) * len(raw)
+                layout.append((offset, raw))
+                offset += len(raw)
+            buffer = (ctypes.c_ubyte * max(8, offset))()
+            base = ctypes.addressof(buffer)
+            for start, raw in layout:
+                ctypes.memmove(base + start, raw, len(raw))
+            self._scalar_storage = (buffer, tuple(base + start for start, _ in layout))
+        return self._scalar_storage[1]
 
     def __call__(self, *arrays):
-        if _runtime is None:
-            _import_cuda()
-        self.launch(_runtime.getDevice(), _cupy.cuda.get_current_stream().ptr, arrays)
-
-    def launch(self, device, stream, arrays):
-        """Launch on ``device`` (the current one) and ``stream`` (an address)
-        with ``arrays`` as the array arguments (see the class docstring)."""
-        self.launch_addresses(
-            device, stream, [a if type(a) is int else a.data.ptr if type(a) is _ndarray else _address(a) for a in arrays]
-        )
-
-    def launch_addresses(self, device, stream, addresses):
-        """:meth:`launch` with the array arguments given as device addresses (ints)."""
-        kernel = self._kernels.get(device) or self._kernel(device)
-        packed = self._buffer
-        if packed is None or packed[3] != len(addresses):
-            self._pack(len(addresses))
-            packed = self._buffer
-        # The buffer is shared by every caller of this plan: write and launch
-        # as one step (cuLaunchKernel copies the arguments before returning).
-        with self._lock:
-            packed[4].pack_into(packed[0], 0, *addresses)
-            _driver.launchKernel(kernel, *self._dims, stream, 0, self._extra)
+        run(Steps(((self, tuple(range(len(arrays)))),)), arrays)
 
     def __repr__(self):
         return (
@@ -159,32 +117,68 @@ class Launch:
         )
 
 
-class Steps(typing.NamedTuple):
+class Steps:
     """One call's work, resolved once per call signature (and pointer
-    alignment): its launches, each with a picker of its array arguments from
-    the call's argument addresses, and the temporaries, ``(shape, dtype)``
-    each, whose workspace addresses are appended to those in order.
+    alignment): its launches, each with the positions of its array arguments
+    among the call's addresses, and the temporaries, ``(shape, dtype)`` each,
+    whose workspace addresses follow the call's own.
 
-    An op builds its argument tuple (inputs, outputs, NULL for absent ones)
-    and hands it to :func:`run`, which reads the device and stream once for
-    all the launches."""
+    Per call, :func:`run` writes every address once into this object's slot
+    buffer (one ``struct.pack_into``); each launch's kernelParams array,
+    built once, points at its arrays' slots and at its Launch's scalars, so
+    a launch is one ``cuLaunchKernel`` with nothing packed per kernel.  A
+    CuPy kernel call converts every argument on every call instead (about
+    0.3 us per scalar; 8.6 us for 4 arrays + 10 ints against 5.9 for a bare
+    launch on an H200).
+    """
 
-    launches: tuple = ()  # ((Launch, argument picker), ...): see steps()
-    temporaries: tuple = ()  # ((shape, dtype), ...)
-    workspace: tuple = ((), 0)  # the temporaries' (offsets, total bytes) in the workspace
+    __slots__ = ("launches", "positions", "temporaries", "workspace", "_slots", "_pack", "_params", "_calls", "_lock")
 
+    def __init__(self, launches, temporaries=()):
+        from . import _workspace  # imports CuPy: only the GPU ops build Steps
 
-def steps(launches, temporaries=()):
-    """Steps from ``((Launch, (argument position, ...)), ...)``: each launch
-    gets an itemgetter of its arguments' addresses (one C call per launch)."""
-    from . import _workspace  # imports CuPy: only the GPU ops build Steps
+        self.launches = tuple(launch for launch, _ in launches)
+        self.positions = tuple(tuple(positions) for _, positions in launches)
+        self.temporaries = tuple(temporaries)
+        self.workspace = _workspace.layout(self.temporaries)  # (offsets, total bytes)
+        self._slots = self._pack = self._params = None
+        self._calls = {}  # device id -> cuLaunchKernel arguments but the stream, per launch
+        self._lock = threading.Lock()
 
-    temporaries = tuple(temporaries)
-    return Steps(
-        tuple((launch, operator.itemgetter(*positions)) for launch, positions in launches),
-        temporaries,
-        _workspace.layout(temporaries),
-    )
+    def _bind(self, device, count):
+        """The launches' arguments on ``device`` (the slot buffer and the
+        kernelParams arrays are made on the first call: ``count`` addresses)."""
+        with self._lock:
+            if self._slots is None:
+                slots = (ctypes.c_uint64 * max(1, count))()
+                base = ctypes.addressof(slots)
+                params = []
+                for launch, positions in zip(self.launches, self.positions):
+                    pointers = [base + 8 * p for p in positions] + list(launch.scalar_addresses())
+                    params.append((ctypes.c_void_p * max(1, len(pointers)))(*pointers))
+                self._params = params  # kept: the driver reads them on every launch
+                self._pack = struct.Struct(f"{count}Q").pack_into
+                self._slots = slots
+            calls = tuple(
+                (launch.kernel(device), *launch.grid, *launch.block, launch.shared_mem, ctypes.addressof(params))
+                for launch, params in zip(self.launches, self._params)
+            )
+            self._calls[device] = calls
+        return calls
+
+    def launch(self, device, stream, addresses):
+        """Launch every step on ``device`` (current) and ``stream`` (an
+        address) with ``addresses``: the call's arguments, then the temporaries."""
+        calls = self._calls.get(device) or self._bind(device, len(addresses))
+        # The slots are shared by every caller of these Steps: write and
+        # launch as one step (cuLaunchKernel copies the arguments it reads).
+        with self._lock:
+            self._pack(self._slots, 0, *addresses)
+            for kernel, gx, gy, gz, bx, by, bz, shared, params in calls:
+                _driver.launchKernel(kernel, gx, gy, gz, bx, by, bz, shared, stream, params, 0)
+
+    def __repr__(self):
+        return f"Steps({', '.join(map(repr, self.launches))}, temporaries={self.temporaries})"
 
 
 def run(steps, arguments):
@@ -198,27 +192,19 @@ def run(steps, arguments):
     addresses = [a if type(a) is int else a.data.ptr for a in arguments]
     if steps.temporaries:
         addresses += _workspace.addresses_on(device, stream, steps.workspace)
-    for launch, pick in steps.launches:
-        launch.launch_addresses(device, stream, pick(addresses))
-
-
-def _address(array):
-    """Device address of a kernel argument other than a cupy array: a raw
-    address (int, e.g. ``NULL``) or an array with a CuPy memory pointer."""
-    data = getattr(array, "data", None)
-    return data.ptr if hasattr(data, "ptr") else int(array)
+    steps.launch(device, stream, addresses)
 
 
 # CuPy is imported on the first launch: the references and the CLI import
 # this module on machines without it.
-_cupy = _driver = _runtime = _ndarray = _workspace = None
+_cupy = _driver = _runtime = _workspace = None
 
 
 def _import_cuda():
-    global _cupy, _driver, _runtime, _ndarray, _workspace
+    global _cupy, _driver, _runtime, _workspace
     import cupy
     from cupy_backends.cuda.api import driver, runtime
 
     from . import _workspace as workspace
 
-    _cupy, _driver, _runtime, _ndarray, _workspace = cupy, driver, runtime, cupy.ndarray, workspace
+    _cupy, _driver, _runtime, _workspace = cupy, driver, runtime, workspace

@@ -362,7 +362,7 @@ def _forward_steps(g, layout, x, out):
             or _depthwise_nchw.forward_plan(g, x.dtype, index)
         )
         launches = (launch,)
-    return _launch.steps(tuple((launch, _ALL4) for launch in launches))
+    return _launch.Steps(tuple((launch, _ALL4) for launch in launches))
 
 
 def _backward_input_steps(g, layout, grad_out, out):
@@ -379,24 +379,24 @@ def _backward_input_steps(g, layout, grad_out, out):
         forward_kernel = launch is not None
         if launch is None:
             launch, forward_kernel = _depthwise_nchw.backward_input_plan(g, grad_out.dtype, index)
-    return _launch.steps(((launch, _ALL4 if forward_kernel else _NO_BIAS),))
+    return _launch.Steps(((launch, _ALL4 if forward_kernel else _NO_BIAS),))
 
 
 def _backward_weight_steps(g, layout, grad_out, x):
     index = _launch.index_type(grad_out.size, x.size)
     if layout == "NHWC":
         (partial, finalize), temporary = _depthwise_nhwc.backward_weight_plan(g, x.dtype, index, _vector_aligned(grad_out, x))
-        return _launch.steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
+        return _launch.Steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
     launches = _depthwise_nchw_wgrad.plan(g, x.dtype)
     if launches is not None:
         if len(launches) == 1:  # one pass: no partial sums
-            return _launch.steps(((launches[0], _ALL4),))
+            return _launch.Steps(((launches[0], _ALL4),))
         partial, finalize = launches
         temporary = ((g.channels * g.multiplier, partial.grid[1], g.filter_height * g.filter_width),
                      _dtypes.accumulator_dtype(x.dtype))
-        return _launch.steps(((partial, (0, 1, 4, 3)), (finalize, (4, 3))), (temporary,))
+        return _launch.Steps(((partial, (0, 1, 4, 3)), (finalize, (4, 3))), (temporary,))
     partial, finalize, temporary = _depthwise_nchw.backward_weight_plan(g, x.dtype, index)
-    return _launch.steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
+    return _launch.Steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
 
 
 # Call-signature cache (see _interop): a signature that passed the full checks
