@@ -73,8 +73,13 @@ class Launch:
         self.block = tuple(int(v) for v in block) + (1,) * (3 - len(block))
         self.shared_mem = int(shared_mem)
         self.scalars = tuple(scalars)
+        for value in self.scalars:  # a Python float would be packed as a double
+            if not isinstance(value, numpy.generic):
+                raise TypeError(f"{expression}: scalars must be NumPy scalars of the kernel's types, got {value!r}")
         self._kernels = {}  # device id -> kernel address
-        self._scalar_storage = None
+        # Built here, not on first use: Launches are shared by several Steps
+        # (each with its own lock), whose kernelParams all point into it.
+        self._scalar_storage = _scalar_storage(self.scalars)
 
     def kernel(self, device):
         """The kernel's CUfunction address on ``device`` (the current device;
@@ -93,18 +98,6 @@ class Launch:
         """Host addresses of the scalar arguments, each stored once at its
         natural alignment in a buffer this Launch keeps (cuLaunchKernel's
         kernelParams point at them)."""
-        if self._scalar_storage is None:
-            layout, offset = [], 0
-            for value in self.scalars:
-                raw = numpy.asarray(value).tobytes()
-                offset = -(-offset // len(raw)) * len(raw)
-                layout.append((offset, raw))
-                offset += len(raw)
-            buffer = (ctypes.c_ubyte * max(8, offset))()
-            base = ctypes.addressof(buffer)
-            for start, raw in layout:
-                ctypes.memmove(base + start, raw, len(raw))
-            self._scalar_storage = (buffer, tuple(base + start for start, _ in layout))
         return self._scalar_storage[1]
 
     def __call__(self, *arrays):
@@ -115,6 +108,22 @@ class Launch:
             f"Launch({self.expression}, grid={self.grid}, block={self.block}, "
             f"shared_mem={self.shared_mem})"
         )
+
+
+def _scalar_storage(scalars):
+    """(ctypes buffer, address of each scalar): the scalars at their natural
+    alignment, as a kernel's parameters are laid out."""
+    layout, offset = [], 0
+    for value in scalars:
+        raw = value.tobytes()
+        offset = -(-offset // len(raw)) * len(raw)
+        layout.append((offset, raw))
+        offset += len(raw)
+    buffer = (ctypes.c_ubyte * max(8, offset))()
+    base = ctypes.addressof(buffer)
+    for start, raw in layout:
+        ctypes.memmove(base + start, raw, len(raw))
+    return buffer, tuple(base + start for start, _ in layout)
 
 
 class Steps:
@@ -150,6 +159,8 @@ class Steps:
         kernelParams arrays are made on the first call: ``count`` addresses)."""
         with self._lock:
             if self._slots is None:
+                if any(p >= count for positions in self.positions for p in positions):
+                    raise ValueError(f"{self!r}: an argument position is past the {count} addresses given")
                 slots = (ctypes.c_uint64 * max(1, count))()
                 base = ctypes.addressof(slots)
                 params = []
