@@ -245,7 +245,8 @@ def nvrtc_compile(filename, expressions, arch):
 
     Needs no GPU and no driver.  Returns ``{expression: report}`` where report
     holds ``registers``, ``stack_frame``, ``spill_stores`` and ``spill_loads``
-    as read from ``-Xptxas=-v``.  Raises KernelCompileError on failure.
+    as read from ``-Xptxas=-v``, and ``lowered``, the kernel's mangled name.
+    Raises KernelCompileError on failure.
     """
     from cupy_backends.cuda.libs import nvrtc
 
@@ -272,7 +273,10 @@ def nvrtc_compile(filename, expressions, arch):
         lowered = {nvrtc.getLoweredName(program, e): e for e in expressions}
     finally:
         nvrtc.destroyProgram(program)
-    return _parse_ptxas(log, lowered)
+    reports = _parse_ptxas(log, lowered)
+    for name, expression in lowered.items():
+        reports.setdefault(expression, {})["lowered"] = name
+    return reports
 
 
 def _parse_ptxas(log, lowered):

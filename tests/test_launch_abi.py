@@ -1,0 +1,199 @@
+"""Every launch's kernelParams match its kernel's parameters, checked without a GPU.
+
+The ops hand each kernel its arrays by position in the call's argument tuple
+and its scalars from the Launch (cupy_dwgn._launch.Steps).  A wrong position
+or scalar type would only show on a GPU, as wrong results or a crash.  Here
+NVRTC names each instantiated kernel (its lowered, mangled name), c++filt
+spells out its parameter list, and a stand-in driver receives the launches of
+real Steps built by the ops' own kernel-choice code; every kernelParams entry
+is read back from host memory and compared with the address or scalar the
+parameter must get: parameter count, pointer or value, each pointer's element
+type against its array's dtype, each scalar's type, alignment and value.  Two
+arrays of one dtype given to each other's parameters are not caught here (the
+GPU suite catches those).  Device queries the plans make (SM count, shared
+memory, a kernel's registers) get H200 values.
+"""
+
+import ctypes
+import shutil
+import struct
+import subprocess
+import types
+
+import numpy
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from cupy.cuda import memory  # noqa: E402
+
+from cupy_dwgn import _compile, _dtypes, _group_norm, _launch, _validate, depthwise  # noqa: E402
+from cupy_dwgn import _depthwise_nchw_large, _depthwise_nchw_window  # noqa: E402
+
+DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float64)]
+#: (N, C, H, W, multiplier, KH, KW, stride, padding, dilation): every kernel family.
+CONVOLUTIONS = [
+    (2, 16, 32, 32, 1, 3, 3, 1, 1, 1), (2, 16, 32, 32, 1, 3, 3, 2, 1, 1), (2, 16, 32, 32, 1, 5, 5, 1, 2, 1),
+    (2, 16, 32, 32, 1, 7, 7, 2, 3, 1), (2, 16, 32, 32, 2, 3, 3, 1, 1, 1), (2, 16, 32, 32, 1, 4, 4, 1, 1, 1),
+    (2, 16, 32, 32, 1, 3, 3, 1, 2, 2), (2, 16, 32, 32, 1, 3, 3, 3, 1, 1), (2, 16, 64, 64, 1, 11, 11, 1, 5, 1),
+    (2, 16, 64, 64, 1, 1, 31, 1, 0, 1), (2, 17, 9, 9, 3, 2, 3, 1, 0, 1), (8, 1024, 7, 7, 1, 7, 7, 1, 3, 1),
+]
+#: (N, S, C, num_groups) for GroupNorm.
+NORMS = [(2, 64, 320, 32), (2, 16, 12, 6), (4, 100, 7, 7), (1, 3, 24, 3), (8, 1024, 640, 32)]
+SCALAR_CODES = {"int": "i", "long long": "q", "float": "f", "double": "d"}
+POINTEES = {"float": numpy.dtype(numpy.float32), "double": numpy.dtype(numpy.float64),
+            "__half": numpy.dtype(numpy.float16), "__nv_bfloat16": _dtypes.bfloat16}
+
+
+def _array(shape, dtype, offset=0):
+    """A cupy array over a made-up address (no GPU needed to make one)."""
+    dtype = numpy.dtype(dtype)
+    nbytes = max(1, int(numpy.prod(shape)) * dtype.itemsize)
+    pointer = memory.MemoryPointer(memory.UnownedMemory(0x7F00_0000_0000 + offset, nbytes, None, device_id=0), 0)
+    return cupy.ndarray(shape, dtype, memptr=pointer)
+
+
+def _steps_of_every_path(monkeypatch):
+    """(dtype of each call argument, Steps) for every kernel-choice path the
+    ops take (None: the NULL a backward passes in the forward kernels' bias slot)."""
+    monkeypatch.setattr(depthwise, "_runtime", types.SimpleNamespace(getDevice=lambda: 0))
+    monkeypatch.setattr(_depthwise_nchw_large, "_shared_limit", lambda device: 232448)
+    monkeypatch.setattr(_depthwise_nchw_window, "_resident_blocks", lambda *args: 2)
+    monkeypatch.setattr(_depthwise_nchw_window, "_device_limits", lambda device: (132, 233472, 2048))
+    # Plans built from these stand-in limits must not outlive the test.
+    _depthwise_nchw_window.plan.cache_clear()
+    _depthwise_nchw_large._plan.cache_clear()
+    from cupy.cuda import runtime
+
+    monkeypatch.setattr(runtime, "getDevice", lambda: 0)
+    steps = []
+    for n, c, h, w, m, kh, kw, s, p, d in CONVOLUTIONS:
+        g = _validate.conv_geometry((n, c, h, w), (c * m, 1, kh, kw), s, p, d)
+        for dtype in DTYPES:
+            for layout in ("NCHW", "NHWC"):
+                x = _array((g.batch * g.channels * g.height * g.width,), dtype)
+                y = _array((g.batch * g.channels * g.multiplier * g.out_height * g.out_width,), dtype)
+                for misaligned in (0, 2, 8):
+                    x_off = _array(x.shape, dtype, misaligned)
+                    steps.append(((dtype,) * 4, depthwise._forward_steps(g, layout, x_off, y)))
+                    steps.append(((dtype, dtype, None, dtype), depthwise._backward_input_steps(g, layout, y, x_off)))
+                    steps.append(((dtype, dtype, None, dtype), depthwise._backward_weight_steps(g, layout, y, x_off)))
+    for n, s, c, groups in NORMS:
+        for dtype in DTYPES:
+            acc = _dtypes.accumulator_dtype(dtype)
+            for w_dtype in map(numpy.dtype, _group_norm.weight_dtypes(dtype)):
+                forward_arguments = (dtype, w_dtype, w_dtype, dtype, acc, acc)
+                backward_arguments = (dtype, dtype, acc, acc, w_dtype, w_dtype, dtype, w_dtype, w_dtype)
+                for aligned in (True, False):
+                    plan = _group_norm._forward_plan(n, s, c, groups, dtype, numpy.dtype(w_dtype), "silu", 1e-5,
+                                                     aligned)
+                    for mean_temporary in (False, True):
+                        for rstd_temporary in (False, True):
+                            steps.append((forward_arguments,
+                                          _group_norm._forward_steps(plan, mean_temporary, rstd_temporary)))
+                    backward = _group_norm._backward_plan(n, s, c, groups, dtype, numpy.dtype(w_dtype), "gelu",
+                                                          aligned)
+                    steps.append((backward_arguments, _group_norm._backward_steps(backward)))
+    return steps
+
+
+def _signatures(launches):
+    """{(file, expression): [parameter type, ...]} from NVRTC's lowered names, demangled."""
+    by_file = {}
+    for launch in launches:
+        by_file.setdefault(launch.file, set()).add(launch.expression)
+    lowered = {}
+    for filename, expressions in by_file.items():
+        for expression, report in _compile.nvrtc_compile(filename, sorted(expressions), 80).items():
+            lowered[filename, expression] = report["lowered"]
+    names = sorted(set(lowered.values()))
+    demangled = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+    spelled = dict(zip(names, demangled))
+    return {key: _parameters(spelled[name]) for key, name in lowered.items()}
+
+
+def _parameters(signature):
+    """The parameter types of a demangled function signature ``name<...>(a, b, ...)``."""
+    inner = signature[signature.rindex("(", 0, signature.rindex(")")) + 1 : signature.rindex(")")]
+    parameters, depth, current = [], 0, ""
+    for char in inner:
+        depth += char in "<(" and 1 or (char in ">)" and -1 or 0)
+        if char == "," and depth == 0:
+            parameters.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return parameters + ([current.strip()] if current.strip() else [])
+
+
+def _scalar_type(parameter):
+    """'int', 'long long', 'float' or 'double' for a by-value parameter (the
+    accumulator type is written dwgn::AccType<T>::type)."""
+    if "AccType<double>" in parameter:
+        return "double"
+    if "AccType<" in parameter:
+        return "float"
+    return parameter
+
+
+@pytest.mark.skipif(shutil.which("c++filt") is None, reason="c++filt (binutils) is not installed")
+def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
+    all_steps = _steps_of_every_path(monkeypatch)
+    signatures = _signatures({launch for _, steps in all_steps for launch in steps.launches})
+
+    received = []
+    driver = types.SimpleNamespace(
+        launchKernel=lambda kernel, *dims_stream_params_extra: received.append((kernel, dims_stream_params_extra[8])),
+        launchCooperativeKernel=lambda kernel, *dims_stream_params: received.append((kernel, dims_stream_params[8])),
+        occupancyMaxActiveBlocksPerMultiprocessor=lambda kernel, threads, shared: 2,
+    )
+    runtime = types.SimpleNamespace(getDevice=lambda: 0, deviceGetAttribute=lambda attribute, device: 132,
+                                    cudaDevAttrMultiProcessorCount=16)
+    stream = types.SimpleNamespace(ptr=0)
+    temporary_base = 0x6000_0000_0000
+    workspace = types.SimpleNamespace(
+        addresses_on=lambda device, stream_, layout: [temporary_base + offset for offset in layout[0]]
+    )
+    monkeypatch.setattr(_launch, "_driver", driver)
+    monkeypatch.setattr(_launch, "_runtime", runtime)
+    monkeypatch.setattr(_launch, "_cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: stream)))
+    monkeypatch.setattr(_launch, "_workspace", workspace)
+    monkeypatch.setattr(_launch.Launch, "kernel", lambda self, device: id(self))
+
+    checked = 0
+    _depthwise_nchw_window.plan.cache_clear()
+    _depthwise_nchw_large._plan.cache_clear()
+    for argument_dtypes, steps in all_steps:
+        arguments = tuple(0x5000_0000_0000 + 0x100 * k for k in range(len(argument_dtypes)))
+        expected_addresses = arguments + tuple(temporary_base + offset for offset in steps.workspace[0])
+        dtypes = argument_dtypes + tuple(numpy.dtype(dtype) for _, dtype in steps.temporaries)
+        received.clear()
+        _launch.run(steps, arguments)
+        assert len(received) == len(steps.launches)
+        for (kernel, params), launch, positions in zip(received, steps.launches, steps.positions):
+            assert kernel == id(launch)
+            parameters = signatures[launch.file, launch.expression]
+            assert len(parameters) == len(positions) + len(launch.scalars), (launch, parameters)
+            entries = (ctypes.c_void_p * len(parameters)).from_address(params)
+            for index, parameter in enumerate(parameters):
+                if index < len(positions):
+                    assert parameter.endswith("*"), (launch, index, parameter)
+                    # The array's element type is the pointee (a wrong position
+                    # between arrays of different dtypes shows here).
+                    pointee = _scalar_type(parameter.replace("const", "").rstrip("*").strip())
+                    argument_dtype = dtypes[positions[index]]
+                    if argument_dtype is not None:
+                        assert POINTEES[pointee] == argument_dtype, (launch, index, parameter, argument_dtype)
+                    got = ctypes.c_uint64.from_address(entries[index]).value
+                    assert got == expected_addresses[positions[index]], (launch, index, parameter)
+                else:
+                    scalar = launch.scalars[index - len(positions)]
+                    code = SCALAR_CODES[_scalar_type(parameter)]
+                    size = struct.calcsize(code)
+                    assert scalar.dtype.itemsize == size and scalar.dtype.kind == ("f" if code in "fd" else "i"), (
+                        launch, index, parameter, scalar.dtype)
+                    assert entries[index] % size == 0, (launch, index, "misaligned scalar")
+                    assert struct.unpack(code, ctypes.string_at(entries[index], size))[0] == scalar.item()
+                checked += 1
+    assert checked > 10000
