@@ -240,6 +240,17 @@ def _cuda_include_dir():
     return cuda.pathfinder.find_nvidia_header_directory("cudart")
 
 
+def _cccl_include_options():
+    """The CCCL include folders CuPy gives NVRTC at run time (libcu++'s
+    ``<nv/target>``, needed by ``<cooperative_groups.h>``), so that the
+    offline compile sees the same headers as a RawModule does."""
+    try:
+        from cupy._core import core
+    except ImportError:  # pragma: no cover - CuPy without the CCCL bundle
+        return ()
+    return tuple(core._get_cccl_include_options())
+
+
 def nvrtc_compile(filename, expressions, arch):
     """Compile ``expressions`` of ``filename`` for ``sm_<arch>`` with NVRTC alone.
 
@@ -256,7 +267,7 @@ def nvrtc_compile(filename, expressions, arch):
         "--device-as-default-execution-space",
         "-Xptxas=-v",
         f"-I{_cuda_include_dir()}",
-    )
+    ) + _cccl_include_options()
     program = nvrtc.createProgram(kernel_source(filename), filename, [], [])
     try:
         for expression in expressions:

@@ -32,6 +32,33 @@ _APPLY = "dwgn_gn_fwd_apply"
 _BWD_REDUCE = "dwgn_gn_bwd_reduce"
 _BWD_FINALIZE = "dwgn_gn_bwd_finalize"
 _BWD_DX = "dwgn_gn_bwd_dx"
+_ONEPASS = "dwgn_gn_fwd_onepass"
+
+# ---------------------------------------------------------------------------
+# Forward path choice (written down here, applied by _onepass_geometry):
+#
+# * "one-pass": dwgn_gn_fwd_onepass, ONE cooperative launch (statistics,
+#   grid barrier, finalize, grid barrier, apply; x is read twice, the second
+#   time from L2 when it fits there).  Taken when all of these hold:
+#     - FORWARD_PATH is "auto" and x has at most _ONEPASS_MAX_BYTES bytes
+#       (the SD U-Net tensors, 2-20 MB: x stays in the 40-50 MB L2 of
+#       A100/H100/H200 between the two reads), or FORWARD_PATH is "onepass";
+#     - fewer than 2**31 elements (32-bit indices only);
+#     - a row of C channels fits one block: C / VEC <= min(512, 2048 / VEC)
+#       vectors (VEC = 16 bytes of elements on the vector path, 1 on the
+#       scalar path): fp16/bf16 C <= 2048, fp32 C <= 2048, fp64 C <= 1024,
+#       scalar path C <= 512;
+#     - the device supports cooperative launches.
+# * otherwise the three launches stats_partial -> fwd_finalize -> fwd_apply.
+#
+# The byte limit is a constant, not the device's L2 size, so which path (and
+# so which reduction order) a shape takes is the same on every device.
+FORWARD_PATH = "auto"  # "auto", "onepass" or "split" (tests and benchmarks force a path)
+_ONEPASS_MAX_BYTES = 32 * 2**20
+# Phase-1 work items (n, chunk of rows): about this many in all, each at
+# least lanes * row batch rows (every thread gets a whole batch).  Shape only.
+_ONEPASS_ITEMS = 512
+_ONEPASS_SLOTS = 2048  # gn::kOnePassSlots: lanes * C shared summaries
 
 # Statistics split: about this many blocks in the column-reduction kernels,
 # each summing at least _MIN_ROWS_PER_CHUNK rows.  Depends on the shape only
@@ -86,6 +113,11 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                     name(_APPLY, t, _ACT_CODE[a], v, i)
                     for a in activations for v in vecs for i in indices
                 ]
+                if "int" in indices:  # the one-pass kernel is 32-bit only
+                    specs += [
+                        name(_ONEPASS, t, w, _ACT_CODE[a], v, "int")
+                        for w in ws for a in activations for v in vecs
+                    ]
             else:
                 specs += [
                     name(_BWD_REDUCE, t, w, _ACT_CODE[a], i)
@@ -113,6 +145,7 @@ class _Plan(typing.NamedTuple):
     elementwise: _launch.Launch  # apply (forward) / dx (backward)
     temporaries: tuple  # ((shape, dtype) of the partial sums, of the coefficients)
     statistics: tuple = None  # (shape, dtype) of mean and of rstd (forward)
+    fused: _launch.Launch = None  # the one-pass forward (then first/finalize/elementwise are None)
 
 
 def _vector_width(dtype, channels, aligned):
@@ -135,10 +168,66 @@ def _geometry(batch, rows, channels, dtype, aligned):
     )
 
 
+def _onepass_block(cols, vec):
+    """Block size of the one-pass kernel for rows of ``cols`` vectors: a
+    multiple of 32 in [64, min(512, 2048 / vec)] holding lanes = block // cols
+    whole rows, with the fewest idle threads (ties: the one nearest 256).
+    None when a row does not fit."""
+    limit = min(512, _ONEPASS_SLOTS // vec)
+    candidates = [b for b in range(64, limit + 1, 32) if b >= cols]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda b: (b % cols, abs(b - 256)))
+
+
+def _onepass_geometry(batch, rows, channels, dtype, vec, path):
+    """(block, rows_per_chunk, num_chunks) of the one-pass forward, or None
+    when the rule above sends the shape to the three-launch path.  Depends
+    on the shape (and the path setting) only."""
+    if path == "split":
+        return None
+    size = batch * rows * channels
+    if size >= _launch.INT32_LIMIT:
+        return None
+    if path == "auto" and size * numpy.dtype(dtype).itemsize > _ONEPASS_MAX_BYTES:
+        return None
+    cols = channels // vec
+    block = _onepass_block(cols, vec)
+    if block is None:
+        return None
+    lanes = block // cols
+    batch_rows = 4 if vec >= 8 else 8  # gn::onepass_row_batch<VEC>
+    per_sample = max(1, -(-_ONEPASS_ITEMS // batch))
+    rows_per_chunk = max(lanes * batch_rows, -(-rows // per_sample))
+    num_chunks = -(-rows // rows_per_chunk)
+    if batch * num_chunks >= _launch.INT32_LIMIT:
+        return None
+    return block, rows_per_chunk, num_chunks
+
+
 @functools.lru_cache(maxsize=1024)
-def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps, aligned):
+def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps, aligned, path="split"):
     name = _compile.name_expression
     index, t, acc_dtype, split, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
+    onepass = _onepass_geometry(batch, rows, channels, dtype, vec, path)
+    if onepass is not None:
+        block, rows_per_chunk, num_chunks = onepass
+        # The most blocks any phase can use; the launch trims it to what is
+        # resident on the device (the kernel is correct for any grid).
+        wanted = max(batch * num_chunks, batch * groups, -(-int(num_vectors) // block))
+        return _Plan(
+            None, None, None,
+            (((batch, num_chunks, 2, channels), numpy.dtype(numpy.float64)), ((batch, 3, channels), acc_dtype)),
+            ((batch, groups), acc_dtype),
+            _launch.Launch(
+                KERNEL_FILE,
+                name(_ONEPASS, t, _dtypes.ctype(w_dtype), _ACT_CODE[activation], vec, "int"),
+                (wanted,), (block,), 0,
+                (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk),
+                 acc_dtype.type(eps)),
+                cooperative=True,
+            ),
+        )
     rows_per_chunk, num_chunks, column_blocks = split
     grid_y = min(batch, _launch.MAX_GRID_Y)
     common = (i32(batch), i32(rows), i32(channels))
@@ -174,9 +263,12 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
 def _forward_steps(plan, mean_temporary, rstd_temporary):
     mean = 8 if mean_temporary else 4
     rstd = 8 + mean_temporary if rstd_temporary else 5
+    temporaries = plan.temporaries + (plan.statistics,) * (mean_temporary + rstd_temporary)
+    if plan.fused is not None:  # (x, partial, weight, bias, mean, rstd, coefficients, y)
+        return _launch.Steps(((plan.fused, (0, 6, 1, 2, mean, rstd, 7, 3)),), temporaries)
     return _launch.Steps(
         ((plan.first, (0, 6)), (plan.finalize, (6, 1, 2, mean, rstd, 7)), (plan.elementwise, (0, 7, 3))),
-        plan.temporaries + (plan.statistics,) * (mean_temporary + rstd_temporary),
+        temporaries,
     )
 
 
@@ -336,10 +428,11 @@ def _forward(x, weight, bias, out, mean_out, rstd_out, return_stats, entry):
             if stat is not None:
                 stat.fill(numpy.nan)  # mean of nothing (a no-op when N == 0)
         return (y, mean, rstd) if return_stats else y
-    key = ((x.data.ptr | y.data.ptr) & 15, mean is None, rstd is None)
+    key = ((x.data.ptr | y.data.ptr) & 15, mean is None, rstd is None, FORWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
-        plan = _forward_plan(*entry.plan_args, (x.data.ptr | y.data.ptr) % 16 == 0)
+        path = FORWARD_PATH if FORWARD_PATH == "split" or _launch.cooperative_supported() else "split"
+        plan = _forward_plan(*entry.plan_args, (x.data.ptr | y.data.ptr) % 16 == 0, path)
         steps = entry.steps[key] = _forward_steps(plan, mean is None, rstd is None)
     null = _launch.NULL
     _launch.run(steps, (x, null if weight is None else weight, null if bias is None else bias,

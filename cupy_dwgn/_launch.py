@@ -64,9 +64,12 @@ class Launch:
     the cost of building a Steps per call.
     """
 
-    __slots__ = ("file", "expression", "grid", "block", "shared_mem", "scalars", "_kernels", "_scalar_storage")
+    __slots__ = (
+        "file", "expression", "grid", "block", "shared_mem", "scalars", "cooperative", "_kernels",
+        "_scalar_storage",
+    )
 
-    def __init__(self, file, expression, grid, block, shared_mem=0, scalars=()):
+    def __init__(self, file, expression, grid, block, shared_mem=0, scalars=(), cooperative=False):
         self.file = file
         self.expression = expression
         self.grid = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
@@ -76,6 +79,14 @@ class Launch:
         for value in self.scalars:  # a Python float would be packed as a double
             if not isinstance(value, numpy.generic):
                 raise TypeError(f"{expression}: scalars must be NumPy scalars of the kernel's types, got {value!r}")
+        # A cooperative launch (cuLaunchCooperativeKernel: every block
+        # resident, so the kernel may use grid.sync()).  ``grid`` is then the
+        # most blocks the kernel can use; on a device it launches
+        # min(grid.x, the blocks that fit at once there) (grid_on), so the
+        # kernel must be correct for any grid.x >= 1.
+        self.cooperative = bool(cooperative)
+        if self.cooperative and self.grid[1:] != (1, 1):
+            raise ValueError(f"{expression}: a cooperative launch takes a 1-D grid, got {self.grid}")
         self._kernels = {}  # device id -> kernel address
         # Built here, not on first use: Launches are shared by several Steps
         # (each with its own lock), whose kernelParams all point into it.
@@ -93,6 +104,14 @@ class Launch:
             # The memoized RawKernel keeps its module loaded for the life of the process.
             address = self._kernels[device] = kernel.kernel.ptr
         return address
+
+    def grid_on(self, device):
+        """The grid launched on ``device`` (the current one): ``grid``, or for
+        a cooperative launch at most the blocks resident at once there."""
+        if not self.cooperative:
+            return self.grid
+        capacity = cooperative_capacity(device, self.kernel(device), self.block, self.shared_mem)
+        return (min(self.grid[0], capacity), 1, 1)
 
     def scalar_addresses(self):
         """Host addresses of the scalar arguments, each stored once at its
@@ -171,7 +190,8 @@ class Steps:
                 self._pack = struct.Struct(f"{count}Q").pack_into
                 self._slots = slots
             calls = tuple(
-                (launch.kernel(device), *launch.grid, *launch.block, launch.shared_mem, ctypes.addressof(params))
+                (launch.cooperative, launch.kernel(device), *launch.grid_on(device), *launch.block, launch.shared_mem,
+                 ctypes.addressof(params))
                 for launch, params in zip(self.launches, self._params)
             )
             self._calls[device] = calls
@@ -185,11 +205,52 @@ class Steps:
         # launch as one step (cuLaunchKernel copies the arguments it reads).
         with self._lock:
             self._pack(self._slots, 0, *addresses)
-            for kernel, gx, gy, gz, bx, by, bz, shared, params in calls:
-                _driver.launchKernel(kernel, gx, gy, gz, bx, by, bz, shared, stream, params, 0)
+            for cooperative, kernel, gx, gy, gz, bx, by, bz, shared, params in calls:
+                if cooperative:
+                    _driver.launchCooperativeKernel(kernel, gx, gy, gz, bx, by, bz, shared, stream, params)
+                else:
+                    _driver.launchKernel(kernel, gx, gy, gz, bx, by, bz, shared, stream, params, 0)
 
     def __repr__(self):
         return f"Steps({', '.join(map(repr, self.launches))}, temporaries={self.temporaries})"
+
+
+_CAPACITY = {}  # (device, kernel address, block, shared) -> resident blocks
+_COOPERATIVE = {}  # device -> whether it supports cooperative launches
+
+
+def cooperative_supported():
+    """Whether the current device can launch cooperative kernels (cached)."""
+    if _runtime is None:
+        _import_cuda()
+    device = _runtime.getDevice()
+    supported = _COOPERATIVE.get(device)
+    if supported is None:
+        supported = _COOPERATIVE[device] = bool(
+            _runtime.deviceGetAttribute(_runtime.cudaDevAttrCooperativeLaunch, device)
+        )
+    return supported
+
+
+def cooperative_capacity(device, kernel, block, shared_mem):
+    """How many blocks of ``kernel`` can be resident at once on ``device``
+    (the occupancy per SM times the SM count; cached, so the occupancy is
+    queried once per kernel, block and device, never per call).  A
+    cooperative launch of more blocks fails, so this is the largest grid."""
+    key = (device, kernel, tuple(block), shared_mem)
+    capacity = _CAPACITY.get(key)
+    if capacity is None:
+        threads = block[0] * block[1] * block[2]
+        per_sm = _driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel, threads, shared_mem)
+        sms = _runtime.deviceGetAttribute(_runtime.cudaDevAttrMultiProcessorCount, device)
+        capacity = per_sm * sms
+        if capacity < 1:
+            raise RuntimeError(
+                f"cooperative kernel cannot be resident on device {device} "
+                f"(block {block}, {shared_mem} bytes of dynamic shared memory)"
+            )
+        _CAPACITY[key] = capacity
+    return capacity
 
 
 def run(steps, arguments):

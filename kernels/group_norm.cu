@@ -39,6 +39,7 @@
 // offset_c, never x * scale + shift, for the same reason.
 
 #include "dwgn_common.cuh"
+#include <cooperative_groups.h>
 
 using dwgn::AccType;
 using dwgn::from_acc;
@@ -197,10 +198,10 @@ constexpr int kRowBatch = 8;
 // Walks the `count` rows of one lane (k = 0 .. count-1): batch(k) for whole
 // batches of kRowBatch rows, then single(k) for the remainder.  Row k is
 // passed by number, never as a running pointer, so no index can wrap.
-template <typename Batch, typename Single>
+template <int BATCH = kRowBatch, typename Batch, typename Single>
 __device__ __forceinline__ void walk_lane_rows(int count, Batch batch, Single single) {
   int k = 0;
-  for (; k + kRowBatch <= count; k += kRowBatch) batch(k);
+  for (; k + BATCH <= count; k += BATCH) batch(k);
   for (; k < count; ++k) single(k);
 }
 
@@ -256,6 +257,88 @@ __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C
     const IndexT row = i / cv;
     body(i, static_cast<int>(row / S), static_cast<int>(i - row * cv) * VEC);
   }
+}
+
+
+// The forward finalize of one (n, g): the work of one dwgn_gn_fwd_finalize
+// block, shared with the one-pass kernel.  partial is (N, num_chunks, 2, C)
+// double (sum, M2) with chunk k covering rows [k * rows_per_chunk,
+// min(S, (k + 1) * rows_per_chunk)).  Every thread of the block must call it
+// (blockDim.x a multiple of 32, at most 1024); scratch holds 32 doubles,
+// broadcast 2.
+template <typename Acc, typename W>
+__device__ __forceinline__ void finalize_group(
+    const double* __restrict__ partial, const W* __restrict__ weight, const W* __restrict__ bias,
+    Acc* __restrict__ mean_out, Acc* __restrict__ rstd_out, Acc* __restrict__ ws, int n, int g,
+    int S, int C, int G, int num_chunks, int rows_per_chunk, Acc eps, double* scratch,
+    double* broadcast) {
+  const int D = C / G;
+  const int c0 = g * D;
+  const int items = D * num_chunks;
+  const double* pn = partial + static_cast<long long>(n) * num_chunks * 2 * C;
+  double total[1] = {0.0};
+  for (int i = threadIdx.x; i < items; i += blockDim.x) {
+    int chunk;
+    total[0] += pn[group_item(i, D, c0, C, chunk)];
+  }
+  dwgn::block_sum<1>(total, scratch);
+  if (threadIdx.x == 0) broadcast[0] = total[0] / (static_cast<double>(S) * D);
+  __syncthreads();
+  const double mean = broadcast[0];
+  double m2[1] = {0.0};
+  for (int i = threadIdx.x; i < items; i += blockDim.x) {
+    int chunk;
+    const double* p = pn + group_item(i, D, c0, C, chunk);
+    const double rows = min(S - chunk * rows_per_chunk, rows_per_chunk);
+    const double d = p[0] - rows * mean;  // rows * (mean_piece - mean)
+    m2[0] += p[C] + d * d / rows;
+  }
+  dwgn::block_sum<1>(m2, scratch);
+  if (threadIdx.x == 0) {
+    const double var = m2[0] / (static_cast<double>(S) * D);
+    const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
+    mean_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(mean);
+    rstd_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(rstd);
+    broadcast[1] = rstd;
+  }
+  __syncthreads();
+  const Acc rstd = static_cast<Acc>(broadcast[1]);
+  const Acc hi = static_cast<Acc>(mean);
+  const double lo = mean - static_cast<double>(hi);  // exact
+  Acc* wn = ws + static_cast<long long>(n) * 3 * C;
+  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+    const int c = c0 + j;
+    const Acc scale = weight != nullptr ? rstd * to_acc(weight[c]) : rstd;
+    const Acc b = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+    wn[c] = hi;
+    wn[C + c] = scale;
+    wn[2 * C + c] = static_cast<Acc>(static_cast<double>(b) - lo * static_cast<double>(scale));
+  }
+  __syncthreads();  // broadcast is rewritten by the next group
+}
+
+// y = act((x - hi) * scale_c + offset_c) for vector i (sample n, first
+// channel c), ws (N, 3, C) as finalize_group writes it.  Shared by
+// dwgn_gn_fwd_apply and the one-pass kernel.
+template <typename T, int ACT, int VEC, typename IndexT>
+__device__ __forceinline__ void apply_vector(const T* x, const typename AccType<T>::type* __restrict__ ws,
+                                             T* y, IndexT i, int n, int C, int c) {
+  using Acc = typename AccType<T>::type;
+  using V = Vec<T, VEC>;
+  const Acc* wn = ws + static_cast<long long>(n) * 3 * C + c;
+  const V in = reinterpret_cast<const V*>(x)[i];
+  // VEC coefficients per load (c and C are multiples of VEC): scalar
+  // loads of channels 32 bytes apart cost the L1 8 wavefronts each.
+  const auto hi = load_vec<VEC>(wn);
+  const auto scale = load_vec<VEC>(wn + C);
+  const auto offset = load_vec<VEC>(wn + 2 * C);
+  V out;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const Acc z = (to_acc(in.v[k]) - hi.v[k]) * scale.v[k] + offset.v[k];
+    out.v[k] = from_acc<T>(activation<ACT>(z));
+  }
+  reinterpret_cast<V*>(y)[i] = out;
 }
 
 }  // namespace gn
@@ -358,51 +441,9 @@ __global__ void __launch_bounds__(512) dwgn_gn_fwd_finalize(
     int C, int G, int num_chunks, int rows_per_chunk, Acc eps) {
   __shared__ double scratch[32];
   __shared__ double broadcast[2];
-  const int g = blockIdx.x;
-  const int D = C / G;
-  const int c0 = g * D;
-  const int items = D * num_chunks;
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
-    const double* pn = partial + static_cast<long long>(n) * num_chunks * 2 * C;
-    double total[1] = {0.0};
-    for (int i = threadIdx.x; i < items; i += blockDim.x) {
-      int chunk;
-      total[0] += pn[gn::group_item(i, D, c0, C, chunk)];
-    }
-    dwgn::block_sum<1>(total, scratch);
-    if (threadIdx.x == 0) broadcast[0] = total[0] / (static_cast<double>(S) * D);
-    __syncthreads();
-    const double mean = broadcast[0];
-    double m2[1] = {0.0};
-    for (int i = threadIdx.x; i < items; i += blockDim.x) {
-      int chunk;
-      const double* p = pn + gn::group_item(i, D, c0, C, chunk);
-      const double rows = min(S - chunk * rows_per_chunk, rows_per_chunk);
-      const double d = p[0] - rows * mean;  // rows * (mean_piece - mean)
-      m2[0] += p[C] + d * d / rows;
-    }
-    dwgn::block_sum<1>(m2, scratch);
-    if (threadIdx.x == 0) {
-      const double var = m2[0] / (static_cast<double>(S) * D);
-      const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
-      mean_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(mean);
-      rstd_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(rstd);
-      broadcast[1] = rstd;
-    }
-    __syncthreads();
-    const Acc rstd = static_cast<Acc>(broadcast[1]);
-    const Acc hi = static_cast<Acc>(mean);
-    const double lo = mean - static_cast<double>(hi);  // exact
-    Acc* wn = ws + static_cast<long long>(n) * 3 * C;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) {
-      const int c = c0 + j;
-      const Acc scale = weight != nullptr ? rstd * to_acc(weight[c]) : rstd;
-      const Acc b = bias != nullptr ? to_acc(bias[c]) : Acc(0);
-      wn[c] = hi;
-      wn[C + c] = scale;
-      wn[2 * C + c] = static_cast<Acc>(static_cast<double>(b) - lo * static_cast<double>(scale));
-    }
-    __syncthreads();  // broadcast is rewritten by the next n
+    gn::finalize_group(partial, weight, bias, mean_out, rstd_out, ws, n, blockIdx.x, S, C, G,
+                       num_chunks, rows_per_chunk, eps, scratch, broadcast);
   }
 }
 
@@ -414,23 +455,8 @@ template <typename T, int ACT, int VEC, typename IndexT>
 __global__ void __launch_bounds__(256) dwgn_gn_fwd_apply(
     const T* x, const typename AccType<T>::type* __restrict__ ws, T* y,
     IndexT num_vectors, int S, int C) {
-  using Acc = typename AccType<T>::type;
-  using V = gn::Vec<T, VEC>;
   gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
-    const Acc* wn = ws + static_cast<long long>(n) * 3 * C + c;
-    const V in = reinterpret_cast<const V*>(x)[i];
-    // VEC coefficients per load (c and C are multiples of VEC): scalar
-    // loads of channels 32 bytes apart cost the L1 8 wavefronts each.
-    const auto hi = gn::load_vec<VEC>(wn);
-    const auto scale = gn::load_vec<VEC>(wn + C);
-    const auto offset = gn::load_vec<VEC>(wn + 2 * C);
-    V out;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const Acc z = (to_acc(in.v[k]) - hi.v[k]) * scale.v[k] + offset.v[k];
-      out.v[k] = from_acc<T>(gn::activation<ACT>(z));
-    }
-    reinterpret_cast<V*>(y)[i] = out;
+    gn::apply_vector<T, ACT, VEC>(x, ws, y, i, n, C, c);
   });
 }
 
@@ -610,5 +636,188 @@ __global__ void dwgn_gn_bwd_dx(
       out.v[k] = from_acc<T>(scale.v[k] * dz - k1.v[k] - centered * k2.v[k]);
     }
     reinterpret_cast<V*>(grad_in)[i] = out;
+  });
+}
+
+// ---------------------------------------------------------------------------
+// One-pass forward (one cooperative launch): the three forward passes above
+// in one persistent kernel, separated by two grid-wide barriers
+// (cooperative_groups::this_grid().sync(); the launch must be cooperative,
+// so every block is resident).  Host rule and grid size: _group_norm.py
+// (_onepass_plan).
+//
+//   phase 1  items (n, chunk), N * num_chunks of them, blocks stride over
+//            them.  A block covers rows [chunk * rows_per_chunk, ...) of
+//            sample n and all C channels: cols = C / VEC threads across a
+//            row (one 16-byte vector each), lanes = blockDim.x / cols rows at
+//            a time (row0 + lane + k * lanes, as in dwgn_gn_stats_partial).
+//            Each thread keeps, per channel of its vector, the double sum of
+//            x and a Welford M2 built batch by batch (kRowBatch rows, one
+//            Chan merge per batch: the arithmetic of dwgn_gn_stats_partial).
+//            The lanes are then combined in shared memory, one thread per
+//            channel, lane 0 to lanes - 1 in order, by the parallel-axis
+//            theorem: sum = sum_j s_j, M2 = sum_j M2_j + (s_j - n_j m)^2 / n_j
+//            with m = sum / rows (every term >= 0).  Writes partial (N,
+//            num_chunks, 2, C) double, the layout dwgn_gn_fwd_finalize reads.
+//   barrier
+//   phase 2  items (n, g), N * G of them: gn::finalize_group (the very code
+//            of dwgn_gn_fwd_finalize): mean/rstd and the coefficients ws.
+//   barrier
+//   phase 3  y = act((x - hi) * scale_c + offset_c) over every vector,
+//            grid-stride (gn::apply_vector, the code of dwgn_gn_fwd_apply);
+//            x is read again (from L2 for tensors that fit it).
+//
+// Determinism: the work split (num_chunks, rows_per_chunk, blockDim.x)
+// depends on the shape only; the grid size (from the occupancy, so per
+// device) only decides which block does which item, never the order of any
+// sum.  So the results do not depend on the grid size.
+// x and y may be the same array: phase 3 starts after every read of phase 1.
+// blockDim.x: a multiple of 32, cols * lanes <= blockDim.x <= 512 and
+// lanes * C <= kOnePassSlots (the shared lane summaries).
+namespace gn {
+constexpr int kOnePassSlots = 2048;
+// Largest block of the one-pass kernel (its __launch_bounds__): lanes * C <=
+// kOnePassSlots and cols * lanes <= blockDim.x give blockDim.x <= 2048 / VEC.
+template <int VEC>
+constexpr int onepass_max_block() { return kOnePassSlots / VEC < 512 ? kOnePassSlots / VEC : 512; }
+// Rows per batch in phase 1: 16-byte vectors of 8 channels hold 8 values
+// per row, so fewer rows keep the registers (and the loads in flight) in
+// bounds: 4 rows x 16 bytes.
+template <int VEC>
+constexpr int onepass_row_batch() { return VEC >= 8 ? 4 : kRowBatch; }
+}
+
+template <typename T, typename W, int ACT, int VEC, typename IndexT>
+__global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onepass(
+    const T* x, double* __restrict__ partial, const W* __restrict__ weight,
+    const W* __restrict__ bias, typename AccType<T>::type* __restrict__ mean_out,
+    typename AccType<T>::type* __restrict__ rstd_out, typename AccType<T>::type* __restrict__ ws,
+    T* y, int N, int S, int C, int G, int num_chunks, int rows_per_chunk,
+    typename AccType<T>::type eps) {
+  using Acc = typename AccType<T>::type;
+  using V = gn::Vec<T, VEC>;
+  constexpr int RB = gn::onepass_row_batch<VEC>();
+  __shared__ double lane_sum[gn::kOnePassSlots];
+  __shared__ Acc lane_m2[gn::kOnePassSlots];
+  __shared__ double scratch[32];
+  __shared__ double broadcast[2];
+  cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+
+  // ---- phase 1: per (n, chunk, c) sum and M2.
+  const int cols = C / VEC;
+  const int lanes = blockDim.x / cols;
+  const int col = threadIdx.x % cols;
+  const int lane = threadIdx.x / cols;
+  const int c_first = col * VEC;
+  const int num_items = N * num_chunks;  // < 2**31: the host checks it
+  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+    const int n = item / num_chunks;
+    const int chunk = item - n * num_chunks;
+    const int row0 = chunk * rows_per_chunk;
+    const int row1 = min(S, row0 + rows_per_chunk);
+    const int count = lane < lanes ? gn::lane_rows(row0, row1, lane, lanes) : 0;
+    Acc mean[VEC], m2[VEC];
+    double sum[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      mean[k] = Acc(0);
+      m2[k] = Acc(0);
+      sum[k] = 0.0;
+    }
+    if (count > 0) {
+      // This lane's rows (formed only when the first exists).
+      const V* column = reinterpret_cast<const V*>(
+          x + (static_cast<IndexT>(n) * S + row0 + lane) * C + c_first);
+      const IndexT row_step = static_cast<IndexT>(lanes) * cols;  // in vectors
+      Acc seen = Acc(0);  // rows merged so far (exact: far below 2**24)
+      gn::walk_lane_rows<RB>(
+          count,
+          [&](int k0) {
+            V v[RB];
+#pragma unroll
+            for (int r = 0; r < RB; ++r) v[r] = column[(k0 + r) * row_step];
+            const Acc previous = seen;
+            seen += Acc(RB);
+            const Acc weight_b = Acc(RB) * gn::reciprocal(seen);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+              Acc batch_sum = Acc(0);
+              double batch_sum_wide = 0.0;
+#pragma unroll
+              for (int r = 0; r < RB; ++r) {
+                const Acc value = to_acc(v[r].v[k]);
+                batch_sum += value;
+                batch_sum_wide += value;
+              }
+              const Acc batch_mean = batch_sum * Acc(1.0 / RB);  // exact scaling
+              Acc batch_m2 = Acc(0);
+#pragma unroll
+              for (int r = 0; r < RB; ++r) {
+                const Acc d = to_acc(v[r].v[k]) - batch_mean;
+                batch_m2 += d * d;
+              }
+              sum[k] += batch_sum_wide;
+              const Acc delta = batch_mean - mean[k];
+              mean[k] += delta * weight_b;
+              m2[k] += batch_m2 + delta * delta * previous * weight_b;
+            }
+          },
+          [&](int r) {
+            const V v = column[r * row_step];
+            seen += Acc(1);
+            const Acc inv = gn::reciprocal(seen);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+              const Acc value = to_acc(v.v[k]);
+              sum[k] += value;
+              const Acc delta = value - mean[k];
+              mean[k] += delta * inv;
+              m2[k] += delta * (value - mean[k]);
+            }
+          });
+    }
+    if (lane < lanes) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        lane_sum[lane * C + c_first + k] = sum[k];
+        lane_m2[lane * C + c_first + k] = m2[k];
+      }
+    }
+    __syncthreads();
+    double* p = partial + static_cast<long long>(item) * 2 * C;
+    const double rows = row1 - row0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      double total = 0.0;
+      for (int j = 0; j < lanes; ++j) total += lane_sum[j * C + c];
+      const double m = total / rows;
+      double piece_m2 = 0.0;
+      for (int j = 0; j < lanes; ++j) {
+        const int n_j = gn::lane_rows(row0, row1, j, lanes);
+        if (n_j > 0) {
+          const double d = lane_sum[j * C + c] - n_j * m;  // n_j * (mean_j - m)
+          piece_m2 += static_cast<double>(lane_m2[j * C + c]) + d * d / n_j;
+        }
+      }
+      p[c] = total;
+      p[C + c] = piece_m2;
+    }
+    __syncthreads();  // lane_sum / lane_m2 are rewritten by the next item
+  }
+  grid.sync();
+
+  // ---- phase 2: per (n, g) statistics and coefficients.
+  const int groups = N * G;  // < 2**31: the host checks it
+  for (int item = blockIdx.x; item < groups; item += gridDim.x) {
+    const int n = item / G;
+    gn::finalize_group(static_cast<const double*>(partial), weight, bias, mean_out, rstd_out, ws,
+                       n, item - n * G, S, C, G, num_chunks, rows_per_chunk, eps, scratch,
+                       broadcast);
+  }
+  grid.sync();
+
+  // ---- phase 3: apply.
+  const IndexT num_vectors = static_cast<IndexT>(N) * S * cols;
+  gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
+    gn::apply_vector<T, ACT, VEC>(x, ws, y, i, n, C, c);
   });
 }

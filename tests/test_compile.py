@@ -174,3 +174,32 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
             for launch in launches:
                 assert (launch.file, launch.expression) in shipped, launch
                 assert all(v > 0 for v in launch.grid + launch.block), launch
+
+
+def test_group_norm_onepass_plans_and_rule():
+    # The one-pass forward (one cooperative launch) names a shipped
+    # specialization, takes the SD-size shapes in "auto" mode, and leaves the
+    # large, 64-bit and too-wide shapes to the three-launch path.
+    import numpy
+
+    from cupy_dwgn import _group_norm as gn
+
+    shipped = {e for f, e in ALL_SPECIALIZATIONS if f == gn.KERNEL_FILE}
+    f16, f32 = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    for n, s, c, g, dtype, vec_ok in [
+        (2, 4096, 320, 32, f16, True), (2, 1024, 640, 32, f16, True), (2, 256, 1280, 32, f16, True),
+        (8, 64, 1280, 32, f16, True), (3, 97, 99, 33, f32, False),
+    ]:
+        plan = gn._forward_plan(n, s, c, g, dtype, f32, "silu", 1e-5, vec_ok, "auto")
+        assert plan.fused is not None and plan.first is None, (n, s, c)
+        assert plan.fused.cooperative and plan.fused.expression in shipped
+        assert plan.fused.block[0] % 32 == 0
+    assert gn._forward_plan(1, 512 * 512, 128, 32, f16, f16, "silu", 1e-5, True, "auto").fused is None  # 67 MB
+    assert gn._forward_plan(1, 512 * 512, 128, 32, f16, f16, "silu", 1e-5, True, "onepass").fused is not None
+    assert gn._forward_plan(4, 4096, 2560, 32, f16, f16, "silu", 1e-5, True, "onepass").fused is None  # C/8 > 256
+    assert gn._forward_plan(1, 16, 513, 1, f32, f32, "identity", 1e-5, True, "onepass").fused is None  # scalar C > 512
+    assert gn._forward_plan(2, 4096, 320, 32, f16, f32, "silu", 1e-5, True, "split").fused is None
+    for cols, vec in [(40, 8), (160, 8), (16, 8), (80, 4), (99, 1), (1, 1), (512, 1)]:
+        block = gn._onepass_block(cols, vec)
+        assert block % 32 == 0 and cols <= block <= min(512, 2048 // vec)
+        assert (block // cols) * cols * vec <= gn._ONEPASS_SLOTS
