@@ -16,6 +16,7 @@ from cupy_dwgn import _dtypes, reference
 from _helpers import BFLOAT16, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
 
 from cupy_dwgn import _group_norm as gn
+from cupy_dwgn import _launch
 
 pytestmark = pytest.mark.gpu
 
@@ -220,6 +221,56 @@ def test_deterministic(rng):
         runs.append((y, mean, rstd) + gn.group_norm_backward(dy, x, mean, rstd, 32, w, b, activation="silu"))
     for a, b_ in zip(*runs):
         assert cupy.array_equal(a, b_)
+
+
+@pytest.fixture
+def forward_path():
+    """Set gn.FORWARD_PATH for one test (the memoized Steps key on it)."""
+    old = gn.FORWARD_PATH
+    yield lambda path: setattr(gn, "FORWARD_PATH", path)
+    gn.FORWARD_PATH = old
+
+
+# Shapes for the path comparison: SD-size, C/G odd, H*W prime, the scalar
+# path (C not a multiple of the vector), one row per sample, several samples.
+_PATH_CASES = [
+    ((2, 64, 64, 320), 32, F16, F32, "silu"),
+    ((2, 31, 29, 99), 33, F32, F32, "identity"),
+    ((3, 97, 12), 4, F16, F16, "gelu"),
+    ((5, 1, 1, 40), 8, BFLOAT16, F32, "relu"),
+    ((8, 8, 8, 1280), 32, F32, F32, "gelu_tanh"),
+]
+
+
+@pytest.mark.parametrize("case", _PATH_CASES, ids=lambda c: f"{c[0]}-G{c[1]}-{numpy.dtype(c[2])}")
+def test_one_pass_and_three_launch_forwards_agree_with_the_reference(rng, forward_path, case):
+    # "auto" takes the one-pass cooperative kernel for these sizes (<= 32 MiB)
+    # when the device supports it; "split" the three launches.  Both match the
+    # reference at the dtype's bound (statistics to float32 rounding).
+    import cupy
+
+    shape, groups, dtype, wdtype, activation = case
+    x_host = random(rng, shape, dtype, offset=3.0)
+    w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    b_host = (0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    ref_y, ref_mean, ref_rstd = reference.group_norm(x_host, groups, w_host, b_host, activation=activation,
+                                                     return_stats=True)
+    x, w, b = cupy.asarray(x_host), cupy.asarray(w_host), cupy.asarray(b_host)
+    assert _launch.cooperative_supported()  # else "onepass" quietly runs the three launches
+    for path in ("onepass", "split"):
+        forward_path(path)
+        y = poisoned(shape, dtype)
+        mean = poisoned((shape[0], groups), _dtypes.accumulator_dtype(dtype))
+        rstd = poisoned((shape[0], groups), _dtypes.accumulator_dtype(dtype))
+        gn.group_norm(x, groups, w, b, activation=activation, out=y, mean_out=mean, rstd_out=rstd)
+        assert relative_error(y, ref_y) <= TOLERANCE[dtype], path
+        stats_tol = 1e-12 if dtype == F64 else 1e-6
+        assert relative_error(mean, ref_mean) <= stats_tol and relative_error(rstd, ref_rstd) <= stats_tol, path
+        again = gn.group_norm(x, groups, w, b, activation=activation)
+        assert cupy.array_equal(again, y), f"{path}: not bit-identical run to run"
+        launches = {len(steps.launches) for entry in gn._SIGNATURES.values() for key, steps in entry.steps.items()
+                    if isinstance(key, tuple) and key[-1] == path}
+        assert launches == {1 if path == "onepass" else 3}, (path, launches)
 
 
 def test_zero_size():
