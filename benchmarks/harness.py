@@ -78,10 +78,11 @@ def copy_bandwidth_bytes_per_us(nbytes=2 * 2**30):
     return 2 * nbytes / us
 
 
-def kernel_breakdown_us(torch, fn, *, calls=20):
-    """GPU time per call of each kernel ``fn`` launches, {name: us}, from
-    PyTorch's CUPTI profiler (it records every kernel of the process, CuPy's
-    included).  Template arguments are cut from the names."""
+def kernel_profile(torch, fn, *, calls=20):
+    """{kernel name: [GPU us, launches]} per ``fn()`` call, from PyTorch's
+    CUPTI profiler (it records every kernel of the process, CuPy's
+    included).  Template arguments are cut from the names, so kernels of one
+    template add up."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -90,15 +91,16 @@ def kernel_breakdown_us(torch, fn, *, calls=20):
         for _ in range(calls):
             fn()
         cupy.cuda.Device().synchronize()
-    times = {}
+    kernels = {}
     for event in prof.key_averages():
         total = getattr(event, "device_time_total", None)
         if total is None:
             total = getattr(event, "cuda_time_total", 0.0)
         if total:
             name = event.key.split("<")[0].split("(")[0].strip()
-            times[name] = times.get(name, 0.0) + total / calls
-    return times
+            us, launches = kernels.get(name, (0.0, 0.0))
+            kernels[name] = [us + total / calls, launches + event.count / calls]
+    return kernels
 
 
 def report(results, json_path=None, key_width=34):

@@ -6,6 +6,7 @@
 # (cli: cupy-dwgn info, selftest and a precompile, as a user runs them).
 # (models: the real-model training-step benchmark, about 3 minutes; on 2 GPUs the tests step also runs
 # tests/test_multi_gpu.py and examples/ddp_train.py).
+# GNBENCH_ARGS go to benchmarks/group_norm.py (e.g. "--dtypes float16 --quick").
 # SANITIZER_ARGS pick kernel families (depthwise group_norm), SANITIZER_TOOLS the tools (memcheck racecheck); DWBENCH_ARGS go to benchmarks/depthwise.py
 # (the 144-cell depthwise table, about 70 s on an H200; e.g. "--dtypes float16 --quick").
 # PYTEST_ARGS replaces the pytest selection (default "-m gpu"; e.g. "-m 'gpu and not slow'").
@@ -58,7 +59,9 @@ if has sanitizer; then
   done
 fi
 if has gnbench; then
-  python3 benchmarks/group_norm.py --json "$OUT/group_norm.json" 2>&1 | tee "$OUT/group_norm.txt"
+  python3 benchmarks/group_norm.py --json "$OUT/group_norm.json" --png "$OUT/group_norm.png" ${GNBENCH_ARGS:-} 2>&1 \
+    | tee "$OUT/group_norm.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if has models; then
   python3 benchmarks/models.py --json "$OUT/models.json" --png "$OUT/models.png" ${MODELS_ARGS:-} 2>&1 | tee "$OUT/models.txt"
