@@ -33,6 +33,7 @@ _BWD_REDUCE = "dwgn_gn_bwd_reduce"
 _BWD_FINALIZE = "dwgn_gn_bwd_finalize"
 _BWD_DX = "dwgn_gn_bwd_dx"
 _ONEPASS = "dwgn_gn_fwd_onepass"
+_BWD_ONEPASS = "dwgn_gn_bwd_onepass"
 
 # ---------------------------------------------------------------------------
 # Forward path choice (written down here, applied by _onepass_geometry):
@@ -54,6 +55,12 @@ _ONEPASS = "dwgn_gn_fwd_onepass"
 # The byte limit is a constant, not the device's L2 size, so which path (and
 # so which reduction order) a shape takes is the same on every device.
 FORWARD_PATH = "auto"  # "auto", "onepass" or "split" (tests and benchmarks force a path)
+# The backward takes the same rule with dwgn_gn_bwd_onepass (one cooperative
+# launch: reduce, barrier, finalize, barrier, dx; x and grad_out read twice)
+# where x and grad_out together have at most _ONEPASS_MAX_BYTES, C / VEC <=
+# 256 vectors (its block is at most 256 threads: the finalize's scratch),
+# else its three launches reduce -> finalize -> dx.
+BACKWARD_PATH = "auto"
 _ONEPASS_MAX_BYTES = 32 * 2**20
 # Phase-1 work items (n, chunk of rows): about this many in all, each at
 # least lanes * row batch rows (every thread gets a whole batch).  Shape only.
@@ -128,6 +135,11 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                     name(_BWD_DX, t, _ACT_CODE[a], v, i)
                     for a in activations for v in vecs for i in indices
                 ]
+                if "int" in indices:  # the one-pass kernel is 32-bit only
+                    specs += [
+                        name(_BWD_ONEPASS, t, w, _ACT_CODE[a], v, "int")
+                        for w in ws for a in activations for v in vecs
+                    ]
     return [(KERNEL_FILE, e) for e in dict.fromkeys(specs)]
 
 
@@ -168,31 +180,32 @@ def _geometry(batch, rows, channels, dtype, aligned):
     )
 
 
-def _onepass_block(cols, vec):
-    """Block size of the one-pass kernel for rows of ``cols`` vectors: a
-    multiple of 32 in [64, min(512, 2048 / vec)] holding lanes = block // cols
-    whole rows, with the fewest idle threads (ties: the one nearest 256).
-    None when a row does not fit."""
-    limit = min(512, _ONEPASS_SLOTS // vec)
+def _onepass_block(cols, vec, max_block=512):
+    """Block size of a one-pass kernel for rows of ``cols`` vectors: a
+    multiple of 32 in [64, min(max_block, 2048 / vec)] holding lanes = block
+    // cols whole rows, with the fewest idle threads (ties: the one nearest
+    256).  None when a row does not fit."""
+    limit = min(max_block, _ONEPASS_SLOTS // vec)
     candidates = [b for b in range(64, limit + 1, 32) if b >= cols]
     if not candidates:
         return None
     return min(candidates, key=lambda b: (b % cols, abs(b - 256)))
 
 
-def _onepass_geometry(batch, rows, channels, dtype, vec, path):
-    """(block, rows_per_chunk, num_chunks) of the one-pass forward, or None
-    when the rule above sends the shape to the three-launch path.  Depends
-    on the shape (and the path setting) only."""
+def _onepass_geometry(batch, rows, channels, dtype, vec, path, tensors=1, max_block=512):
+    """(block, rows_per_chunk, num_chunks) of a one-pass kernel that reads
+    ``tensors`` arrays of x's shape twice, or None when the rule above sends
+    the shape to the three-launch path.  Depends on the shape (and the path
+    setting) only."""
     if path == "split":
         return None
     size = batch * rows * channels
     if size >= _launch.INT32_LIMIT:
         return None
-    if path == "auto" and size * numpy.dtype(dtype).itemsize > _ONEPASS_MAX_BYTES:
+    if path == "auto" and tensors * size * numpy.dtype(dtype).itemsize > _ONEPASS_MAX_BYTES:
         return None
     cols = channels // vec
-    block = _onepass_block(cols, vec)
+    block = _onepass_block(cols, vec, max_block)
     if block is None:
         return None
     lanes = block // cols
@@ -273,6 +286,8 @@ def _forward_steps(plan, mean_temporary, rstd_temporary):
 
 
 def _backward_steps(plan):
+    if plan.fused is not None:  # (grad_out, x, mean, rstd, w, b, partial, coefficients, dw, db, grad_x)
+        return _launch.Steps(((plan.fused, (0, 1, 2, 3, 4, 5, 9, 10, 7, 8, 6)),), plan.temporaries)
     return _launch.Steps(
         ((plan.first, (0, 1, 2, 3, 4, 5, 9)), (plan.finalize, (9, 2, 3, 4, 5, 10, 7, 8)),
          (plan.elementwise, (0, 1, 10, 6))),
@@ -291,12 +306,25 @@ class _Entry(typing.NamedTuple):
 
 
 @functools.lru_cache(maxsize=1024)
-def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned):
+def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned, path="split"):
     name = _compile.name_expression
     index, t, acc_dtype, split, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
-    rows_per_chunk, num_chunks, column_blocks = split
     w_ctype = _dtypes.ctype(w_dtype)
     act = _ACT_CODE[activation]
+    onepass = _onepass_geometry(batch, rows, channels, dtype, vec, path, tensors=2, max_block=256)
+    if onepass is not None and groups * (batch + 1) < _launch.INT32_LIMIT:
+        block, rows_per_chunk, num_chunks = onepass
+        wanted = max(batch * num_chunks, groups * (batch + 1), -(-int(num_vectors) // block))
+        return _Plan(
+            None, None, None,
+            (((batch, num_chunks, 2, channels), acc_dtype), ((batch, 5, channels), acc_dtype)),
+            fused=_launch.Launch(
+                KERNEL_FILE, name(_BWD_ONEPASS, t, w_ctype, act, vec, "int"), (wanted,), (block,), 0,
+                (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk)),
+                cooperative=True,
+            ),
+        )
+    rows_per_chunk, num_chunks, column_blocks = split
     common = (i32(batch), i32(rows), i32(channels), i32(groups))
     return _Plan(
         _launch.Launch(
@@ -533,10 +561,11 @@ def _backward(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_
             if g is not None:
                 g.fill(0)
         return grad_in, grad_weight, grad_bias
-    alignment = (x.data.ptr | grad_out.data.ptr | grad_in.data.ptr) & 15
-    steps = entry.steps.get(alignment)
+    key = ((x.data.ptr | grad_out.data.ptr | grad_in.data.ptr) & 15, BACKWARD_PATH)
+    steps = entry.steps.get(key)
     if steps is None:
-        steps = entry.steps[alignment] = _backward_steps(_backward_plan(*entry.plan_args, alignment == 0))
+        path = BACKWARD_PATH if BACKWARD_PATH == "split" or _launch.cooperative_supported() else "split"
+        steps = entry.steps[key] = _backward_steps(_backward_plan(*entry.plan_args, key[0] == 0, path))
     null = _launch.NULL
     _launch.run(steps, (
         grad_out, x, mean, rstd, null if weight is None else weight, null if bias is None else bias, grad_in,

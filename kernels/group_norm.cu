@@ -525,15 +525,118 @@ __global__ void dwgn_gn_bwd_reduce(
   }
 }
 
-// Backward pass 2.  Blocks (g, y) with y < N: for sample n = y, with
-// A_c = sum dz and B_c = sum dz*xhat (over the chunks), c1 = sum_c w_c A_c /
-// (S D) and c2 = sum_c w_c B_c / (S D), summed by the whole block over the
-// D * num_chunks (chunk, channel) pieces; writes ws (N, 5, C): mean,
+// Backward pass 2, the work of one (g, y) item.  y < N: for sample n = y,
+// with A_c = sum dz and B_c = sum dz*xhat (over the chunks), c1 = sum_c w_c
+// A_c / (S D) and c2 = sum_c w_c B_c / (S D), summed by the whole block over
+// the D * num_chunks (chunk, channel) pieces; writes ws (N, 5, C): mean,
 // scale_c = rstd * w_c, b_c, rstd * c1 and rstd^2 * c2 for every channel of
-// the group.  Blocks (g, y == N): the weight/bias gradients of the group's
-// channels, dw_c = sum B, db_c = sum A over the N * num_chunks rows of
-// partial, one column per channel (each written only when its pointer is
-// not null).
+// the group.  y == N: the weight/bias gradients of the group's channels,
+// dw_c = sum B, db_c = sum A over the N * num_chunks rows of partial, one
+// column per channel (each written only when its pointer is not null).
+// Every thread of the block calls it (blockDim.x a multiple of 32, <= 256);
+// scratch holds 2 * 256 Acc (column_sum needs 2 * blockDim.x, block_sum
+// 2 * 32), broadcast 2.  Shared by dwgn_gn_bwd_finalize and the one-pass
+// backward.
+namespace gn {
+template <typename Acc, typename W>
+__device__ __forceinline__ void bwd_finalize_item(
+    const Acc* __restrict__ partial, const Acc* __restrict__ mean, const Acc* __restrict__ rstd,
+    const W* __restrict__ weight, const W* __restrict__ bias, Acc* __restrict__ ws,
+    W* __restrict__ grad_weight, W* __restrict__ grad_bias, int N, int S, int C, int G,
+    int num_chunks, int g, long long y, Acc* scratch, Acc* broadcast) {
+  const int D = C / G;
+  const int c0 = g * D;
+  const int items = D * num_chunks;
+  if (y == N) {  // block-uniform branch
+    if (grad_weight == nullptr && grad_bias == nullptr) return;
+    // Rows of partial are (n, chunk) pairs, N * num_chunks <= max(N, 2048) of them.
+    const int rows = N * num_chunks;
+    for (int j0 = 0; j0 < D; j0 += blockDim.x) {  // the same trip count in every thread
+      const ColumnLayout L(D - j0, c0 + j0, c0 + D);
+      Acc v[2] = {Acc(0), Acc(0)};
+      if (L.valid) {
+        for (int r = L.lane; r < rows; r += L.lanes) {
+          const Acc* p = partial + static_cast<long long>(r) * 2 * C + L.c;
+          v[0] += p[0];
+          v[1] += p[C];
+        }
+      }
+      column_sum<2>(v, L, scratch);
+      if (L.valid && L.lane == 0) {
+        if (grad_weight != nullptr) grad_weight[L.c] = from_acc<W>(v[1]);
+        if (grad_bias != nullptr) grad_bias[L.c] = from_acc<W>(v[0]);
+      }
+    }
+    return;
+  }
+  const int n = static_cast<int>(y);
+  const Acc* pn = partial + static_cast<long long>(n) * num_chunks * 2 * C;
+  Acc v[2] = {Acc(0), Acc(0)};
+  for (int i = threadIdx.x; i < items; i += blockDim.x) {
+    int chunk;
+    const int offset = group_item(i, D, c0, C, chunk);
+    const int c = c0 + (i - chunk * D);
+    const Acc w = weight != nullptr ? to_acc(weight[c]) : Acc(1);
+    v[0] += w * pn[offset];
+    v[1] += w * pn[offset + C];
+  }
+  dwgn::block_sum<2>(v, scratch);
+  const Acc m = mean[static_cast<long long>(n) * G + g];
+  const Acc r = rstd[static_cast<long long>(n) * G + g];
+  if (threadIdx.x == 0) {
+    const Acc inv_count = Acc(1) / (Acc(S) * Acc(D));
+    broadcast[0] = r * v[0] * inv_count;
+    broadcast[1] = r * (r * v[1] * inv_count);
+  }
+  __syncthreads();
+  const Acc k1 = broadcast[0];
+  const Acc k2 = broadcast[1];
+  Acc* wn = ws + static_cast<long long>(n) * 5 * C;
+  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+    const int c = c0 + j;
+    wn[c] = m;
+    wn[C + c] = weight != nullptr ? r * to_acc(weight[c]) : r;
+    wn[2 * C + c] = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+    wn[3 * C + c] = k1;
+    wn[4 * C + c] = k2;
+  }
+  __syncthreads();  // broadcast is rewritten by the next item
+}
+
+// Backward pass 3 for vector i (sample n, first channel c): grad_in =
+// scale_c * dz - rstd*c1 - (x - mean) * rstd^2*c2 (xhat * rstd*c2 with xhat =
+// (x - mean) * rstd), ws (N, 5, C) as bwd_finalize_item writes it.  Shared
+// by dwgn_gn_bwd_dx and the one-pass backward.
+template <typename T, int ACT, int VEC, typename IndexT>
+__device__ __forceinline__ void dx_vector(const T* grad_out, const T* x,
+                                          const typename AccType<T>::type* __restrict__ ws, T* grad_in,
+                                          IndexT i, int n, int C, int c) {
+  using Acc = typename AccType<T>::type;
+  using V = Vec<T, VEC>;
+  const Acc* wn = ws + static_cast<long long>(n) * 5 * C + c;
+  const V xv = reinterpret_cast<const V*>(x)[i];
+  const V dyv = reinterpret_cast<const V*>(grad_out)[i];
+  // VEC coefficients per load, as in dwgn_gn_fwd_apply.
+  const auto m = load_vec<VEC>(wn);
+  const auto scale = load_vec<VEC>(wn + C);
+  const auto b = load_vec<VEC>(wn + 2 * C);  // dead (and dropped) for identity
+  const auto k1 = load_vec<VEC>(wn + 3 * C);
+  const auto k2 = load_vec<VEC>(wn + 4 * C);
+  V out;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const Acc centered = to_acc(xv.v[k]) - m.v[k];
+    Acc dz = to_acc(dyv.v[k]);
+    if (ACT != kIdentity) {
+      dz *= activation_grad<ACT>(centered * scale.v[k] + b.v[k]);
+    }
+    out.v[k] = from_acc<T>(scale.v[k] * dz - k1.v[k] - centered * k2.v[k]);
+  }
+  reinterpret_cast<V*>(grad_in)[i] = out;
+}
+}  // namespace gn
+
+// Backward pass 2: one block per (g, y) item of gn::bwd_finalize_item.
 // grid (G, min(N + 1, 65535)); block a multiple of 32, <= 256.
 template <typename Acc, typename W>
 __global__ void dwgn_gn_bwd_finalize(
@@ -541,101 +644,23 @@ __global__ void dwgn_gn_bwd_finalize(
     const W* __restrict__ weight, const W* __restrict__ bias, Acc* __restrict__ ws,
     W* __restrict__ grad_weight, W* __restrict__ grad_bias, int N, int S, int C, int G,
     int num_chunks) {
-  __shared__ Acc scratch[2 * 256];  // column_sum needs 2 * blockDim.x, block_sum 2 * 32
+  __shared__ Acc scratch[2 * 256];
   __shared__ Acc broadcast[2];
-  const int g = blockIdx.x;
-  const int D = C / G;
-  const int c0 = g * D;
-  const int items = D * num_chunks;
   // y runs to N inclusive: a long long counter cannot wrap even for N = INT_MAX.
   for (long long y = blockIdx.y; y <= N; y += gridDim.y) {
-    if (y == N) {  // block-uniform branch
-      if (grad_weight == nullptr && grad_bias == nullptr) continue;
-      // Rows of partial are (n, chunk) pairs, N * num_chunks <= max(N, 2048) of them.
-      const int rows = N * num_chunks;
-      for (int j0 = 0; j0 < D; j0 += blockDim.x) {  // the same trip count in every thread
-        const gn::ColumnLayout L(D - j0, c0 + j0, c0 + D);
-        Acc v[2] = {Acc(0), Acc(0)};
-        if (L.valid) {
-          for (int r = L.lane; r < rows; r += L.lanes) {
-            const Acc* p = partial + static_cast<long long>(r) * 2 * C + L.c;
-            v[0] += p[0];
-            v[1] += p[C];
-          }
-        }
-        gn::column_sum<2>(v, L, scratch);
-        if (L.valid && L.lane == 0) {
-          if (grad_weight != nullptr) grad_weight[L.c] = from_acc<W>(v[1]);
-          if (grad_bias != nullptr) grad_bias[L.c] = from_acc<W>(v[0]);
-        }
-      }
-      continue;
-    }
-    const int n = static_cast<int>(y);
-    const Acc* pn = partial + static_cast<long long>(n) * num_chunks * 2 * C;
-    Acc v[2] = {Acc(0), Acc(0)};
-    for (int i = threadIdx.x; i < items; i += blockDim.x) {
-      int chunk;
-      const int offset = gn::group_item(i, D, c0, C, chunk);
-      const int c = c0 + (i - chunk * D);
-      const Acc w = weight != nullptr ? to_acc(weight[c]) : Acc(1);
-      v[0] += w * pn[offset];
-      v[1] += w * pn[offset + C];
-    }
-    dwgn::block_sum<2>(v, scratch);
-    const Acc m = mean[static_cast<long long>(n) * G + g];
-    const Acc r = rstd[static_cast<long long>(n) * G + g];
-    if (threadIdx.x == 0) {
-      const Acc inv_count = Acc(1) / (Acc(S) * Acc(D));
-      broadcast[0] = r * v[0] * inv_count;
-      broadcast[1] = r * (r * v[1] * inv_count);
-    }
-    __syncthreads();
-    const Acc k1 = broadcast[0];
-    const Acc k2 = broadcast[1];
-    Acc* wn = ws + static_cast<long long>(n) * 5 * C;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) {
-      const int c = c0 + j;
-      wn[c] = m;
-      wn[C + c] = weight != nullptr ? r * to_acc(weight[c]) : r;
-      wn[2 * C + c] = bias != nullptr ? to_acc(bias[c]) : Acc(0);
-      wn[3 * C + c] = k1;
-      wn[4 * C + c] = k2;
-    }
-    __syncthreads();  // broadcast is rewritten by the next n
+    gn::bwd_finalize_item(partial, mean, rstd, weight, bias, ws, grad_weight, grad_bias, N, S, C, G,
+                          num_chunks, static_cast<int>(blockIdx.x), y, scratch, broadcast);
   }
 }
 
-// Backward pass 3: grad_in = scale_c * dz - rstd*c1 - (x - mean) * rstd^2*c2
-// (xhat * rstd*c2 with xhat = (x - mean) * rstd).
+// Backward pass 3 (gn::dx_vector over every vector).
 template <typename T, int ACT, int VEC, typename IndexT>
 __global__ void dwgn_gn_bwd_dx(
     const T* __restrict__ grad_out, const T* __restrict__ x,
     const typename AccType<T>::type* __restrict__ ws, T* __restrict__ grad_in,
     IndexT num_vectors, int S, int C) {
-  using Acc = typename AccType<T>::type;
-  using V = gn::Vec<T, VEC>;
   gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
-    const Acc* wn = ws + static_cast<long long>(n) * 5 * C + c;
-    const V xv = reinterpret_cast<const V*>(x)[i];
-    const V dyv = reinterpret_cast<const V*>(grad_out)[i];
-    // VEC coefficients per load, as in dwgn_gn_fwd_apply.
-    const auto m = gn::load_vec<VEC>(wn);
-    const auto scale = gn::load_vec<VEC>(wn + C);
-    const auto b = gn::load_vec<VEC>(wn + 2 * C);  // dead (and dropped) for identity
-    const auto k1 = gn::load_vec<VEC>(wn + 3 * C);
-    const auto k2 = gn::load_vec<VEC>(wn + 4 * C);
-    V out;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const Acc centered = to_acc(xv.v[k]) - m.v[k];
-      Acc dz = to_acc(dyv.v[k]);
-      if (ACT != gn::kIdentity) {
-        dz *= gn::activation_grad<ACT>(centered * scale.v[k] + b.v[k]);
-      }
-      out.v[k] = from_acc<T>(scale.v[k] * dz - k1.v[k] - centered * k2.v[k]);
-    }
-    reinterpret_cast<V*>(grad_in)[i] = out;
+    gn::dx_vector<T, ACT, VEC>(grad_out, x, ws, grad_in, i, n, C, c);
   });
 }
 
@@ -685,6 +710,15 @@ constexpr int onepass_max_block() { return kOnePassSlots / VEC < 512 ? kOnePassS
 // bounds: 4 rows x 16 bytes.
 template <int VEC>
 constexpr int onepass_row_batch() { return VEC >= 8 ? 4 : kRowBatch; }
+// The one-pass backward loads two vectors per row (x, grad_out) and keeps six
+// per-channel values per vector lane (mean, rstd, scale, bias, two sums):
+// fewer rows per batch keep it within 128 registers (2 blocks of 256 per SM)
+// without spills; float64 (twice the registers per value, and its erf/exp)
+// takes 1 block per SM and 2 rows.
+template <typename T, int VEC>
+constexpr int onepass_bwd_row_batch() { return sizeof(T) == 8 ? 2 : VEC >= 8 ? 2 : 4; }
+template <typename T>
+constexpr int onepass_bwd_min_blocks() { return sizeof(T) == 8 ? 1 : 2; }
 }
 
 template <typename T, typename W, int ACT, int VEC, typename IndexT>
@@ -819,5 +853,149 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
   const IndexT num_vectors = static_cast<IndexT>(N) * S * cols;
   gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
     gn::apply_vector<T, ACT, VEC>(x, ws, y, i, n, C, c);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// One-pass backward (one cooperative launch): the three backward passes in
+// one persistent kernel separated by two grid-wide barriers, as in the
+// one-pass forward.  Host rule and grid size: _group_norm.py.
+//
+//   phase 1  items (n, chunk), N * num_chunks of them: per channel A = sum
+//            dz and B = sum dz * xhat over the chunk's rows (dz = grad_out *
+//            act'(z), the arithmetic of dwgn_gn_bwd_reduce).  cols = C / VEC
+//            threads across a row, lanes = blockDim.x / cols rows at a time
+//            (row0 + lane + k * lanes); each thread sums its rows in order,
+//            then the lanes are added in shared memory, lane 0 to lanes - 1,
+//            one thread per channel.  Writes partial (N, num_chunks, 2, C)
+//            Acc, the layout dwgn_gn_bwd_reduce writes.
+//   barrier
+//   phase 2  items (g, y), G * (N + 1) of them: gn::bwd_finalize_item (the
+//            code of dwgn_gn_bwd_finalize): ws and the weight/bias gradients.
+//   barrier
+//   phase 3  grad_in over every vector, grid-stride (gn::dx_vector, the code
+//            of dwgn_gn_bwd_dx); x and grad_out are read again (from L2 for
+//            tensors that fit it).
+//
+// Determinism as in the one-pass forward: the work split depends on the
+// shape only, the grid size only on which block takes which item.
+// grad_in must not overlap grad_out or x (the host checks it).  partial and
+// ws are written in one phase and first read in a later one, after a grid
+// barrier (which fences memory), so no SM can hold a stale cached copy when
+// the __restrict__ (possibly non-coherent) loads of the next phase read them;
+// the one-pass forward relies on the same order.
+// blockDim.x: a multiple of 32, cols * lanes <= blockDim.x <= 256 (the
+// finalize's scratch) and lanes * C <= kOnePassSlots.
+template <typename T, typename W, int ACT, int VEC, typename IndexT>
+__global__ void __launch_bounds__(256, gn::onepass_bwd_min_blocks<T>()) dwgn_gn_bwd_onepass(
+    const T* __restrict__ grad_out, const T* __restrict__ x,
+    const typename AccType<T>::type* __restrict__ mean, const typename AccType<T>::type* __restrict__ rstd,
+    const W* __restrict__ weight, const W* __restrict__ bias, typename AccType<T>::type* __restrict__ partial,
+    typename AccType<T>::type* __restrict__ ws, W* __restrict__ grad_weight, W* __restrict__ grad_bias,
+    T* __restrict__ grad_in, int N, int S, int C, int G, int num_chunks, int rows_per_chunk) {
+  using Acc = typename AccType<T>::type;
+  using V = gn::Vec<T, VEC>;
+  constexpr int RB = gn::onepass_bwd_row_batch<T, VEC>();
+  __shared__ Acc lane_a[gn::kOnePassSlots];
+  __shared__ Acc lane_b[gn::kOnePassSlots];
+  __shared__ Acc scratch[2 * 256];
+  __shared__ Acc broadcast[2];
+  cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+
+  // ---- phase 1: per (n, chunk, c) sums of dz and dz * xhat.
+  const int cols = C / VEC;
+  const int lanes = blockDim.x / cols;
+  const int col = threadIdx.x % cols;
+  const int lane = threadIdx.x / cols;
+  const int c_first = col * VEC;
+  const int D = C / G;
+  const int num_items = N * num_chunks;  // < 2**31: the host checks it
+  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+    const int n = item / num_chunks;
+    const int chunk = item - n * num_chunks;
+    const int row0 = chunk * rows_per_chunk;
+    const int row1 = min(S, row0 + rows_per_chunk);
+    const int count = lane < lanes ? gn::lane_rows(row0, row1, lane, lanes) : 0;
+    Acc a[VEC], bsum[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      a[k] = Acc(0);
+      bsum[k] = Acc(0);
+    }
+    if (count > 0) {
+      Acc m[VEC], r[VEC], scale[VEC], b[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {  // a vector's channels may lie in different groups (D < VEC)
+        const int c = c_first + k;
+        const long long stat = static_cast<long long>(n) * G + c / D;
+        m[k] = mean[stat];
+        r[k] = rstd[stat];
+        scale[k] = weight != nullptr ? r[k] * to_acc(weight[c]) : r[k];
+        b[k] = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+      }
+      const IndexT first = (static_cast<IndexT>(n) * S + row0 + lane) * C + c_first;
+      const V* x_column = reinterpret_cast<const V*>(x + first);
+      const V* dy_column = reinterpret_cast<const V*>(grad_out + first);
+      const IndexT row_step = static_cast<IndexT>(lanes) * cols;  // in vectors
+      const auto accumulate = [&](const V& xv, const V& dyv) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const Acc centered = to_acc(xv.v[k]) - m[k];
+          Acc dz = to_acc(dyv.v[k]);
+          if (ACT != gn::kIdentity) dz *= gn::activation_grad<ACT>(centered * scale[k] + b[k]);
+          a[k] += dz;
+          bsum[k] += dz * (centered * r[k]);
+        }
+      };
+      gn::walk_lane_rows<RB>(
+          count,
+          [&](int k0) {
+            // All loads of the batch first, so they are in flight together.
+            V xv[RB], dyv[RB];
+#pragma unroll
+            for (int q = 0; q < RB; ++q) {
+              xv[q] = x_column[(k0 + q) * row_step];
+              dyv[q] = dy_column[(k0 + q) * row_step];
+            }
+#pragma unroll
+            for (int q = 0; q < RB; ++q) accumulate(xv[q], dyv[q]);
+          },
+          [&](int k) { accumulate(x_column[k * row_step], dy_column[k * row_step]); });
+    }
+    if (lane < lanes) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        lane_a[lane * C + c_first + k] = a[k];
+        lane_b[lane * C + c_first + k] = bsum[k];
+      }
+    }
+    __syncthreads();
+    Acc* p = partial + static_cast<long long>(item) * 2 * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      Acc total_a = Acc(0), total_b = Acc(0);
+      for (int j = 0; j < lanes; ++j) {
+        total_a += lane_a[j * C + c];
+        total_b += lane_b[j * C + c];
+      }
+      p[c] = total_a;
+      p[C + c] = total_b;
+    }
+    __syncthreads();  // lane_a / lane_b are rewritten by the next item
+  }
+  grid.sync();
+
+  // ---- phase 2: coefficients (y < N) and weight/bias gradients (y == N).
+  const int finalize_items = G * (N + 1);  // < 2**31: the host checks it
+  for (int item = blockIdx.x; item < finalize_items; item += gridDim.x) {
+    const int y = item / G;
+    gn::bwd_finalize_item(static_cast<const Acc*>(partial), mean, rstd, weight, bias, ws, grad_weight,
+                          grad_bias, N, S, C, G, num_chunks, item - y * G, y, scratch, broadcast);
+  }
+  grid.sync();
+
+  // ---- phase 3: grad_in.
+  const IndexT num_vectors = static_cast<IndexT>(N) * S * cols;
+  gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
+    gn::dx_vector<T, ACT, VEC>(grad_out, x, ws, grad_in, i, n, C, c);
   });
 }

@@ -199,6 +199,19 @@ def test_group_norm_onepass_plans_and_rule():
     assert gn._forward_plan(4, 4096, 2560, 32, f16, f16, "silu", 1e-5, True, "onepass").fused is None  # C/8 > 256
     assert gn._forward_plan(1, 16, 513, 1, f32, f32, "identity", 1e-5, True, "onepass").fused is None  # scalar C > 512
     assert gn._forward_plan(2, 4096, 320, 32, f16, f32, "silu", 1e-5, True, "split").fused is None
+    # The one-pass backward: the same rule with x and grad_out (2 tensors) and blocks <= 256.
+    for n, s, c, g, dtype, vec_ok in [
+        (2, 4096, 320, 32, f16, True), (2, 1024, 640, 32, f16, True), (2, 256, 1280, 32, f16, True),
+        (8, 64, 1280, 32, f16, True), (3, 97, 99, 33, f32, False), (8, 64, 1024, 32, f32, True),
+    ]:
+        plan = gn._backward_plan(n, s, c, g, dtype, f32, "silu", vec_ok, "auto")
+        assert plan.fused is not None and plan.first is None, (n, s, c)
+        assert plan.fused.cooperative and plan.fused.expression in shipped
+        assert plan.fused.block[0] % 32 == 0 and plan.fused.block[0] <= 256
+        assert plan.temporaries[1][0] == (n, 5, c)
+    assert gn._backward_plan(8, 64, 1280, 32, f32, f32, "silu", True, "onepass").fused is None  # C/4 > 256
+    assert gn._backward_plan(2, 4096, 1280, 32, f16, f32, "silu", True, "auto").fused is None  # 2 x 21 MB
+    assert gn._backward_plan(2, 4096, 320, 32, f16, f32, "silu", True, "split").fused is None
     for cols, vec in [(40, 8), (160, 8), (16, 8), (80, 4), (99, 1), (1, 1), (512, 1)]:
         block = gn._onepass_block(cols, vec)
         assert block % 32 == 0 and cols <= block <= min(512, 2048 // vec)

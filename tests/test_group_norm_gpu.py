@@ -224,11 +224,22 @@ def test_deterministic(rng):
 
 
 @pytest.fixture
-def forward_path():
-    """Set gn.FORWARD_PATH for one test (the memoized Steps key on it)."""
-    old = gn.FORWARD_PATH
-    yield lambda path: setattr(gn, "FORWARD_PATH", path)
-    gn.FORWARD_PATH = old
+def set_paths():
+    """Set gn.FORWARD_PATH and gn.BACKWARD_PATH for one test (both are part
+    of the memoized Steps keys)."""
+    old = gn.FORWARD_PATH, gn.BACKWARD_PATH
+
+    def set_(path):
+        gn.FORWARD_PATH = gn.BACKWARD_PATH = path
+
+    yield set_
+    gn.FORWARD_PATH, gn.BACKWARD_PATH = old
+
+
+def _launch_counts(path):
+    """Launches of every Steps resolved under ``path`` so far."""
+    return {len(steps.launches) for entry in gn._SIGNATURES.values() for key, steps in entry.steps.items()
+            if key[-1] == path}
 
 
 # Shapes for the path comparison: SD-size, C/G odd, H*W prime, the scalar
@@ -238,39 +249,47 @@ _PATH_CASES = [
     ((2, 31, 29, 99), 33, F32, F32, "identity"),
     ((3, 97, 12), 4, F16, F16, "gelu"),
     ((5, 1, 1, 40), 8, BFLOAT16, F32, "relu"),
-    ((8, 8, 8, 1280), 32, F32, F32, "gelu_tanh"),
+    ((8, 8, 8, 1024), 32, F32, F32, "gelu_tanh"),
 ]
 
 
 @pytest.mark.parametrize("case", _PATH_CASES, ids=lambda c: f"{c[0]}-G{c[1]}-{numpy.dtype(c[2])}")
-def test_one_pass_and_three_launch_forwards_agree_with_the_reference(rng, forward_path, case):
-    # "auto" takes the one-pass cooperative kernel for these sizes (<= 32 MiB)
-    # when the device supports it; "split" the three launches.  Both match the
-    # reference at the dtype's bound (statistics to float32 rounding).
+def test_one_pass_and_three_launch_paths_agree_with_the_reference(rng, set_paths, case):
+    # "onepass" takes the cooperative one-launch kernels (forward and
+    # backward; "auto" picks them for tensors of these sizes), "split" the
+    # three launches of each direction.  Both match the reference at the
+    # dtype's bound (statistics to float32 rounding), run to run bit-identical.
     import cupy
 
     shape, groups, dtype, wdtype, activation = case
     x_host = random(rng, shape, dtype, offset=3.0)
+    dy_host = random(rng, shape, dtype)
     w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
     b_host = (0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
     ref_y, ref_mean, ref_rstd = reference.group_norm(x_host, groups, w_host, b_host, activation=activation,
                                                      return_stats=True)
-    x, w, b = cupy.asarray(x_host), cupy.asarray(w_host), cupy.asarray(b_host)
+    x, dy, w, b = (cupy.asarray(a) for a in (x_host, dy_host, w_host, b_host))
     assert _launch.cooperative_supported()  # else "onepass" quietly runs the three launches
+    stats_tol = 1e-12 if dtype == F64 else 1e-6
     for path in ("onepass", "split"):
-        forward_path(path)
-        y = poisoned(shape, dtype)
-        mean = poisoned((shape[0], groups), _dtypes.accumulator_dtype(dtype))
-        rstd = poisoned((shape[0], groups), _dtypes.accumulator_dtype(dtype))
+        set_paths(path)
+        acc = _dtypes.accumulator_dtype(dtype)
+        y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
         gn.group_norm(x, groups, w, b, activation=activation, out=y, mean_out=mean, rstd_out=rstd)
         assert relative_error(y, ref_y) <= TOLERANCE[dtype], path
-        stats_tol = 1e-12 if dtype == F64 else 1e-6
         assert relative_error(mean, ref_mean) <= stats_tol and relative_error(rstd, ref_rstd) <= stats_tol, path
-        again = gn.group_norm(x, groups, w, b, activation=activation)
-        assert cupy.array_equal(again, y), f"{path}: not bit-identical run to run"
-        launches = {len(steps.launches) for entry in gn._SIGNATURES.values() for key, steps in entry.steps.items()
-                    if isinstance(key, tuple) and key[-1] == path}
-        assert launches == {1 if path == "onepass" else 3}, (path, launches)
+        dx, dw, db = poisoned(shape, dtype), poisoned(shape[-1:], wdtype), poisoned(shape[-1:], wdtype)
+        gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation, out=dx,
+                               grad_weight_out=dw, grad_bias_out=db)
+        ref_dx, ref_dw, ref_db = reference.group_norm_backward(dy_host, x_host, mean.get(), rstd.get(), groups,
+                                                               w_host, b_host, activation=activation)
+        for name, got, ref in (("dx", dx, ref_dx), ("dw", dw, ref_dw), ("db", db, ref_db)):
+            assert relative_error(got, ref) <= TOLERANCE[dtype], (path, name)
+        assert cupy.array_equal(gn.group_norm(x, groups, w, b, activation=activation), y), f"{path}: y changed"
+        again = gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation)
+        for got, first in zip(again, (dx, dw, db)):
+            assert cupy.array_equal(got, first), f"{path}: backward not bit-identical run to run"
+        assert _launch_counts(path) == {1 if path == "onepass" else 3}, path
 
 
 def test_zero_size():
