@@ -39,6 +39,17 @@ def act(z, name):
     raise ValueError(name)
 
 
+def act_grad(z, name):
+    if name == "identity":
+        return numpy.ones_like(z)
+    if name == "relu":
+        return (z > 0).astype(z.dtype)
+    if name == "silu":
+        s = 1 / (1 + numpy.exp(-z))
+        return s * (1 + z * (1 - s))
+    raise ValueError(name)
+
+
 def phase1_item(x, n, chunk, rows_per_chunk, lanes, rb, acc):
     """One block's (n, chunk) item: per lane Welford in Acc (batches of rb
     rows, one Chan merge per batch) beside the double sum; lanes combined by
@@ -166,6 +177,71 @@ def emulate(x, G, weight, bias, eps, activation, grid):
     return y, mean, rstd, geometry
 
 
+def emulate_backward(x, dy, G, weight, bias, mean, rstd, activation, grid):
+    """dwgn_gn_bwd_onepass: phase 1 per (n, chunk) item, each lane summing its
+    rows in order in Acc, lanes added in order; phase 2 gn::bwd_finalize_item
+    per (g, y); phase 3 dx.  Returns (dx, dw, db, geometry)."""
+    N, S, C = x.shape
+    dtype = x.dtype
+    acc = numpy.float64 if dtype == numpy.float64 else F32
+    vec = 16 // dtype.itemsize if C % (16 // dtype.itemsize) == 0 else 1
+    geometry = gn._onepass_geometry(N, S, C, dtype, vec, "onepass", tensors=2, max_block=256)
+    assert geometry is not None, (x.shape, dtype)
+    block, rows_per_chunk, num_chunks = geometry
+    cols = C // vec
+    lanes = block // cols
+    assert block % 32 == 0 and block <= 256 and lanes >= 1 and lanes * C <= gn._ONEPASS_SLOTS
+    D = C // G
+    group_of = numpy.arange(C) // D
+    w = weight.astype(acc) if weight is not None else numpy.ones(C, acc)
+    b = bias.astype(acc) if bias is not None else numpy.zeros(C, acc)
+    partial = numpy.full((N, num_chunks, 2, C), numpy.nan, acc)
+    covered = numpy.zeros((N, S), dtype=int)
+    for blk in range(grid):
+        for item in range(blk, N * num_chunks, grid):
+            n, chunk = divmod(item, num_chunks)
+            row0 = chunk * rows_per_chunk
+            row1 = min(S, row0 + rows_per_chunk)
+            m, r = mean[n, group_of].astype(acc), rstd[n, group_of].astype(acc)
+            scale = (r * w).astype(acc)
+            lane_a = numpy.zeros((lanes, C), acc)
+            lane_b = numpy.zeros((lanes, C), acc)
+            for lane in range(lanes):
+                for row in range(row0 + lane, row1, lanes):  # this lane's rows, in order
+                    covered[n, row] += 1
+                    centered = (x[n, row].astype(acc) - m).astype(acc)
+                    dz = (dy[n, row].astype(acc) * act_grad((centered * scale + b).astype(acc), activation)).astype(acc)
+                    lane_a[lane] = (lane_a[lane] + dz).astype(acc)
+                    lane_b[lane] = (lane_b[lane] + dz * (centered * r).astype(acc)).astype(acc)
+            total_a = numpy.zeros(C, acc)
+            total_b = numpy.zeros(C, acc)
+            for j in range(lanes):
+                total_a = (total_a + lane_a[j]).astype(acc)
+                total_b = (total_b + lane_b[j]).astype(acc)
+            partial[n, chunk, 0], partial[n, chunk, 1] = total_a, total_b
+    assert (covered == 1).all(), "phase 1 must cover every row exactly once"
+    assert not numpy.isnan(partial).any()
+    # Phase 2: per (n, g) c1, c2 (block sums; float64 here, the GPU's Acc
+    # order differs only in rounding), and dw, db over every (n, chunk) row.
+    ws = numpy.zeros((N, 5, C), acc)
+    for n in range(N):
+        for g in range(G):
+            cs = slice(g * D, (g + 1) * D)
+            v0 = float((w[cs] * partial[n, :, 0, cs]).astype(numpy.float64).sum())
+            v1 = float((w[cs] * partial[n, :, 1, cs]).astype(numpy.float64).sum())
+            m, r = acc(mean[n, g]), acc(rstd[n, g])
+            ws[n, 0, cs], ws[n, 1, cs], ws[n, 2, cs] = m, (r * w[cs]).astype(acc), b[cs]
+            ws[n, 3, cs] = acc(r * v0 / (S * D))
+            ws[n, 4, cs] = acc(r * (r * v1 / (S * D)))
+    db = partial[:, :, 0].reshape(-1, C).astype(numpy.float64).sum(0)
+    dw = partial[:, :, 1].reshape(-1, C).astype(numpy.float64).sum(0)
+    # Phase 3.
+    centered = (x.astype(acc) - ws[:, None, 0]).astype(acc)
+    dz = (dy.astype(acc) * act_grad((centered * ws[:, None, 1] + ws[:, None, 2]).astype(acc), activation)).astype(acc)
+    dx = (ws[:, None, 1] * dz - ws[:, None, 3] - centered * ws[:, None, 4]).astype(acc).astype(dtype)
+    return dx, dw, db, geometry
+
+
 def relative_error(got, ref):
     got = numpy.asarray(got, dtype=numpy.float64)
     ref = numpy.asarray(ref, dtype=numpy.float64)
@@ -222,6 +298,20 @@ def main():
             f"(block, rows/chunk, chunks)={geometry}  rel err y {errors[0]:.2e} (tol {tol:g}) "
             f"mean {errors[1]:.2e} rstd {errors[2]:.2e}; grid-independent"
         )
+        # The backward, from the emulated forward's statistics.
+        if S * N <= 20000:  # the row-by-row emulation is slow
+            dy = rng.standard_normal((N, S, C)).astype(dtype)
+            back = {grid: emulate_backward(x, dy, G, weight, bias, mean, rstd, activation, grid) for grid in (1, 5)}
+            for got, again in zip(back[1][:3], back[5][:3]):
+                assert numpy.array_equal(got, again), "grid changed the backward"
+            ref = reference.group_norm_backward(dy, x, mean, rstd, G, weight, bias, activation=activation)
+            names = ("dx", "dw", "db")
+            bwd_errors = {name: relative_error(got, want) for name, got, want in zip(names, back[1][:3], ref)
+                          if want is not None}
+            bwd_ok = all(e <= tol for e in bwd_errors.values())
+            failures += not bwd_ok
+            print(f"{'ok  ' if bwd_ok else 'FAIL'}   backward (block, rows/chunk, chunks)={back[1][3]}  "
+                  + "  ".join(f"{k} {v:.2e}" for k, v in bwd_errors.items()) + "; grid-independent")
     print("all cases pass" if not failures else f"{failures} cases FAIL")
     return 1 if failures else 0
 
