@@ -66,6 +66,10 @@ _ONEPASS_MAX_BYTES = 32 * 2**20
 # least lanes * row batch rows (every thread gets a whole batch).  Shape only.
 _ONEPASS_ITEMS = 512
 _ONEPASS_SLOTS = 2048  # gn::kOnePassSlots: lanes * C shared summaries
+# More blocks than any GPU holds at once (132 SMs x 32 blocks = 4224 on an
+# H200): the cooperative grid is below it, so item counts below
+# 2**31 - _ONEPASS_GRID_LIMIT never overflow when stepped by the grid.
+_ONEPASS_GRID_LIMIT = 2**16
 
 # Statistics split: about this many blocks in the column-reduction kernels,
 # each summing at least _MIN_ROWS_PER_CHUNK rows.  Depends on the shape only
@@ -192,16 +196,19 @@ def _onepass_block(cols, vec, max_block=512):
     return min(candidates, key=lambda b: (b % cols, abs(b - 256)))
 
 
-def _onepass_geometry(batch, rows, channels, dtype, vec, path, tensors=1, max_block=512):
-    """(block, rows_per_chunk, num_chunks) of a one-pass kernel that reads
-    ``tensors`` arrays of x's shape twice, or None when the rule above sends
-    the shape to the three-launch path.  Depends on the shape (and the path
-    setting) only."""
+def _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=False):
+    """(block, rows_per_chunk, num_chunks) of the one-pass forward (or
+    backward, which reads x and grad_out twice and takes blocks of at most
+    256 threads), or None when the rule above sends the shape to the
+    three-launch path.  Depends on the shape (and the path setting) only."""
     if path == "split":
         return None
     size = batch * rows * channels
-    if size >= _launch.INT32_LIMIT:
+    # The kernels' int item counters step by gridDim.x: every count plus any
+    # grid must stay below 2**31.
+    if size >= _launch.INT32_LIMIT or groups * (batch + 1) + _ONEPASS_GRID_LIMIT >= _launch.INT32_LIMIT:
         return None
+    tensors, max_block = (2, 256) if backward else (1, 512)
     if path == "auto" and tensors * size * numpy.dtype(dtype).itemsize > _ONEPASS_MAX_BYTES:
         return None
     cols = channels // vec
@@ -209,11 +216,15 @@ def _onepass_geometry(batch, rows, channels, dtype, vec, path, tensors=1, max_bl
     if block is None:
         return None
     lanes = block // cols
-    batch_rows = 4 if vec >= 8 else 8  # gn::onepass_row_batch<VEC>
+    itemsize = numpy.dtype(dtype).itemsize
+    if backward:  # gn::onepass_bwd_row_batch<T, VEC>
+        batch_rows = 2 if itemsize == 8 or vec >= 8 else 4
+    else:  # gn::onepass_row_batch<VEC>
+        batch_rows = 4 if vec >= 8 else 8
     per_sample = max(1, -(-_ONEPASS_ITEMS // batch))
     rows_per_chunk = max(lanes * batch_rows, -(-rows // per_sample))
     num_chunks = -(-rows // rows_per_chunk)
-    if batch * num_chunks >= _launch.INT32_LIMIT:
+    if batch * num_chunks + _ONEPASS_GRID_LIMIT >= _launch.INT32_LIMIT:
         return None
     return block, rows_per_chunk, num_chunks
 
@@ -222,12 +233,12 @@ def _onepass_geometry(batch, rows, channels, dtype, vec, path, tensors=1, max_bl
 def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps, aligned, path="split"):
     name = _compile.name_expression
     index, t, acc_dtype, split, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
-    onepass = _onepass_geometry(batch, rows, channels, dtype, vec, path)
+    onepass = _onepass_geometry(batch, rows, channels, groups, dtype, vec, path)
     if onepass is not None:
         block, rows_per_chunk, num_chunks = onepass
         # The most blocks any phase can use; the launch trims it to what is
         # resident on the device (the kernel is correct for any grid).
-        wanted = max(batch * num_chunks, batch * groups, -(-int(num_vectors) // block))
+        wanted = min(_ONEPASS_GRID_LIMIT, max(batch * num_chunks, batch * groups, -(-int(num_vectors) // block)))
         return _Plan(
             None, None, None,
             (((batch, num_chunks, 2, channels), numpy.dtype(numpy.float64)), ((batch, 3, channels), acc_dtype)),
@@ -311,10 +322,10 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
     index, t, acc_dtype, split, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
     w_ctype = _dtypes.ctype(w_dtype)
     act = _ACT_CODE[activation]
-    onepass = _onepass_geometry(batch, rows, channels, dtype, vec, path, tensors=2, max_block=256)
-    if onepass is not None and groups * (batch + 1) < _launch.INT32_LIMIT:
+    onepass = _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=True)
+    if onepass is not None:
         block, rows_per_chunk, num_chunks = onepass
-        wanted = max(batch * num_chunks, groups * (batch + 1), -(-int(num_vectors) // block))
+        wanted = min(_ONEPASS_GRID_LIMIT, max(batch * num_chunks, groups * (batch + 1), -(-int(num_vectors) // block)))
         return _Plan(
             None, None, None,
             (((batch, num_chunks, 2, channels), acc_dtype), ((batch, 5, channels), acc_dtype)),

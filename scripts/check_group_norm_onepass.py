@@ -114,7 +114,7 @@ def correctness():
         with forced("onepass"):
             n, s = shape[0], int(numpy.prod(shape[1:-1]))
             vec = 16 // dtype.itemsize if c % (16 // dtype.itemsize) == 0 else 1
-            geometry = gn._onepass_geometry(n, s, c, dtype, vec, "onepass")
+            geometry = gn._onepass_geometry(n, s, c, g, dtype, vec, "onepass")
             results = []
             for misalign in (False, True):
                 if misalign:

@@ -127,7 +127,7 @@ def emulate(x, G, weight, bias, eps, activation, grid):
     dtype = x.dtype
     acc = numpy.float64 if dtype == numpy.float64 else F32
     vec = 16 // dtype.itemsize if C % (16 // dtype.itemsize) == 0 else 1
-    geometry = gn._onepass_geometry(N, S, C, dtype, vec, "onepass")
+    geometry = gn._onepass_geometry(N, S, C, G, dtype, vec, "onepass")
     assert geometry is not None, (x.shape, dtype)
     block, rows_per_chunk, num_chunks = geometry
     cols = C // vec
@@ -185,7 +185,7 @@ def emulate_backward(x, dy, G, weight, bias, mean, rstd, activation, grid):
     dtype = x.dtype
     acc = numpy.float64 if dtype == numpy.float64 else F32
     vec = 16 // dtype.itemsize if C % (16 // dtype.itemsize) == 0 else 1
-    geometry = gn._onepass_geometry(N, S, C, dtype, vec, "onepass", tensors=2, max_block=256)
+    geometry = gn._onepass_geometry(N, S, C, G, dtype, vec, "onepass", backward=True)
     assert geometry is not None, (x.shape, dtype)
     block, rows_per_chunk, num_chunks = geometry
     cols = C // vec
