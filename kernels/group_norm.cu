@@ -708,6 +708,45 @@ constexpr int onepass_max_block() { return kOnePassSlots / VEC < 512 ? kOnePassS
 // Rows per batch in phase 1: 16-byte vectors of 8 channels hold 8 values
 // per row, so fewer rows keep the registers (and the loads in flight) in
 // bounds: 4 rows x 16 bytes.
+// A one-pass block's threads over rows of C channels: cols = C / VEC
+// threads across a row (one VEC-vector each, first channel c_first), lanes
+// = blockDim.x / cols rows at a time; threads past cols * lanes idle in
+// phase 1 (lane >= lanes) but reach every barrier.
+struct OnePassRows {
+  int cols, lanes, lane, c_first;
+  __device__ __forceinline__ OnePassRows(int C, int vec) {
+    cols = C / vec;
+    lanes = blockDim.x / cols;
+    lane = threadIdx.x / cols;
+    c_first = (threadIdx.x % cols) * vec;
+  }
+};
+// Phase 1's two per-channel results of this thread into the shared lane
+// slots (lane * C + channel), then a barrier: the block combines the lanes next.
+template <int VEC, typename A, typename B>
+__device__ __forceinline__ void store_lanes(A* first, B* second, const A (&a)[VEC], const B (&b)[VEC],
+                                            const OnePassRows& L, int C) {
+  if (L.lane < L.lanes) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      first[L.lane * C + L.c_first + k] = a[k];
+      second[L.lane * C + L.c_first + k] = b[k];
+    }
+  }
+  __syncthreads();
+}
+// Phase-1 item (n, chunk): rows [row0, row1) of sample n, and how many of
+// them this thread's lane takes (row0 + lane + k * lanes).
+struct OnePassItem {
+  int n, row0, row1, count;
+  __device__ __forceinline__ OnePassItem(int item, int num_chunks, int rows_per_chunk, int S,
+                                         const OnePassRows& L) {
+    n = item / num_chunks;
+    row0 = (item - n * num_chunks) * rows_per_chunk;
+    row1 = min(S, row0 + rows_per_chunk);
+    count = L.lane < L.lanes ? lane_rows(row0, row1, L.lane, L.lanes) : 0;
+  }
+};
 template <int VEC>
 constexpr int onepass_row_batch() { return VEC >= 8 ? 4 : kRowBatch; }
 // The one-pass backward loads two vectors per row (x, grad_out) and keeps six
@@ -738,18 +777,11 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
 
   // ---- phase 1: per (n, chunk, c) sum and M2.
-  const int cols = C / VEC;
-  const int lanes = blockDim.x / cols;
-  const int col = threadIdx.x % cols;
-  const int lane = threadIdx.x / cols;
-  const int c_first = col * VEC;
-  const int num_items = N * num_chunks;  // < 2**31: the host checks it
-  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-    const int n = item / num_chunks;
-    const int chunk = item - n * num_chunks;
-    const int row0 = chunk * rows_per_chunk;
-    const int row1 = min(S, row0 + rows_per_chunk);
-    const int count = lane < lanes ? gn::lane_rows(row0, row1, lane, lanes) : 0;
+  const gn::OnePassRows rows_of(C, VEC);
+  const int cols = rows_of.cols, lanes = rows_of.lanes, lane = rows_of.lane, c_first = rows_of.c_first;
+  for (int item = blockIdx.x; item < N * num_chunks; item += gridDim.x) {  // host: no overflow
+    const gn::OnePassItem it(item, num_chunks, rows_per_chunk, S, rows_of);
+    const int n = it.n, row0 = it.row0, row1 = it.row1, count = it.count;
     Acc mean[VEC], m2[VEC];
     double sum[VEC];
 #pragma unroll
@@ -810,14 +842,7 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
             }
           });
     }
-    if (lane < lanes) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        lane_sum[lane * C + c_first + k] = sum[k];
-        lane_m2[lane * C + c_first + k] = m2[k];
-      }
-    }
-    __syncthreads();
+    gn::store_lanes<VEC>(lane_sum, lane_m2, sum, m2, rows_of, C);
     double* p = partial + static_cast<long long>(item) * 2 * C;
     const double rows = row1 - row0;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -903,19 +928,12 @@ __global__ void __launch_bounds__(256, gn::onepass_bwd_min_blocks<T>()) dwgn_gn_
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
 
   // ---- phase 1: per (n, chunk, c) sums of dz and dz * xhat.
-  const int cols = C / VEC;
-  const int lanes = blockDim.x / cols;
-  const int col = threadIdx.x % cols;
-  const int lane = threadIdx.x / cols;
-  const int c_first = col * VEC;
+  const gn::OnePassRows rows_of(C, VEC);
+  const int cols = rows_of.cols, lanes = rows_of.lanes, lane = rows_of.lane, c_first = rows_of.c_first;
   const int D = C / G;
-  const int num_items = N * num_chunks;  // < 2**31: the host checks it
-  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-    const int n = item / num_chunks;
-    const int chunk = item - n * num_chunks;
-    const int row0 = chunk * rows_per_chunk;
-    const int row1 = min(S, row0 + rows_per_chunk);
-    const int count = lane < lanes ? gn::lane_rows(row0, row1, lane, lanes) : 0;
+  for (int item = blockIdx.x; item < N * num_chunks; item += gridDim.x) {  // host: no overflow
+    const gn::OnePassItem it(item, num_chunks, rows_per_chunk, S, rows_of);
+    const int n = it.n, row0 = it.row0, count = it.count;
     Acc a[VEC], bsum[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
@@ -962,14 +980,7 @@ __global__ void __launch_bounds__(256, gn::onepass_bwd_min_blocks<T>()) dwgn_gn_
           },
           [&](int k) { accumulate(x_column[k * row_step], dy_column[k * row_step]); });
     }
-    if (lane < lanes) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        lane_a[lane * C + c_first + k] = a[k];
-        lane_b[lane * C + c_first + k] = bsum[k];
-      }
-    }
-    __syncthreads();
+    gn::store_lanes<VEC>(lane_a, lane_b, a, bsum, rows_of, C);
     Acc* p = partial + static_cast<long long>(item) * 2 * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
       Acc total_a = Acc(0), total_b = Acc(0);
