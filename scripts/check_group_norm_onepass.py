@@ -1,5 +1,6 @@
-"""GPU check of the one-pass GroupNorm forward (dwgn_gn_fwd_onepass, one
-cooperative launch) against the float64 reference and the three-launch path.
+"""GPU check of the one-pass GroupNorm forward and backward
+(dwgn_gn_fwd_onepass, dwgn_gn_bwd_onepass: one cooperative launch each)
+against the float64 reference and the three-launch paths.
 
     PYTHONPATH=. python scripts/check_group_norm_onepass.py            # correctness + timing
     PYTHONPATH=. python scripts/check_group_norm_onepass.py --no-time  # correctness only
@@ -11,7 +12,9 @@ cooperative launch) against the float64 reference and the three-launch path.
 2. determinism: 5 runs bit-identical (y, mean, rstd), and the same bits when
    the cooperative grid is forced to 1, 7 and 33 blocks (the kernel must not
    depend on the grid size);
-3. the plan takes one launch for the SD shapes in "auto" mode;
+   the backward likewise (dx, dw, db from the forward's statistics, outputs
+   poisoned; bit-identical over runs and forced grids);
+3. the plans take one launch per direction for the SD shapes in "auto" mode;
 4. timing (CUDA events, median of 200 after warm-up; eager calls): onepass
    vs the three-launch path vs torch.nn.functional.group_norm (+ silu) in
    both memory formats when torch is importable; GPU time by CUDA-graph
@@ -74,11 +77,11 @@ def run(x, g, w, b, act, out=None):
 def forced(path):
     class _Force:
         def __enter__(self):
-            self.old = gn.FORWARD_PATH
-            gn.FORWARD_PATH = path
+            self.old = gn.FORWARD_PATH, gn.BACKWARD_PATH
+            gn.FORWARD_PATH = gn.BACKWARD_PATH = path
 
         def __exit__(self, *exc):
-            gn.FORWARD_PATH = self.old
+            gn.FORWARD_PATH, gn.BACKWARD_PATH = self.old
 
     return _Force()
 
@@ -87,6 +90,7 @@ def force_grid(blocks):
     """Forces every cooperative Launch built from now on to at most
     ``blocks`` blocks (by capping the cached capacity)."""
     gn._forward_plan.cache_clear()
+    gn._backward_plan.cache_clear()
     gn._SIGNATURES.clear()  # their Steps hold the launch grids per device
     _launch._CAPACITY.clear()
     original = _launch.cooperative_capacity
@@ -158,15 +162,57 @@ def correctness():
                     _launch.cooperative_capacity = original
                     _launch._CAPACITY.clear()
                     gn._forward_plan.cache_clear()
+                    gn._backward_plan.cache_clear()
                     gn._SIGNATURES.clear()
                 same = all(numpy.array_equal(bits(a), bits(a1)) for a, a1 in ((y0, y1), (m0, m1), (r0, r1)))
                 if not same:
                     failures += 1
                     print(f"FAIL grid {blocks} changed the bits {shape}")
+            failures += check_backward(x_h, x, g, w_h, w, b_h, b, act, m0, r0, rng)
         # The split path agrees within tolerance (not bitwise: another order).
         with forced("split"):
             ys, _, _ = run(x, g, w, b, act)
         print(f"     split vs onepass rel diff {relative_error(ys, cupy.asnumpy(y0).astype(numpy.float64)):.2e}")
+    return failures
+
+
+def check_backward(x_h, x, g, w_h, w, b_h, b, act, mean, rstd, rng):
+    """The one-pass backward (forced) against the reference from the same
+    statistics, outputs NaN-poisoned; bit-identical over runs and grids."""
+    dtype = x.dtype
+    dy_h = rng.standard_normal(x.shape).astype(dtype)
+    dy = cupy.asarray(dy_h)
+    ref = reference.group_norm_backward(dy_h, x_h, cupy.asnumpy(mean), cupy.asnumpy(rstd), g, w_h, b_h, activation=act)
+
+    def backward():
+        outs = dict(out=cupy.full(x.shape, numpy.nan, dtype))
+        if w is not None:
+            outs.update(grad_weight_out=cupy.full(w.shape, numpy.nan, w.dtype),
+                        grad_bias_out=cupy.full(b.shape, numpy.nan, b.dtype))
+        got = gn.group_norm_backward(dy, x, mean, rstd, g, w, b, activation=act, **outs)
+        cupy.cuda.get_current_stream().synchronize()
+        return got
+
+    failures = 0
+    first = backward()
+    errors = [relative_error(got, want) for got, want in zip(first, ref) if want is not None]
+    ok = max(errors) <= TOL[dtype]
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'}   backward dx/dw/db errors {' '.join(f'{e:.2e}' for e in errors)}")
+    bits = lambda a: cupy.asnumpy(a).view(numpy.uint8)
+    for blocks in (None, 1, 7, 33):
+        original = force_grid(blocks) if blocks else None
+        try:
+            again = backward()
+        finally:
+            if original is not None:
+                _launch.cooperative_capacity = original
+                _launch._CAPACITY.clear()
+                gn._backward_plan.cache_clear()
+                gn._SIGNATURES.clear()
+        if not all(numpy.array_equal(bits(a), bits(a1)) for a, a1 in zip(first, again) if a is not None):
+            failures += 1
+            print(f"FAIL backward bits changed (grid {blocks or 'default'}) {x.shape}")
     return failures
 
 
@@ -178,9 +224,10 @@ def check_launch_counts():
     for shape in SD_SHAPES:
         n, s, c = shape[0], shape[1] * shape[2], shape[3]
         plan = gn._forward_plan(n, s, c, 32, F16, F32, "silu", 1e-5, True, "auto")
-        launches = 1 if plan.fused is not None else 3
-        print(f"{shape} fp16: {launches} launch(es) forward, fused={plan.fused}")
-        failures += launches != 1
+        back = gn._backward_plan(n, s, c, 32, F16, F32, "silu", True, "auto")
+        launches = (1 if plan.fused is not None else 3, 1 if back.fused is not None else 3)
+        print(f"{shape} fp16: {launches[0]} launch(es) forward, {launches[1]} backward")
+        failures += launches != (1, 1)
     return failures
 
 
@@ -225,7 +272,7 @@ def timing():
         import torch.nn.functional as F
     except ImportError:
         torch = None
-    print(f"\n{'shape':22s} {'dtype':8s} {'act':8s} {'onepass':>9s} {'split':>9s} {'graph 1p':>9s} {'graph 3':>9s} {'torch NCHW':>10s} {'torch CL':>9s}  (us)")
+    print(f"\n{'shape':22s} {'dtype':8s} {'act':8s} {'onepass':>9s} {'split':>9s} {'graph 1p':>9s} {'graph 3':>9s} {'torch NCHW':>10s} {'torch CL':>9s} {'bwd gr 1p':>9s} {'bwd gr 3':>9s}  (us)")
     for shape in SD_SHAPES:
         for dtype in (F16, F32):
             for act in ("identity", "silu"):
@@ -234,11 +281,16 @@ def timing():
                 b = cupy.zeros(shape[-1], dtype=dtype)
                 out = cupy.empty_like(x)
                 call = lambda: gn.group_norm(x, 32, w, b, activation=act, out=out)
+                _, mean, rstd = gn.group_norm(x, 32, w, b, activation=act, return_stats=True)
+                dx, dw, db = cupy.empty_like(x), cupy.empty_like(w), cupy.empty_like(b)
+                back = lambda: gn.group_norm_backward(x, x, mean, rstd, 32, w, b, activation=act, out=dx,
+                                                      grad_weight_out=dw, grad_bias_out=db)
                 row = {}
                 for path in ("onepass", "split"):
                     with forced(path):
                         row[path] = time_gpu(call)
                         row["graph " + path] = time_graph(call)
+                        row["bwd graph " + path] = time_graph(back)
                 t_nchw = t_cl = float("nan")
                 if torch is not None:
                     xt = torch.from_dlpack(x).permute(0, 3, 1, 2)  # channels_last view
@@ -252,7 +304,8 @@ def timing():
                     t_nchw = time_gpu(lambda: torch_call(xn))
                     t_cl = time_gpu(lambda: torch_call(xt))
                 print(f"{str(shape):22s} {dtype.name:8s} {act:8s} {row['onepass']:9.1f} {row['split']:9.1f} "
-                      f"{row['graph onepass']:9.1f} {row['graph split']:9.1f} {t_nchw:10.1f} {t_cl:9.1f}")
+                      f"{row['graph onepass']:9.1f} {row['graph split']:9.1f} {t_nchw:10.1f} {t_cl:9.1f} "
+                      f"{row['bwd graph onepass']:9.1f} {row['bwd graph split']:9.1f}")
 
 
 def main():
