@@ -25,7 +25,6 @@ the aligned case of similar size (target: within 1.5x).
 """
 
 import argparse
-import datetime
 import sys
 
 import cupy
@@ -33,7 +32,8 @@ import numpy
 
 import cupy_dwgn
 from cupy_dwgn import _dtypes
-from harness import kernel_profile, plot_safely, results_document, rotating, run_facts, time_us, write_json
+from harness import (kernel_profile, plot_safely, results_document, results_path, rotating, run_facts, time_us,
+                     write_json)
 
 L2_BYTES = 60 * 2**20  # H100/H200 L2 (the copies below only need an upper bound)
 GROUPS = 32
@@ -292,7 +292,7 @@ def main(argv=None):
         wanted = {tuple(int(v) for v in name.split("x")) for name in args.cases}
         shapes = [s for s in shapes if s in wanted]
     bandwidth, facts = run_facts(torch)
-    json_path = args.json or f"benchmarks/results/group_norm_{facts['device'].split()[-1].lower()}_{datetime.date.today()}.json"
+    json_path = results_path(args.json, "group_norm", facts)
     cells = [(s, d, a) for s in shapes for d in args.dtypes for a in args.activations]
     rows = []
     for k, (shape, dtype, activation) in enumerate(cells, 1):
@@ -303,7 +303,7 @@ def main(argv=None):
             + (f" ({r['ratio_vs_torch_best']:.2f}x)" if r["ratio_vs_torch_best"] else "")
             for r in new), flush=True)
         document = results_document(facts, rows, groups=GROUPS, cliff={_name(k): _name(v) for k, v in CLIFF.items()})
-        if json_path != "-":
+        if json_path is not None:
             write_json(json_path, document)  # rewritten per cell: a run cut short keeps what it measured
     print("\n".join(targets(rows)))
     if args.png:
