@@ -36,32 +36,31 @@ _ONEPASS = "dwgn_gn_fwd_onepass"
 _BWD_ONEPASS = "dwgn_gn_bwd_onepass"
 
 # ---------------------------------------------------------------------------
-# Forward path choice (written down here, applied by _onepass_geometry):
+# Path choice (written down here, applied by _onepass_geometry):
 #
-# * "one-pass": dwgn_gn_fwd_onepass, ONE cooperative launch (statistics,
-#   grid barrier, finalize, grid barrier, apply; x is read twice, the second
-#   time from L2 when it fits there).  Taken when all of these hold:
-#     - FORWARD_PATH is "auto" and x has at most _ONEPASS_MAX_BYTES bytes
-#       (the SD U-Net tensors, 2-20 MB: x stays in the 40-50 MB L2 of
-#       A100/H100/H200 between the two reads), or FORWARD_PATH is "onepass";
+# * the three launches, taken by "auto" for every shape:
+#   forward  stats_partial -> fwd_finalize -> fwd_apply;
+#   backward bwd_reduce -> bwd_finalize -> bwd_dx.
+# * "one-pass", only when FORWARD_PATH / BACKWARD_PATH is "onepass":
+#   dwgn_gn_fwd_onepass / dwgn_gn_bwd_onepass, ONE cooperative launch each
+#   (statistics or reduce, grid barrier, finalize, grid barrier, apply or
+#   dx; x (and grad_out) read twice, the second time from L2).  Measured on
+#   an H200 (2026-11-30, CUDA-graph GPU time, SD U-Net shapes 2-20 MB, fp16
+#   and fp32, identity and SiLU) it was slower than the three launches in
+#   every cell (forward 12-27 us against 9-16, backward 16-23 against
+#   12-30): the cooperative grid holds only 2-3 blocks per SM (its phase-1
+#   registers), so its apply and dx phases run at a fraction of the
+#   bandwidth of the standalone kernels, and its finalize phase keeps N * G
+#   blocks busy while the rest wait at the barrier.  It stays a tested,
+#   opt-in path for that work; it needs
 #     - fewer than 2**31 elements (32-bit indices only);
-#     - a row of C channels fits one block: C / VEC <= min(512, 2048 / VEC)
-#       vectors (VEC = 16 bytes of elements on the vector path, 1 on the
-#       scalar path): fp16/bf16 C <= 2048, fp32 C <= 2048, fp64 C <= 1024,
-#       scalar path C <= 512;
-#     - the device supports cooperative launches.
-# * otherwise the three launches stats_partial -> fwd_finalize -> fwd_apply.
-#
-# The byte limit is a constant, not the device's L2 size, so which path (and
-# so which reduction order) a shape takes is the same on every device.
+#     - a row of C channels in one block: forward C / VEC <= min(512, 2048 /
+#       VEC) vectors (VEC = 16 bytes of elements on the vector path, 1 on
+#       the scalar path), backward C / VEC <= 256;
+#     - a device that supports cooperative launches;
+#   else the three launches run.
 FORWARD_PATH = "auto"  # "auto", "onepass" or "split" (tests and benchmarks force a path)
-# The backward takes the same rule with dwgn_gn_bwd_onepass (one cooperative
-# launch: reduce, barrier, finalize, barrier, dx; x and grad_out read twice)
-# where x and grad_out together have at most _ONEPASS_MAX_BYTES, C / VEC <=
-# 256 vectors (its block is at most 256 threads: the finalize's scratch),
-# else its three launches reduce -> finalize -> dx.
 BACKWARD_PATH = "auto"
-_ONEPASS_MAX_BYTES = 32 * 2**20
 # Phase-1 work items (n, chunk of rows): about this many in all, each at
 # least lanes * row batch rows (every thread gets a whole batch).  Shape only.
 _ONEPASS_ITEMS = 512
@@ -201,16 +200,14 @@ def _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=
     backward, which reads x and grad_out twice and takes blocks of at most
     256 threads), or None when the rule above sends the shape to the
     three-launch path.  Depends on the shape (and the path setting) only."""
-    if path == "split":
+    if path != "onepass":  # "auto" and "split": the three launches (see above)
         return None
     size = batch * rows * channels
     # The kernels' int item counters step by gridDim.x: every count plus any
     # grid must stay below 2**31.
     if size >= _launch.INT32_LIMIT or groups * (batch + 1) + _ONEPASS_GRID_LIMIT >= _launch.INT32_LIMIT:
         return None
-    tensors, max_block = (2, 256) if backward else (1, 512)
-    if path == "auto" and tensors * size * numpy.dtype(dtype).itemsize > _ONEPASS_MAX_BYTES:
-        return None
+    max_block = 256 if backward else 512
     cols = channels // vec
     block = _onepass_block(cols, vec, max_block)
     if block is None:

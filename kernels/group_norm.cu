@@ -240,6 +240,29 @@ __device__ __forceinline__ int group_item(int i, int D, int c0, int C, int& chun
   return chunk * 2 * C + c0 + (i - chunk * D);
 }
 
+// Visits i = first, first + stride, ... below count in that order, loading
+// U items before adding any of them: the finalize kernels read a few L2-hot
+// values per thread and are bound by load latency, and a batch's loads are
+// independent, so U round trips overlap.  The order of the additions is the
+// plain loop's (deterministic, whoever runs it).
+template <int U, typename Load, typename Add>
+__device__ __forceinline__ void batched_walk(long long first, long long count, int stride, Load load,
+                                             Add add) {
+  using Item = decltype(load(0LL));
+  for (long long i0 = first; i0 < count; i0 += static_cast<long long>(U) * stride) {
+    Item item[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * stride < count) item[u] = load(i0 + u * stride);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * stride < count) add(item[u]);
+    }
+  }
+}
+constexpr int kFinalizeBatch = 4;
+
 // Coefficients of VEC consecutive channels in one access.
 template <int VEC, typename Acc>
 __device__ __forceinline__ Vec<Acc, VEC> load_vec(const Acc* p) {
@@ -264,8 +287,8 @@ __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C
 // block, shared with the one-pass kernel.  partial is (N, num_chunks, 2, C)
 // double (sum, M2) with chunk k covering rows [k * rows_per_chunk,
 // min(S, (k + 1) * rows_per_chunk)).  Every thread of the block must call it
-// (blockDim.x a multiple of 32, at most 1024); scratch holds 32 doubles,
-// broadcast 2.
+// (blockDim.x a multiple of 32, at most 1024); scratch holds 64 doubles
+// (block_sum<2>), broadcast 2.
 template <typename Acc, typename W>
 __device__ __forceinline__ void finalize_group(
     const double* __restrict__ partial, const W* __restrict__ weight, const W* __restrict__ bias,
@@ -276,32 +299,48 @@ __device__ __forceinline__ void finalize_group(
   const int c0 = g * D;
   const int items = D * num_chunks;
   const double* pn = partial + static_cast<long long>(n) * num_chunks * 2 * C;
-  double total[1] = {0.0};
-  for (int i = threadIdx.x; i < items; i += blockDim.x) {
-    int chunk;
-    total[0] += pn[group_item(i, D, c0, C, chunk)];
-  }
-  dwgn::block_sum<1>(total, scratch);
-  if (threadIdx.x == 0) broadcast[0] = total[0] / (static_cast<double>(S) * D);
-  __syncthreads();
-  const double mean = broadcast[0];
-  double m2[1] = {0.0};
-  for (int i = threadIdx.x; i < items; i += blockDim.x) {
-    int chunk;
-    const double* p = pn + group_item(i, D, c0, C, chunk);
-    const double rows = min(S - chunk * rows_per_chunk, rows_per_chunk);
-    const double d = p[0] - rows * mean;  // rows * (mean_piece - mean)
-    m2[0] += p[C] + d * d / rows;
-  }
-  dwgn::block_sum<1>(m2, scratch);
+  // One pass over the pieces, each taken relative to a shift (the first
+  // piece's mean): with e_i = sum_i - rows_i * shift, the group's M2 is
+  // sum_i (M2_i + e_i^2 / rows_i) - E^2 / count, E = sum_i e_i.  The
+  // subtracted term is count * (mean - shift)^2 <= count / rows_0 times the
+  // group's M2 (the first piece alone contributes rows_0 * (shift - mean)^2
+  // to it), so at most log10(pieces) digits of the double M2 cancel.
+  const double shift = pn[c0] / min(S, rows_per_chunk);
+  // 1 / rows of a full chunk and of the last one: no double division (a
+  // called subroutine) inside the batched loop.
+  const int last_rows = S - (num_chunks - 1) * rows_per_chunk;
+  const double inv_full = 1.0 / rows_per_chunk, inv_last = 1.0 / last_rows;
+  struct Piece {
+    double sum, m2, rows, inv_rows;
+  };
+  double acc[2] = {0.0, 0.0};  // E, sum_i (M2_i + e_i^2 / rows_i)
+  batched_walk<kFinalizeBatch>(
+      threadIdx.x, items, blockDim.x,
+      [&](long long i) {
+        int chunk;
+        const double* p = pn + group_item(static_cast<int>(i), D, c0, C, chunk);
+        const bool last = chunk == num_chunks - 1;
+        return Piece{p[0], p[C], static_cast<double>(last ? last_rows : rows_per_chunk),
+                     last ? inv_last : inv_full};
+      },
+      [&](const Piece& piece) {
+        const double e = piece.sum - piece.rows * shift;
+        acc[0] += e;
+        acc[1] += piece.m2 + e * e * piece.inv_rows;
+      });
+  dwgn::block_sum<2>(acc, scratch);  // the totals are in thread 0
   if (threadIdx.x == 0) {
-    const double var = m2[0] / (static_cast<double>(S) * D);
+    const double count = static_cast<double>(S) * D;
+    const double mean = shift + acc[0] / count;
+    const double var = fmax(acc[1] - acc[0] * (acc[0] / count), 0.0) / count;
     const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
     mean_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(mean);
     rstd_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(rstd);
+    broadcast[0] = mean;
     broadcast[1] = rstd;
   }
   __syncthreads();
+  const double mean = broadcast[0];
   const Acc rstd = static_cast<Acc>(broadcast[1]);
   const Acc hi = static_cast<Acc>(mean);
   const double lo = mean - static_cast<double>(hi);  // exact
@@ -439,7 +478,7 @@ __global__ void __launch_bounds__(512) dwgn_gn_fwd_finalize(
     const double* __restrict__ partial, const W* __restrict__ weight, const W* __restrict__ bias,
     Acc* __restrict__ mean_out, Acc* __restrict__ rstd_out, Acc* __restrict__ ws, int N, int S,
     int C, int G, int num_chunks, int rows_per_chunk, Acc eps) {
-  __shared__ double scratch[32];
+  __shared__ double scratch[64];
   __shared__ double broadcast[2];
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
     gn::finalize_group(partial, weight, bias, mean_out, rstd_out, ws, n, blockIdx.x, S, C, G,
@@ -547,6 +586,13 @@ __device__ __forceinline__ void bwd_finalize_item(
   const int D = C / G;
   const int c0 = g * D;
   const int items = D * num_chunks;
+  struct Sums {  // one (chunk, channel) piece of partial
+    Acc dz, dz_xhat;
+  };
+  struct WeightedSums {
+    Acc w;
+    Sums sums;
+  };
   if (y == N) {  // block-uniform branch
     if (grad_weight == nullptr && grad_bias == nullptr) return;
     // Rows of partial are (n, chunk) pairs, N * num_chunks <= max(N, 2048) of them.
@@ -555,11 +601,16 @@ __device__ __forceinline__ void bwd_finalize_item(
       const ColumnLayout L(D - j0, c0 + j0, c0 + D);
       Acc v[2] = {Acc(0), Acc(0)};
       if (L.valid) {
-        for (int r = L.lane; r < rows; r += L.lanes) {
-          const Acc* p = partial + static_cast<long long>(r) * 2 * C + L.c;
-          v[0] += p[0];
-          v[1] += p[C];
-        }
+        batched_walk<kFinalizeBatch>(
+            L.lane, rows, L.lanes,
+            [&](long long r) {
+              const Acc* p = partial + r * 2 * C + L.c;
+              return Sums{p[0], p[C]};
+            },
+            [&](const Sums& piece) {
+              v[0] += piece.dz;
+              v[1] += piece.dz_xhat;
+            });
       }
       column_sum<2>(v, L, scratch);
       if (L.valid && L.lane == 0) {
@@ -572,14 +623,18 @@ __device__ __forceinline__ void bwd_finalize_item(
   const int n = static_cast<int>(y);
   const Acc* pn = partial + static_cast<long long>(n) * num_chunks * 2 * C;
   Acc v[2] = {Acc(0), Acc(0)};
-  for (int i = threadIdx.x; i < items; i += blockDim.x) {
-    int chunk;
-    const int offset = group_item(i, D, c0, C, chunk);
-    const int c = c0 + (i - chunk * D);
-    const Acc w = weight != nullptr ? to_acc(weight[c]) : Acc(1);
-    v[0] += w * pn[offset];
-    v[1] += w * pn[offset + C];
-  }
+  batched_walk<kFinalizeBatch>(
+      threadIdx.x, items, blockDim.x,
+      [&](long long i) {
+        int chunk;
+        const int offset = group_item(static_cast<int>(i), D, c0, C, chunk);
+        const int c = c0 + (static_cast<int>(i) - chunk * D);
+        return WeightedSums{weight != nullptr ? to_acc(weight[c]) : Acc(1), {pn[offset], pn[offset + C]}};
+      },
+      [&](const WeightedSums& piece) {
+        v[0] += piece.w * piece.sums.dz;
+        v[1] += piece.w * piece.sums.dz_xhat;
+      });
   dwgn::block_sum<2>(v, scratch);
   const Acc m = mean[static_cast<long long>(n) * G + g];
   const Acc r = rstd[static_cast<long long>(n) * G + g];
@@ -772,7 +827,7 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
   constexpr int RB = gn::onepass_row_batch<VEC>();
   __shared__ double lane_sum[gn::kOnePassSlots];
   __shared__ Acc lane_m2[gn::kOnePassSlots];
-  __shared__ double scratch[32];
+  __shared__ double scratch[64];
   __shared__ double broadcast[2];
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
 

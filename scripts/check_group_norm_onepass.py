@@ -14,7 +14,8 @@ against the float64 reference and the three-launch paths.
    depend on the grid size);
    the backward likewise (dx, dw, db from the forward's statistics, outputs
    poisoned; bit-identical over runs and forced grids);
-3. the plans take one launch per direction for the SD shapes in "auto" mode;
+3. the plans take three launches per direction for the SD shapes in "auto"
+   mode and one when forced onto the one-pass path;
 4. timing (CUDA events, median of 200 after warm-up; eager calls): onepass
    vs the three-launch path vs torch.nn.functional.group_norm (+ silu) in
    both memory formats when torch is importable; GPU time by CUDA-graph
@@ -220,14 +221,17 @@ SD_SHAPES = [(2, 64, 64, 320), (2, 32, 32, 640), (2, 16, 16, 1280), (8, 8, 8, 12
 
 
 def check_launch_counts():
+    """"auto" takes the three launches per direction; "onepass" one."""
     failures = 0
     for shape in SD_SHAPES:
         n, s, c = shape[0], shape[1] * shape[2], shape[3]
-        plan = gn._forward_plan(n, s, c, 32, F16, F32, "silu", 1e-5, True, "auto")
-        back = gn._backward_plan(n, s, c, 32, F16, F32, "silu", True, "auto")
-        launches = (1 if plan.fused is not None else 3, 1 if back.fused is not None else 3)
-        print(f"{shape} fp16: {launches[0]} launch(es) forward, {launches[1]} backward")
-        failures += launches != (1, 1)
+        counts = {}
+        for path in ("auto", "onepass"):
+            plan = gn._forward_plan(n, s, c, 32, F16, F32, "silu", 1e-5, True, path)
+            back = gn._backward_plan(n, s, c, 32, F16, F32, "silu", True, path)
+            counts[path] = (1 if plan.fused is not None else 3, 1 if back.fused is not None else 3)
+        print(f"{shape} fp16: launches (forward, backward) auto {counts['auto']}, onepass {counts['onepass']}")
+        failures += counts != {"auto": (3, 3), "onepass": (1, 1)}
     return failures
 
 
