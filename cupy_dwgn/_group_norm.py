@@ -467,7 +467,7 @@ def _forward(x, weight, bias, out, mean_out, rstd_out, return_stats, entry):
     key = ((x.data.ptr | y.data.ptr) & 15, mean is None, rstd is None, FORWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
-        path = FORWARD_PATH if FORWARD_PATH == "split" or _launch.cooperative_supported() else "split"
+        path = "onepass" if FORWARD_PATH == "onepass" and _launch.cooperative_supported() else "split"
         plan = _forward_plan(*entry.plan_args, (x.data.ptr | y.data.ptr) % 16 == 0, path)
         steps = entry.steps[key] = _forward_steps(plan, mean is None, rstd is None)
     null = _launch.NULL
@@ -572,7 +572,7 @@ def _backward(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_
     key = ((x.data.ptr | grad_out.data.ptr | grad_in.data.ptr) & 15, BACKWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
-        path = BACKWARD_PATH if BACKWARD_PATH == "split" or _launch.cooperative_supported() else "split"
+        path = "onepass" if BACKWARD_PATH == "onepass" and _launch.cooperative_supported() else "split"
         steps = entry.steps[key] = _backward_steps(_backward_plan(*entry.plan_args, key[0] == 0, path))
     null = _launch.NULL
     _launch.run(steps, (
