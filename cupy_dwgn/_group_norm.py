@@ -183,6 +183,12 @@ def _geometry(batch, rows, channels, dtype, aligned):
     )
 
 
+def _path(setting):
+    """The plans' path for a FORWARD_PATH / BACKWARD_PATH setting: "onepass"
+    only when forced and the device can launch cooperative kernels."""
+    return "onepass" if setting == "onepass" and _launch.cooperative_supported() else "split"
+
+
 def _onepass_block(cols, vec, max_block=512):
     """Block size of a one-pass kernel for rows of ``cols`` vectors: a
     multiple of 32 in [64, min(max_block, 2048 / vec)] holding lanes = block
@@ -196,10 +202,12 @@ def _onepass_block(cols, vec, max_block=512):
 
 
 def _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=False):
-    """(block, rows_per_chunk, num_chunks) of the one-pass forward (or
+    """(block, rows_per_chunk, num_chunks, grid) of the one-pass forward (or
     backward, which reads x and grad_out twice and takes blocks of at most
     256 threads), or None when the rule above sends the shape to the
-    three-launch path.  Depends on the shape (and the path setting) only."""
+    three-launch path.  grid: the most blocks any phase can use (the launch
+    trims it to what is resident on the device; the kernels are correct for
+    any grid).  Depends on the shape (and the path setting) only."""
     if path != "onepass":  # "auto" and "split": the three launches (see above)
         return None
     size = batch * rows * channels
@@ -223,7 +231,10 @@ def _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=
     num_chunks = -(-rows // rows_per_chunk)
     if batch * num_chunks + _ONEPASS_GRID_LIMIT >= _launch.INT32_LIMIT:
         return None
-    return block, rows_per_chunk, num_chunks
+    finalize_items = groups * (batch + 1) if backward else batch * groups
+    vector_blocks = -(-(size // vec) // block)
+    grid = min(_ONEPASS_GRID_LIMIT, max(batch * num_chunks, finalize_items, vector_blocks))
+    return block, rows_per_chunk, num_chunks, grid
 
 
 @functools.lru_cache(maxsize=1024)
@@ -232,10 +243,7 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
     index, t, acc_dtype, split, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
     onepass = _onepass_geometry(batch, rows, channels, groups, dtype, vec, path)
     if onepass is not None:
-        block, rows_per_chunk, num_chunks = onepass
-        # The most blocks any phase can use; the launch trims it to what is
-        # resident on the device (the kernel is correct for any grid).
-        wanted = min(_ONEPASS_GRID_LIMIT, max(batch * num_chunks, batch * groups, -(-int(num_vectors) // block)))
+        block, rows_per_chunk, num_chunks, wanted = onepass
         return _Plan(
             None, None, None,
             (((batch, num_chunks, 2, channels), numpy.dtype(numpy.float64)), ((batch, 3, channels), acc_dtype)),
@@ -321,8 +329,7 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
     act = _ACT_CODE[activation]
     onepass = _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=True)
     if onepass is not None:
-        block, rows_per_chunk, num_chunks = onepass
-        wanted = min(_ONEPASS_GRID_LIMIT, max(batch * num_chunks, groups * (batch + 1), -(-int(num_vectors) // block)))
+        block, rows_per_chunk, num_chunks, wanted = onepass
         return _Plan(
             None, None, None,
             (((batch, num_chunks, 2, channels), acc_dtype), ((batch, 5, channels), acc_dtype)),
@@ -467,8 +474,7 @@ def _forward(x, weight, bias, out, mean_out, rstd_out, return_stats, entry):
     key = ((x.data.ptr | y.data.ptr) & 15, mean is None, rstd is None, FORWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
-        path = "onepass" if FORWARD_PATH == "onepass" and _launch.cooperative_supported() else "split"
-        plan = _forward_plan(*entry.plan_args, (x.data.ptr | y.data.ptr) % 16 == 0, path)
+        plan = _forward_plan(*entry.plan_args, key[0] == 0, _path(FORWARD_PATH))
         steps = entry.steps[key] = _forward_steps(plan, mean is None, rstd is None)
     null = _launch.NULL
     _launch.run(steps, (x, null if weight is None else weight, null if bias is None else bias,
@@ -572,8 +578,7 @@ def _backward(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_
     key = ((x.data.ptr | grad_out.data.ptr | grad_in.data.ptr) & 15, BACKWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
-        path = "onepass" if BACKWARD_PATH == "onepass" and _launch.cooperative_supported() else "split"
-        steps = entry.steps[key] = _backward_steps(_backward_plan(*entry.plan_args, key[0] == 0, path))
+        steps = entry.steps[key] = _backward_steps(_backward_plan(*entry.plan_args, key[0] == 0, _path(BACKWARD_PATH)))
     null = _launch.NULL
     _launch.run(steps, (
         grad_out, x, mean, rstd, null if weight is None else weight, null if bias is None else bias, grad_in,

@@ -129,7 +129,7 @@ def emulate(x, G, weight, bias, eps, activation, grid):
     vec = 16 // dtype.itemsize if C % (16 // dtype.itemsize) == 0 else 1
     geometry = gn._onepass_geometry(N, S, C, G, dtype, vec, "onepass")
     assert geometry is not None, (x.shape, dtype)
-    block, rows_per_chunk, num_chunks = geometry
+    block, rows_per_chunk, num_chunks, _ = geometry
     cols = C // vec
     lanes = block // cols
     rb = 4 if vec >= 8 else 8
@@ -187,7 +187,7 @@ def emulate_backward(x, dy, G, weight, bias, mean, rstd, activation, grid):
     vec = 16 // dtype.itemsize if C % (16 // dtype.itemsize) == 0 else 1
     geometry = gn._onepass_geometry(N, S, C, G, dtype, vec, "onepass", backward=True)
     assert geometry is not None, (x.shape, dtype)
-    block, rows_per_chunk, num_chunks = geometry
+    block, rows_per_chunk, num_chunks, _ = geometry
     cols = C // vec
     lanes = block // cols
     assert block % 32 == 0 and block <= 256 and lanes >= 1 and lanes * C <= gn._ONEPASS_SLOTS
