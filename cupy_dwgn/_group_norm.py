@@ -117,7 +117,7 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
         vecs = (1, _vec_width(dtype))
         for op_name in ops:
             if op_name == "group_norm":
-                specs += [name(_STATS, t, i) for i in indices]
+                specs += [name(_STATS, t, v, i) for v in vecs for i in indices]
                 specs += [name(_FWD_FINALIZE, acc, w) for w in ws]
                 specs += [
                     name(_APPLY, t, _ACT_CODE[a], v, i)
@@ -130,8 +130,8 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                     ]
             else:
                 specs += [
-                    name(_BWD_REDUCE, t, w, _ACT_CODE[a], i)
-                    for w in ws for a in activations for i in indices
+                    name(_BWD_REDUCE, t, w, _ACT_CODE[a], v, i)
+                    for w in ws for a in activations for v in vecs for i in indices
                 ]
                 specs += [name(_BWD_FINALIZE, acc, w) for w in ws]
                 specs += [
@@ -172,13 +172,14 @@ def _vector_width(dtype, channels, aligned):
 
 def _geometry(batch, rows, channels, dtype, aligned):
     """What both directions derive from a signature: index type, element and
-    accumulator types, the column kernels' split, the vector width and the
-    flat kernels' vector count."""
+    accumulator types, the column kernels' split (their columns are channel
+    vectors: the split is over C / VEC), the vector width and the flat
+    kernels' vector count."""
     size = batch * rows * channels
     index = _launch.index_type(size)
     vec = _vector_width(dtype, channels, aligned)
     return (
-        index, _dtypes.ctype(dtype), _dtypes.accumulator_dtype(dtype), _split(batch, rows, channels),
+        index, _dtypes.ctype(dtype), _dtypes.accumulator_dtype(dtype), _split(batch, rows, channels // vec),
         vec, _launch.index_scalar(index, size // vec),
     )
 
@@ -262,7 +263,7 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
     common = (i32(batch), i32(rows), i32(channels))
     return _Plan(
         _launch.Launch(
-            KERNEL_FILE, name(_STATS, t, index), (num_chunks, grid_y, column_blocks), (_COLUMN_BLOCK,), 0,
+            KERNEL_FILE, name(_STATS, t, vec, index), (num_chunks, grid_y, column_blocks), (_COLUMN_BLOCK,), 0,
             common + (i32(rows_per_chunk),),
         ),
         _launch.Launch(
@@ -343,7 +344,7 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
     common = (i32(batch), i32(rows), i32(channels), i32(groups))
     return _Plan(
         _launch.Launch(
-            KERNEL_FILE, name(_BWD_REDUCE, t, w_ctype, act, index),
+            KERNEL_FILE, name(_BWD_REDUCE, t, w_ctype, act, vec, index),
             (num_chunks, min(batch, _launch.MAX_GRID_Y), column_blocks), (_COLUMN_BLOCK,), 0,
             common + (i32(rows_per_chunk),),
         ),
@@ -360,10 +361,11 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
     )
 
 
-def _split(batch, rows, channels):
-    """(rows_per_chunk, num_chunks, column blocks) of the column kernels."""
-    cols = min(channels, _COLUMN_BLOCK)
-    column_blocks = -(-channels // cols)
+def _split(batch, rows, width):
+    """(rows_per_chunk, num_chunks, column blocks) of the column kernels for
+    rows of ``width`` columns (channel vectors)."""
+    cols = min(width, _COLUMN_BLOCK)
+    column_blocks = -(-width // cols)
     per_sample = max(1, -(-_TARGET_BLOCKS // (min(batch, _launch.MAX_GRID_Y) * column_blocks)))
     rows_per_chunk = max(_MIN_ROWS_PER_CHUNK, -(-rows // per_sample))
     num_chunks = -(-rows // rows_per_chunk)

@@ -194,6 +194,11 @@ struct ChunkRows {
 // H200 needs ~25 KB in flight per SM); kRowBatch independent loads per step
 // do.
 constexpr int kRowBatch = 8;
+// Rows per batch of a thread that reads VEC channels per row: 16-byte
+// vectors of 8 channels hold 8 values each, so 4 rows keep the registers
+// (and still 64 bytes in flight per thread) in bounds.
+template <int VEC>
+constexpr int row_batch() { return VEC >= 8 ? 4 : kRowBatch; }
 
 // Walks the `count` rows of one lane (k = 0 .. count-1): batch(k) for whole
 // batches of kRowBatch rows, then single(k) for the remainder.  Row k is
@@ -204,6 +209,69 @@ __device__ __forceinline__ void walk_lane_rows(int count, Batch batch, Single si
   for (; k + BATCH <= count; k += BATCH) batch(k);
   for (; k < count; ++k) single(k);
 }
+
+// One lane's running statistics of VEC channels: the double plain sum of
+// each (the mean stays exact), and a Welford mean and M2 in Acc built batch
+// by batch: a batch's own mean and M2 (two passes over registers), then one
+// Chan merge into the lane summary (one reciprocal per batch, no per-element
+// dependency chain).  `seen` (rows merged) stays far below 2**24, so Acc
+// holds it exactly.  Shared by dwgn_gn_stats_partial and the one-pass
+// forward.
+template <typename T, int VEC>
+struct LaneWelford {
+  using Acc = typename AccType<T>::type;
+  double sum[VEC];
+  Acc mean[VEC], m2[VEC];
+  Acc seen = Acc(0);
+  __device__ __forceinline__ LaneWelford() {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      sum[k] = 0.0;
+      mean[k] = Acc(0);
+      m2[k] = Acc(0);
+    }
+  }
+  template <int RB>
+  __device__ __forceinline__ void add_batch(const Vec<T, VEC> (&v)[RB]) {
+    const Acc previous = seen;
+    seen += Acc(RB);
+    const Acc weight_b = Acc(RB) * reciprocal(seen);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      Acc batch_sum = Acc(0);
+      double batch_sum_wide = 0.0;
+#pragma unroll
+      for (int r = 0; r < RB; ++r) {
+        const Acc value = to_acc(v[r].v[k]);
+        batch_sum += value;
+        batch_sum_wide += value;
+      }
+      const Acc batch_mean = batch_sum * Acc(1.0 / RB);  // exact scaling
+      Acc batch_m2 = Acc(0);
+#pragma unroll
+      for (int r = 0; r < RB; ++r) {
+        const Acc d = to_acc(v[r].v[k]) - batch_mean;
+        batch_m2 += d * d;
+      }
+      sum[k] += batch_sum_wide;
+      const Acc delta = batch_mean - mean[k];
+      mean[k] += delta * weight_b;
+      m2[k] += batch_m2 + delta * delta * previous * weight_b;
+    }
+  }
+  __device__ __forceinline__ void add(const Vec<T, VEC>& v) {
+    seen += Acc(1);
+    const Acc inv = reciprocal(seen);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const Acc value = to_acc(v.v[k]);
+      sum[k] += value;
+      const Acc delta = value - mean[k];
+      mean[k] += delta * inv;
+      m2[k] += delta * (value - mean[k]);
+    }
+  }
+};
 
 // Merges the per-lane summaries of each column into its lane-0 thread, lane
 // by lane in a fixed order: each lane gives the double sum of its elements
@@ -391,71 +459,48 @@ __device__ __forceinline__ void apply_vector(const T* x, const typename AccType<
 // double (so the mean keeps every digit, even at 1000 + randn in float32)
 // and M2 from a Welford update in Acc (no E[x^2] - E[x]^2 cancellation, an
 // outlier anywhere included); lanes are merged with Chan's formula in double.
-// grid (num_chunks, min(N, 65535), ceil(C / cols)); block 256.
+// A thread reads VEC channels per access (16 bytes on the vector path, one
+// element on the scalar path): the block's columns are channel vectors, so
+// C = 320 fp16 is 40 columns x 6 lanes of one block, not 256 + 64 columns of
+// two blocks with one lane each.
+// grid (num_chunks, min(N, 65535), ceil((C / VEC) / cols)); block 256.
 // partial: (N, num_chunks, 2, C) double (sum, M2).
-template <typename T, typename IndexT>
+template <typename T, int VEC, typename IndexT>
 __global__ void dwgn_gn_stats_partial(const T* __restrict__ x, double* __restrict__ partial,
                                       int N, int S, int C, int rows_per_chunk) {
-  using Acc = typename AccType<T>::type;
+  using V = gn::Vec<T, VEC>;
+  constexpr int RB = gn::row_batch<VEC>();
   __shared__ double scratch[2 * 256];
-  const gn::ColumnLayout L = gn::ColumnLayout::channels(C);
+  const int width = C / VEC;  // channel vectors per row
+  const gn::ColumnLayout L = gn::ColumnLayout::channels(width);
   const gn::ChunkRows R(S, rows_per_chunk, L);
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
-    // The lane's Welford summary; its count stays far below 2**24 (a lane
-    // gets about N*S*C / 2**18 rows at most), so Acc holds it exactly.
-    Acc mean = Acc(0), m2 = Acc(0), count = Acc(0);
-    double sum = 0.0;
+    gn::LaneWelford<T, VEC> lane;
     if (R.lane_count > 0) {
       // This lane's rows: R.row0 + L.lane + k * L.lanes (formed only when the
       // first exists, so the offset stays below N*S*C).
-      const T* column = x + (static_cast<IndexT>(n) * S + R.row0 + L.lane) * C + L.c;
-      const IndexT row_step = static_cast<IndexT>(L.lanes) * C;
-      gn::walk_lane_rows(
+      const V* column = reinterpret_cast<const V*>(x) + (static_cast<IndexT>(n) * S + R.row0 + L.lane) * width + L.c;
+      const IndexT row_step = static_cast<IndexT>(L.lanes) * width;
+      gn::walk_lane_rows<RB>(
           R.lane_count,
           [&](int k0) {
-            // A batch's own mean and M2 (two passes over registers), then
-            // one Chan merge into the lane summary: one reciprocal per
-            // batch, and no per-element dependency chain.
-            Acc v[gn::kRowBatch];
+            V v[RB];
 #pragma unroll
-            for (int k = 0; k < gn::kRowBatch; ++k) v[k] = to_acc(column[(k0 + k) * row_step]);
-            Acc batch_sum = Acc(0);
-            double batch_sum_wide = 0.0;
-#pragma unroll
-            for (int k = 0; k < gn::kRowBatch; ++k) {
-              batch_sum += v[k];
-              batch_sum_wide += v[k];
-            }
-            const Acc batch_mean = batch_sum * Acc(1.0 / gn::kRowBatch);  // exact scaling
-            Acc batch_m2 = Acc(0);
-#pragma unroll
-            for (int k = 0; k < gn::kRowBatch; ++k) {
-              const Acc d = v[k] - batch_mean;
-              batch_m2 += d * d;
-            }
-            sum += batch_sum_wide;
-            const Acc previous = count;
-            count += Acc(gn::kRowBatch);
-            const Acc delta = batch_mean - mean;
-            const Acc weight = Acc(gn::kRowBatch) * gn::reciprocal(count);
-            mean += delta * weight;
-            m2 += batch_m2 + delta * delta * previous * weight;
+            for (int r = 0; r < RB; ++r) v[r] = column[(k0 + r) * row_step];
+            lane.template add_batch<RB>(v);
           },
-          [&](int k) {
-            const Acc v = to_acc(column[k * row_step]);
-            sum += v;
-            count += Acc(1);
-            const Acc delta = v - mean;
-            mean += delta * gn::reciprocal(count);
-            m2 += delta * (v - mean);
-          });
+          [&](int k) { lane.add(column[k * row_step]); });
     }
-    double m2_wide = m2;
-    gn::column_merge(sum, m2_wide, R, L, scratch);
-    if (L.valid && L.lane == 0) {
-      double* p = R.slot(partial, n, C, L.c);
-      p[0] = sum;
-      p[C] = m2_wide;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      double sum = lane.sum[k];
+      double m2_wide = lane.m2[k];
+      gn::column_merge(sum, m2_wide, R, L, scratch);
+      if (L.valid && L.lane == 0) {
+        double* p = R.slot(partial, n, C, L.c * VEC + k);
+        p[0] = sum;
+        p[C] = m2_wide;
+      }
     }
   }
 }
@@ -500,66 +545,120 @@ __global__ void __launch_bounds__(256) dwgn_gn_fwd_apply(
 }
 
 // ---------------------------------------------------------------------------
-// Backward pass 1: per (n, chunk, c) sums of dz and dz * xhat, where
-// xhat = (x - mean) * rstd, z = (x - mean) * (rstd * w) + b (the very
-// arithmetic of dwgn_gn_bwd_dx, so both see the same act'(z)),
-// dz = grad_out * act'(z).
+namespace gn {
+// The backward reduce loads two vectors per row (x, grad_out) and keeps six
+// per-channel values per vector lane (mean, rstd, scale, bias, two sums):
+// few rows per batch keep it within 128 registers (2 blocks of 256 per SM)
+// without spills; float64 (twice the registers per value, and its erf/exp)
+// takes 1 block per SM and 2 rows.  dwgn_gn_bwd_reduce and the one-pass
+// backward both take these bounds.
+template <typename T, int VEC>
+constexpr int bwd_row_batch() { return sizeof(T) == 8 ? 2 : VEC >= 8 ? 2 : 4; }
+template <typename T>
+constexpr int bwd_min_blocks() { return sizeof(T) == 8 ? 1 : 2; }
+
+// One lane's backward sums of VEC channels of sample n: A = sum dz and B =
+// sum dz * xhat, with xhat = (x - mean) * rstd, z = (x - mean) * (rstd * w)
+// + b (the arithmetic of gn::dx_vector, so both see the same act'(z)) and
+// dz = grad_out * act'(z).  A vector's channels may lie in different groups
+// (D < VEC), so mean and rstd are per channel.  Shared by dwgn_gn_bwd_reduce
+// and the one-pass backward.
+template <typename T, int ACT, int VEC>
+struct BwdLane {
+  using Acc = typename AccType<T>::type;
+  using V = Vec<T, VEC>;
+  Acc a[VEC], b_sum[VEC];
+  Acc m[VEC], r[VEC], scale[VEC], b[VEC];
+  __device__ __forceinline__ BwdLane() {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      a[k] = Acc(0);
+      b_sum[k] = Acc(0);
+    }
+  }
+  // The coefficients of channels c_first .. c_first + VEC - 1 of sample n.
+  template <typename W>
+  __device__ __forceinline__ void load(const Acc* __restrict__ mean, const Acc* __restrict__ rstd,
+                                       const W* __restrict__ weight, const W* __restrict__ bias, int n,
+                                       int G, int D, int c_first) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const int c = c_first + k;
+      const long long stat = static_cast<long long>(n) * G + c / D;
+      m[k] = mean[stat];
+      r[k] = rstd[stat];
+      scale[k] = weight != nullptr ? r[k] * to_acc(weight[c]) : r[k];
+      b[k] = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+    }
+  }
+  __device__ __forceinline__ void add(const V& xv, const V& dyv) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const Acc centered = to_acc(xv.v[k]) - m[k];
+      Acc dz = to_acc(dyv.v[k]);
+      if (ACT != kIdentity) dz *= activation_grad<ACT>(centered * scale[k] + b[k]);
+      a[k] += dz;
+      b_sum[k] += dz * (centered * r[k]);
+    }
+  }
+  // The lane's `count` rows, row k at x_column[k * row_step] (and
+  // dy_column's), RB rows per batch with all their loads in flight together.
+  template <int RB, typename IndexT>
+  __device__ __forceinline__ void walk(const V* x_column, const V* dy_column, IndexT row_step, int count) {
+    walk_lane_rows<RB>(
+        count,
+        [&](int k0) {
+          V xv[RB], dyv[RB];
+#pragma unroll
+          for (int q = 0; q < RB; ++q) {
+            xv[q] = x_column[(k0 + q) * row_step];
+            dyv[q] = dy_column[(k0 + q) * row_step];
+          }
+#pragma unroll
+          for (int q = 0; q < RB; ++q) add(xv[q], dyv[q]);
+        },
+        [&](int k) { add(x_column[k * row_step], dy_column[k * row_step]); });
+  }
+};
+}  // namespace gn
+
+// Backward pass 1: per (n, chunk, c) sums of dz and dz * xhat (gn::BwdLane),
+// VEC channels per thread and access.
 // Same grid and thread layout as dwgn_gn_stats_partial.
 // partial: (N, num_chunks, 2, C) Acc.
-template <typename T, typename W, int ACT, typename IndexT>
-__global__ void dwgn_gn_bwd_reduce(
+// Bounds and rows per batch: gn::bwd_row_batch.
+template <typename T, typename W, int ACT, int VEC, typename IndexT>
+__global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_reduce(
     const T* __restrict__ grad_out, const T* __restrict__ x,
     const typename AccType<T>::type* __restrict__ mean,
     const typename AccType<T>::type* __restrict__ rstd, const W* __restrict__ weight,
     const W* __restrict__ bias, typename AccType<T>::type* __restrict__ partial, int N, int S,
     int C, int G, int rows_per_chunk) {
   using Acc = typename AccType<T>::type;
+  using V = gn::Vec<T, VEC>;
+  constexpr int RB = gn::bwd_row_batch<T, VEC>();
   __shared__ Acc scratch[2 * 256];
-  const gn::ColumnLayout L = gn::ColumnLayout::channels(C);
+  const int width = C / VEC;  // channel vectors per row
+  const gn::ColumnLayout L = gn::ColumnLayout::channels(width);
   const gn::ChunkRows R(S, rows_per_chunk, L);
-  const int g = L.valid ? L.c / (C / G) : 0;
-  const Acc w = (L.valid && weight != nullptr) ? to_acc(weight[L.c]) : Acc(1);
-  const Acc b = (L.valid && bias != nullptr) ? to_acc(bias[L.c]) : Acc(0);
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
-    Acc v[2] = {Acc(0), Acc(0)};
+    gn::BwdLane<T, ACT, VEC> lane;
     if (R.lane_count > 0) {
-      // This lane's rows: R.row0 + L.lane + k * L.lanes.
-      const IndexT first = (static_cast<IndexT>(n) * S + R.row0 + L.lane) * C + L.c;
-      const IndexT row_step = static_cast<IndexT>(L.lanes) * C;
-      const Acc m = mean[static_cast<long long>(n) * G + g];
-      const Acc r = rstd[static_cast<long long>(n) * G + g];
-      const Acc scale = r * w;
-      const auto accumulate = [&](Acc x_value, Acc grad_value) {
-        const Acc centered = x_value - m;
-        Acc dz = grad_value;
-        if (ACT != gn::kIdentity) dz *= gn::activation_grad<ACT>(centered * scale + b);
-        v[0] += dz;
-        v[1] += dz * (centered * r);
-      };
-      gn::walk_lane_rows(
-          R.lane_count,
-          [&](int k0) {
-            // All loads of the batch first, so they are in flight together.
-            Acc xs[gn::kRowBatch], gs[gn::kRowBatch];
-#pragma unroll
-            for (int k = 0; k < gn::kRowBatch; ++k) {
-              const IndexT i = first + (k0 + k) * row_step;
-              xs[k] = to_acc(x[i]);
-              gs[k] = to_acc(grad_out[i]);
-            }
-#pragma unroll
-            for (int k = 0; k < gn::kRowBatch; ++k) accumulate(xs[k], gs[k]);
-          },
-          [&](int k) {
-            const IndexT i = first + k * row_step;
-            accumulate(to_acc(x[i]), to_acc(grad_out[i]));
-          });
+      lane.load(mean, rstd, weight, bias, n, G, C / G, L.c * VEC);
+      // This lane's rows: R.row0 + L.lane + k * L.lanes (in vectors).
+      const IndexT first = (static_cast<IndexT>(n) * S + R.row0 + L.lane) * width + L.c;
+      lane.template walk<RB>(reinterpret_cast<const V*>(x) + first, reinterpret_cast<const V*>(grad_out) + first,
+                             static_cast<IndexT>(L.lanes) * width, R.lane_count);
     }
-    gn::column_sum<2>(v, L, scratch);
-    if (L.valid && L.lane == 0) {
-      Acc* p = R.slot(partial, n, C, L.c);
-      p[0] = v[0];
-      p[C] = v[1];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      Acc v[2] = {lane.a[k], lane.b_sum[k]};
+      gn::column_sum<2>(v, L, scratch);
+      if (L.valid && L.lane == 0) {
+        Acc* p = R.slot(partial, n, C, L.c * VEC + k);
+        p[0] = v[0];
+        p[C] = v[1];
+      }
     }
   }
 }
@@ -760,9 +859,6 @@ constexpr int kOnePassSlots = 2048;
 // kOnePassSlots and cols * lanes <= blockDim.x give blockDim.x <= 2048 / VEC.
 template <int VEC>
 constexpr int onepass_max_block() { return kOnePassSlots / VEC < 512 ? kOnePassSlots / VEC : 512; }
-// Rows per batch in phase 1: 16-byte vectors of 8 channels hold 8 values
-// per row, so fewer rows keep the registers (and the loads in flight) in
-// bounds: 4 rows x 16 bytes.
 // A one-pass block's threads over rows of C channels: cols = C / VEC
 // threads across a row (one VEC-vector each, first channel c_first), lanes
 // = blockDim.x / cols rows at a time; threads past cols * lanes idle in
@@ -802,17 +898,6 @@ struct OnePassItem {
     count = L.lane < L.lanes ? lane_rows(row0, row1, L.lane, L.lanes) : 0;
   }
 };
-template <int VEC>
-constexpr int onepass_row_batch() { return VEC >= 8 ? 4 : kRowBatch; }
-// The one-pass backward loads two vectors per row (x, grad_out) and keeps six
-// per-channel values per vector lane (mean, rstd, scale, bias, two sums):
-// fewer rows per batch keep it within 128 registers (2 blocks of 256 per SM)
-// without spills; float64 (twice the registers per value, and its erf/exp)
-// takes 1 block per SM and 2 rows.
-template <typename T, int VEC>
-constexpr int onepass_bwd_row_batch() { return sizeof(T) == 8 ? 2 : VEC >= 8 ? 2 : 4; }
-template <typename T>
-constexpr int onepass_bwd_min_blocks() { return sizeof(T) == 8 ? 1 : 2; }
 }
 
 template <typename T, typename W, int ACT, int VEC, typename IndexT>
@@ -824,7 +909,7 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
     typename AccType<T>::type eps) {
   using Acc = typename AccType<T>::type;
   using V = gn::Vec<T, VEC>;
-  constexpr int RB = gn::onepass_row_batch<VEC>();
+  constexpr int RB = gn::row_batch<VEC>();
   __shared__ double lane_sum[gn::kOnePassSlots];
   __shared__ Acc lane_m2[gn::kOnePassSlots];
   __shared__ double scratch[64];
@@ -837,67 +922,23 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
   for (int item = blockIdx.x; item < N * num_chunks; item += gridDim.x) {  // host: no overflow
     const gn::OnePassItem it(item, num_chunks, rows_per_chunk, S, rows_of);
     const int n = it.n, row0 = it.row0, row1 = it.row1, count = it.count;
-    Acc mean[VEC], m2[VEC];
-    double sum[VEC];
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      mean[k] = Acc(0);
-      m2[k] = Acc(0);
-      sum[k] = 0.0;
-    }
+    gn::LaneWelford<T, VEC> stats;
     if (count > 0) {
       // This lane's rows (formed only when the first exists).
       const V* column = reinterpret_cast<const V*>(
           x + (static_cast<IndexT>(n) * S + row0 + lane) * C + c_first);
       const IndexT row_step = static_cast<IndexT>(lanes) * cols;  // in vectors
-      Acc seen = Acc(0);  // rows merged so far (exact: far below 2**24)
       gn::walk_lane_rows<RB>(
           count,
           [&](int k0) {
             V v[RB];
 #pragma unroll
             for (int r = 0; r < RB; ++r) v[r] = column[(k0 + r) * row_step];
-            const Acc previous = seen;
-            seen += Acc(RB);
-            const Acc weight_b = Acc(RB) * gn::reciprocal(seen);
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-              Acc batch_sum = Acc(0);
-              double batch_sum_wide = 0.0;
-#pragma unroll
-              for (int r = 0; r < RB; ++r) {
-                const Acc value = to_acc(v[r].v[k]);
-                batch_sum += value;
-                batch_sum_wide += value;
-              }
-              const Acc batch_mean = batch_sum * Acc(1.0 / RB);  // exact scaling
-              Acc batch_m2 = Acc(0);
-#pragma unroll
-              for (int r = 0; r < RB; ++r) {
-                const Acc d = to_acc(v[r].v[k]) - batch_mean;
-                batch_m2 += d * d;
-              }
-              sum[k] += batch_sum_wide;
-              const Acc delta = batch_mean - mean[k];
-              mean[k] += delta * weight_b;
-              m2[k] += batch_m2 + delta * delta * previous * weight_b;
-            }
+            stats.template add_batch<RB>(v);
           },
-          [&](int r) {
-            const V v = column[r * row_step];
-            seen += Acc(1);
-            const Acc inv = gn::reciprocal(seen);
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-              const Acc value = to_acc(v.v[k]);
-              sum[k] += value;
-              const Acc delta = value - mean[k];
-              mean[k] += delta * inv;
-              m2[k] += delta * (value - mean[k]);
-            }
-          });
+          [&](int r) { stats.add(column[r * row_step]); });
     }
-    gn::store_lanes<VEC>(lane_sum, lane_m2, sum, m2, rows_of, C);
+    gn::store_lanes<VEC>(lane_sum, lane_m2, stats.sum, stats.m2, rows_of, C);
     double* p = partial + static_cast<long long>(item) * 2 * C;
     const double rows = row1 - row0;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -967,7 +1008,7 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
 // blockDim.x: a multiple of 32, cols * lanes <= blockDim.x <= 256 (the
 // finalize's scratch) and lanes * C <= kOnePassSlots.
 template <typename T, typename W, int ACT, int VEC, typename IndexT>
-__global__ void __launch_bounds__(256, gn::onepass_bwd_min_blocks<T>()) dwgn_gn_bwd_onepass(
+__global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_onepass(
     const T* __restrict__ grad_out, const T* __restrict__ x,
     const typename AccType<T>::type* __restrict__ mean, const typename AccType<T>::type* __restrict__ rstd,
     const W* __restrict__ weight, const W* __restrict__ bias, typename AccType<T>::type* __restrict__ partial,
@@ -975,7 +1016,7 @@ __global__ void __launch_bounds__(256, gn::onepass_bwd_min_blocks<T>()) dwgn_gn_
     T* __restrict__ grad_in, int N, int S, int C, int G, int num_chunks, int rows_per_chunk) {
   using Acc = typename AccType<T>::type;
   using V = gn::Vec<T, VEC>;
-  constexpr int RB = gn::onepass_bwd_row_batch<T, VEC>();
+  constexpr int RB = gn::bwd_row_batch<T, VEC>();
   __shared__ Acc lane_a[gn::kOnePassSlots];
   __shared__ Acc lane_b[gn::kOnePassSlots];
   __shared__ Acc scratch[2 * 256];
@@ -989,53 +1030,14 @@ __global__ void __launch_bounds__(256, gn::onepass_bwd_min_blocks<T>()) dwgn_gn_
   for (int item = blockIdx.x; item < N * num_chunks; item += gridDim.x) {  // host: no overflow
     const gn::OnePassItem it(item, num_chunks, rows_per_chunk, S, rows_of);
     const int n = it.n, row0 = it.row0, count = it.count;
-    Acc a[VEC], bsum[VEC];
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      a[k] = Acc(0);
-      bsum[k] = Acc(0);
-    }
+    gn::BwdLane<T, ACT, VEC> sums;
     if (count > 0) {
-      Acc m[VEC], r[VEC], scale[VEC], b[VEC];
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {  // a vector's channels may lie in different groups (D < VEC)
-        const int c = c_first + k;
-        const long long stat = static_cast<long long>(n) * G + c / D;
-        m[k] = mean[stat];
-        r[k] = rstd[stat];
-        scale[k] = weight != nullptr ? r[k] * to_acc(weight[c]) : r[k];
-        b[k] = bias != nullptr ? to_acc(bias[c]) : Acc(0);
-      }
+      sums.load(mean, rstd, weight, bias, n, G, D, c_first);
       const IndexT first = (static_cast<IndexT>(n) * S + row0 + lane) * C + c_first;
-      const V* x_column = reinterpret_cast<const V*>(x + first);
-      const V* dy_column = reinterpret_cast<const V*>(grad_out + first);
-      const IndexT row_step = static_cast<IndexT>(lanes) * cols;  // in vectors
-      const auto accumulate = [&](const V& xv, const V& dyv) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const Acc centered = to_acc(xv.v[k]) - m[k];
-          Acc dz = to_acc(dyv.v[k]);
-          if (ACT != gn::kIdentity) dz *= gn::activation_grad<ACT>(centered * scale[k] + b[k]);
-          a[k] += dz;
-          bsum[k] += dz * (centered * r[k]);
-        }
-      };
-      gn::walk_lane_rows<RB>(
-          count,
-          [&](int k0) {
-            // All loads of the batch first, so they are in flight together.
-            V xv[RB], dyv[RB];
-#pragma unroll
-            for (int q = 0; q < RB; ++q) {
-              xv[q] = x_column[(k0 + q) * row_step];
-              dyv[q] = dy_column[(k0 + q) * row_step];
-            }
-#pragma unroll
-            for (int q = 0; q < RB; ++q) accumulate(xv[q], dyv[q]);
-          },
-          [&](int k) { accumulate(x_column[k * row_step], dy_column[k * row_step]); });
+      sums.template walk<RB>(reinterpret_cast<const V*>(x + first), reinterpret_cast<const V*>(grad_out + first),
+                             static_cast<IndexT>(lanes) * cols, count);
     }
-    gn::store_lanes<VEC>(lane_a, lane_b, a, bsum, rows_of, C);
+    gn::store_lanes<VEC>(lane_a, lane_b, sums.a, sums.b_sum, rows_of, C);
     Acc* p = partial + static_cast<long long>(item) * 2 * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
       Acc total_a = Acc(0), total_b = Acc(0);

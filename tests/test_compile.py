@@ -124,7 +124,8 @@ def test_group_norm_plans_launch_only_shipped_specializations(plan_name):
         expressions = [launch.expression for launch in (plan.first, plan.finalize, plan.elementwise)]
         assert set(expressions) <= shipped, expressions
         assert ("long long" in expressions[0]) == (n * s * c >= 2**31)
-        assert plan.temporaries[0][0] == (n, gn._split(n, s, c)[1], 2, c)
+        width = c // gn._vector_width(numpy.dtype(dtype), c, aligned)  # the column kernels' columns
+        assert plan.temporaries[0][0] == (n, gn._split(n, s, width)[1], 2, c)
         # Repeated signatures reuse the cached plan.
         assert make_plan(*args) is plan
 

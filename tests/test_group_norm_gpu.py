@@ -420,15 +420,16 @@ def test_outlier_at_the_first_position_keeps_float32_statistics_exact(rng, spike
 @pytest.mark.parametrize(
     "shape,offset,spikes",
     [
-        ((1, 524291, 8), 1000.0, ()),  # whole batches plus a remainder in lane 0
-        ((1, 1 << 20, 8), 3.0, ((0, 512.0), (12345, -300.0), ((1 << 20) - 1, 256.0))),
-        ((2, 256, 256, 32), 1000.0, ((7, 100.0),)),
+        ((1, (1 << 21) + 3, 8), 1000.0, ()),  # whole batches plus a remainder in lane 0
+        ((1, 1 << 21, 8), 3.0, ((0, 512.0), (12345, -300.0), ((1 << 21) - 1, 256.0))),
+        ((2, 512, 512, 32), 1000.0, ((7, 100.0),)),
     ],
     ids=["remainder-1000+randn", "spikes", "2-samples-1000+randn"],
 )
 def test_long_lanes_keep_float32_statistics_exact(rng, shape, offset, spikes):
-    # Each statistics thread reads its rows in batches of kRowBatch (8): a
-    # batch's own mean and M2, then one Chan merge; the rest one by one.
+    # Each statistics thread reads its rows (of float32 4-channel vectors) in
+    # batches of gn::row_batch<4> (8): a batch's own mean and M2, then one
+    # Chan merge; the rest one by one.
     # These shapes give every lane several batches (checked below, so the
     # test keeps its point if the split changes) with a large mean offset
     # and outliers inside and at the ends of batches.
@@ -436,8 +437,9 @@ def test_long_lanes_keep_float32_statistics_exact(rng, shape, offset, spikes):
 
     batch, channels = shape[0], shape[-1]
     rows = int(numpy.prod(shape[1:-1]))
-    rows_per_chunk, _, _ = gn._split(batch, rows, channels)
-    lanes = gn._COLUMN_BLOCK // min(channels, gn._COLUMN_BLOCK)
+    width = channels // gn._vector_width(F32, channels, True)  # columns of channel vectors
+    rows_per_chunk, _, _ = gn._split(batch, rows, width)
+    lanes = gn._COLUMN_BLOCK // min(width, gn._COLUMN_BLOCK)
     assert rows_per_chunk // lanes >= 2 * 8
 
     x = random(rng, shape, F32, offset=offset)
