@@ -177,6 +177,69 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
                 assert all(v > 0 for v in launch.grid + launch.block), launch
 
 
+def _column_kernel_coverage(launch, batch, rows, channels, vec):
+    """How often the statistics / backward-reduce kernel of ``launch`` reads
+    each (n, row, channel vector) of x and writes each (n, chunk, channel)
+    of partial: a NumPy transcription of the kernel's index math
+    (gn::ColumnLayout::channels over C / VEC columns, gn::ChunkRows,
+    gn::lane_rows, the grid-stride loop over samples)."""
+    import numpy
+
+    num_chunks, grid_y, column_blocks = launch.grid
+    block = launch.block[0]
+    rows_per_chunk = int(launch.scalars[-1])
+    width = channels // vec
+    cols = min(width, block)
+    reads = numpy.zeros((batch, rows, width), numpy.int64)
+    writes = numpy.zeros((batch, num_chunks, channels), numpy.int64)
+    thread = numpy.arange(block)
+    lane, col = thread // cols, thread % cols
+    lanes = block // cols
+    for z in range(column_blocks):
+        c = z * cols + col
+        valid = (lane < lanes) & (c < width)
+        for chunk in range(num_chunks):
+            row0, row1 = chunk * rows_per_chunk, min(rows, (chunk + 1) * rows_per_chunk)
+            for y in range(grid_y):
+                for n in range(y, batch, grid_y):
+                    for t in numpy.flatnonzero(valid):
+                        numpy.add.at(reads[n, :, c[t]], numpy.arange(row0 + lane[t], row1, lanes), 1)
+                        if lane[t] == 0:
+                            writes[n, chunk, c[t] * vec:(c[t] + 1) * vec] += 1
+    return reads, writes
+
+
+@pytest.mark.parametrize(
+    "batch,rows,channels,dtype,aligned",
+    [
+        (2, 4096, 320, "float16", True),  # 40 vector columns x 6 lanes
+        (1, 300, 2560, "float16", True),  # 320 vector columns: two column blocks
+        (3, 97, 99, "float32", True),  # C % 4 != 0: the scalar path
+        (2, 1000, 64, "float32", False),  # misaligned: the scalar path
+        (1, 5000, 8, "float64", True),  # 4 vector columns x 64 lanes, a short last chunk
+    ],
+)
+def test_group_norm_column_kernels_cover_every_element_once(batch, rows, channels, dtype, aligned):
+    # The statistics and backward-reduce kernels read x (and grad_out) as
+    # columns of VEC-channel vectors: every element must be read by exactly
+    # one thread and every (n, chunk, channel) of partial written once, or
+    # the finalize sums garbage.  Checked for the plans' own grids.
+    import numpy
+
+    from cupy_dwgn import _group_norm as gn
+
+    dtype = numpy.dtype(dtype)
+    vec = gn._vector_width(dtype, channels, aligned)
+    forward = gn._forward_plan(batch, rows, channels, 1, dtype, dtype, "silu", 1e-5, aligned)
+    backward = gn._backward_plan(batch, rows, channels, 1, dtype, dtype, "silu", aligned)
+    for plan, launch in ((forward, forward.first), (backward, backward.first)):
+        assert f", {vec}, " in launch.expression, launch.expression
+        reads, writes = _column_kernel_coverage(launch, batch, rows, channels, vec)
+        assert (reads == 1).all(), numpy.argwhere(reads != 1)[:5]
+        assert (writes == 1).all(), numpy.argwhere(writes != 1)[:5]
+        assert plan.temporaries[0][0] == (batch, launch.grid[0], 2, channels)
+
+
 def test_group_norm_onepass_plans_and_rule():
     # The one-pass forward (one cooperative launch), when forced, names a
     # shipped specialization and leaves the 64-bit and too-wide shapes to the
