@@ -259,6 +259,20 @@ struct LaneWelford {
       m2[k] += batch_m2 + delta * delta * previous * weight_b;
     }
   }
+  // The lane's `count` rows, row k at column[k * row_step], RB rows per
+  // batch with all their loads in flight together.
+  template <int RB, typename IndexT>
+  __device__ __forceinline__ void walk(const Vec<T, VEC>* column, IndexT row_step, int count) {
+    walk_lane_rows<RB>(
+        count,
+        [&](int k0) {
+          Vec<T, VEC> v[RB];
+#pragma unroll
+          for (int r = 0; r < RB; ++r) v[r] = column[(k0 + r) * row_step];
+          add_batch<RB>(v);
+        },
+        [&](int k) { add(column[k * row_step]); });
+  }
   __device__ __forceinline__ void add(const Vec<T, VEC>& v) {
     seen += Acc(1);
     const Acc inv = reciprocal(seen);
@@ -480,16 +494,7 @@ __global__ void dwgn_gn_stats_partial(const T* __restrict__ x, double* __restric
       // This lane's rows: R.row0 + L.lane + k * L.lanes (formed only when the
       // first exists, so the offset stays below N*S*C).
       const V* column = reinterpret_cast<const V*>(x) + (static_cast<IndexT>(n) * S + R.row0 + L.lane) * width + L.c;
-      const IndexT row_step = static_cast<IndexT>(L.lanes) * width;
-      gn::walk_lane_rows<RB>(
-          R.lane_count,
-          [&](int k0) {
-            V v[RB];
-#pragma unroll
-            for (int r = 0; r < RB; ++r) v[r] = column[(k0 + r) * row_step];
-            lane.template add_batch<RB>(v);
-          },
-          [&](int k) { lane.add(column[k * row_step]); });
+      lane.template walk<RB>(column, static_cast<IndexT>(L.lanes) * width, R.lane_count);
     }
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
@@ -927,16 +932,7 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
       // This lane's rows (formed only when the first exists).
       const V* column = reinterpret_cast<const V*>(
           x + (static_cast<IndexT>(n) * S + row0 + lane) * C + c_first);
-      const IndexT row_step = static_cast<IndexT>(lanes) * cols;  // in vectors
-      gn::walk_lane_rows<RB>(
-          count,
-          [&](int k0) {
-            V v[RB];
-#pragma unroll
-            for (int r = 0; r < RB; ++r) v[r] = column[(k0 + r) * row_step];
-            stats.template add_batch<RB>(v);
-          },
-          [&](int r) { stats.add(column[r * row_step]); });
+      stats.template walk<RB>(column, static_cast<IndexT>(lanes) * cols, count);  // row step in vectors
     }
     gn::store_lanes<VEC>(lane_sum, lane_m2, stats.sum, stats.m2, rows_of, C);
     double* p = partial + static_cast<long long>(item) * 2 * C;
