@@ -62,10 +62,32 @@ __device__ __forceinline__ double tanh_acc(double v) { return tanh(v); }
 __device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }
 __device__ __forceinline__ double rsqrt_acc(double v) { return rsqrt(v); }
 
-template <int ACT, typename Acc>
+// The logistic function 1 / (1 + exp(-z)).  FAST (half-precision outputs,
+// float arithmetic): the hardware exp2 approximation and an approximate
+// reciprocal, a relative error near 1e-6, far below the 2**-11 (float16) or
+// 2**-8 (bfloat16) steps of the output, for a few instructions instead of
+// expf's range reduction and an IEEE division.  exp(-z) = inf (z < -88)
+// gives 1 / inf = 0 either way.
+template <bool FAST, typename Acc>
+__device__ __forceinline__ Acc sigmoid(Acc z) {
+  if constexpr (FAST && sizeof(Acc) == 4) {
+    return __fdividef(1.0f, 1.0f + __expf(-z));
+  } else {
+    return Acc(1) / (Acc(1) + exp_acc(-z));
+  }
+}
+
+// Whether the activations of a T output take the FAST forms (above).
+template <typename T>
+constexpr bool fast_activation() { return sizeof(T) == 2; }
+
+template <int ACT, bool FAST = false, typename Acc>
 __device__ __forceinline__ Acc activation(Acc z) {
   if (ACT == kRelu) return z > Acc(0) ? z : Acc(0);
-  if (ACT == kSilu) return z / (Acc(1) + exp_acc(-z));
+  if (ACT == kSilu) {
+    if constexpr (FAST) return z * sigmoid<true>(z);
+    return z / (Acc(1) + exp_acc(-z));
+  }
   if (ACT == kGelu) return Acc(0.5) * z * (Acc(1) + erf_acc(z * Acc(0.7071067811865476)));
   if (ACT == kGeluTanh) {
     const Acc inner = Acc(0.7978845608028654) * (z + Acc(0.044715) * z * z * z);
@@ -75,11 +97,11 @@ __device__ __forceinline__ Acc activation(Acc z) {
 }
 
 // d act(z) / dz.
-template <int ACT, typename Acc>
+template <int ACT, bool FAST = false, typename Acc>
 __device__ __forceinline__ Acc activation_grad(Acc z) {
   if (ACT == kRelu) return z > Acc(0) ? Acc(1) : Acc(0);
   if (ACT == kSilu) {
-    const Acc s = Acc(1) / (Acc(1) + exp_acc(-z));
+    const Acc s = sigmoid<FAST>(z);
     return s * (Acc(1) + z * (Acc(1) - s));
   }
   if (ACT == kGelu) {
@@ -457,7 +479,7 @@ __device__ __forceinline__ void apply_vector(const T* x, const typename AccType<
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
     const Acc z = (to_acc(in.v[k]) - hi.v[k]) * scale.v[k] + offset.v[k];
-    out.v[k] = from_acc<T>(activation<ACT>(z));
+    out.v[k] = from_acc<T>(activation<ACT, fast_activation<T>()>(z));
   }
   reinterpret_cast<V*>(y)[i] = out;
 }
@@ -601,7 +623,7 @@ struct BwdLane {
     for (int k = 0; k < VEC; ++k) {
       const Acc centered = to_acc(xv.v[k]) - m[k];
       Acc dz = to_acc(dyv.v[k]);
-      if (ACT != kIdentity) dz *= activation_grad<ACT>(centered * scale[k] + b[k]);
+      if (ACT != kIdentity) dz *= activation_grad<ACT, fast_activation<T>()>(centered * scale[k] + b[k]);
       a[k] += dz;
       b_sum[k] += dz * (centered * r[k]);
     }
@@ -787,7 +809,7 @@ __device__ __forceinline__ void dx_vector(const T* grad_out, const T* x,
     const Acc centered = to_acc(xv.v[k]) - m.v[k];
     Acc dz = to_acc(dyv.v[k]);
     if (ACT != kIdentity) {
-      dz *= activation_grad<ACT>(centered * scale.v[k] + b.v[k]);
+      dz *= activation_grad<ACT, fast_activation<T>()>(centered * scale.v[k] + b.v[k]);
     }
     out.v[k] = from_acc<T>(scale.v[k] * dz - k1.v[k] - centered * k2.v[k]);
   }
