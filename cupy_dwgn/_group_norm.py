@@ -223,9 +223,9 @@ def _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=
         return None
     lanes = block // cols
     itemsize = numpy.dtype(dtype).itemsize
-    if backward:  # gn::onepass_bwd_row_batch<T, VEC>
+    if backward:  # gn::bwd_row_batch<T, VEC>
         batch_rows = 2 if itemsize == 8 or vec >= 8 else 4
-    else:  # gn::onepass_row_batch<VEC>
+    else:  # gn::row_batch<VEC>
         batch_rows = 4 if vec >= 8 else 8
     per_sample = max(1, -(-_ONEPASS_ITEMS // batch))
     rows_per_chunk = max(lanes * batch_rows, -(-rows // per_sample))
