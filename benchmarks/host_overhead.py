@@ -21,14 +21,14 @@ from harness import host_us, results_document, run_facts, write_json
 #: its code: the "bare" cost the host-cost target compares with is that
 #: many bare launches and allocations.  Update it when an op's plan changes.
 CALL_NEEDS = {
-    "group_norm": (3, 1),  # stats, finalize, apply; y (mean/rstd unasked: workspace)
-    "group_norm_backward": (3, 3),  # reduce, finalize, dx; dx, dw, db
+    "group_norm": (2, 1),  # stats with its finalize (cooperative), apply; y (mean/rstd unasked: workspace)
+    "group_norm_backward": (2, 3),  # reduce with its finalize (cooperative), dx; dx, dw, db
     "depthwise_conv2d": (1, 1),  # one NCHW 3x3 kernel; y
     "depthwise_conv2d_backward_input": (1, 1),
     "depthwise_conv2d_backward_weight": (2, 1),  # partial sums, finalize; dw
     # Every output given (out=, mean_out=, ...): launches only.
-    "group_norm[out]": (3, 0),
-    "group_norm_backward[out]": (3, 0),
+    "group_norm[out]": (2, 0),
+    "group_norm_backward[out]": (2, 0),
     "depthwise_conv2d[out]": (1, 0),
 }
 #: PyTorch's call beside each of ours.

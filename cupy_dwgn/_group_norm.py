@@ -26,7 +26,7 @@ _ACT_CODE = {name: code for code, name in enumerate(ACTIVATIONS)}
 #: The keyword arguments of specializations() that cupy_dwgn.precompile forwards.
 SELECTION_KEYS = ("dtypes", "activations", "large_index")
 
-_STATS = "dwgn_gn_stats_partial"
+_STATS = "dwgn_gn_stats"
 _FWD_FINALIZE = "dwgn_gn_fwd_finalize"
 _APPLY = "dwgn_gn_fwd_apply"
 _BWD_REDUCE = "dwgn_gn_bwd_reduce"
@@ -36,11 +36,20 @@ _ONEPASS = "dwgn_gn_fwd_onepass"
 _BWD_ONEPASS = "dwgn_gn_bwd_onepass"
 
 # ---------------------------------------------------------------------------
-# Path choice (written down here, applied by _onepass_geometry):
+# Path choice (written down here, applied by _path and _onepass_geometry):
 #
-# * the three launches, taken by "auto" for every shape:
-#   forward  stats_partial -> fwd_finalize -> fwd_apply;
-#   backward bwd_reduce -> bwd_finalize -> bwd_dx.
+# * two launches, taken by "auto" (and "fused") on a device that supports
+#   cooperative launches:
+#   forward  stats (its finalize after a grid barrier) -> fwd_apply;
+#   backward bwd_reduce (its finalize after a grid barrier) -> bwd_dx.
+#   The column kernel runs cooperatively (every block resident: its grid is
+#   the smaller of its work items and the resident blocks, from an occupancy
+#   value cached per kernel and device), so its finalize (mean/rstd and the
+#   per-channel coefficients; for the backward also dweight/dbias) needs no
+#   launch of its own.
+# * the three launches, "split", and "auto" on a device without cooperative
+#   launches: the same column kernel without its finalize, then
+#   fwd_finalize / bwd_finalize, then fwd_apply / bwd_dx.
 # * "one-pass", only when FORWARD_PATH / BACKWARD_PATH is "onepass":
 #   dwgn_gn_fwd_onepass / dwgn_gn_bwd_onepass, ONE cooperative launch each
 #   (statistics or reduce, grid barrier, finalize, grid barrier, apply or
@@ -59,7 +68,7 @@ _BWD_ONEPASS = "dwgn_gn_bwd_onepass"
 #       the scalar path), backward C / VEC <= 256;
 #     - a device that supports cooperative launches;
 #   else the three launches run.
-FORWARD_PATH = "auto"  # "auto", "onepass" or "split" (tests and benchmarks force a path)
+FORWARD_PATH = "auto"  # "auto", "fused", "split" or "onepass" (tests and benchmarks force a path)
 BACKWARD_PATH = "auto"
 # Phase-1 work items (n, chunk of rows): about this many in all, each at
 # least lanes * row batch rows (every thread gets a whole batch).  Shape only.
@@ -117,7 +126,7 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
         vecs = (1, _vec_width(dtype))
         for op_name in ops:
             if op_name == "group_norm":
-                specs += [name(_STATS, t, v, i) for v in vecs for i in indices]
+                specs += [name(_STATS, t, w, v, i) for w in ws for v in vecs for i in indices]
                 specs += [name(_FWD_FINALIZE, acc, w) for w in ws]
                 specs += [
                     name(_APPLY, t, _ACT_CODE[a], v, i)
@@ -151,16 +160,16 @@ _affine_dtype = _checks.affine_dtype
 
 class _Plan(typing.NamedTuple):
     """Everything about one call's launches that depends only on its
-    signature (shapes, dtypes, activation, eps, vector path): the three
+    signature (shapes, dtypes, activation, eps, vector path) and path: the
     launches and the (shape, dtype) of the two temporaries.  Plans are
     cached, so a repeated call skips this work."""
 
-    first: _launch.Launch  # stats (forward) / reduce (backward)
-    finalize: _launch.Launch
+    first: _launch.Launch  # stats (forward) / reduce (backward), with the finalize on the fused path
+    finalize: _launch.Launch  # None on the fused path
     elementwise: _launch.Launch  # apply (forward) / dx (backward)
     temporaries: tuple  # ((shape, dtype) of the partial sums, of the coefficients)
     statistics: tuple = None  # (shape, dtype) of mean and of rstd (forward)
-    fused: _launch.Launch = None  # the one-pass forward (then first/finalize/elementwise are None)
+    onepass: _launch.Launch = None  # the one-pass kernel (then first/finalize/elementwise are None)
 
 
 def _vector_width(dtype, channels, aligned):
@@ -185,9 +194,12 @@ def _geometry(batch, rows, channels, dtype, aligned):
 
 
 def _path(setting):
-    """The plans' path for a FORWARD_PATH / BACKWARD_PATH setting: "onepass"
-    only when forced and the device can launch cooperative kernels."""
-    return "onepass" if setting == "onepass" and _launch.cooperative_supported() else "split"
+    """The plans' path for a FORWARD_PATH / BACKWARD_PATH setting on the
+    current device: "onepass" (forced) and "fused" ("auto" or forced) where
+    the device can launch cooperative kernels, else "split"."""
+    if setting == "split" or not _launch.cooperative_supported():
+        return "split"
+    return "onepass" if setting == "onepass" else "fused"
 
 
 def _onepass_block(cols, vec, max_block=512):
@@ -209,7 +221,7 @@ def _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=
     three-launch path.  grid: the most blocks any phase can use (the launch
     trims it to what is resident on the device; the kernels are correct for
     any grid).  Depends on the shape (and the path setting) only."""
-    if path != "onepass":  # "auto" and "split": the three launches (see above)
+    if path != "onepass":  # "fused" and "split": the column kernels (see above)
         return None
     size = batch * rows * channels
     # The kernels' int item counters step by gridDim.x: every count plus any
@@ -259,17 +271,17 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
             ),
         )
     rows_per_chunk, num_chunks, column_blocks = split
-    grid_y = min(batch, _launch.MAX_GRID_Y)
-    common = (i32(batch), i32(rows), i32(channels))
+    fused = path == "fused"
+    eps = acc_dtype.type(eps)
     return _Plan(
-        _launch.Launch(
-            KERNEL_FILE, name(_STATS, t, vec, index), (num_chunks, grid_y, column_blocks), (_COLUMN_BLOCK,), 0,
-            common + (i32(rows_per_chunk),),
+        _column_launch(
+            name(_STATS, t, _dtypes.ctype(w_dtype), vec, index), batch * num_chunks * column_blocks, fused,
+            (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk), eps),
         ),
-        _launch.Launch(
+        None if fused else _launch.Launch(
             KERNEL_FILE, name(_FWD_FINALIZE, _dtypes.ctype(acc_dtype), _dtypes.ctype(w_dtype)),
-            (groups, grid_y), (_group_block(channels // groups * num_chunks, 512),), 0,
-            common + (i32(groups), i32(num_chunks), i32(rows_per_chunk), acc_dtype.type(eps)),
+            (groups, min(batch, _launch.MAX_GRID_Y)), (_group_block(channels // groups * num_chunks, 512),), 0,
+            (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk), eps),
         ),
         _launch.Launch(
             KERNEL_FILE, name(_APPLY, t, _ACT_CODE[activation], vec, index),
@@ -278,6 +290,19 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
         # Forward summaries are double whatever x is: the sums keep the mean exact.
         (((batch, num_chunks, 2, channels), numpy.dtype(numpy.float64)), ((batch, 3, channels), acc_dtype)),
         ((batch, groups), acc_dtype),
+    )
+
+
+def _column_launch(expression, items, fused, scalars):
+    """The launch of a column kernel (dwgn_gn_stats, dwgn_gn_bwd_reduce) over
+    ``items`` work items (gn::ColumnItems): fused, a cooperative launch doing
+    the finalize too (at most the resident blocks: Launch.grid_on); else one
+    block per item (up to MAX_BLOCKS; blocks then take several)."""
+    if items + _launch.MAX_BLOCKS >= _launch.INT32_LIMIT:  # the kernels' int item counters
+        raise ValueError(f"group_norm: {items} column-kernel work items; expected fewer than 2**31 - 2**16")
+    return _launch.Launch(
+        KERNEL_FILE, expression, (min(items, _launch.MAX_BLOCKS),), (_COLUMN_BLOCK,), 0, scalars + (i32(fused),),
+        cooperative=fused,
     )
 
 
@@ -294,22 +319,19 @@ def _forward_steps(plan, mean_temporary, rstd_temporary):
     mean = 8 if mean_temporary else 4
     rstd = 8 + mean_temporary if rstd_temporary else 5
     temporaries = plan.temporaries + (plan.statistics,) * (mean_temporary + rstd_temporary)
-    if plan.fused is not None:  # (x, partial, weight, bias, mean, rstd, coefficients, y)
-        return _launch.Steps(((plan.fused, (0, 6, 1, 2, mean, rstd, 7, 3)),), temporaries)
-    return _launch.Steps(
-        ((plan.first, (0, 6)), (plan.finalize, (6, 1, 2, mean, rstd, 7)), (plan.elementwise, (0, 7, 3))),
-        temporaries,
-    )
+    if plan.onepass is not None:  # (x, partial, weight, bias, mean, rstd, coefficients, y)
+        return _launch.Steps(((plan.onepass, (0, 6, 1, 2, mean, rstd, 7, 3)),), temporaries)
+    statistics = (plan.first, (0, 6, 1, 2, mean, rstd, 7))  # (x, partial, weight, bias, mean, rstd, coefficients)
+    finalize = () if plan.finalize is None else ((plan.finalize, (6, 1, 2, mean, rstd, 7)),)
+    return _launch.Steps((statistics, *finalize, (plan.elementwise, (0, 7, 3))), temporaries)
 
 
 def _backward_steps(plan):
-    if plan.fused is not None:  # (grad_out, x, mean, rstd, w, b, partial, coefficients, dw, db, grad_x)
-        return _launch.Steps(((plan.fused, (0, 1, 2, 3, 4, 5, 9, 10, 7, 8, 6)),), plan.temporaries)
-    return _launch.Steps(
-        ((plan.first, (0, 1, 2, 3, 4, 5, 9)), (plan.finalize, (9, 2, 3, 4, 5, 10, 7, 8)),
-         (plan.elementwise, (0, 1, 10, 6))),
-        plan.temporaries,
-    )
+    if plan.onepass is not None:  # (grad_out, x, mean, rstd, w, b, partial, coefficients, dw, db, grad_x)
+        return _launch.Steps(((plan.onepass, (0, 1, 2, 3, 4, 5, 9, 10, 7, 8, 6)),), plan.temporaries)
+    reduce = (plan.first, (0, 1, 2, 3, 4, 5, 9, 10, 7, 8))  # (grad_out, x, mean, rstd, w, b, partial, coefficients, dw, db)
+    finalize = () if plan.finalize is None else ((plan.finalize, (9, 2, 3, 4, 5, 10, 7, 8)),)
+    return _launch.Steps((reduce, *finalize, (plan.elementwise, (0, 1, 10, 6))), plan.temporaries)
 
 
 class _Entry(typing.NamedTuple):
@@ -334,21 +356,21 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
         return _Plan(
             None, None, None,
             (((batch, num_chunks, 2, channels), acc_dtype), ((batch, 5, channels), acc_dtype)),
-            fused=_launch.Launch(
+            onepass=_launch.Launch(
                 KERNEL_FILE, name(_BWD_ONEPASS, t, w_ctype, act, vec, "int"), (wanted,), (block,), 0,
                 (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk)),
                 cooperative=True,
             ),
         )
     rows_per_chunk, num_chunks, column_blocks = split
+    fused = path == "fused"
     common = (i32(batch), i32(rows), i32(channels), i32(groups))
     return _Plan(
-        _launch.Launch(
-            KERNEL_FILE, name(_BWD_REDUCE, t, w_ctype, act, vec, index),
-            (num_chunks, min(batch, _launch.MAX_GRID_Y), column_blocks), (_COLUMN_BLOCK,), 0,
-            common + (i32(rows_per_chunk),),
+        _column_launch(
+            name(_BWD_REDUCE, t, w_ctype, act, vec, index), batch * num_chunks * column_blocks, fused,
+            common + (i32(num_chunks), i32(rows_per_chunk)),
         ),
-        _launch.Launch(
+        None if fused else _launch.Launch(
             KERNEL_FILE, name(_BWD_FINALIZE, _dtypes.ctype(acc_dtype), w_ctype),
             (groups, min(batch + 1, _launch.MAX_GRID_Y)), (_group_block(channels // groups * num_chunks, 256),),
             0, common + (i32(num_chunks),),

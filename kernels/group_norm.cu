@@ -20,19 +20,22 @@
 //
 // Launches (no atomics, no host synchronization; the reduction order depends
 // on the shapes only, so results are bit-reproducible):
-//   forward:  stats_partial -> fwd_finalize -> fwd_apply  (3 launches, reads x
-//             twice).  TODO(perf): the floor is 2 passes (read x, write y):
-//             fuse stats and apply with a grid-wide dependency, or keep x in
-//             shared memory/L2 for SD-size tensors.
-//   backward: bwd_reduce -> bwd_finalize -> bwd_dx  (reads x and grad_out
-//             twice; the floor is 3 passes: read x, grad_out, write grad_in).
+//   forward:  stats (cooperative: its finalize after a grid barrier) ->
+//             fwd_apply: 2 launches, reading x twice (the second time from
+//             L2 for tensors that fit it); stats -> fwd_finalize -> fwd_apply
+//             on a device without cooperative launches.
+//   backward: bwd_reduce (cooperative, with its finalize) -> bwd_dx, or
+//             bwd_reduce -> bwd_finalize -> bwd_dx; reads x and grad_out
+//             twice (the floor is 3 passes: read x, grad_out, write grad_in).
+//   The one-pass kernels (opt-in, see _group_norm.py) do all three in one.
 //
-// Numerics: each thread of stats_partial keeps a Welford summary (count,
+// Numerics: each thread of dwgn_gn_stats keeps a Welford summary (count,
 // mean, M2) of its lane, built batch by batch (kRowBatch rows: their own mean
 // and M2 in registers, then one Chan merge), beside the plain sum of x in
-// double, so the mean is exact.  Lanes are merged with Chan's formula in
-// double; chunks and the channels of a group are combined in fwd_finalize
-// by the parallel-axis theorem (every term >= 0).  So neither a large mean
+// double, so the mean is exact.  Lanes are combined by the parallel-axis theorem in
+// double; chunks and the channels of a group are combined in one pass
+// relative to a shift (gn::finalize_group, where the bound on the
+// cancellation is derived).  So neither a large mean
 // (x = 1000 + randn in float32) nor an outlier anywhere loses digits to an
 // E[x^2] - E[x]^2 cancellation.  The forward applies y = (x - hi) * scale_c
 // + offset_c with hi the mean rounded to Acc and the rest folded into
@@ -141,11 +144,33 @@ struct ColumnLayout {
     c = first + col;
     valid = lane < lanes && c < end;
   }
-  // The layout of stats_partial and bwd_reduce: block z covers channels
-  // [z * cols, (z + 1) * cols) of C.
-  __device__ static __forceinline__ ColumnLayout channels(int C) {
+  // The layout of dwgn_gn_stats and dwgn_gn_bwd_reduce: column block z
+  // covers columns [z * cols, (z + 1) * cols) of C.
+  __device__ static __forceinline__ ColumnLayout channels(int C, int z) {
     const int cols = C < static_cast<int>(blockDim.x) ? C : static_cast<int>(blockDim.x);
-    return ColumnLayout(C, blockIdx.z * cols, C);
+    return ColumnLayout(C, z * cols, C);
+  }
+};
+
+// The column kernels' work items: (chunk, n, column block) triples, chunk
+// fastest, num_chunks * N * column_blocks of them.  Block b takes items b,
+// b + gridDim.x, ...: the host launches one block per item, or (the
+// cooperative launch, which must fit on the device) at most the resident
+// blocks.  Which block takes an item never changes what it computes, so the
+// results do not depend on the grid.  count + gridDim.x < 2**31 (the host
+// checks it), so int counters never wrap (and cost the reduce kernels,
+// which sit at their register bound, no 64-bit pairs).
+struct ColumnItems {
+  int count, num_chunks, N;
+  __device__ __forceinline__ ColumnItems(int num_chunks_, int N_, int width) : num_chunks(num_chunks_), N(N_) {
+    const int cols = width < static_cast<int>(blockDim.x) ? width : static_cast<int>(blockDim.x);
+    count = num_chunks * N * ((width + cols - 1) / cols);
+  }
+  __device__ __forceinline__ void decode(int item, int& chunk, int& n, int& column_block) const {
+    const int rest = item / num_chunks;
+    chunk = item - rest * num_chunks;
+    column_block = rest / N;
+    n = rest - column_block * N;
   }
 };
 
@@ -173,34 +198,22 @@ __device__ __forceinline__ void column_sum(Acc (&v)[NUM], const ColumnLayout& L,
 __device__ __forceinline__ float reciprocal(float v) { return __frcp_rn(v); }
 __device__ __forceinline__ double reciprocal(double v) { return 1.0 / v; }
 
-// Chan's merge of (count, mean, M2) summaries: b into a.
-template <typename Acc>
-__device__ __forceinline__ void chan_merge(Acc& count, Acc& mean, Acc& m2, Acc count_b, Acc mean_b,
-                                           Acc m2_b) {
-  if (count_b == Acc(0)) return;
-  const Acc total = count + count_b;
-  const Acc delta = mean_b - mean;
-  const Acc weight_b = count_b / total;
-  mean += delta * weight_b;
-  m2 += m2_b + delta * delta * count * weight_b;
-  count = total;
-}
-
 // Rows of [row0, row1) visited by lane `lane` of `lanes` (r = row0 + lane + k * lanes).
 __device__ __forceinline__ int lane_rows(int row0, int row1, int lane, int lanes) {
   const int span = row1 - row0 - lane;
   return span > 0 ? (span + lanes - 1) / lanes : 0;
 }
 
-// The chunk of rows a column-kernel block reduces (chunk blockIdx.x of
-// gridDim.x, rows [row0, row1)), this thread's share of them (lane_count
+// The chunk of rows a column-kernel item reduces (chunk `chunk` of
+// num_chunks, rows [row0, row1)), this thread's share of them (lane_count
 // rows: row0 + L.lane + k * L.lanes; 0 for an idle thread), and where the
 // chunk's two per-channel results go in partial (N, num_chunks, 2, C).
 struct ChunkRows {
   int chunk, num_chunks, row0, row1, lane_count;
-  __device__ __forceinline__ ChunkRows(int S, int rows_per_chunk, const ColumnLayout& L) {
-    chunk = blockIdx.x;
-    num_chunks = gridDim.x;
+  __device__ __forceinline__ ChunkRows(int S, int rows_per_chunk, int num_chunks_, int chunk_,
+                                       const ColumnLayout& L) {
+    chunk = chunk_;
+    num_chunks = num_chunks_;
     row0 = chunk * rows_per_chunk;
     row1 = min(S, row0 + rows_per_chunk);
     lane_count = L.valid ? lane_rows(row0, row1, L.lane, L.lanes) : 0;
@@ -237,7 +250,7 @@ __device__ __forceinline__ void walk_lane_rows(int count, Batch batch, Single si
 // by batch: a batch's own mean and M2 (two passes over registers), then one
 // Chan merge into the lane summary (one reciprocal per batch, no per-element
 // dependency chain).  `seen` (rows merged) stays far below 2**24, so Acc
-// holds it exactly.  Shared by dwgn_gn_stats_partial and the one-pass
+// holds it exactly.  Shared by dwgn_gn_stats and the one-pass
 // forward.
 template <typename T, int VEC>
 struct LaneWelford {
@@ -309,29 +322,48 @@ struct LaneWelford {
   }
 };
 
-// Merges the per-lane summaries of each column into its lane-0 thread, lane
-// by lane in a fixed order: each lane gives the double sum of its elements
-// and its M2 (counts follow from the row split).  On return lane 0 holds the
-// column's sum and M2.  Every thread of the block must call it.
-__device__ __forceinline__ void column_merge(double& sum, double& m2, const ChunkRows& R,
-                                             const ColumnLayout& L, double* scratch) {
-  scratch[threadIdx.x] = sum;
-  scratch[blockDim.x + threadIdx.x] = m2;
-  __syncthreads();
-  if (L.lane == 0) {
-    // Lane 0 always has rows: every chunk holds at least one.
-    double count = lane_rows(R.row0, R.row1, 0, L.lanes);
-    double mean = sum / count;
-    for (int j = 1; j < L.lanes; ++j) {
-      const int t = j * L.cols + L.col;
-      const double count_j = lane_rows(R.row0, R.row1, j, L.lanes);
-      if (count_j > 0) {
-        chan_merge(count, mean, m2, count_j, scratch[t] / count_j, scratch[blockDim.x + t]);
-        sum += scratch[t];  // the plain sum stays exact; mean only serves the M2 merge
-      }
+// Per-lane results of a column-kernel block, through shared memory: the
+// thread of (lane, col) stores the VEC values of its channels at slots
+// lane * span + col * VEC + k (span = VEC * the block's valid columns, so
+// the block's channels are slots [0, span) of each lane's row); after a
+// barrier one thread per channel combines that channel's lanes, lane 0 to
+// lanes - 1 (a fixed order).  Every channel is combined at once: VEC rounds
+// of a merge in which only the lane-0 threads work (one column of lanes
+// each, serially) cost the vector kernels more than their loads.
+template <int VEC, typename A>
+__device__ __forceinline__ void store_lane(A* slots, int span, const ColumnLayout& L, const A (&v)[VEC]) {
+  if (L.valid) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) slots[L.lane * span + L.col * VEC + k] = v[k];
+  }
+}
+
+// One channel's lane summaries (lane j at sums[j * stride], m2s[j * stride],
+// covering lane_rows(row0, row1, j, lanes) rows) combined in double: the
+// plain sum, and M2 by the parallel-axis theorem, M2 = sum_j M2_j + (s_j -
+// n_j m)^2 / n_j with m = sum / rows (every term >= 0, nothing cancels).
+template <typename Acc>
+__device__ __forceinline__ void combine_lanes(const double* sums, const Acc* m2s, int stride, int lanes,
+                                              int row0, int row1, double& total, double& m2) {
+  total = 0.0;
+  for (int j = 0; j < lanes; ++j) total += sums[j * stride];
+  const double m = total / (row1 - row0);
+  m2 = 0.0;
+  for (int j = 0; j < lanes; ++j) {
+    const int n_j = lane_rows(row0, row1, j, lanes);
+    if (n_j > 0) {
+      const double d = sums[j * stride] - n_j * m;  // n_j * (mean_j - m)
+      m2 += static_cast<double>(m2s[j * stride]) + d * d / n_j;
     }
   }
-  __syncthreads();  // scratch is reused by the next iteration
+}
+
+// One channel's lane values (lane j at v[j * stride]) summed in lane order.
+template <typename Acc>
+__device__ __forceinline__ Acc sum_lanes(const Acc* v, int stride, int lanes) {
+  Acc total = Acc(0);
+  for (int j = 0; j < lanes; ++j) total += v[j * stride];
+  return total;
 }
 
 // Item `i` of a group's chunk summaries, D channels times num_chunks chunks
@@ -494,23 +526,44 @@ __device__ __forceinline__ void apply_vector(const T* x, const typename AccType<
 // Forward pass 1: per (n, chunk of rows, c) summaries: the sum of x in
 // double (so the mean keeps every digit, even at 1000 + randn in float32)
 // and M2 from a Welford update in Acc (no E[x^2] - E[x]^2 cancellation, an
-// outlier anywhere included); lanes are merged with Chan's formula in double.
+// outlier anywhere included); lanes are combined in double (gn::combine_lanes).
 // A thread reads VEC channels per access (16 bytes on the vector path, one
 // element on the scalar path): the block's columns are channel vectors, so
 // C = 320 fp16 is 40 columns x 6 lanes of one block, not 256 + 64 columns of
 // two blocks with one lane each.
-// grid (num_chunks, min(N, 65535), ceil((C / VEC) / cols)); block 256.
-// partial: (N, num_chunks, 2, C) double (sum, M2).
-template <typename T, int VEC, typename IndexT>
-__global__ void dwgn_gn_stats_partial(const T* __restrict__ x, double* __restrict__ partial,
-                                      int N, int S, int C, int rows_per_chunk) {
+// Items (gn::ColumnItems): (chunk, n, column block of ceil((C / VEC) / cols));
+// block 256.  partial: (N, num_chunks, 2, C) double (sum, M2).
+//
+// With finalize != 0 (a cooperative launch: every block resident) the
+// kernel also does forward pass 2 after a grid barrier: items (n, g), the
+// code of dwgn_gn_fwd_finalize (gn::finalize_group), so the forward takes
+// two launches.  partial is written before the barrier and read after it
+// (the barrier fences memory; no SM read it earlier in this kernel, so no
+// cached copy can be stale), as in the one-pass kernels.  With finalize == 0
+// (any launch) mean_out, rstd_out, ws, weight and bias are not touched and
+// dwgn_gn_fwd_finalize follows.
+template <typename T, typename W, int VEC, typename IndexT>
+__global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ partial,
+                              const W* __restrict__ weight, const W* __restrict__ bias,
+                              typename AccType<T>::type* __restrict__ mean_out,
+                              typename AccType<T>::type* __restrict__ rstd_out,
+                              typename AccType<T>::type* __restrict__ ws, int N, int S, int C, int G,
+                              int num_chunks, int rows_per_chunk, typename AccType<T>::type eps,
+                              int finalize) {
   using V = gn::Vec<T, VEC>;
   constexpr int RB = gn::row_batch<VEC>();
-  __shared__ double scratch[2 * 256];
+  using Acc = typename AccType<T>::type;
+  // The lanes' summaries (gn::store_lane); after the last item, the
+  // finalize's scratch (64 doubles + broadcast 2).
+  __shared__ double lane_sum[256 * VEC];
+  __shared__ Acc lane_m2[256 * VEC];
   const int width = C / VEC;  // channel vectors per row
-  const gn::ColumnLayout L = gn::ColumnLayout::channels(width);
-  const gn::ChunkRows R(S, rows_per_chunk, L);
-  for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
+  const gn::ColumnItems items(num_chunks, N, width);
+  for (int item = blockIdx.x; item < items.count; item += gridDim.x) {
+    int chunk, n, column_block;
+    items.decode(item, chunk, n, column_block);
+    const gn::ColumnLayout L = gn::ColumnLayout::channels(width, column_block);
+    const gn::ChunkRows R(S, rows_per_chunk, num_chunks, chunk, L);
     gn::LaneWelford<T, VEC> lane;
     if (R.lane_count > 0) {
       // This lane's rows: R.row0 + L.lane + k * L.lanes (formed only when the
@@ -518,26 +571,33 @@ __global__ void dwgn_gn_stats_partial(const T* __restrict__ x, double* __restric
       const V* column = reinterpret_cast<const V*>(x) + (static_cast<IndexT>(n) * S + R.row0 + L.lane) * width + L.c;
       lane.template walk<RB>(column, static_cast<IndexT>(L.lanes) * width, R.lane_count);
     }
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      double sum = lane.sum[k];
-      double m2_wide = lane.m2[k];
-      gn::column_merge(sum, m2_wide, R, L, scratch);
-      if (L.valid && L.lane == 0) {
-        double* p = R.slot(partial, n, C, L.c * VEC + k);
-        p[0] = sum;
-        p[C] = m2_wide;
-      }
+    const int first = column_block * L.cols;  // the block's first column
+    const int span = VEC * min(L.cols, width - first);
+    gn::store_lane<VEC>(lane_sum, span, L, lane.sum);
+    gn::store_lane<VEC>(lane_m2, span, L, lane.m2);
+    __syncthreads();
+    double* p = R.slot(partial, n, C, first * VEC);
+    for (int j = threadIdx.x; j < span; j += blockDim.x) {
+      double total, m2;
+      gn::combine_lanes(lane_sum + j, lane_m2 + j, span, L.lanes, R.row0, R.row1, total, m2);
+      p[j] = total;
+      p[C + j] = m2;
     }
+    __syncthreads();  // the slots are rewritten by the next item
+  }
+  if (finalize == 0) return;  // grid-uniform
+  cooperative_groups::this_grid().sync();
+  const long long groups = static_cast<long long>(N) * G;
+  for (long long item = blockIdx.x; item < groups; item += gridDim.x) {
+    const int n = static_cast<int>(item / G);
+    gn::finalize_group(static_cast<const double*>(partial), weight, bias, mean_out, rstd_out, ws, n,
+                       static_cast<int>(item - static_cast<long long>(n) * G), S, C, G, num_chunks,
+                       rows_per_chunk, eps, lane_sum, lane_sum + 64);
   }
 }
 
-// Forward pass 2: one block per (g, n), in double.  The group mean is the
-// plain sum of the chunk sums over S * D; the group M2 follows from the
-// parallel-axis theorem, M2 = sum over (chunk, channel) pieces of
-// M2_piece + rows * (mean_piece - mean)^2: every term is >= 0, so nothing
-// cancels, and the D * num_chunks pieces are summed by the whole block (no
-// serial chain of Chan merges).  Writes mean/rstd (N, G) in Acc and the
+// Forward pass 2 on a device without cooperative launches: one block per
+// (g, n), gn::finalize_group (in double): mean/rstd (N, G) in Acc and the
 // per-(n, c) coefficients ws (N, 3, C): hi = the group mean rounded to Acc,
 // scale_c = rstd * w[c] and offset_c = b[c] - (mean - hi) * scale_c, so that
 // y = (x - hi) * scale_c + offset_c keeps the digits of the mean that Acc
@@ -648,47 +708,6 @@ struct BwdLane {
   }
 };
 }  // namespace gn
-
-// Backward pass 1: per (n, chunk, c) sums of dz and dz * xhat (gn::BwdLane),
-// VEC channels per thread and access.
-// Same grid and thread layout as dwgn_gn_stats_partial.
-// partial: (N, num_chunks, 2, C) Acc.
-// Bounds and rows per batch: gn::bwd_row_batch.
-template <typename T, typename W, int ACT, int VEC, typename IndexT>
-__global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_reduce(
-    const T* __restrict__ grad_out, const T* __restrict__ x,
-    const typename AccType<T>::type* __restrict__ mean,
-    const typename AccType<T>::type* __restrict__ rstd, const W* __restrict__ weight,
-    const W* __restrict__ bias, typename AccType<T>::type* __restrict__ partial, int N, int S,
-    int C, int G, int rows_per_chunk) {
-  using Acc = typename AccType<T>::type;
-  using V = gn::Vec<T, VEC>;
-  constexpr int RB = gn::bwd_row_batch<T, VEC>();
-  __shared__ Acc scratch[2 * 256];
-  const int width = C / VEC;  // channel vectors per row
-  const gn::ColumnLayout L = gn::ColumnLayout::channels(width);
-  const gn::ChunkRows R(S, rows_per_chunk, L);
-  for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
-    gn::BwdLane<T, ACT, VEC> lane;
-    if (R.lane_count > 0) {
-      lane.load(mean, rstd, weight, bias, n, G, C / G, L.c * VEC);
-      // This lane's rows: R.row0 + L.lane + k * L.lanes (in vectors).
-      const IndexT first = (static_cast<IndexT>(n) * S + R.row0 + L.lane) * width + L.c;
-      lane.template walk<RB>(reinterpret_cast<const V*>(x) + first, reinterpret_cast<const V*>(grad_out) + first,
-                             static_cast<IndexT>(L.lanes) * width, R.lane_count);
-    }
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      Acc v[2] = {lane.a[k], lane.b_sum[k]};
-      gn::column_sum<2>(v, L, scratch);
-      if (L.valid && L.lane == 0) {
-        Acc* p = R.slot(partial, n, C, L.c * VEC + k);
-        p[0] = v[0];
-        p[C] = v[1];
-      }
-    }
-  }
-}
 
 // Backward pass 2, the work of one (g, y) item.  y < N: for sample n = y,
 // with A_c = sum dz and B_c = sum dz*xhat (over the chunks), c1 = sum_c w_c
@@ -817,6 +836,70 @@ __device__ __forceinline__ void dx_vector(const T* grad_out, const T* x,
 }
 }  // namespace gn
 
+// Backward pass 1: per (n, chunk, c) sums of dz and dz * xhat (gn::BwdLane),
+// VEC channels per thread and access.
+// Items and thread layout as in dwgn_gn_stats.
+// partial: (N, num_chunks, 2, C) Acc.
+// Bounds and rows per batch: gn::bwd_row_batch.
+// With finalize != 0 (a cooperative launch) the kernel also does backward
+// pass 2 after a grid barrier: items (g, y), G * (N + 1) of them, the code
+// of dwgn_gn_bwd_finalize (gn::bwd_finalize_item), so the backward takes two
+// launches (partial written before the barrier, read after it, as in
+// dwgn_gn_stats).  With finalize == 0, ws, grad_weight and grad_bias are not
+// touched and dwgn_gn_bwd_finalize follows.
+template <typename T, typename W, int ACT, int VEC, typename IndexT>
+__global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_reduce(
+    const T* __restrict__ grad_out, const T* __restrict__ x,
+    const typename AccType<T>::type* __restrict__ mean,
+    const typename AccType<T>::type* __restrict__ rstd, const W* __restrict__ weight,
+    const W* __restrict__ bias, typename AccType<T>::type* __restrict__ partial,
+    typename AccType<T>::type* __restrict__ ws, W* __restrict__ grad_weight, W* __restrict__ grad_bias,
+    int N, int S, int C, int G, int num_chunks, int rows_per_chunk, int finalize) {
+  using Acc = typename AccType<T>::type;
+  using V = gn::Vec<T, VEC>;
+  constexpr int RB = gn::bwd_row_batch<T, VEC>();
+  // The lanes' sums (gn::store_lane); after the last item, the finalize's
+  // scratch (2 * 256 Acc) and broadcast (2).
+  __shared__ Acc lane_a[256 * (VEC < 2 ? 2 : VEC)];
+  __shared__ Acc lane_b[256 * VEC];
+  const int width = C / VEC;  // channel vectors per row
+  const gn::ColumnItems items(num_chunks, N, width);
+  for (int item = blockIdx.x; item < items.count; item += gridDim.x) {
+    int chunk, n, column_block;
+    items.decode(item, chunk, n, column_block);
+    const gn::ColumnLayout L = gn::ColumnLayout::channels(width, column_block);
+    const gn::ChunkRows R(S, rows_per_chunk, num_chunks, chunk, L);
+    gn::BwdLane<T, ACT, VEC> lane;
+    if (R.lane_count > 0) {
+      lane.load(mean, rstd, weight, bias, n, G, C / G, L.c * VEC);
+      // This lane's rows: R.row0 + L.lane + k * L.lanes (in vectors).
+      const IndexT first = (static_cast<IndexT>(n) * S + R.row0 + L.lane) * width + L.c;
+      lane.template walk<RB>(reinterpret_cast<const V*>(x) + first, reinterpret_cast<const V*>(grad_out) + first,
+                             static_cast<IndexT>(L.lanes) * width, R.lane_count);
+    }
+    const int first = column_block * L.cols;  // the block's first column
+    const int span = VEC * min(L.cols, width - first);
+    gn::store_lane<VEC>(lane_a, span, L, lane.a);
+    gn::store_lane<VEC>(lane_b, span, L, lane.b_sum);
+    __syncthreads();
+    Acc* p = R.slot(partial, n, C, first * VEC);
+    for (int j = threadIdx.x; j < span; j += blockDim.x) {
+      p[j] = gn::sum_lanes(lane_a + j, span, L.lanes);
+      p[C + j] = gn::sum_lanes(lane_b + j, span, L.lanes);
+    }
+    __syncthreads();  // the slots are rewritten by the next item
+  }
+  if (finalize == 0) return;  // grid-uniform
+  cooperative_groups::this_grid().sync();
+  const long long finalize_items = static_cast<long long>(G) * (N + 1LL);
+  for (long long item = blockIdx.x; item < finalize_items; item += gridDim.x) {
+    const long long y = item / G;
+    gn::bwd_finalize_item(static_cast<const Acc*>(partial), mean, rstd, weight, bias, ws, grad_weight,
+                          grad_bias, N, S, C, G, num_chunks, static_cast<int>(item - y * G), y, lane_a,
+                          lane_b);
+  }
+}
+
 // Backward pass 2: one block per (g, y) item of gn::bwd_finalize_item.
 // grid (G, min(N + 1, 65535)); block a multiple of 32, <= 256.
 template <typename Acc, typename W>
@@ -856,10 +939,10 @@ __global__ void dwgn_gn_bwd_dx(
 //            them.  A block covers rows [chunk * rows_per_chunk, ...) of
 //            sample n and all C channels: cols = C / VEC threads across a
 //            row (one 16-byte vector each), lanes = blockDim.x / cols rows at
-//            a time (row0 + lane + k * lanes, as in dwgn_gn_stats_partial).
+//            a time (row0 + lane + k * lanes, as in dwgn_gn_stats).
 //            Each thread keeps, per channel of its vector, the double sum of
 //            x and a Welford M2 built batch by batch (kRowBatch rows, one
-//            Chan merge per batch: the arithmetic of dwgn_gn_stats_partial).
+//            Chan merge per batch: the arithmetic of dwgn_gn_stats).
 //            The lanes are then combined in shared memory, one thread per
 //            channel, lane 0 to lanes - 1 in order, by the parallel-axis
 //            theorem: sum = sum_j s_j, M2 = sum_j M2_j + (s_j - n_j m)^2 / n_j
@@ -958,19 +1041,9 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
     }
     gn::store_lanes<VEC>(lane_sum, lane_m2, stats.sum, stats.m2, rows_of, C);
     double* p = partial + static_cast<long long>(item) * 2 * C;
-    const double rows = row1 - row0;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      double total = 0.0;
-      for (int j = 0; j < lanes; ++j) total += lane_sum[j * C + c];
-      const double m = total / rows;
-      double piece_m2 = 0.0;
-      for (int j = 0; j < lanes; ++j) {
-        const int n_j = gn::lane_rows(row0, row1, j, lanes);
-        if (n_j > 0) {
-          const double d = lane_sum[j * C + c] - n_j * m;  // n_j * (mean_j - m)
-          piece_m2 += static_cast<double>(lane_m2[j * C + c]) + d * d / n_j;
-        }
-      }
+      double total, piece_m2;
+      gn::combine_lanes(lane_sum + c, lane_m2 + c, C, lanes, row0, row1, total, piece_m2);
       p[c] = total;
       p[C + c] = piece_m2;
     }
@@ -1058,13 +1131,8 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_onep
     gn::store_lanes<VEC>(lane_a, lane_b, sums.a, sums.b_sum, rows_of, C);
     Acc* p = partial + static_cast<long long>(item) * 2 * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      Acc total_a = Acc(0), total_b = Acc(0);
-      for (int j = 0; j < lanes; ++j) {
-        total_a += lane_a[j * C + c];
-        total_b += lane_b[j * C + c];
-      }
-      p[c] = total_a;
-      p[C + c] = total_b;
+      p[c] = gn::sum_lanes(lane_a + c, C, lanes);
+      p[C + c] = gn::sum_lanes(lane_b + c, C, lanes);
     }
     __syncthreads();  // lane_a / lane_b are rewritten by the next item
   }

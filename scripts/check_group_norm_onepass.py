@@ -1,12 +1,15 @@
-"""GPU check of the one-pass GroupNorm forward and backward
-(dwgn_gn_fwd_onepass, dwgn_gn_bwd_onepass: one cooperative launch each)
-against the float64 reference and the three-launch paths.
+"""GPU check of the GroupNorm paths with cooperative launches, against the
+float64 reference and the three-launch path: "fused" (two launches per
+direction: the column kernel with its finalize after a grid barrier, then
+apply / dx; what "auto" takes) and "onepass" (dwgn_gn_fwd_onepass,
+dwgn_gn_bwd_onepass: one launch each, opt-in).
 
     PYTHONPATH=. python scripts/check_group_norm_onepass.py            # correctness + timing
     PYTHONPATH=. python scripts/check_group_norm_onepass.py --no-time  # correctness only
+    ... --paths fused                                                  # one path only
 
-1. correctness: many shapes/dtypes/activations, outputs NaN-poisoned, forced
-   onepass path, relative error vs cupy_dwgn.reference within tests/_helpers
+1. correctness: many shapes/dtypes/activations, outputs NaN-poisoned, each
+   forced path, relative error vs cupy_dwgn.reference within tests/_helpers
    TOLERANCE (y) and 1e-6 (mean/rstd; 1e-12 for float64); in-place (out=x);
    misaligned pointers (scalar path); x = 1000 + randn in float32;
 2. determinism: 5 runs bit-identical (y, mean, rstd), and the same bits when
@@ -14,9 +17,9 @@ against the float64 reference and the three-launch paths.
    depend on the grid size);
    the backward likewise (dx, dw, db from the forward's statistics, outputs
    poisoned; bit-identical over runs and forced grids);
-3. the plans take three launches per direction for the SD shapes in "auto"
-   mode and one when forced onto the one-pass path;
-4. timing (CUDA events, median of 200 after warm-up; eager calls): onepass
+3. the plans take two launches per direction for the SD shapes on the
+   fused path ("auto"), three on "split" and one on "onepass";
+4. timing (CUDA events, median of 200 after warm-up; eager calls): fused
    vs the three-launch path vs torch.nn.functional.group_norm (+ silu) in
    both memory formats when torch is importable; GPU time by CUDA-graph
    replay of 20 calls.
@@ -103,7 +106,12 @@ def force_grid(blocks):
     return original
 
 
-def correctness():
+def correctness(paths):
+    return sum(correctness_of(path) for path in paths)
+
+
+def correctness_of(path):
+    print(f"\n== path {path}")
     rng = numpy.random.default_rng(1)
     failures = 0
     for shape, g, dtype, w_dtype, act, offset in CASES:
@@ -116,10 +124,10 @@ def correctness():
         w = cupy.asarray(w_h) if w_h is not None else None
         b = cupy.asarray(b_h) if b_h is not None else None
         stat_tol = 1e-12 if dtype == F64 else 1e-6
-        with forced("onepass"):
+        with forced(path):
             n, s = shape[0], int(numpy.prod(shape[1:-1]))
             vec = 16 // dtype.itemsize if c % (16 // dtype.itemsize) == 0 else 1
-            geometry = gn._onepass_geometry(n, s, c, g, dtype, vec, "onepass")
+            geometry = gn._onepass_geometry(n, s, c, g, dtype, vec, path) or gn._split(n, s, c // vec)
             results = []
             for misalign in (False, True):
                 if misalign:
@@ -173,12 +181,12 @@ def correctness():
         # The split path agrees within tolerance (not bitwise: another order).
         with forced("split"):
             ys, _, _ = run(x, g, w, b, act)
-        print(f"     split vs onepass rel diff {relative_error(ys, cupy.asnumpy(y0).astype(numpy.float64)):.2e}")
+        print(f"     split vs {path} rel diff {relative_error(ys, cupy.asnumpy(y0).astype(numpy.float64)):.2e}")
     return failures
 
 
 def check_backward(x_h, x, g, w_h, w, b_h, b, act, mean, rstd, rng):
-    """The one-pass backward (forced) against the reference from the same
+    """The backward of the forced path against the reference from the same
     statistics, outputs NaN-poisoned; bit-identical over runs and grids."""
     dtype = x.dtype
     dy_h = rng.standard_normal(x.shape).astype(dtype)
@@ -221,17 +229,20 @@ SD_SHAPES = [(2, 64, 64, 320), (2, 32, 32, 640), (2, 16, 16, 1280), (8, 8, 8, 12
 
 
 def check_launch_counts():
-    """"auto" takes the three launches per direction; "onepass" one."""
+    """Launches per direction: "fused" (what "auto" takes on a device with
+    cooperative launches) two, "split" three, "onepass" one."""
     failures = 0
+    expected = {"fused": (2, 2), "split": (3, 3), "onepass": (1, 1)}
     for shape in SD_SHAPES:
         n, s, c = shape[0], shape[1] * shape[2], shape[3]
         counts = {}
-        for path in ("auto", "onepass"):
+        for path in expected:
             plan = gn._forward_plan(n, s, c, 32, F16, F32, "silu", 1e-5, True, path)
             back = gn._backward_plan(n, s, c, 32, F16, F32, "silu", True, path)
-            counts[path] = (1 if plan.fused is not None else 3, 1 if back.fused is not None else 3)
-        print(f"{shape} fp16: launches (forward, backward) auto {counts['auto']}, onepass {counts['onepass']}")
-        failures += counts != {"auto": (3, 3), "onepass": (1, 1)}
+            counts[path] = (len(gn._forward_steps(plan, True, True).launches),
+                            len(gn._backward_steps(back).launches))
+        print(f"{shape} fp16: launches (forward, backward) {counts}; auto takes {gn._path('auto')}")
+        failures += counts != expected or gn._path("auto") != "fused"
     return failures
 
 
@@ -276,7 +287,7 @@ def timing():
         import torch.nn.functional as F
     except ImportError:
         torch = None
-    print(f"\n{'shape':22s} {'dtype':8s} {'act':8s} {'onepass':>9s} {'split':>9s} {'graph 1p':>9s} {'graph 3':>9s} {'torch NCHW':>10s} {'torch CL':>9s} {'bwd gr 1p':>9s} {'bwd gr 3':>9s}  (us)")
+    print(f"\n{'shape':22s} {'dtype':8s} {'act':8s} {'fused':>9s} {'split':>9s} {'graph 2':>9s} {'graph 3':>9s} {'torch NCHW':>10s} {'torch CL':>9s} {'bwd gr 2':>9s} {'bwd gr 3':>9s}  (us)")
     for shape in SD_SHAPES:
         for dtype in (F16, F32):
             for act in ("identity", "silu"):
@@ -290,7 +301,7 @@ def timing():
                 back = lambda: gn.group_norm_backward(x, x, mean, rstd, 32, w, b, activation=act, out=dx,
                                                       grad_weight_out=dw, grad_bias_out=db)
                 row = {}
-                for path in ("onepass", "split"):
+                for path in ("fused", "split"):
                     with forced(path):
                         row[path] = time_gpu(call)
                         row["graph " + path] = time_graph(call)
@@ -307,17 +318,18 @@ def timing():
 
                     t_nchw = time_gpu(lambda: torch_call(xn))
                     t_cl = time_gpu(lambda: torch_call(xt))
-                print(f"{str(shape):22s} {dtype.name:8s} {act:8s} {row['onepass']:9.1f} {row['split']:9.1f} "
-                      f"{row['graph onepass']:9.1f} {row['graph split']:9.1f} {t_nchw:10.1f} {t_cl:9.1f} "
-                      f"{row['bwd graph onepass']:9.1f} {row['bwd graph split']:9.1f}")
+                print(f"{str(shape):22s} {dtype.name:8s} {act:8s} {row['fused']:9.1f} {row['split']:9.1f} "
+                      f"{row['graph fused']:9.1f} {row['graph split']:9.1f} {t_nchw:10.1f} {t_cl:9.1f} "
+                      f"{row['bwd graph fused']:9.1f} {row['bwd graph split']:9.1f}")
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-time", action="store_true")
+    parser.add_argument("--paths", nargs="+", choices=("fused", "onepass"), default=["fused", "onepass"])
     args = parser.parse_args()
     print(cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cooperative:", _launch.cooperative_supported())
-    failures = correctness() + check_launch_counts()
+    failures = correctness(args.paths) + check_launch_counts()
     print(f"\ncorrectness: {'all pass' if not failures else f'{failures} FAIL'}")
     if not args.no_time:
         timing()

@@ -2,7 +2,9 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all but models): facts cold examples cli tests sanitizer dwbench gnbench host models
+# STEPS selects parts (default: all but models): facts cold warm examples cli tests sanitizer dwbench gnbench host models
+# (warm: compile the kernels into CuPy's disk cache with WARM_ARGS, several processes at once; after cold, whose
+# point is the cold start).
 # (cli: cupy-dwgn info, selftest and a precompile, as a user runs them).
 # (models: the real-model training-step benchmark, about 3 minutes; on 2 GPUs the tests step also runs
 # tests/test_multi_gpu.py and examples/ddp_train.py).
@@ -18,7 +20,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:$PWD/benchmarks PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/dwgn_out}; mkdir -p "$OUT"
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/dwgn_cupy_cache}
-STEPS=${STEPS:-facts cold examples cli tests sanitizer dwbench gnbench host}
+STEPS=${STEPS:-facts cold warm examples cli tests sanitizer dwbench gnbench host}
 status=0
 [ -n "${DWGN_COMMIT:-}" ] || echo "note: DWGN_COMMIT is not set; results record this copy's git HEAD, which may be stale" >&2
 has() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -29,6 +31,9 @@ if has facts; then
 fi
 if has cold; then
   python3 benchmarks/cold_start.py 2>&1 | tee "$OUT/cold_start.txt"
+fi
+if has warm; then
+  python3 scripts/warm_kernel_cache.py ${WARM_ARGS:---large-index} 2>&1 | tail -n 3 | tee "$OUT/warm.txt"
 fi
 if has examples; then
   for example in examples/*.py; do

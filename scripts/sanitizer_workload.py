@@ -45,6 +45,17 @@ def depthwise():
 
 
 def group_norm():
+    # Every path: "fused" (what "auto" takes: the column kernels with their
+    # finalize after a grid barrier), "split" (three launches), "onepass".
+    from cupy_dwgn import _group_norm
+
+    for path in ("fused", "split", "onepass"):
+        _group_norm.FORWARD_PATH = _group_norm.BACKWARD_PATH = path
+        group_norm_cases()
+    _group_norm.FORWARD_PATH = _group_norm.BACKWARD_PATH = "auto"
+
+
+def group_norm_cases():
     for dtype in (cupy.float32, cupy.float16):
         for shape, groups in [((2, 7, 9, 136), 17), ((1, 97, 12), 4), ((3, 5, 5, 5, 64), 32), ((2, 393), 3),
                               ((1, 131075, 24), 3)]:  # the last: whole row batches plus remainders per lane

@@ -177,35 +177,37 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
                 assert all(v > 0 for v in launch.grid + launch.block), launch
 
 
-def _column_kernel_coverage(launch, batch, rows, channels, vec):
-    """How often the statistics / backward-reduce kernel of ``launch`` reads
-    each (n, row, channel vector) of x and writes each (n, chunk, channel)
-    of partial: a NumPy transcription of the kernel's index math
-    (gn::ColumnLayout::channels over C / VEC columns, gn::ChunkRows,
-    gn::lane_rows, the grid-stride loop over samples)."""
+def _column_kernel_coverage(launch, batch, rows, channels, vec, grid):
+    """How often the statistics / backward-reduce kernel of ``launch``,
+    launched with ``grid`` blocks, reads each (n, row, channel vector) of x
+    and writes each (n, chunk, channel) of partial: a NumPy transcription of
+    the kernel's index math (the block-stride loop over gn::ColumnItems and
+    their decode, gn::ColumnLayout::channels over C / VEC columns,
+    gn::ChunkRows, gn::lane_rows)."""
     import numpy
 
-    num_chunks, grid_y, column_blocks = launch.grid
     block = launch.block[0]
-    rows_per_chunk = int(launch.scalars[-1])
+    num_chunks, rows_per_chunk = int(launch.scalars[4]), int(launch.scalars[5])  # (N, S, C, G, num_chunks, rows_per_chunk, ...)
     width = channels // vec
     cols = min(width, block)
+    column_blocks = -(-width // cols)
     reads = numpy.zeros((batch, rows, width), numpy.int64)
     writes = numpy.zeros((batch, num_chunks, channels), numpy.int64)
     thread = numpy.arange(block)
     lane, col = thread // cols, thread % cols
     lanes = block // cols
-    for z in range(column_blocks):
-        c = z * cols + col
-        valid = (lane < lanes) & (c < width)
-        for chunk in range(num_chunks):
+    for block_index in range(grid):
+        for item in range(block_index, num_chunks * batch * column_blocks, grid):
+            rest = item // num_chunks
+            chunk, z = item - rest * num_chunks, rest // batch
+            n = rest - z * batch
+            c = z * cols + col
+            valid = (lane < lanes) & (c < width)
             row0, row1 = chunk * rows_per_chunk, min(rows, (chunk + 1) * rows_per_chunk)
-            for y in range(grid_y):
-                for n in range(y, batch, grid_y):
-                    for t in numpy.flatnonzero(valid):
-                        numpy.add.at(reads[n, :, c[t]], numpy.arange(row0 + lane[t], row1, lanes), 1)
-                        if lane[t] == 0:
-                            writes[n, chunk, c[t] * vec:(c[t] + 1) * vec] += 1
+            for t in numpy.flatnonzero(valid):
+                numpy.add.at(reads[n, :, c[t]], numpy.arange(row0 + lane[t], row1, lanes), 1)
+                if lane[t] == 0:
+                    writes[n, chunk, c[t] * vec:(c[t] + 1) * vec] += 1
     return reads, writes
 
 
@@ -230,21 +232,27 @@ def test_group_norm_column_kernels_cover_every_element_once(batch, rows, channel
 
     dtype = numpy.dtype(dtype)
     vec = gn._vector_width(dtype, channels, aligned)
-    forward = gn._forward_plan(batch, rows, channels, 1, dtype, dtype, "silu", 1e-5, aligned)
-    backward = gn._backward_plan(batch, rows, channels, 1, dtype, dtype, "silu", aligned)
-    for plan, launch in ((forward, forward.first), (backward, backward.first)):
-        assert f", {vec}, " in launch.expression, launch.expression
-        reads, writes = _column_kernel_coverage(launch, batch, rows, channels, vec)
-        assert (reads == 1).all(), numpy.argwhere(reads != 1)[:5]
-        assert (writes == 1).all(), numpy.argwhere(writes != 1)[:5]
-        assert plan.temporaries[0][0] == (batch, launch.grid[0], 2, channels)
+    for path in ("split", "fused"):
+        forward = gn._forward_plan(batch, rows, channels, 1, dtype, dtype, "silu", 1e-5, aligned, path)
+        backward = gn._backward_plan(batch, rows, channels, 1, dtype, dtype, "silu", aligned, path)
+        for plan, launch in ((forward, forward.first), (backward, backward.first)):
+            assert f", {vec}, " in launch.expression, launch.expression
+            assert launch.cooperative == (path == "fused") and (plan.finalize is None) == (path == "fused")
+            assert int(launch.scalars[-1]) == (path == "fused")  # the kernel's finalize flag
+            # The plan's grid (one block per item), and a cooperative grid
+            # trimmed to a few resident blocks: every block takes several items.
+            for grid in (launch.grid[0], 7):
+                reads, writes = _column_kernel_coverage(launch, batch, rows, channels, vec, grid)
+                assert (reads == 1).all(), numpy.argwhere(reads != 1)[:5]
+                assert (writes == 1).all(), numpy.argwhere(writes != 1)[:5]
+            assert plan.temporaries[0][0] == (batch, int(launch.scalars[4]), 2, channels)
 
 
 def test_group_norm_onepass_plans_and_rule():
     # The one-pass forward (one cooperative launch), when forced, names a
     # shipped specialization and leaves the 64-bit and too-wide shapes to the
-    # three-launch path; "auto" takes the three launches everywhere (the
-    # one-pass kernels measured slower: _group_norm's path notes).
+    # column kernels; the "fused" path ("auto") never takes it (the one-pass
+    # kernels measured slower: _group_norm's path notes).
     import numpy
 
     from cupy_dwgn import _group_norm as gn
@@ -255,29 +263,29 @@ def test_group_norm_onepass_plans_and_rule():
         (2, 4096, 320, 32, f16, True), (2, 1024, 640, 32, f16, True), (2, 256, 1280, 32, f16, True),
         (8, 64, 1280, 32, f16, True), (3, 97, 99, 33, f32, False),
     ]:
-        assert gn._forward_plan(n, s, c, g, dtype, f32, "silu", 1e-5, vec_ok, "auto").fused is None
+        assert gn._forward_plan(n, s, c, g, dtype, f32, "silu", 1e-5, vec_ok, "fused").onepass is None
         plan = gn._forward_plan(n, s, c, g, dtype, f32, "silu", 1e-5, vec_ok, "onepass")
-        assert plan.fused is not None and plan.first is None, (n, s, c)
-        assert plan.fused.cooperative and plan.fused.expression in shipped
-        assert plan.fused.block[0] % 32 == 0
-    assert gn._forward_plan(1, 512 * 512, 128, 32, f16, f16, "silu", 1e-5, True, "onepass").fused is not None
-    assert gn._forward_plan(4, 4096, 2560, 32, f16, f16, "silu", 1e-5, True, "onepass").fused is None  # C/8 > 256
-    assert gn._forward_plan(1, 16, 513, 1, f32, f32, "identity", 1e-5, True, "onepass").fused is None  # scalar C > 512
-    assert gn._forward_plan(2, 4096, 320, 32, f16, f32, "silu", 1e-5, True, "split").fused is None
+        assert plan.onepass is not None and plan.first is None, (n, s, c)
+        assert plan.onepass.cooperative and plan.onepass.expression in shipped
+        assert plan.onepass.block[0] % 32 == 0
+    assert gn._forward_plan(1, 512 * 512, 128, 32, f16, f16, "silu", 1e-5, True, "onepass").onepass is not None
+    assert gn._forward_plan(4, 4096, 2560, 32, f16, f16, "silu", 1e-5, True, "onepass").onepass is None  # C/8 > 256
+    assert gn._forward_plan(1, 16, 513, 1, f32, f32, "identity", 1e-5, True, "onepass").onepass is None  # scalar C > 512
+    assert gn._forward_plan(2, 4096, 320, 32, f16, f32, "silu", 1e-5, True, "split").onepass is None
     # The one-pass backward: the same rule with x and grad_out (2 tensors) and blocks <= 256.
     for n, s, c, g, dtype, vec_ok in [
         (2, 4096, 320, 32, f16, True), (2, 1024, 640, 32, f16, True), (2, 256, 1280, 32, f16, True),
         (8, 64, 1280, 32, f16, True), (3, 97, 99, 33, f32, False), (8, 64, 1024, 32, f32, True),
     ]:
-        assert gn._backward_plan(n, s, c, g, dtype, f32, "silu", vec_ok, "auto").fused is None
+        assert gn._backward_plan(n, s, c, g, dtype, f32, "silu", vec_ok, "fused").onepass is None
         plan = gn._backward_plan(n, s, c, g, dtype, f32, "silu", vec_ok, "onepass")
-        assert plan.fused is not None and plan.first is None, (n, s, c)
-        assert plan.fused.cooperative and plan.fused.expression in shipped
-        assert plan.fused.block[0] % 32 == 0 and plan.fused.block[0] <= 256
+        assert plan.onepass is not None and plan.first is None, (n, s, c)
+        assert plan.onepass.cooperative and plan.onepass.expression in shipped
+        assert plan.onepass.block[0] % 32 == 0 and plan.onepass.block[0] <= 256
         assert plan.temporaries[1][0] == (n, 5, c)
-    assert gn._backward_plan(8, 64, 1280, 32, f32, f32, "silu", True, "onepass").fused is None  # C/4 > 256
-    assert gn._backward_plan(2, 1 << 31 >> 11, 1024, 1, f16, f32, "identity", True, "onepass").fused is None  # 2**31
-    assert gn._backward_plan(2, 4096, 320, 32, f16, f32, "silu", True, "split").fused is None
+    assert gn._backward_plan(8, 64, 1280, 32, f32, f32, "silu", True, "onepass").onepass is None  # C/4 > 256
+    assert gn._backward_plan(2, 1 << 31 >> 11, 1024, 1, f16, f32, "identity", True, "onepass").onepass is None  # 2**31
+    assert gn._backward_plan(2, 4096, 320, 32, f16, f32, "silu", True, "split").onepass is None
     for cols, vec in [(40, 8), (160, 8), (16, 8), (80, 4), (99, 1), (1, 1), (512, 1)]:
         block = gn._onepass_block(cols, vec)
         assert block % 32 == 0 and cols <= block <= min(512, 2048 // vec)

@@ -254,11 +254,12 @@ _PATH_CASES = [
 
 
 @pytest.mark.parametrize("case", _PATH_CASES, ids=lambda c: f"{c[0]}-G{c[1]}-{numpy.dtype(c[2])}")
-def test_one_pass_and_three_launch_paths_agree_with_the_reference(rng, set_paths, case):
-    # "onepass" takes the cooperative one-launch kernels (forward and
-    # backward; "auto" picks them for tensors of these sizes), "split" the
-    # three launches of each direction.  Both match the reference at the
-    # dtype's bound (statistics to float32 rounding), run to run bit-identical.
+def test_every_path_agrees_with_the_reference(rng, set_paths, case):
+    # "fused" (what "auto" takes) runs two launches per direction, the
+    # column kernel doing its finalize after a grid barrier; "split" three;
+    # "onepass" the cooperative one-launch kernels.  Each matches the
+    # reference at the dtype's bound (statistics to float32 rounding), run to
+    # run bit-identical.
     import cupy
 
     shape, groups, dtype, wdtype, activation = case
@@ -269,9 +270,9 @@ def test_one_pass_and_three_launch_paths_agree_with_the_reference(rng, set_paths
     ref_y, ref_mean, ref_rstd = reference.group_norm(x_host, groups, w_host, b_host, activation=activation,
                                                      return_stats=True)
     x, dy, w, b = (cupy.asarray(a) for a in (x_host, dy_host, w_host, b_host))
-    assert _launch.cooperative_supported()  # else "onepass" quietly runs the three launches
+    assert _launch.cooperative_supported()  # else "fused" and "onepass" quietly run the three launches
     stats_tol = 1e-12 if dtype == F64 else 1e-6
-    for path in ("onepass", "split"):
+    for path in ("fused", "onepass", "split"):
         set_paths(path)
         acc = _dtypes.accumulator_dtype(dtype)
         y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
@@ -289,7 +290,7 @@ def test_one_pass_and_three_launch_paths_agree_with_the_reference(rng, set_paths
         again = gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation)
         for got, first in zip(again, (dx, dw, db)):
             assert cupy.array_equal(got, first), f"{path}: backward not bit-identical run to run"
-        assert _launch_counts(path) == {1 if path == "onepass" else 3}, path
+        assert _launch_counts(path) == {{"onepass": 1, "fused": 2, "split": 3}[path]}, path
 
 
 def test_zero_size():

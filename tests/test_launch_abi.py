@@ -85,7 +85,7 @@ def _steps_of_every_path(monkeypatch):
             for w_dtype in map(numpy.dtype, _group_norm.weight_dtypes(dtype)):
                 forward_arguments = (dtype, w_dtype, w_dtype, dtype, acc, acc)
                 backward_arguments = (dtype, dtype, acc, acc, w_dtype, w_dtype, dtype, w_dtype, w_dtype)
-                for aligned, path in itertools.product((True, False), ("split", "onepass")):
+                for aligned, path in itertools.product((True, False), ("split", "fused", "onepass")):
                     plan = _group_norm._forward_plan(n, s, c, groups, dtype, w_dtype, "silu", 1e-5, aligned, path)
                     for mean_temporary in (False, True):
                         for rstd_temporary in (False, True):
@@ -196,5 +196,5 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
                     assert struct.unpack(code, ctypes.string_at(entries[index], size))[0] == scalar.item()
                 checked += 1
     assert checked > 10000
-    assert any(launch.cooperative for _, steps in all_steps for launch in steps.launches)  # the one-pass kernels
+    assert any(launch.cooperative for _, steps in all_steps for launch in steps.launches)  # fused and one-pass kernels
     _launch._CAPACITY.clear()  # stand-in occupancies
