@@ -84,6 +84,14 @@ _ONEPASS_GRID_LIMIT = 2**16
 # (never on the device), so results are bit-identical everywhere.
 _TARGET_BLOCKS = 1024
 _MIN_ROWS_PER_CHUNK = 32
+# Column blocks of at most this many columns (balanced): a row of wide C in
+# one block leaves one lane of 160 (C = 1280 fp16) threads walking every row
+# of its chunk alone.
+_MAX_COLUMNS = 64
+# Whether the statistics / backward-reduce kernels read 16-byte vectors on
+# the vector path (else elements: VEC 1, whatever the alignment).
+_STATS_VECTOR = True
+_REDUCE_VECTOR = True
 _COLUMN_BLOCK = _checks.COLUMN_BLOCK  # block size of the column kernels (their shared scratch is sized for it)
 
 
@@ -181,16 +189,11 @@ def _vector_width(dtype, channels, aligned):
 
 def _geometry(batch, rows, channels, dtype, aligned):
     """What both directions derive from a signature: index type, element and
-    accumulator types, the column kernels' split (their columns are channel
-    vectors: the split is over C / VEC), the vector width and the flat
-    kernels' vector count."""
+    accumulator types, the vector width and the flat kernels' vector count."""
     size = batch * rows * channels
     index = _launch.index_type(size)
     vec = _vector_width(dtype, channels, aligned)
-    return (
-        index, _dtypes.ctype(dtype), _dtypes.accumulator_dtype(dtype), _split(batch, rows, channels // vec),
-        vec, _launch.index_scalar(index, size // vec),
-    )
+    return index, _dtypes.ctype(dtype), _dtypes.accumulator_dtype(dtype), vec, _launch.index_scalar(index, size // vec)
 
 
 def _path(setting):
@@ -253,7 +256,7 @@ def _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=
 @functools.lru_cache(maxsize=1024)
 def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps, aligned, path="split"):
     name = _compile.name_expression
-    index, t, acc_dtype, split, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
+    index, t, acc_dtype, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
     onepass = _onepass_geometry(batch, rows, channels, groups, dtype, vec, path)
     if onepass is not None:
         block, rows_per_chunk, num_chunks, wanted = onepass
@@ -270,13 +273,15 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
                 cooperative=True,
             ),
         )
-    rows_per_chunk, num_chunks, column_blocks = split
+    stats_vec = vec if _STATS_VECTOR else 1
+    rows_per_chunk, num_chunks, column_blocks, cols = _split(batch, rows, channels // stats_vec)
     fused = path == "fused"
     eps = acc_dtype.type(eps)
     return _Plan(
         _column_launch(
-            name(_STATS, t, _dtypes.ctype(w_dtype), vec, index), batch * num_chunks * column_blocks, fused,
-            (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk), eps),
+            name(_STATS, t, _dtypes.ctype(w_dtype), stats_vec, index), batch * num_chunks * column_blocks,
+            batch * groups, fused,
+            (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk), i32(cols), eps),
         ),
         None if fused else _launch.Launch(
             KERNEL_FILE, name(_FWD_FINALIZE, _dtypes.ctype(acc_dtype), _dtypes.ctype(w_dtype)),
@@ -293,15 +298,17 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
     )
 
 
-def _column_launch(expression, items, fused, scalars):
+def _column_launch(expression, items, finalize_items, fused, scalars):
     """The launch of a column kernel (dwgn_gn_stats, dwgn_gn_bwd_reduce) over
     ``items`` work items (gn::ColumnItems): fused, a cooperative launch doing
-    the finalize too (at most the resident blocks: Launch.grid_on); else one
-    block per item (up to MAX_BLOCKS; blocks then take several)."""
+    the ``finalize_items`` of the finalize too, with a block per item of the
+    larger phase (trimmed to the resident blocks: Launch.grid_on); else one
+    block per item.  At most MAX_BLOCKS blocks (blocks then take several)."""
     if items + _launch.MAX_BLOCKS >= _launch.INT32_LIMIT:  # the kernels' int item counters
         raise ValueError(f"group_norm: {items} column-kernel work items; expected fewer than 2**31 - 2**16")
+    blocks = max(items, finalize_items) if fused else items
     return _launch.Launch(
-        KERNEL_FILE, expression, (min(items, _launch.MAX_BLOCKS),), (_COLUMN_BLOCK,), 0, scalars + (i32(fused),),
+        KERNEL_FILE, expression, (min(blocks, _launch.MAX_BLOCKS),), (_COLUMN_BLOCK,), 0, scalars + (i32(fused),),
         cooperative=fused,
     )
 
@@ -347,7 +354,7 @@ class _Entry(typing.NamedTuple):
 @functools.lru_cache(maxsize=1024)
 def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned, path="split"):
     name = _compile.name_expression
-    index, t, acc_dtype, split, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
+    index, t, acc_dtype, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
     w_ctype = _dtypes.ctype(w_dtype)
     act = _ACT_CODE[activation]
     onepass = _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=True)
@@ -362,13 +369,14 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
                 cooperative=True,
             ),
         )
-    rows_per_chunk, num_chunks, column_blocks = split
+    reduce_vec = vec if _REDUCE_VECTOR else 1
+    rows_per_chunk, num_chunks, column_blocks, cols = _split(batch, rows, channels // reduce_vec)
     fused = path == "fused"
     common = (i32(batch), i32(rows), i32(channels), i32(groups))
     return _Plan(
         _column_launch(
-            name(_BWD_REDUCE, t, w_ctype, act, vec, index), batch * num_chunks * column_blocks, fused,
-            common + (i32(num_chunks), i32(rows_per_chunk)),
+            name(_BWD_REDUCE, t, w_ctype, act, reduce_vec, index), batch * num_chunks * column_blocks,
+            groups * (batch + 1), fused, common + (i32(num_chunks), i32(rows_per_chunk), i32(cols)),
         ),
         None if fused else _launch.Launch(
             KERNEL_FILE, name(_BWD_FINALIZE, _dtypes.ctype(acc_dtype), w_ctype),
@@ -384,14 +392,16 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
 
 
 def _split(batch, rows, width):
-    """(rows_per_chunk, num_chunks, column blocks) of the column kernels for
-    rows of ``width`` columns (channel vectors)."""
-    cols = min(width, _COLUMN_BLOCK)
+    """(rows_per_chunk, num_chunks, column blocks, columns per block) of the
+    column kernels for rows of ``width`` columns (channel vectors): column
+    blocks of at most _MAX_COLUMNS columns, as even as they can be."""
+    column_blocks = -(-width // min(width, _MAX_COLUMNS, _COLUMN_BLOCK))
+    cols = -(-width // column_blocks)
     column_blocks = -(-width // cols)
     per_sample = max(1, -(-_TARGET_BLOCKS // (min(batch, _launch.MAX_GRID_Y) * column_blocks)))
     rows_per_chunk = max(_MIN_ROWS_PER_CHUNK, -(-rows // per_sample))
     num_chunks = -(-rows // rows_per_chunk)
-    return rows_per_chunk, num_chunks, column_blocks
+    return rows_per_chunk, num_chunks, column_blocks, cols
 
 
 def _group_block(pieces, limit):

@@ -128,16 +128,17 @@ struct alignas(sizeof(T) * VEC) Vec {
   T v[VEC];
 };
 
-// Thread layout of the column reductions: the block covers `cols` =
-// min(width, blockDim.x) consecutive columns starting at `first`, and `lanes`
-// rows at a time (cols * lanes <= blockDim.x); a thread is valid when its
-// lane is whole and its column below `end`.  Extra threads idle but still
-// reach every barrier.
+// Thread layout of the column reductions: the block covers `cols`
+// consecutive columns starting at `first` (min(width, blockDim.x) unless
+// given), and `lanes` rows at a time (cols * lanes <= blockDim.x); a thread
+// is valid when its lane is whole and its column below `end`.  Extra
+// threads idle but still reach every barrier.
 struct ColumnLayout {
   int cols, lanes, col, lane, c;
   bool valid;
-  __device__ __forceinline__ ColumnLayout(int width, int first, int end) {
-    cols = width < static_cast<int>(blockDim.x) ? width : static_cast<int>(blockDim.x);
+  __device__ __forceinline__ ColumnLayout(int width, int first, int end)
+      : ColumnLayout(first, end, width < static_cast<int>(blockDim.x) ? width : static_cast<int>(blockDim.x), 0) {}
+  __device__ __forceinline__ ColumnLayout(int first, int end, int cols_, int) : cols(cols_) {
     lanes = blockDim.x / cols;
     col = threadIdx.x % cols;
     lane = threadIdx.x / cols;
@@ -145,16 +146,16 @@ struct ColumnLayout {
     valid = lane < lanes && c < end;
   }
   // The layout of dwgn_gn_stats and dwgn_gn_bwd_reduce: column block z
-  // covers columns [z * cols, (z + 1) * cols) of C.
-  __device__ static __forceinline__ ColumnLayout channels(int C, int z) {
-    const int cols = C < static_cast<int>(blockDim.x) ? C : static_cast<int>(blockDim.x);
-    return ColumnLayout(C, z * cols, C);
+  // covers columns [z * cols, (z + 1) * cols) of the width (cols <=
+  // blockDim.x, chosen by the host: _group_norm._split).
+  __device__ static __forceinline__ ColumnLayout channels(int width, int z, int cols) {
+    return ColumnLayout(z * cols, width, cols, 0);
   }
 };
 
 // The column kernels' work items: (chunk, n, column block) triples, chunk
-// fastest, num_chunks * N * column_blocks of them.  Block b takes items b,
-// b + gridDim.x, ...: the host launches one block per item, or (the
+// fastest, num_chunks * N * ceil(width / cols) of them.  Block b takes items
+// b, b + gridDim.x, ...: the host launches one block per item, or (the
 // cooperative launch, which must fit on the device) at most the resident
 // blocks.  Which block takes an item never changes what it computes, so the
 // results do not depend on the grid.  count + gridDim.x < 2**31 (the host
@@ -162,8 +163,8 @@ struct ColumnLayout {
 // which sit at their register bound, no 64-bit pairs).
 struct ColumnItems {
   int count, num_chunks, N;
-  __device__ __forceinline__ ColumnItems(int num_chunks_, int N_, int width) : num_chunks(num_chunks_), N(N_) {
-    const int cols = width < static_cast<int>(blockDim.x) ? width : static_cast<int>(blockDim.x);
+  __device__ __forceinline__ ColumnItems(int num_chunks_, int N_, int width, int cols)
+      : num_chunks(num_chunks_), N(N_) {
     count = num_chunks * N * ((width + cols - 1) / cols);
   }
   __device__ __forceinline__ void decode(int item, int& chunk, int& n, int& column_block) const {
@@ -236,13 +237,16 @@ template <int VEC>
 constexpr int row_batch() { return VEC >= 8 ? 4 : kRowBatch; }
 
 // Walks the `count` rows of one lane (k = 0 .. count-1): batch(k) for whole
-// batches of kRowBatch rows, then single(k) for the remainder.  Row k is
-// passed by number, never as a running pointer, so no index can wrap.
-template <int BATCH = kRowBatch, typename Batch, typename Single>
-__device__ __forceinline__ void walk_lane_rows(int count, Batch batch, Single single) {
+// batches of BATCH rows, then tail(k, rest) for the rest (< BATCH rows),
+// whose loads are also issued together: a chunk of few rows per lane (the
+// SD-size tensors) is mostly tail, and one load at a time would cost a
+// memory round trip per row.  Row k is passed by number, never as a running
+// pointer, so no index can wrap.
+template <int BATCH, typename Batch, typename Tail>
+__device__ __forceinline__ void walk_lane_rows(int count, Batch batch, Tail tail) {
   int k = 0;
   for (; k + BATCH <= count; k += BATCH) batch(k);
-  for (; k < count; ++k) single(k);
+  if (k < count) tail(k, count - k);
 }
 
 // One lane's running statistics of VEC channels: the double plain sum of
@@ -306,7 +310,17 @@ struct LaneWelford {
           for (int r = 0; r < RB; ++r) v[r] = column[(k0 + r) * row_step];
           add_batch<RB>(v);
         },
-        [&](int k) { add(column[k * row_step]); });
+        [&](int k0, int rest) {
+          Vec<T, VEC> v[RB];
+#pragma unroll
+          for (int r = 0; r < RB; ++r) {
+            if (r < rest) v[r] = column[(k0 + r) * row_step];
+          }
+#pragma unroll
+          for (int r = 0; r < RB; ++r) {
+            if (r < rest) add(v[r]);
+          }
+        });
   }
   __device__ __forceinline__ void add(const Vec<T, VEC>& v) {
     seen += Acc(1);
@@ -531,8 +545,8 @@ __device__ __forceinline__ void apply_vector(const T* x, const typename AccType<
 // element on the scalar path): the block's columns are channel vectors, so
 // C = 320 fp16 is 40 columns x 6 lanes of one block, not 256 + 64 columns of
 // two blocks with one lane each.
-// Items (gn::ColumnItems): (chunk, n, column block of ceil((C / VEC) / cols));
-// block 256.  partial: (N, num_chunks, 2, C) double (sum, M2).
+// Items (gn::ColumnItems): (chunk, n, column block of `cols` of the C / VEC
+// columns); block 256.  partial: (N, num_chunks, 2, C) double (sum, M2).
 //
 // With finalize != 0 (a cooperative launch: every block resident) the
 // kernel also does forward pass 2 after a grid barrier: items (n, g), the
@@ -548,8 +562,8 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
                               typename AccType<T>::type* __restrict__ mean_out,
                               typename AccType<T>::type* __restrict__ rstd_out,
                               typename AccType<T>::type* __restrict__ ws, int N, int S, int C, int G,
-                              int num_chunks, int rows_per_chunk, typename AccType<T>::type eps,
-                              int finalize) {
+                              int num_chunks, int rows_per_chunk, int cols,
+                              typename AccType<T>::type eps, int finalize) {
   using V = gn::Vec<T, VEC>;
   constexpr int RB = gn::row_batch<VEC>();
   using Acc = typename AccType<T>::type;
@@ -558,11 +572,11 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
   __shared__ double lane_sum[256 * VEC];
   __shared__ Acc lane_m2[256 * VEC];
   const int width = C / VEC;  // channel vectors per row
-  const gn::ColumnItems items(num_chunks, N, width);
+  const gn::ColumnItems items(num_chunks, N, width, cols);
   for (int item = blockIdx.x; item < items.count; item += gridDim.x) {
     int chunk, n, column_block;
     items.decode(item, chunk, n, column_block);
-    const gn::ColumnLayout L = gn::ColumnLayout::channels(width, column_block);
+    const gn::ColumnLayout L = gn::ColumnLayout::channels(width, column_block, cols);
     const gn::ChunkRows R(S, rows_per_chunk, num_chunks, chunk, L);
     gn::LaneWelford<T, VEC> lane;
     if (R.lane_count > 0) {
@@ -704,7 +718,20 @@ struct BwdLane {
 #pragma unroll
           for (int q = 0; q < RB; ++q) add(xv[q], dyv[q]);
         },
-        [&](int k) { add(x_column[k * row_step], dy_column[k * row_step]); });
+        [&](int k0, int rest) {
+          V xv[RB], dyv[RB];
+#pragma unroll
+          for (int q = 0; q < RB; ++q) {
+            if (q < rest) {
+              xv[q] = x_column[(k0 + q) * row_step];
+              dyv[q] = dy_column[(k0 + q) * row_step];
+            }
+          }
+#pragma unroll
+          for (int q = 0; q < RB; ++q) {
+            if (q < rest) add(xv[q], dyv[q]);
+          }
+        });
   }
 };
 }  // namespace gn
@@ -854,7 +881,7 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_redu
     const typename AccType<T>::type* __restrict__ rstd, const W* __restrict__ weight,
     const W* __restrict__ bias, typename AccType<T>::type* __restrict__ partial,
     typename AccType<T>::type* __restrict__ ws, W* __restrict__ grad_weight, W* __restrict__ grad_bias,
-    int N, int S, int C, int G, int num_chunks, int rows_per_chunk, int finalize) {
+    int N, int S, int C, int G, int num_chunks, int rows_per_chunk, int cols, int finalize) {
   using Acc = typename AccType<T>::type;
   using V = gn::Vec<T, VEC>;
   constexpr int RB = gn::bwd_row_batch<T, VEC>();
@@ -863,11 +890,11 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_redu
   __shared__ Acc lane_a[256 * (VEC < 2 ? 2 : VEC)];
   __shared__ Acc lane_b[256 * VEC];
   const int width = C / VEC;  // channel vectors per row
-  const gn::ColumnItems items(num_chunks, N, width);
+  const gn::ColumnItems items(num_chunks, N, width, cols);
   for (int item = blockIdx.x; item < items.count; item += gridDim.x) {
     int chunk, n, column_block;
     items.decode(item, chunk, n, column_block);
-    const gn::ColumnLayout L = gn::ColumnLayout::channels(width, column_block);
+    const gn::ColumnLayout L = gn::ColumnLayout::channels(width, column_block, cols);
     const gn::ChunkRows R(S, rows_per_chunk, num_chunks, chunk, L);
     gn::BwdLane<T, ACT, VEC> lane;
     if (R.lane_count > 0) {

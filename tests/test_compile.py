@@ -187,9 +187,10 @@ def _column_kernel_coverage(launch, batch, rows, channels, vec, grid):
     import numpy
 
     block = launch.block[0]
-    num_chunks, rows_per_chunk = int(launch.scalars[4]), int(launch.scalars[5])  # (N, S, C, G, num_chunks, rows_per_chunk, ...)
+    # Scalars (N, S, C, G, num_chunks, rows_per_chunk, cols, ...).
+    num_chunks, rows_per_chunk, cols = (int(v) for v in launch.scalars[4:7])
     width = channels // vec
-    cols = min(width, block)
+    assert 0 < cols <= block
     column_blocks = -(-width // cols)
     reads = numpy.zeros((batch, rows, width), numpy.int64)
     writes = numpy.zeros((batch, num_chunks, channels), numpy.int64)
@@ -206,8 +207,9 @@ def _column_kernel_coverage(launch, batch, rows, channels, vec, grid):
             row0, row1 = chunk * rows_per_chunk, min(rows, (chunk + 1) * rows_per_chunk)
             for t in numpy.flatnonzero(valid):
                 numpy.add.at(reads[n, :, c[t]], numpy.arange(row0 + lane[t], row1, lanes), 1)
-                if lane[t] == 0:
-                    writes[n, chunk, c[t] * vec:(c[t] + 1) * vec] += 1
+            # The block's channels, slots j < span, one thread each (gn::combine_lanes / sum_lanes).
+            first, span = z * cols * vec, vec * min(cols, width - z * cols)
+            writes[n, chunk, first:first + span] += 1
     return reads, writes
 
 
@@ -215,7 +217,8 @@ def _column_kernel_coverage(launch, batch, rows, channels, vec, grid):
     "batch,rows,channels,dtype,aligned",
     [
         (2, 4096, 320, "float16", True),  # 40 vector columns x 6 lanes
-        (1, 300, 2560, "float16", True),  # 320 vector columns: two column blocks
+        (1, 300, 2560, "float16", True),  # 320 vector columns: 5 column blocks of 64 x 4 lanes
+        (1, 10, 1304, "float16", True),  # 163 vector columns: blocks of 55, 55, 53
         (3, 97, 99, "float32", True),  # C % 4 != 0: the scalar path
         (2, 1000, 64, "float32", False),  # misaligned: the scalar path
         (1, 5000, 8, "float64", True),  # 4 vector columns x 64 lanes, a short last chunk

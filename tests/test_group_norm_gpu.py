@@ -430,7 +430,8 @@ def test_outlier_at_the_first_position_keeps_float32_statistics_exact(rng, spike
 def test_long_lanes_keep_float32_statistics_exact(rng, shape, offset, spikes):
     # Each statistics thread reads its rows (of float32 4-channel vectors) in
     # batches of gn::row_batch<4> (8): a batch's own mean and M2, then one
-    # Chan merge; the rest one by one.
+    # Chan merge; the rest (fewer than 8) loaded together, then one Welford
+    # step each.
     # These shapes give every lane several batches (checked below, so the
     # test keeps its point if the split changes) with a large mean offset
     # and outliers inside and at the ends of batches.
@@ -439,8 +440,8 @@ def test_long_lanes_keep_float32_statistics_exact(rng, shape, offset, spikes):
     batch, channels = shape[0], shape[-1]
     rows = int(numpy.prod(shape[1:-1]))
     width = channels // gn._vector_width(F32, channels, True)  # columns of channel vectors
-    rows_per_chunk, _, _ = gn._split(batch, rows, width)
-    lanes = gn._COLUMN_BLOCK // min(width, gn._COLUMN_BLOCK)
+    rows_per_chunk, _, _, cols = gn._split(batch, rows, width)
+    lanes = gn._COLUMN_BLOCK // cols
     assert rows_per_chunk // lanes >= 2 * 8
 
     x = random(rng, shape, F32, offset=offset)
