@@ -84,13 +84,22 @@ _ONEPASS_GRID_LIMIT = 2**16
 # (never on the device), so results are bit-identical everywhere.
 _TARGET_BLOCKS = 1024
 _MIN_ROWS_PER_CHUNK = 32
-# Column blocks of at most this many columns (balanced): a row of wide C in
-# one block leaves one lane of 160 (C = 1280 fp16) threads walking every row
-# of its chunk alone.
+# Column blocks of the vector path: at most this many columns (balanced),
+# so a row of wide C gets several lanes and blocks (in one block, C = 1280
+# fp16 leaves one lane of 160 threads walking every row of its chunk alone).
+# The element-wise path takes up to _COLUMN_BLOCK columns per block.
 _MAX_COLUMNS = 64
-# Whether the statistics / backward-reduce kernels read 16-byte vectors on
-# the vector path (else elements: VEC 1, whatever the alignment).
-_STATS_VECTOR = True
+# The statistics kernel reads 16-byte vectors (on the vector path) only for
+# tensors of at least this many bytes; smaller ones read elements.
+# Measured on an H200 (2026-12-01, CUDA-graph forward with SiLU, G = 32,
+# both kernels with their fused finalize): elements were faster on
+# 2x32x32x640 (fp16 10.9 us against 13.3; fp32 11.8 against 12.3),
+# 2x16x16x1280, 8x8x8x1280, 1x128x128x128 (fp16 16.2 against 21.0) and
+# 2x64x64x320 fp32 (19.2 against 20.1); vectors on every tensor of 33 MB and
+# more (8x128x128x320 fp16 106.6 against 128.9) and on 2x64x64x320 fp16
+# (15.8 against 16.9).  The backward reduce reads vectors at every size
+# (elements were slower in every cell: 8x128x128x320 fp32 404 against 198).
+_STATS_VECTOR_BYTES = 16 * 2**20
 _REDUCE_VECTOR = True
 _COLUMN_BLOCK = _checks.COLUMN_BLOCK  # block size of the column kernels (their shared scratch is sized for it)
 
@@ -273,8 +282,8 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
                 cooperative=True,
             ),
         )
-    stats_vec = vec if _STATS_VECTOR else 1
-    rows_per_chunk, num_chunks, column_blocks, cols = _split(batch, rows, channels // stats_vec)
+    stats_vec = vec if batch * rows * channels * numpy.dtype(dtype).itemsize >= _STATS_VECTOR_BYTES else 1
+    rows_per_chunk, num_chunks, column_blocks, cols = _split(batch, rows, channels // stats_vec, stats_vec > 1)
     fused = path == "fused"
     eps = acc_dtype.type(eps)
     return _Plan(
@@ -370,7 +379,7 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
             ),
         )
     reduce_vec = vec if _REDUCE_VECTOR else 1
-    rows_per_chunk, num_chunks, column_blocks, cols = _split(batch, rows, channels // reduce_vec)
+    rows_per_chunk, num_chunks, column_blocks, cols = _split(batch, rows, channels // reduce_vec, reduce_vec > 1)
     fused = path == "fused"
     common = (i32(batch), i32(rows), i32(channels), i32(groups))
     return _Plan(
@@ -391,11 +400,12 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
     )
 
 
-def _split(batch, rows, width):
+def _split(batch, rows, width, vectors=True):
     """(rows_per_chunk, num_chunks, column blocks, columns per block) of the
-    column kernels for rows of ``width`` columns (channel vectors): column
-    blocks of at most _MAX_COLUMNS columns, as even as they can be."""
-    column_blocks = -(-width // min(width, _MAX_COLUMNS, _COLUMN_BLOCK))
+    column kernels for rows of ``width`` columns (channel vectors, or
+    elements when not ``vectors``): column blocks of at most _MAX_COLUMNS
+    (vectors) or _COLUMN_BLOCK (elements) columns, as even as they can be."""
+    column_blocks = -(-width // min(width, _MAX_COLUMNS if vectors else _COLUMN_BLOCK))
     cols = -(-width // column_blocks)
     column_blocks = -(-width // cols)
     per_sample = max(1, -(-_TARGET_BLOCKS // (min(batch, _launch.MAX_GRID_Y) * column_blocks)))

@@ -124,8 +124,11 @@ def test_group_norm_plans_launch_only_shipped_specializations(plan_name):
         expressions = [launch.expression for launch in (plan.first, plan.finalize, plan.elementwise)]
         assert set(expressions) <= shipped, expressions
         assert ("long long" in expressions[0]) == (n * s * c >= 2**31)
-        width = c // gn._vector_width(numpy.dtype(dtype), c, aligned)  # the column kernels' columns
-        assert plan.temporaries[0][0] == (n, gn._split(n, s, width)[1], 2, c)
+        # The column kernel reads VEC-channel vectors (its template argument
+        # before the index type): the split is over C / VEC columns.
+        vec = int(_template_args(expressions[0])[-2])
+        assert vec in (1, gn._vector_width(numpy.dtype(dtype), c, aligned))
+        assert plan.temporaries[0][0] == (n, gn._split(n, s, c // vec, vec > 1)[1], 2, c)
         # Repeated signatures reuse the cached plan.
         assert make_plan(*args) is plan
 
@@ -216,7 +219,8 @@ def _column_kernel_coverage(launch, batch, rows, channels, vec, grid):
 @pytest.mark.parametrize(
     "batch,rows,channels,dtype,aligned",
     [
-        (2, 4096, 320, "float16", True),  # 40 vector columns x 6 lanes
+        (2, 4096, 320, "float16", True),  # 40 vector columns x 6 lanes (backward; the forward reads elements)
+        (4, 8192, 320, "float16", True),  # 20 MB: both read 40 vector columns
         (1, 300, 2560, "float16", True),  # 320 vector columns: 5 column blocks of 64 x 4 lanes
         (1, 10, 1304, "float16", True),  # 163 vector columns: blocks of 55, 55, 53
         (3, 97, 99, "float32", True),  # C % 4 != 0: the scalar path
@@ -234,12 +238,15 @@ def test_group_norm_column_kernels_cover_every_element_once(batch, rows, channel
     from cupy_dwgn import _group_norm as gn
 
     dtype = numpy.dtype(dtype)
-    vec = gn._vector_width(dtype, channels, aligned)
     for path in ("split", "fused"):
         forward = gn._forward_plan(batch, rows, channels, 1, dtype, dtype, "silu", 1e-5, aligned, path)
         backward = gn._backward_plan(batch, rows, channels, 1, dtype, dtype, "silu", aligned, path)
         for plan, launch in ((forward, forward.first), (backward, backward.first)):
-            assert f", {vec}, " in launch.expression, launch.expression
+            # VEC: the template argument before the index type (the statistics
+            # of small tensors read elements even where vectors could be read).
+            vec = int(_template_args(launch.expression)[-2])
+            assert vec in (1, gn._vector_width(dtype, channels, aligned)), launch.expression
+            assert (launch is backward.first) <= (vec == gn._vector_width(dtype, channels, aligned))
             assert launch.cooperative == (path == "fused") and (plan.finalize is None) == (path == "fused")
             assert int(launch.scalars[-1]) == (path == "fused")  # the kernel's finalize flag
             # The plan's grid (one block per item), and a cooperative grid
