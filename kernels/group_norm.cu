@@ -158,7 +158,10 @@ struct ColumnLayout {
 // b, b + gridDim.x, ...: the host launches one block per item, or (the
 // cooperative launch, which must fit on the device) at most the resident
 // blocks.  Which block takes an item never changes what it computes, so the
-// results do not depend on the grid.  count + gridDim.x < 2**31 (the host
+// results do not depend on the grid.  The two column kernels spell their
+// item loop out: a shared loop taking the body as a lambda (tried) cost
+// dwgn_gn_stats<__half, *, 8> two registers, over the 128 of 2 blocks per SM
+// (and spills when bounded).  count + gridDim.x < 2**31 (the host
 // checks it), so int counters never wrap (and cost the reduce kernels,
 // which sit at their register bound, no 64-bit pairs).
 struct ColumnItems {

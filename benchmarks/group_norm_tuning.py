@@ -1,0 +1,64 @@
+"""Tuning sweep of the GroupNorm column kernels' split (_group_norm's
+_TARGET_BLOCKS, _MIN_ROWS_PER_CHUNK, _STATS_VECTOR_BYTES, _MAX_COLUMNS) and
+path: forward and backward GPU time (CUDA graph over rotating input copies,
+as benchmarks/group_norm.py measures it) of SD-size and large shapes, SiLU,
+G = 32, one column per setting.  The figures behind the constants'
+comments come from it.
+
+    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py   # about 30 s on an H200
+"""
+
+import sys
+
+import torch
+
+import group_norm as bench
+from cupy_dwgn import _group_norm as gn
+from harness import run_facts
+
+KNOBS = ("_MIN_ROWS_PER_CHUNK", "_MIN_ROWS_PER_LONG_CHUNK", "_TARGET_BLOCKS", "_STATS_VECTOR_BYTES", "_MAX_COLUMNS")
+DEFAULT = {k: getattr(gn, k) for k in KNOBS}  # the shipped values
+# (name, knobs changed from the shipped values, path)
+SETTINGS = [("shipped", {}, "auto"), ("split", {}, "split"),
+            ("target1024 rows32", dict(_TARGET_BLOCKS=1024, _MIN_ROWS_PER_LONG_CHUNK=32), "auto"),
+            ("rows64", dict(_MIN_ROWS_PER_CHUNK=64), "auto"), ("rows128", dict(_MIN_ROWS_PER_CHUNK=128, _MIN_ROWS_PER_LONG_CHUNK=128), "auto"),
+            ("target256", dict(_TARGET_BLOCKS=256), "auto"), ("stats vectors", dict(_STATS_VECTOR_BYTES=0), "auto"),
+            ("cols128", dict(_MAX_COLUMNS=128), "auto"), ("cols32", dict(_MAX_COLUMNS=32), "auto")]
+CASES = [((2, 64, 64, 320), "float16"), ((2, 64, 64, 320), "float32"), ((2, 32, 32, 640), "float16"), ((2, 32, 32, 640), "float32"),
+         ((2, 16, 16, 1280), "float16"), ((8, 8, 8, 1280), "float32"), ((1, 128, 128, 128), "float16"), ((1, 128, 128, 128), "float32"),
+         ((8, 128, 128, 320), "float16"), ((1, 512, 512, 128), "float16"), ((4, 64, 64, 2560), "float32"), ((1, 256, 256, 256), "float32")]
+
+
+def clear():
+    gn._forward_plan.cache_clear()
+    gn._backward_plan.cache_clear()
+    gn._SIGNATURES.clear()
+
+
+def main():
+    run_facts(torch)  # prints the device, date and copy bandwidth
+    print("case | " + " | ".join(s[0] for s in SETTINGS) + "   (forward/backward GPU us, rotating copies, SiLU)", flush=True)
+    for shape, dtype in CASES:
+        sweep(shape, dtype)
+    for k, v in DEFAULT.items():
+        setattr(gn, k, v)
+    gn.FORWARD_PATH = gn.BACKWARD_PATH = "auto"
+    clear()
+
+
+def sweep(shape, dtype):
+    case = bench.Case(torch, shape, dtype, "silu")
+    cells = []
+    for name, knobs, path in SETTINGS:
+        for k, v in {**DEFAULT, **knobs}.items():
+            setattr(gn, k, v)
+        gn.FORWARD_PATH = gn.BACKWARD_PATH = path
+        clear()
+        fwd = bench._graph_us([case.forward_into(i) for i in range(case.copies)])
+        bwd = bench._graph_us([case.backward(i, into=True) for i in range(case.copies)])
+        cells.append(f"{fwd:6.1f}/{bwd:6.1f}")
+    print(f"{'x'.join(map(str, shape))} {dtype} | " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
