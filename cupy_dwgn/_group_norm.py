@@ -89,8 +89,7 @@ _ONEPASS_GRID_LIMIT = 2**16
 # _MIN_ROWS_PER_LONG_CHUNK in samples of at least _LONG_SAMPLE_ROWS rows.
 # Depends on the shape only (never on the device), so results are
 # bit-identical everywhere.  Measured on an H200 (2026-11-30, GPU time with
-# rotating copies, SiLU, G = 32; scratch sweep of 9 settings, in the issue-9
-# notes): 512 items against 1024 made the forward of every tensor of 33 MB
+# rotating copies, SiLU, G = 32; benchmarks/group_norm_tuning.py): 512 items against 1024 made the forward of every tensor of 33 MB
 # and more faster (8x128x128x320 fp16 105.5 -> 95.0 us, 1x512x512x128 fp16
 # 90.2 -> 78.4, 4x64x64x2560 fp32 147.6 -> 142.7) and changed no SD-size
 # one; 64-row chunks made samples of 4096+ rows faster (2x64x64x320 fp16
@@ -109,8 +108,8 @@ _LONG_SAMPLE_ROWS = 4096
 _MAX_COLUMNS = 64
 # The statistics kernel reads 16-byte vectors (on the vector path) only for
 # tensors of at least this many bytes; smaller ones read elements.
-# Measured on an H200 (2026-12-01, CUDA-graph forward with SiLU, G = 32,
-# both kernels with their fused finalize): elements were faster on
+# Measured on an H200 (2026-11-30, CUDA-graph forward with SiLU, G = 32,
+# input in L2, both kernels with their fused finalize): elements were faster on
 # 2x32x32x640 (fp16 10.9 us against 13.3; fp32 11.8 against 12.3),
 # 2x16x16x1280, 8x8x8x1280, 1x128x128x128 (fp16 16.2 against 21.0) and
 # 2x64x64x320 fp32 (19.2 against 20.1); vectors on every tensor of 33 MB and
