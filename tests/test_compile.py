@@ -300,3 +300,50 @@ def test_group_norm_onepass_plans_and_rule():
         block = gn._onepass_block(cols, vec)
         assert block % 32 == 0 and cols <= block <= min(512, 2048 // vec)
         assert (block // cols) * cols * vec <= gn._ONEPASS_SLOTS
+
+
+def test_group_norm_fused_plans_and_split_rules():
+    # The fused path ("auto" on a device with cooperative launches): two
+    # launches per direction, the column kernel cooperative with a block per
+    # item of its larger phase (statistics items or finalize items); the
+    # split rules written at _group_norm's constants.
+    import numpy
+
+    from cupy_dwgn import _group_norm as gn
+
+    f16, f32 = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    for n, s, c, g in [(2, 4096, 320, 32), (8, 64, 1280, 32), (1, 16384, 128, 32), (3, 97, 99, 33), (600, 4, 16, 4)]:
+        forward = gn._forward_plan(n, s, c, g, f16, f32, "silu", 1e-5, True, "fused")
+        backward = gn._backward_plan(n, s, c, g, f16, f32, "silu", True, "fused")
+        assert forward.finalize is None and backward.finalize is None
+        assert len(gn._forward_steps(forward, True, True).launches) == 2
+        assert len(gn._backward_steps(backward).launches) == 2
+        for launch, finalize_items in ((forward.first, n * g), (backward.first, g * (n + 1))):
+            num_chunks, cols = int(launch.scalars[4]), int(launch.scalars[6])
+            width = c // int(_template_args(launch.expression)[-2])
+            items = num_chunks * n * -(-width // cols)
+            assert launch.cooperative and int(launch.scalars[-1]) == 1
+            assert launch.grid[0] == min(max(items, finalize_items), gn._launch.MAX_BLOCKS), (n, s, c, launch)
+        split = gn._forward_plan(n, s, c, g, f16, f32, "silu", 1e-5, True, "split")
+        assert split.finalize is not None and not split.first.cooperative and int(split.first.scalars[-1]) == 0
+
+    # Statistics read 16-byte vectors from _STATS_VECTOR_BYTES on; the backward reduce at every size.
+    small = gn._forward_plan(2, 4096, 320, 32, f16, f32, "silu", 1e-5, True, "fused")  # 5 MB
+    large = gn._forward_plan(8, 16384, 320, 32, f16, f32, "silu", 1e-5, True, "fused")  # 84 MB
+    assert _template_args(small.first.expression)[-2] == "1" and _template_args(large.first.expression)[-2] == "8"
+    assert _template_args(gn._backward_plan(2, 4096, 320, 32, f16, f32, "silu", True, "fused").first.expression)[-2] == "8"
+
+    # Column blocks: vector columns in blocks of at most _MAX_COLUMNS, as even
+    # as they can be; element columns in blocks of at most _COLUMN_BLOCK.
+    for width, vectors, want in [(40, True, (1, 40)), (160, True, (3, 54)), (163, True, (3, 55)), (320, False, (2, 160)),
+                                 (16, True, (1, 16)), (99, False, (1, 99))]:
+        _, _, column_blocks, cols = gn._split(2, 4096, width, vectors)
+        assert (column_blocks, cols) == want, (width, vectors)
+        assert cols <= (gn._MAX_COLUMNS if vectors else gn._COLUMN_BLOCK) and column_blocks * cols >= width
+
+    # Chunks: at least 64 rows in samples of _LONG_SAMPLE_ROWS rows or more, else 32.
+    assert gn._split(2, 4096, 40)[0] == 64 and gn._split(2, 1024, 40)[0] == 32
+    assert gn._split(1, 262144, 16)[0] == 512  # 512 items for one sample
+    # Work items beyond the kernels' int counters are refused, with the reason.
+    with pytest.raises(ValueError, match="work items"):
+        gn._column_launch("dwgn_gn_stats<float, float, 1, int>", 2**31 - 2**10, 1, True, ())
