@@ -102,8 +102,9 @@ def check_depthwise_grad_out(grad_out, g, layout):
 #: Activations, in the order of their template code in group_norm.cu.
 ACTIVATIONS = ("identity", "relu", "silu", "gelu", "gelu_tanh")
 
-#: Block size of the GroupNorm column kernels: C is limited to
-#: COLUMN_BLOCK * MAX_GRID_Y channels (ceil(C / COLUMN_BLOCK) blocks in grid.z).
+#: Block size of the GroupNorm column kernels.  C is limited to
+#: COLUMN_BLOCK * MAX_GRID_Y channels: the limit of their former grid.z layout
+#: (their work items are a 1-D loop now), kept as the tested range.
 COLUMN_BLOCK = 256
 
 _X_DOC = "(N, *spatial, C) with 0 to 3 spatial dims"

@@ -43,8 +43,9 @@ _BWD_ONEPASS = "dwgn_gn_bwd_onepass"
 #   forward  stats (its finalize after a grid barrier) -> fwd_apply;
 #   backward bwd_reduce (its finalize after a grid barrier) -> bwd_dx.
 #   The column kernel runs cooperatively (every block resident: its grid is
-#   the smaller of its work items and the resident blocks, from an occupancy
-#   value cached per kernel and device), so its finalize (mean/rstd and the
+#   a block per item of its larger phase, statistics or finalize, at most
+#   65536 and at most the resident blocks, from an occupancy value cached
+#   per kernel and device), so its finalize (mean/rstd and the
 #   per-channel coefficients; for the backward also dweight/dbias) needs no
 #   launch of its own.  Measured on an H200 (2026-11-30, GPU time with
 #   rotating copies) it takes the same GPU time as the three launches
@@ -87,10 +88,11 @@ _ONEPASS_GRID_LIMIT = 2**16
 # Statistics split: about this many work items (blocks) in the column
 # kernels, each summing at least _MIN_ROWS_PER_CHUNK rows, or
 # _MIN_ROWS_PER_LONG_CHUNK in samples of at least _LONG_SAMPLE_ROWS rows.
-# Depends on the shape only (never on the device), so results are
-# bit-identical everywhere.  Measured on an H200 (2026-11-30, GPU time with
-# rotating copies, SiLU, G = 32; benchmarks/group_norm_tuning.py): 512 items against 1024 made the forward of every tensor of 33 MB
-# and more faster (8x128x128x320 fp16 105.5 -> 95.0 us, 1x512x512x128 fp16
+# Depends on the shape and the vector path only (never on the device or the
+# grid), so results are bit-identical run to run.  Measured on an H200
+# (2026-11-30, GPU time with rotating copies, SiLU, G = 32;
+# benchmarks/group_norm_tuning.py): 512 items against 1024 made the forward
+# of every tensor of 33 MB and more faster (8x128x128x320 fp16 105.5 -> 95.0 us, 1x512x512x128 fp16
 # 90.2 -> 78.4, 4x64x64x2560 fp32 147.6 -> 142.7) and changed no SD-size
 # one; 64-row chunks made samples of 4096+ rows faster (2x64x64x320 fp16
 # forward 19.8 -> 17.1, 1x128x128x128 fp16 17.1 -> 14.0, backward likewise)

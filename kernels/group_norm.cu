@@ -19,7 +19,10 @@
 //   IndexT  int, or long long when a tensor has >= 2**31 elements
 //
 // Launches (no atomics, no host synchronization; the reduction order depends
-// on the shapes only, so results are bit-reproducible):
+// on the shapes, the vector path (C a multiple of the 16-byte vector and
+// every pointer 16-byte aligned) and the path (fused or split: the
+// finalize's block size) only, never on the grid, so results are
+// bit-reproducible run to run):
 //   forward:  stats (cooperative: its finalize after a grid barrier) ->
 //             fwd_apply: 2 launches, reading x twice (the second time from
 //             L2 for tensors that fit it); stats -> fwd_finalize -> fwd_apply
@@ -155,9 +158,9 @@ struct ColumnLayout {
 
 // The column kernels' work items: (chunk, n, column block) triples, chunk
 // fastest, num_chunks * N * ceil(width / cols) of them.  Block b takes items
-// b, b + gridDim.x, ...: the host launches one block per item, or (the
-// cooperative launch, which must fit on the device) at most the resident
-// blocks.  Which block takes an item never changes what it computes, so the
+// b, b + gridDim.x, ...: the host launches one block per item (up to
+// 65536 blocks), or (the cooperative launch, which must fit on the device)
+// at most the resident blocks.  Which block takes an item never changes what it computes, so the
 // results do not depend on the grid.  The two column kernels spell their
 // item loop out: a shared loop taking the body as a lambda (tried) cost
 // dwgn_gn_stats<__half, *, 8> two registers, over the 128 of 2 blocks per SM
@@ -546,8 +549,9 @@ __device__ __forceinline__ void apply_vector(const T* x, const typename AccType<
 // outlier anywhere included); lanes are combined in double (gn::combine_lanes).
 // A thread reads VEC channels per access (16 bytes on the vector path, one
 // element on the scalar path): the block's columns are channel vectors, so
-// C = 320 fp16 is 40 columns x 6 lanes of one block, not 256 + 64 columns of
-// two blocks with one lane each.
+// on the vector path C = 320 fp16 is 40 columns x 6 lanes of one block (the
+// element path, which the host takes for tensors under 16 MB and for
+// misaligned ones, makes it 2 blocks of 160 columns with one lane each).
 // Items (gn::ColumnItems): (chunk, n, column block of `cols` of the C / VEC
 // columns); block 256.  partial: (N, num_chunks, 2, C) double (sum, M2).
 //
