@@ -119,7 +119,6 @@ _MAX_COLUMNS = 64
 # (15.8 against 16.9).  The backward reduce reads vectors at every size
 # (elements were slower in every cell: 8x128x128x320 fp32 404 against 198).
 _STATS_VECTOR_BYTES = 16 * 2**20
-_REDUCE_VECTOR = True
 _COLUMN_BLOCK = _checks.COLUMN_BLOCK  # block size of the column kernels (their shared scratch is sized for it)
 
 
@@ -397,13 +396,12 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
                 cooperative=True,
             ),
         )
-    reduce_vec = vec if _REDUCE_VECTOR else 1
-    rows_per_chunk, num_chunks, column_blocks, cols = _split(batch, rows, channels // reduce_vec, reduce_vec > 1)
+    rows_per_chunk, num_chunks, column_blocks, cols = _split(batch, rows, channels // vec, vec > 1)
     fused = path == "fused"
     common = (i32(batch), i32(rows), i32(channels), i32(groups))
     return _Plan(
         _column_launch(
-            name(_BWD_REDUCE, t, w_ctype, act, reduce_vec, index), batch * num_chunks * column_blocks,
+            name(_BWD_REDUCE, t, w_ctype, act, vec, index), batch * num_chunks * column_blocks,
             groups * (batch + 1), fused, common + (i32(num_chunks), i32(rows_per_chunk), i32(cols)),
         ),
         None if fused else _launch.Launch(
