@@ -222,7 +222,7 @@ struct ChunkRows {
     chunk = chunk_;
     num_chunks = num_chunks_;
     row0 = chunk * rows_per_chunk;
-    row1 = min(S, row0 + rows_per_chunk);
+    row1 = S - row0 > rows_per_chunk ? row0 + rows_per_chunk : S;  // row0 < S; row0 + rows_per_chunk may pass 2**31
     lane_count = L.valid ? lane_rows(row0, row1, L.lane, L.lanes) : 0;
   }
   template <typename P>
@@ -1038,7 +1038,7 @@ struct OnePassItem {
                                          const OnePassRows& L) {
     n = item / num_chunks;
     row0 = (item - n * num_chunks) * rows_per_chunk;
-    row1 = min(S, row0 + rows_per_chunk);
+    row1 = S - row0 > rows_per_chunk ? row0 + rows_per_chunk : S;  // row0 < S; row0 + rows_per_chunk may pass 2**31
     count = L.lane < L.lanes ? lane_rows(row0, row1, L.lane, L.lanes) : 0;
   }
 };

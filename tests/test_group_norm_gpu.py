@@ -333,6 +333,35 @@ def test_return_types_without_stats(rng):
 
 
 @pytest.mark.slow
+def test_sample_of_2_31_minus_1_rows():
+    # One sample of S = 2**31 - 1 rows (32-bit indices: fewer than 2**31
+    # elements): its last chunk starts within rows_per_chunk of 2**31, where
+    # row0 + rows_per_chunk wraps an int (the last lane would read row S and
+    # divide by a wrong row count).  Statistics against float64 CuPy
+    # reductions; y checked at the last rows.
+    import cupy
+
+    rows = 2**31 - 1
+    cupy.random.seed(11)
+    x = (cupy.random.standard_normal((1, rows, 1), dtype=cupy.float32) + 3.0).astype(cupy.float16)
+    rows_per_chunk, num_chunks, _, _ = gn._split(1, rows, 1, False)
+    assert (num_chunks - 1) * rows_per_chunk + rows_per_chunk >= 2**31  # the wrap this test is for
+    y, mean, rstd = gn.group_norm(x, 1, return_stats=True)
+    x64 = x.astype(cupy.float64)
+    ref_mean = float(x64.mean())
+    ref_rstd = 1.0 / float(cupy.sqrt(((x64 - ref_mean) ** 2).mean() + 1e-5))
+    del x64
+    assert abs(float(mean[0, 0]) - ref_mean) <= 1e-6 * abs(ref_mean)
+    assert abs(float(rstd[0, 0]) - ref_rstd) <= 1e-6 * ref_rstd
+    tail = x[0, -4096:, 0].astype(cupy.float64)
+    ref_tail = (tail - ref_mean) * ref_rstd
+    assert relative_error(y[0, -4096:, 0], ref_tail.get()) <= TOLERANCE[F16]
+    dy = cupy.ones_like(x)
+    dx, _, _ = gn.group_norm_backward(dy, x, mean, rstd, 1)
+    assert bool(cupy.isfinite(dx[0, -4096:]).all())
+
+
+@pytest.mark.slow
 def test_large_tensor_64bit_indexing():
     # 2**31 + 2**16 elements of float16 (4 GiB per tensor, ~20 GB peak).
     # Samples at the start and past the 2**31 boundary are checked against
