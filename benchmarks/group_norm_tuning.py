@@ -1,11 +1,11 @@
 """Tuning sweep of the GroupNorm column kernels' split (_group_norm's
-_TARGET_BLOCKS, _MIN_ROWS_PER_CHUNK, _STATS_VECTOR_BYTES, _MAX_COLUMNS) and
+_TARGET_BLOCKS, _MIN_ROWS_PER_CHUNK, _GROUPED_BYTES, _MAX_COLUMNS, ...) and
 path: forward and backward GPU time (CUDA graph over rotating input copies,
 as benchmarks/group_norm.py measures it) of SD-size and large shapes, SiLU,
 G = 32, one column per setting.  The figures behind the constants'
 comments come from it.
 
-    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py   # about 30 s on an H200
+    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward]   # about 30 s on an H200
 """
 
 import sys
@@ -16,14 +16,16 @@ import group_norm as bench
 from cupy_dwgn import _group_norm as gn
 from harness import run_facts
 
-KNOBS = ("_MIN_ROWS_PER_CHUNK", "_MIN_ROWS_PER_LONG_CHUNK", "_TARGET_BLOCKS", "_STATS_VECTOR_BYTES", "_MAX_COLUMNS")
+KNOBS = ("_MIN_ROWS_PER_CHUNK", "_MIN_ROWS_PER_LONG_CHUNK", "_TARGET_BLOCKS", "_MAX_COLUMNS", "_GROUPED_BYTES",
+         "_GROUPED_TARGET_BLOCKS", "_GROUPED_MIN_ROWS", "_MAX_GROUPED_CHANNELS")
 DEFAULT = {k: getattr(gn, k) for k in KNOBS}  # the shipped values
 # (name, knobs changed from the shipped values, path)
-SETTINGS = [("shipped", {}, "auto"), ("split", {}, "split"),
-            ("target1024 rows32", dict(_TARGET_BLOCKS=1024, _MIN_ROWS_PER_LONG_CHUNK=32), "auto"),
-            ("rows64", dict(_MIN_ROWS_PER_CHUNK=64), "auto"), ("rows128", dict(_MIN_ROWS_PER_CHUNK=128, _MIN_ROWS_PER_LONG_CHUNK=128), "auto"),
-            ("target256", dict(_TARGET_BLOCKS=256), "auto"), ("stats vectors", dict(_STATS_VECTOR_BYTES=0), "auto"),
-            ("cols128", dict(_MAX_COLUMNS=128), "auto"), ("cols32", dict(_MAX_COLUMNS=32), "auto")]
+SETTINGS = [("shipped", {}, "auto"), ("split", {}, "split"), ("grouped", dict(_GROUPED_BYTES=0), "auto"),
+            ("per-channel", dict(_GROUPED_BYTES=2**62), "auto"),
+            ("grouped 512", dict(_GROUPED_TARGET_BLOCKS=512), "auto"),
+            ("grouped 128", dict(_GROUPED_TARGET_BLOCKS=128), "auto"),
+            ("target1024", dict(_TARGET_BLOCKS=1024), "auto"), ("rows64", dict(_MIN_ROWS_PER_CHUNK=64), "auto"),
+            ("target256", dict(_TARGET_BLOCKS=256), "auto"), ("cols32", dict(_MAX_COLUMNS=32), "auto")]
 CASES = [((2, 64, 64, 320), "float16"), ((2, 64, 64, 320), "float32"), ((2, 32, 32, 640), "float16"), ((2, 32, 32, 640), "float32"),
          ((2, 16, 16, 1280), "float16"), ((8, 8, 8, 1280), "float32"), ((1, 128, 128, 128), "float16"), ((1, 128, 128, 128), "float32"),
          ((8, 128, 128, 320), "float16"), ((1, 512, 512, 128), "float16"), ((4, 64, 64, 2560), "float32"), ((1, 256, 256, 256), "float32")]
@@ -36,17 +38,18 @@ def clear():
 
 
 def main():
+    backward = "--forward" not in sys.argv[1:]  # --forward: forward only (the statistics split's settings)
     run_facts(torch)  # prints the device, date and copy bandwidth
     print("case | " + " | ".join(s[0] for s in SETTINGS) + "   (forward/backward GPU us, rotating copies, SiLU)", flush=True)
     for shape, dtype in CASES:
-        sweep(shape, dtype)
+        sweep(shape, dtype, backward)
     for k, v in DEFAULT.items():
         setattr(gn, k, v)
     gn.FORWARD_PATH = gn.BACKWARD_PATH = "auto"
     clear()
 
 
-def sweep(shape, dtype):
+def sweep(shape, dtype, backward):
     case = bench.Case(torch, shape, dtype, "silu")
     cells = []
     for name, knobs, path in SETTINGS:
@@ -55,7 +58,7 @@ def sweep(shape, dtype):
         gn.FORWARD_PATH = gn.BACKWARD_PATH = path
         clear()
         fwd = bench._graph_us([case.forward_into(i) for i in range(case.copies)])
-        bwd = bench._graph_us([case.backward(i, into=True) for i in range(case.copies)])
+        bwd = bench._graph_us([case.backward(i, into=True) for i in range(case.copies)]) if backward else 0.0
         cells.append(f"{fwd:6.1f}/{bwd:6.1f}")
     print(f"{'x'.join(map(str, shape))} {dtype} | " + " | ".join(cells), flush=True)
 

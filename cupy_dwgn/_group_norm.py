@@ -8,6 +8,7 @@ biased variance, accumulated in float32 (float64 for float64 inputs).
 """
 
 import functools
+import math
 import typing
 
 import cupy
@@ -101,6 +102,13 @@ _ONEPASS_GRID_LIMIT = 2**16
 # wave (4x64x64x2560 fp32: 280 items).
 _TARGET_BLOCKS = 512
 _MIN_ROWS_PER_CHUNK = 32
+# 2-byte dtypes: measured on an H200 (2026-12-01, GPU time forward /
+# backward, SiLU; benchmarks/group_norm_tuning.py with the constant set to
+# 16): fp16 8x8x8x1280 11.8/15.0 -> 10.7/13.3 us, 2x16x16x1280 11.2/12.9 ->
+# 10.4/11.5, 2x32x32x640 12.7/14.5 -> 13.0/14.7, 2x64x64x320 and
+# 1x128x128x128 unchanged; float32 lost with 16 (2x32x32x640 13.1/16.1 ->
+# 15.9/18.5: its items passed one wave) and 8 lost for both.
+_MIN_ROWS_PER_HALF_CHUNK = 16
 _MIN_ROWS_PER_LONG_CHUNK = 64
 _LONG_SAMPLE_ROWS = 4096
 # Column blocks of the vector path: at most this many columns (balanced),
@@ -108,17 +116,32 @@ _LONG_SAMPLE_ROWS = 4096
 # fp16 leaves one lane of 160 threads walking every row of its chunk alone).
 # The element-wise path takes up to _COLUMN_BLOCK columns per block.
 _MAX_COLUMNS = 64
-# The statistics kernel reads 16-byte vectors (on the vector path) only for
-# tensors of at least this many bytes; smaller ones read elements.
-# Measured on an H200 (2026-11-30, CUDA-graph forward with SiLU, G = 32,
-# input in L2, both kernels with their fused finalize): elements were faster on
-# 2x32x32x640 (fp16 10.9 us against 13.3; fp32 11.8 against 12.3),
-# 2x16x16x1280, 8x8x8x1280, 1x128x128x128 (fp16 16.2 against 21.0) and
-# 2x64x64x320 fp32 (19.2 against 20.1); vectors on every tensor of 33 MB and
-# more (8x128x128x320 fp16 106.6 against 128.9) and on 2x64x64x320 fp16
-# (15.8 against 16.9).  The backward reduce reads vectors at every size
-# (elements were slower in every cell: 8x128x128x320 fp32 404 against 198).
-_STATS_VECTOR_BYTES = 16 * 2**20
+# The statistics kernel reads 16-byte vectors wherever the vector path
+# applies, and sums each group's channels into per-group partial sums
+# (gn::group_partials; _stats_split) for tensors of at least
+# _GROUPED_BYTES: there about _GROUPED_TARGET_BLOCKS items (at most: one
+# wave of the cooperative grid, 2 blocks per SM on an H200's 132) of at
+# least _GROUPED_MIN_ROWS rows, so each block walks one long chunk and the
+# finalize reads D times fewer partial sums; smaller tensors take the
+# per-channel split above.  Measured on an H200 (2026-12-01, forward GPU
+# time, rotating copies, SiLU, G = 32; benchmarks/group_norm_tuning.py
+# --forward), after the lane combine lost its per-lane divisions:
+#   - grouped, 256 items against per-channel, 512: 8x128x128x320 fp16 91.3
+#     against 94.6 us, 1x512x512x128 fp16 73.6 against 77.0, 1x256x256x256
+#     fp32 64.4 against 67.9 (128 items: 113.4, 84.3; 512: 95.5, 77.0);
+#   - on SD-size tensors grouped lost (2x16x16x1280 fp16 12.6 against 11.3,
+#     8x8x8x1280 fp32 12.0 against 10.7);
+#   - vectors against elements on SD-size tensors: 2x64x64x320 fp16 15.8
+#     against 17.0, fp32 17.6 against 19.5, 8x8x8x1280 fp32 10.7 against
+#     11.7, 2x32x32x640 fp16 12.7 against 12.4 (the one loss over 0.2 us).
+#     Before that change elements won below 16 MB.
+# Groups of more than _MAX_GROUPED_CHANNELS channels keep per-channel sums
+# (one thread sums a group's channels).  The backward reduce reads vectors at
+# every size and keeps per-channel sums (the weight gradient needs them).
+_GROUPED_BYTES = 16 * 2**20
+_GROUPED_TARGET_BLOCKS = 256
+_GROUPED_MIN_ROWS = 32
+_MAX_GROUPED_CHANNELS = 64
 _COLUMN_BLOCK = _checks.COLUMN_BLOCK  # block size of the column kernels (their shared scratch is sized for it)
 
 
@@ -300,27 +323,33 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
                 cooperative=True,
             ),
         )
-    stats_vec = vec if batch * rows * channels * numpy.dtype(dtype).itemsize >= _STATS_VECTOR_BYTES else 1
-    rows_per_chunk, num_chunks, column_blocks, cols = _split(batch, rows, channels // stats_vec, stats_vec > 1)
+    rows_per_chunk, num_chunks, column_blocks, cols, grouped = _stats_split(
+        batch, rows, channels // vec, vec, channels // groups,
+        batch * rows * channels * numpy.dtype(dtype).itemsize >= _GROUPED_BYTES, numpy.dtype(dtype).itemsize,
+    )
     fused = path == "fused"
     eps = acc_dtype.type(eps)
+    pieces_per_group = num_chunks if grouped else channels // groups * num_chunks
     return _Plan(
         _column_launch(
-            name(_STATS, t, _dtypes.ctype(w_dtype), stats_vec, index), batch * num_chunks * column_blocks,
+            name(_STATS, t, _dtypes.ctype(w_dtype), vec, index), batch * num_chunks * column_blocks,
             batch * groups, fused,
-            (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk), i32(cols), eps),
+            (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk), i32(cols),
+             i32(grouped), eps),
         ),
         None if fused else _launch.Launch(
             KERNEL_FILE, name(_FWD_FINALIZE, _dtypes.ctype(acc_dtype), _dtypes.ctype(w_dtype)),
-            (groups, min(batch, _launch.MAX_GRID_Y)), (_group_block(channels // groups * num_chunks, 512),), 0,
-            (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk), eps),
+            (groups, min(batch, _launch.MAX_GRID_Y)), (_group_block(pieces_per_group, 512),), 0,
+            (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk), i32(grouped),
+             eps),
         ),
         _launch.Launch(
             KERNEL_FILE, name(_APPLY, t, _ACT_CODE[activation], vec, index),
             _launch.grid_1d(int(num_vectors)), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
         ),
         # Forward summaries are double whatever x is: the sums keep the mean exact.
-        (((batch, num_chunks, 2, channels), numpy.dtype(numpy.float64)), ((batch, 3, channels), acc_dtype)),
+        (((batch, num_chunks, 2, groups if grouped else channels), numpy.dtype(numpy.float64)),
+         ((batch, 3, channels), acc_dtype)),
         ((batch, groups), acc_dtype),
     )
 
@@ -396,7 +425,9 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
                 cooperative=True,
             ),
         )
-    rows_per_chunk, num_chunks, column_blocks, cols = _split(batch, rows, channels // vec, vec > 1)
+    rows_per_chunk, num_chunks, column_blocks, cols = _split(
+        batch, rows, channels // vec, vec > 1, numpy.dtype(dtype).itemsize
+    )
     fused = path == "fused"
     common = (i32(batch), i32(rows), i32(channels), i32(groups))
     return _Plan(
@@ -417,19 +448,43 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
     )
 
 
-def _split(batch, rows, width, vectors=True):
+def _split(batch, rows, width, vectors=True, itemsize=4):
     """(rows_per_chunk, num_chunks, column blocks, columns per block) of the
     column kernels for rows of ``width`` columns (channel vectors, or
-    elements when not ``vectors``): column blocks of at most _MAX_COLUMNS
-    (vectors) or _COLUMN_BLOCK (elements) columns, as even as they can be."""
+    elements when not ``vectors``) of ``itemsize``-byte elements: column
+    blocks of at most _MAX_COLUMNS (vectors) or _COLUMN_BLOCK (elements)
+    columns, as even as they can be."""
     column_blocks = -(-width // min(width, _MAX_COLUMNS if vectors else _COLUMN_BLOCK))
     cols = -(-width // column_blocks)
     column_blocks = -(-width // cols)
     per_sample = max(1, -(-_TARGET_BLOCKS // (min(batch, _launch.MAX_GRID_Y) * column_blocks)))
-    min_rows = _MIN_ROWS_PER_LONG_CHUNK if rows >= _LONG_SAMPLE_ROWS else _MIN_ROWS_PER_CHUNK
+    if rows >= _LONG_SAMPLE_ROWS:
+        min_rows = _MIN_ROWS_PER_LONG_CHUNK
+    else:
+        min_rows = _MIN_ROWS_PER_HALF_CHUNK if itemsize == 2 else _MIN_ROWS_PER_CHUNK
     rows_per_chunk = max(min_rows, -(-rows // per_sample))
     num_chunks = -(-rows // rows_per_chunk)
     return rows_per_chunk, num_chunks, column_blocks, cols
+
+
+def _stats_split(batch, rows, width, vec, group_channels, large, itemsize=4):
+    """The statistics kernel's split, as :func:`_split` with a fifth item,
+    whether its blocks sum each group's channels (the partial sums are then
+    per group, and the finalize reads group_channels times less): for
+    ``large`` tensors (_GROUPED_BYTES) whose groups have at most
+    _MAX_GROUPED_CHANNELS channels, in blocks of whole groups (a multiple of
+    group_channels / gcd(group_channels, vec) columns of ``vec`` channels),
+    at most _GROUPED_TARGET_BLOCKS items of at least _GROUPED_MIN_ROWS rows."""
+    limit = _MAX_COLUMNS if vec > 1 else _COLUMN_BLOCK
+    unit = group_channels // math.gcd(group_channels, vec)  # columns holding whole groups
+    if not large or unit > limit or group_channels > _MAX_GROUPED_CHANNELS:
+        return (*_split(batch, rows, width, vec > 1, itemsize), False)
+    column_blocks = -(-width // (limit // unit * unit))
+    cols = -(-width // column_blocks // unit) * unit
+    column_blocks = -(-width // cols)
+    per_sample = max(1, _GROUPED_TARGET_BLOCKS // (min(batch, _launch.MAX_GRID_Y) * column_blocks))
+    rows_per_chunk = max(_GROUPED_MIN_ROWS, -(-rows // per_sample))
+    return rows_per_chunk, -(-rows // rows_per_chunk), column_blocks, cols, True
 
 
 def _group_block(pieces, limit):

@@ -358,22 +358,42 @@ __device__ __forceinline__ void store_lane(A* slots, int span, const ColumnLayou
   }
 }
 
+// How lane_rows deals a chunk's rows [row0, row1) to `lanes` lanes: lanes
+// j < extra get base + 1 rows, the others base; with the reciprocals the
+// lane combine needs, computed once per chunk (a division per lane and
+// channel was a long dependent chain in every block's epilogue).
+struct LaneSplit {
+  int lanes, base, extra;
+  double inv_rows, inv_base, inv_base1;
+  __device__ __forceinline__ LaneSplit(int row0, int row1, int lanes_) : lanes(lanes_) {
+    const int rows = row1 - row0;  // >= 1: a chunk starts below S
+    base = rows / lanes;
+    extra = rows - base * lanes;
+    inv_rows = 1.0 / rows;
+    inv_base = base > 0 ? 1.0 / base : 0.0;
+    inv_base1 = 1.0 / (base + 1);
+  }
+};
+
 // One channel's lane summaries (lane j at sums[j * stride], m2s[j * stride],
-// covering lane_rows(row0, row1, j, lanes) rows) combined in double: the
-// plain sum, and M2 by the parallel-axis theorem, M2 = sum_j M2_j + (s_j -
-// n_j m)^2 / n_j with m = sum / rows (every term >= 0, nothing cancels).
+// covering the rows `split` gives it) combined in double: the plain sum, and
+// M2 by the parallel-axis theorem, M2 = sum_j M2_j + (s_j - n_j m)^2 / n_j
+// with m = sum / rows (every term >= 0, nothing cancels).
 template <typename Acc>
-__device__ __forceinline__ void combine_lanes(const double* sums, const Acc* m2s, int stride, int lanes,
-                                              int row0, int row1, double& total, double& m2) {
+__device__ __forceinline__ void combine_lanes(const double* sums, const Acc* m2s, int stride, const LaneSplit& split,
+                                              double& total, double& m2) {
   total = 0.0;
-  for (int j = 0; j < lanes; ++j) total += sums[j * stride];
-  const double m = total / (row1 - row0);
+#pragma unroll 4
+  for (int j = 0; j < split.lanes; ++j) total += sums[j * stride];
+  const double m = total * split.inv_rows;
   m2 = 0.0;
-  for (int j = 0; j < lanes; ++j) {
-    const int n_j = lane_rows(row0, row1, j, lanes);
+#pragma unroll 4
+  for (int j = 0; j < split.lanes; ++j) {
+    const bool longer = j < split.extra;
+    const int n_j = longer ? split.base + 1 : split.base;
     if (n_j > 0) {
       const double d = sums[j * stride] - n_j * m;  // n_j * (mean_j - m)
-      m2 += static_cast<double>(m2s[j * stride]) + d * d / n_j;
+      m2 += static_cast<double>(m2s[j * stride]) + d * d * (longer ? split.inv_base1 : split.inv_base);
     }
   }
 }
@@ -440,32 +460,40 @@ __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C
 
 
 // The forward finalize of one (n, g): the work of one dwgn_gn_fwd_finalize
-// block, shared with the one-pass kernel.  partial is (N, num_chunks, 2, C)
-// double (sum, M2) with chunk k covering rows [k * rows_per_chunk,
-// min(S, (k + 1) * rows_per_chunk)).  Every thread of the block must call it
-// (blockDim.x a multiple of 32, at most 1024); scratch holds 64 doubles
-// (block_sum<2>), broadcast 2.
+// block, shared with the one-pass kernel.  partial holds (sum, M2) in double
+// per chunk k of rows [k * rows_per_chunk, min(S, (k + 1) * rows_per_chunk)):
+// per channel, (N, num_chunks, 2, C), or with `grouped` per group (the
+// statistics kernel summed each group's channels: gn::group_partials),
+// (N, num_chunks, 2, G), which reads D times less here.  Every thread of the
+// block must call it (blockDim.x a multiple of 32, at most 1024); scratch
+// holds 64 doubles (block_sum<2>), broadcast 2.
 template <typename Acc, typename W>
 __device__ __forceinline__ void finalize_group(
     const double* __restrict__ partial, const W* __restrict__ weight, const W* __restrict__ bias,
     Acc* __restrict__ mean_out, Acc* __restrict__ rstd_out, Acc* __restrict__ ws, int n, int g,
-    int S, int C, int G, int num_chunks, int rows_per_chunk, Acc eps, double* scratch,
+    int S, int C, int G, int num_chunks, int rows_per_chunk, bool grouped, Acc eps, double* scratch,
     double* broadcast) {
   const int D = C / G;
   const int c0 = g * D;
-  const int items = D * num_chunks;
-  const double* pn = partial + static_cast<long long>(n) * num_chunks * 2 * C;
+  // A piece: one channel's (grouped: one group's D channels') rows of a chunk.
+  const int width = grouped ? G : C;               // partial's row
+  const int pieces_per_chunk = grouped ? 1 : D;
+  const int first = grouped ? g : c0;
+  const int piece_channels = grouped ? D : 1;
+  const int items = pieces_per_chunk * num_chunks;
+  const double* pn = partial + static_cast<long long>(n) * num_chunks * 2 * width;
   // One pass over the pieces, each taken relative to a shift (the first
   // piece's mean): with e_i = sum_i - rows_i * shift, the group's M2 is
   // sum_i (M2_i + e_i^2 / rows_i) - E^2 / count, E = sum_i e_i.  The
   // subtracted term is count * (mean - shift)^2 <= count / rows_0 times the
   // group's M2 (the first piece alone contributes rows_0 * (shift - mean)^2
   // to it), so at most log10(pieces) digits of the double M2 cancel.
-  const double shift = pn[c0] / min(S, rows_per_chunk);
-  // 1 / rows of a full chunk and of the last one: no double division (a
-  // called subroutine) inside the batched loop.
-  const int last_rows = S - (num_chunks - 1) * rows_per_chunk;
-  const double inv_full = 1.0 / rows_per_chunk, inv_last = 1.0 / last_rows;
+  const double shift = pn[first] / (static_cast<double>(min(S, rows_per_chunk)) * piece_channels);
+  // Elements of a full chunk's piece and of the last one, and their
+  // reciprocals: no double division (a called subroutine) inside the batched loop.
+  const double full_rows = static_cast<double>(rows_per_chunk) * piece_channels;
+  const double last_rows = static_cast<double>(S - (num_chunks - 1) * rows_per_chunk) * piece_channels;
+  const double inv_full = 1.0 / full_rows, inv_last = 1.0 / last_rows;
   struct Piece {
     double sum, m2, rows, inv_rows;
   };
@@ -474,10 +502,9 @@ __device__ __forceinline__ void finalize_group(
       threadIdx.x, items, blockDim.x,
       [&](long long i) {
         int chunk;
-        const double* p = pn + group_item(static_cast<int>(i), D, c0, C, chunk);
+        const double* p = pn + group_item(static_cast<int>(i), pieces_per_chunk, first, width, chunk);
         const bool last = chunk == num_chunks - 1;
-        return Piece{p[0], p[C], static_cast<double>(last ? last_rows : rows_per_chunk),
-                     last ? inv_last : inv_full};
+        return Piece{p[0], p[width], last ? last_rows : full_rows, last ? inv_last : inv_full};
       },
       [&](const Piece& piece) {
         const double e = piece.sum - piece.rows * shift;
@@ -510,6 +537,39 @@ __device__ __forceinline__ void finalize_group(
     wn[2 * C + c] = static_cast<Acc>(static_cast<double>(b) - lo * static_cast<double>(scale));
   }
   __syncthreads();  // broadcast is rewritten by the next group
+}
+
+// The statistics kernel's per-group summaries of one chunk: the block's
+// channels [c_first, c_first + span) hold whole groups of D channels (the
+// host picks the columns per block so: _group_norm._split), and channel j's
+// (sum, M2) over the chunk's `rows` rows is at sums[j], m2s[j].  Thread q
+// sums group q's D channels in channel order (sum) and adds their M2 by the
+// parallel-axis theorem about the group mean m, M2 = sum_j (M2_j + (s_j -
+// rows m)^2 / rows), every term >= 0; the group's (sum, M2) go to
+// group_out[q], group_out[G + q] (the (2, G) slot of this chunk).  Every
+// thread of the block must call it (a barrier orders the channels' stores
+// before it; the caller's next barrier protects sums and m2s).
+__device__ __forceinline__ void group_partials(const double* sums, const double* m2s, int c_first, int span,
+                                               int D, int G, double rows, double* group_out) {
+  __syncthreads();  // the channels' summaries are in shared memory
+  const double inv_rows = 1.0 / rows;
+  for (int q = threadIdx.x; q < span / D; q += blockDim.x) {
+    const double* s = sums + q * D;
+    const double* m = m2s + q * D;
+    double total = 0.0;
+#pragma unroll 4
+    for (int j = 0; j < D; ++j) total += s[j];
+    const double rows_times_mean = total / D;  // rows * the group mean: a channel's sum at the mean
+    double m2 = 0.0;
+#pragma unroll 4
+    for (int j = 0; j < D; ++j) {
+      const double e = s[j] - rows_times_mean;
+      m2 += m[j] + e * e * inv_rows;
+    }
+    const int g = c_first / D + q;
+    group_out[g] = total;
+    group_out[G + g] = m2;
+  }
 }
 
 // y = act((x - hi) * scale_c + offset_c) for vector i (sample n, first
@@ -569,7 +629,7 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
                               typename AccType<T>::type* __restrict__ mean_out,
                               typename AccType<T>::type* __restrict__ rstd_out,
                               typename AccType<T>::type* __restrict__ ws, int N, int S, int C, int G,
-                              int num_chunks, int rows_per_chunk, int cols,
+                              int num_chunks, int rows_per_chunk, int cols, int grouped,
                               typename AccType<T>::type eps, int finalize) {
   using V = gn::Vec<T, VEC>;
   constexpr int RB = gn::row_batch<VEC>();
@@ -578,6 +638,10 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
   // finalize's scratch (64 doubles + broadcast 2).
   __shared__ double lane_sum[256 * VEC];
   __shared__ Acc lane_m2[256 * VEC];
+  // With grouped: the block's channel summaries of one chunk, at most
+  // kMaxSpan channels (64 vector columns of 8, or 256 elements: _split).
+  constexpr int kMaxSpan = 512;
+  __shared__ double channel_stats[2 * kMaxSpan];  // sums, then M2s
   const int width = C / VEC;  // channel vectors per row
   const gn::ColumnItems items(num_chunks, N, width, cols);
   for (int item = blockIdx.x; item < items.count; item += gridDim.x) {
@@ -597,12 +661,18 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
     gn::store_lane<VEC>(lane_sum, span, L, lane.sum);
     gn::store_lane<VEC>(lane_m2, span, L, lane.m2);
     __syncthreads();
-    double* p = R.slot(partial, n, C, first * VEC);
+    double* p = grouped ? channel_stats : R.slot(partial, n, C, first * VEC);
+    const int stride = grouped ? kMaxSpan : C;
+    const gn::LaneSplit split(R.row0, R.row1, L.lanes);
     for (int j = threadIdx.x; j < span; j += blockDim.x) {
       double total, m2;
-      gn::combine_lanes(lane_sum + j, lane_m2 + j, span, L.lanes, R.row0, R.row1, total, m2);
+      gn::combine_lanes(lane_sum + j, lane_m2 + j, span, split, total, m2);
       p[j] = total;
-      p[C + j] = m2;
+      p[stride + j] = m2;
+    }
+    if (grouped) {  // block-uniform
+      gn::group_partials(channel_stats, channel_stats + kMaxSpan, first * VEC, span, C / G, G, R.row1 - R.row0,
+                         R.slot(partial, n, G, 0));
     }
     __syncthreads();  // the slots are rewritten by the next item
   }
@@ -613,7 +683,7 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
     const int n = static_cast<int>(item / G);
     gn::finalize_group(static_cast<const double*>(partial), weight, bias, mean_out, rstd_out, ws, n,
                        static_cast<int>(item - static_cast<long long>(n) * G), S, C, G, num_chunks,
-                       rows_per_chunk, eps, lane_sum, lane_sum + 64);
+                       rows_per_chunk, grouped != 0, eps, lane_sum, lane_sum + 64);
   }
 }
 
@@ -630,12 +700,12 @@ template <typename Acc, typename W>
 __global__ void __launch_bounds__(512) dwgn_gn_fwd_finalize(
     const double* __restrict__ partial, const W* __restrict__ weight, const W* __restrict__ bias,
     Acc* __restrict__ mean_out, Acc* __restrict__ rstd_out, Acc* __restrict__ ws, int N, int S,
-    int C, int G, int num_chunks, int rows_per_chunk, Acc eps) {
+    int C, int G, int num_chunks, int rows_per_chunk, int grouped, Acc eps) {
   __shared__ double scratch[64];
   __shared__ double broadcast[2];
   for (int n = blockIdx.y; n < N; n = dwgn::grid_stride_next(n, static_cast<int>(gridDim.y), N)) {
     gn::finalize_group(partial, weight, bias, mean_out, rstd_out, ws, n, blockIdx.x, S, C, G,
-                       num_chunks, rows_per_chunk, eps, scratch, broadcast);
+                       num_chunks, rows_per_chunk, grouped != 0, eps, scratch, broadcast);
   }
 }
 
@@ -1075,9 +1145,10 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
     }
     gn::store_lanes<VEC>(lane_sum, lane_m2, stats.sum, stats.m2, rows_of, C);
     double* p = partial + static_cast<long long>(item) * 2 * C;
+    const gn::LaneSplit split(row0, row1, lanes);
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
       double total, piece_m2;
-      gn::combine_lanes(lane_sum + c, lane_m2 + c, C, lanes, row0, row1, total, piece_m2);
+      gn::combine_lanes(lane_sum + c, lane_m2 + c, C, split, total, piece_m2);
       p[c] = total;
       p[C + c] = piece_m2;
     }
@@ -1090,7 +1161,7 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
   for (int item = blockIdx.x; item < groups; item += gridDim.x) {
     const int n = item / G;
     gn::finalize_group(static_cast<const double*>(partial), weight, bias, mean_out, rstd_out, ws,
-                       n, item - n * G, S, C, G, num_chunks, rows_per_chunk, eps, scratch,
+                       n, item - n * G, S, C, G, num_chunks, rows_per_chunk, false, eps, scratch,
                        broadcast);
   }
   grid.sync();

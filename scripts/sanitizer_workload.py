@@ -46,13 +46,25 @@ def depthwise():
 
 def group_norm():
     # Every path: "fused" (what "auto" takes: the column kernels with their
-    # finalize after a grid barrier), "split" (three launches), "onepass".
+    # finalize after a grid barrier), "split" (three launches), "onepass";
+    # per-channel partial sums (what these small tensors take) and per-group
+    # ones (forced; the cases' groups have 2-8 channels, and 131 channels in
+    # ((2, 393), 3), which stays per channel).  Each case also runs on a
+    # misaligned view (element loads).
     from cupy_dwgn import _group_norm
 
-    for path in ("fused", "split", "onepass"):
+    shipped_grouped_bytes = _group_norm._GROUPED_BYTES
+    for path, grouped_bytes in [("fused", shipped_grouped_bytes), ("fused", 0), ("split", shipped_grouped_bytes),
+                                ("split", 0), ("onepass", shipped_grouped_bytes)]:
         _group_norm.FORWARD_PATH = _group_norm.BACKWARD_PATH = path
+        _group_norm._GROUPED_BYTES = grouped_bytes
+        _group_norm._forward_plan.cache_clear()
+        _group_norm._SIGNATURES.clear()
         group_norm_cases()
     _group_norm.FORWARD_PATH = _group_norm.BACKWARD_PATH = "auto"
+    _group_norm._GROUPED_BYTES = shipped_grouped_bytes
+    _group_norm._forward_plan.cache_clear()
+    _group_norm._SIGNATURES.clear()
 
 
 def group_norm_cases():

@@ -3,6 +3,7 @@ with NVRTC for sm_80 and sm_90, with no stack frame and no spills."""
 
 import collections
 import functools
+import math
 
 import pytest
 
@@ -128,7 +129,14 @@ def test_group_norm_plans_launch_only_shipped_specializations(plan_name):
         # before the index type): the split is over C / VEC columns.
         vec = int(_template_args(expressions[0])[-2])
         assert vec in (1, gn._vector_width(numpy.dtype(dtype), c, aligned))
-        assert plan.temporaries[0][0] == (n, gn._split(n, s, c // vec, vec > 1)[1], 2, c)
+        if plan_name == "_forward_plan":  # per-group partial sums where the statistics blocks hold whole groups
+            large = n * s * c * numpy.dtype(dtype).itemsize >= gn._GROUPED_BYTES
+            _, num_chunks, _, _, grouped = gn._stats_split(n, s, c // vec, vec, c // g, large,
+                                                          numpy.dtype(dtype).itemsize)
+            assert plan.temporaries[0][0] == (n, num_chunks, 2, g if grouped else c)
+        else:
+            num_chunks = gn._split(n, s, c // vec, vec > 1, numpy.dtype(dtype).itemsize)[1]
+            assert plan.temporaries[0][0] == (n, num_chunks, 2, c)
         # Repeated signatures reuse the cached plan.
         assert make_plan(*args) is plan
 
@@ -327,10 +335,14 @@ def test_group_norm_fused_plans_and_split_rules():
         split = gn._forward_plan(n, s, c, g, f16, f32, "silu", 1e-5, True, "split")
         assert split.finalize is not None and not split.first.cooperative and int(split.first.scalars[-1]) == 0
 
-    # Statistics read 16-byte vectors from _STATS_VECTOR_BYTES on; the backward reduce at every size.
+    # Statistics and the backward reduce read 16-byte vectors at every size
+    # (on the vector path); the statistics' partial sums are per group from
+    # _GROUPED_BYTES on, per channel below.
     small = gn._forward_plan(2, 4096, 320, 32, f16, f32, "silu", 1e-5, True, "fused")  # 5 MB
     large = gn._forward_plan(8, 16384, 320, 32, f16, f32, "silu", 1e-5, True, "fused")  # 84 MB
-    assert _template_args(small.first.expression)[-2] == "1" and _template_args(large.first.expression)[-2] == "8"
+    assert _template_args(small.first.expression)[-2] == "8" and _template_args(large.first.expression)[-2] == "8"
+    assert int(small.first.scalars[7]) == 0 and small.temporaries[0][0][-1] == 320
+    assert int(large.first.scalars[7]) == 1 and large.temporaries[0][0][-1] == 32
     assert _template_args(gn._backward_plan(2, 4096, 320, 32, f16, f32, "silu", True, "fused").first.expression)[-2] == "8"
 
     # Column blocks: vector columns in blocks of at most _MAX_COLUMNS, as even
@@ -341,8 +353,31 @@ def test_group_norm_fused_plans_and_split_rules():
         assert (column_blocks, cols) == want, (width, vectors)
         assert cols <= (gn._MAX_COLUMNS if vectors else gn._COLUMN_BLOCK) and column_blocks * cols >= width
 
-    # Chunks: at least 64 rows in samples of _LONG_SAMPLE_ROWS rows or more, else 32.
+    # Statistics blocks sum whole groups (per-group partial sums) when a
+    # block's columns can hold them and groups have at most
+    # _MAX_GROUPED_CHANNELS channels: the columns per block are then a
+    # multiple of D / gcd(D, VEC); about _GROUPED_TARGET_BLOCKS items of at
+    # least _GROUPED_MIN_ROWS rows.
+    assert not gn._stats_split(2, 4096, 40, 8, 10, False)[4]
+    assert gn._stats_split(2, 4096, 40, 8, 10, False)[:4] == gn._split(2, 4096, 40, True)
+    for width, vec, group_channels, want in [(320, 1, 10, (2, 160)), (640, 1, 20, (3, 220)), (1280, 1, 40, (6, 240)),
+                                             (40, 8, 10, (1, 40)), (160, 8, 40, (3, 55)), (99, 1, 33, (1, 99)),
+                                             (33, 4, 12, (1, 33))]:
+        rows_per_chunk, num_chunks, column_blocks, cols, grouped = gn._stats_split(2, 4096, width, vec, group_channels,
+                                                                                   True)
+        assert grouped and (column_blocks, cols) == want, (width, vec, group_channels)
+        unit = group_channels // math.gcd(group_channels, vec)
+        assert cols % unit == 0 and cols <= (gn._MAX_COLUMNS if vec > 1 else gn._COLUMN_BLOCK)
+        # At most _GROUPED_TARGET_BLOCKS items (one wave of the cooperative grid), of at least _GROUPED_MIN_ROWS rows.
+        per_sample = max(1, gn._GROUPED_TARGET_BLOCKS // (2 * column_blocks))
+        assert rows_per_chunk == max(gn._GROUPED_MIN_ROWS, -(-4096 // per_sample))
+        assert 2 * num_chunks * column_blocks <= max(gn._GROUPED_TARGET_BLOCKS, 2 * column_blocks)
+    assert not gn._stats_split(2, 4096, 40, 8, 80, True)[4]  # 80 channels per group: per-channel partial sums
+
+    # Chunks: at least 64 rows in samples of _LONG_SAMPLE_ROWS rows or more,
+    # else 32 (16 for 2-byte dtypes).
     assert gn._split(2, 4096, 40)[0] == 64 and gn._split(2, 1024, 40)[0] == 32
+    assert gn._split(2, 4096, 40, True, 2)[0] == 64 and gn._split(2, 1024, 40, True, 2)[0] == 16
     assert gn._split(1, 262144, 16)[0] == 512  # 512 items for one sample
     # Work items beyond the kernels' int counters are refused, with the reason.
     with pytest.raises(ValueError, match="work items"):

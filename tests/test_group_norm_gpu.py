@@ -293,6 +293,48 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
         assert _launch_counts(path) == {{"onepass": 1, "fused": 2, "split": 3}[path]}, path
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["vectors", "elements"])
+@pytest.mark.parametrize(
+    "shape, groups, dtype",
+    [((2, 64, 64, 320), 32, F16), ((3, 33, 17, 96), 32, F32), ((2, 19, 23, 132), 11, F32), ((1, 40, 40, 64), 1, BFLOAT16)],
+    ids=["sd-fp16", "D3-fp32", "D12-odd-rows", "D64-one-group"],
+)
+def test_group_and_channel_partial_sums_agree(rng, monkeypatch, set_paths, shape, groups, dtype, aligned):
+    # The statistics kernel writes per-group partial sums for tensors of
+    # _GROUPED_BYTES and more (gn::group_partials; _stats_split), else
+    # per-channel ones.  Both layouts (forced here on small tensors), on the
+    # fused and split paths, reading vectors and (from a misaligned view)
+    # elements, match the reference with a large mean offset (the M2
+    # combines must keep the variance), bit-identical run to run.
+    import cupy
+
+    x_host = random(rng, shape, dtype, offset=1000.0 if dtype != F16 else 30.0)
+    ref_y, ref_mean, ref_rstd = reference.group_norm(x_host, groups, return_stats=True)
+    if aligned:
+        x = cupy.asarray(x_host)
+    else:  # a view 1 element past an allocation's start: 16-byte loads are off the table
+        x = cupy.empty(x_host.size + 1, dtype)[1:].reshape(shape)
+        x[...] = cupy.asarray(x_host)
+    vec = gn._vector_width(dtype, shape[-1], aligned)
+    rows = int(numpy.prod(shape[1:-1]))
+    for grouped in (True, False):
+        monkeypatch.setattr(gn, "_GROUPED_BYTES", 0 if grouped else 2**62)
+        gn._forward_plan.cache_clear()
+        gn._SIGNATURES.clear()
+        assert gn._stats_split(shape[0], rows, shape[-1] // vec, vec, shape[-1] // groups, grouped)[4] == grouped
+        for path in ("fused", "split"):
+            set_paths(path)
+            acc = _dtypes.accumulator_dtype(dtype)
+            y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
+            gn.group_norm(x, groups, out=y, mean_out=mean, rstd_out=rstd)
+            assert relative_error(y, ref_y) <= TOLERANCE[dtype], (grouped, path)
+            assert relative_error(mean, ref_mean) <= 1e-6 and relative_error(rstd, ref_rstd) <= 1e-6, (grouped, path)
+            again = gn.group_norm(x, groups, return_stats=True)
+            assert all(cupy.array_equal(a, b) for a, b in zip(again, (y, mean, rstd))), "not bit-identical run to run"
+    gn._forward_plan.cache_clear()
+    gn._SIGNATURES.clear()
+
+
 def test_zero_size():
     import cupy
 
@@ -344,7 +386,7 @@ def test_sample_of_2_31_minus_1_rows():
     rows = 2**31 - 1
     cupy.random.seed(11)
     x = (cupy.random.standard_normal((1, rows, 1), dtype=cupy.float32) + 3.0).astype(cupy.float16)
-    rows_per_chunk, num_chunks, _, _ = gn._split(1, rows, 1, False)
+    rows_per_chunk, num_chunks, _, _, _ = gn._stats_split(1, rows, 1, 1, 1, True)
     assert (num_chunks - 1) * rows_per_chunk + rows_per_chunk >= 2**31  # the wrap this test is for
     y, mean, rstd = gn.group_norm(x, 1, return_stats=True)
     x64 = x.astype(cupy.float64)
@@ -468,8 +510,9 @@ def test_long_lanes_keep_float32_statistics_exact(rng, shape, offset, spikes):
 
     batch, channels = shape[0], shape[-1]
     rows = int(numpy.prod(shape[1:-1]))
-    width = channels // gn._vector_width(F32, channels, True)  # columns of channel vectors
-    rows_per_chunk, _, _, cols = gn._split(batch, rows, width)
+    vec = gn._vector_width(F32, channels, True)
+    large = batch * rows * channels * 4 >= gn._GROUPED_BYTES
+    rows_per_chunk, _, _, cols, _ = gn._stats_split(batch, rows, channels // vec, vec, channels // 2, large)
     lanes = gn._COLUMN_BLOCK // cols
     assert rows_per_chunk // lanes >= 2 * 8
 
