@@ -171,6 +171,16 @@ def _filter_size(text):
     return sizes
 
 
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def _host_path():
     """Which path cupy_dwgn.host takes here, and why (CUPY_DWGN_DEVICE)."""
     from . import host
@@ -195,6 +205,7 @@ def _precompile(args):
             layouts=args.layouts or None,
             large_index=args.large_index,
             progress=not args.quiet,
+            jobs=args.jobs,
         )
     print(f"{count} kernels ready on {where}")
     return 0
@@ -334,6 +345,9 @@ def _parser(prog):
     pre.add_argument("--large-index", action="store_true", help="also the 64-bit-index kernels (tensors of 2**31 elements or more)")
     pre.add_argument("--device", type=int, metavar="N", help="GPU index (default: 0)")
     pre.add_argument("--quiet", action="store_true", help="print only the final count, not one line per kernel")
+    pre.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                     help="compile in N processes at once first (default: 1; about the core count cuts a first "
+                     "run's compile time the most)")
     pre.set_defaults(run=_precompile)
 
     check = sub.add_parser(

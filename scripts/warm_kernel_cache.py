@@ -12,17 +12,9 @@ the same way for both.
 """
 
 import argparse
-import multiprocessing
 import os
 import sys
 import time
-
-
-def _load(share):
-    from cupy_dwgn import _compile
-
-    _compile.load_specializations(share, progress=False)
-    return len(share)
 
 
 def main():
@@ -37,16 +29,10 @@ def main():
     from cupy_dwgn import _compile
 
     specs = _compile.specializations(args.ops, large_index=(False, True) if args.large_index else (False,))
-    jobs = min(args.jobs, len(specs))
-    shares = [specs[i::jobs] for i in range(jobs)]
     start = time.perf_counter()
-    done = 0
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-        for count in pool.imap_unordered(_load, shares):
-            done += count
-            print(f"[{done}/{len(specs)}] kernels cached ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    jobs = _compile.cache_in_processes(specs, args.jobs)
     print(f"cupy_dwgn: {len(specs)} kernels cached by {jobs} processes in {time.perf_counter() - start:.1f} s")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -84,6 +84,21 @@ def test_precompile_on_the_gpu():
     assert result.stderr == ""
 
 
+@pytest.mark.gpu
+def test_precompile_in_several_processes(tmp_path):
+    # --jobs 2 into an empty cache: two spawned processes compile the
+    # kernels into CUPY_CACHE_DIR, then the command loads them from there.
+    import os
+
+    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path))
+    result = _run("precompile", "--ops", "group_norm", "--dtypes", "float16", "--activations", "silu", "--jobs", "2",
+                  env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    count = int(re.fullmatch(r"(\d+) kernels ready on GPU 0 \(.+, sm_\d+\)\n", result.stdout).group(1))
+    assert f"[{count}/{count}] kernels compiled into the cache by 2 processes" in result.stderr, result.stderr
+    assert len([f for f in tmp_path.rglob("*") if f.is_file()]) >= count  # one cache entry per kernel
+
+
 @no_gpu
 def test_debug_variable_shows_the_traceback():
     result = _run("precompile", env=dict(__import__("os").environ, CUPY_DWGN_DEBUG="1"))
@@ -127,6 +142,7 @@ def test_check_prints_the_ptxas_report_then_the_summary():
         (["precompile", "--layouts", "NWHC"], ["NCHW", "NHWC"]),
         (["precompile", "--activations", "swish"], ["identity", "silu", "gelu_tanh"]),
         (["precompile", "--filter-sizes", "3y3"], ["3x3"]),
+        (["precompile", "--jobs", "0"], ["positive number"]),
         (["check", "--arch", "sm90"], ["invalid int value"]),
         (["info", "--verbose"], ["unrecognized arguments"]),
         (["frobnicate"], ["info", "precompile", "check", "selftest"]),

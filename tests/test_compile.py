@@ -73,6 +73,13 @@ def _template_args(expression):
     return expression[expression.index("<") + 1 : -1].split(", ")
 
 
+@pytest.mark.parametrize("jobs", [0, -2, 1.5, True, "4"])
+def test_precompile_jobs_must_be_a_positive_int(jobs):
+    # Checked before anything is compiled (so also without a GPU).
+    with pytest.raises(ValueError, match="jobs: expected a positive int"):
+        _compile.precompile(["group_norm"], jobs=jobs)
+
+
 def test_precompile_selection_narrows_the_set():
     selection = dict(dtypes=["float16"], filter_sizes=[(3, 3), (2, 9)], large_index=(False,))
     expressions = [e for _, e in _compile.specializations(["depthwise_conv2d"], **selection)]
