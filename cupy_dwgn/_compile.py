@@ -247,7 +247,8 @@ def precompile(ops=None, *, dtypes=None, filter_sizes=None, activations=None, la
         jobs: compile in this many processes at once first (into CuPy's disk
             cache, then loaded here): a first run's compile time divided by
             about the core count.  Kernels already in the cache cost nothing
-            either way.
+            either way.  The processes are spawned (multiprocessing), so a
+            script calls it under ``if __name__ == "__main__":``.
 
     Returns:
         The number of kernels loaded.
