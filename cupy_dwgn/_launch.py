@@ -151,7 +151,7 @@ class Steps:
     among the call's addresses, and the temporaries, ``(shape, dtype)`` each,
     whose workspace addresses follow the call's own.
 
-    Per call, :func:`run` writes every address once into this object's slot
+    Per call, :meth:`run` writes every address once into this object's slot
     buffer (one ``struct.pack_into``); each launch's kernelParams array,
     built once, points at its arrays' slots and at its Launch's scalars, so
     a launch is one ``cuLaunchKernel`` with nothing packed per kernel.  A
@@ -160,22 +160,31 @@ class Steps:
     launch on an H200).
     """
 
-    __slots__ = ("launches", "positions", "temporaries", "workspace", "_slots", "_pack", "_params", "_calls", "_lock")
+    __slots__ = (
+        "launches", "positions", "temporaries", "workspace", "_slots", "_pack", "_params", "_calls", "_bound",
+        "_lock",
+    )
 
     def __init__(self, launches, temporaries=()):
-        from . import _workspace  # imports CuPy: only the GPU ops build Steps
-
+        if _cupy is None:  # only the GPU ops build Steps
+            _import_cuda()
         self.launches = tuple(launch for launch, _ in launches)
         self.positions = tuple(tuple(positions) for _, positions in launches)
         self.temporaries = tuple(temporaries)
         self.workspace = _workspace.layout(self.temporaries)  # (offsets, total bytes)
         self._slots = self._pack = self._params = None
-        self._calls = {}  # device id -> cuLaunchKernel arguments but the stream, per launch
+        self._calls = {}  # device id -> cuLaunchKernel arguments before the stream, after it, per launch
+        # The last device, stream and workspace generation launched on, with
+        # the temporaries' addresses there and each launch's driver call and
+        # arguments: a call on the same ones reuses them (replaced as a whole,
+        # so a thread reads one consistent tuple).
+        self._bound = (None, None, None, (), ())
         self._lock = threading.Lock()
 
-    def _bind(self, device, count):
-        """The launches' arguments on ``device`` (the slot buffer and the
-        kernelParams arrays are made on the first call: ``count`` addresses)."""
+    def _calls_on(self, device, count):
+        """The launches' arguments on ``device`` but the stream (the slot
+        buffer and the kernelParams arrays are made on the first call:
+        ``count`` addresses)."""
         with self._lock:
             if self._slots is None:
                 if any(p >= count for positions in self.positions for p in positions):
@@ -189,27 +198,44 @@ class Steps:
                 self._params = params  # kept: the driver reads them on every launch
                 self._pack = struct.Struct(f"{count}Q").pack_into
                 self._slots = slots
-            calls = tuple(
-                (launch.cooperative, launch.kernel(device), *launch.grid_on(device), *launch.block, launch.shared_mem,
-                 ctypes.addressof(params))
-                for launch, params in zip(self.launches, self._params)
-            )
-            self._calls[device] = calls
+            calls = self._calls.get(device)
+            if calls is None:
+                calls = self._calls[device] = tuple(
+                    (
+                        _driver.launchCooperativeKernel if launch.cooperative else _driver.launchKernel,
+                        (launch.kernel(device), *launch.grid_on(device), *launch.block, launch.shared_mem),
+                        (ctypes.addressof(params),) if launch.cooperative else (ctypes.addressof(params), 0),
+                    )
+                    for launch, params in zip(self.launches, self._params)
+                )
         return calls
 
-    def launch(self, device, stream, addresses):
-        """Launch every step on ``device`` (current) and ``stream`` (an
-        address) with ``addresses``: the call's arguments, then the temporaries."""
-        calls = self._calls.get(device) or self._bind(device, len(addresses))
+    def _bind(self, device, stream, count):
+        """:attr:`_bound` for ``device`` and ``stream`` (both current)."""
+        # The generation is read before the buffer: a buffer replaced in
+        # between leaves an older generation here, so the next call rebinds.
+        generation = _workspace.generation
+        temporaries = tuple(_workspace.addresses_on(device, stream, self.workspace)) if self.temporaries else ()
+        calls = tuple(
+            (driver_call, before + (stream,) + after) for driver_call, before, after in self._calls_on(device, count)
+        )
+        bound = self._bound = (device, stream, generation, temporaries, calls)
+        return bound
+
+    def run(self, device, addresses):
+        """Launch every step on ``device`` (the current device's id) and the
+        current CuPy stream with ``addresses``: the call's arguments (ints;
+        NULL for an absent array); the temporaries' follow them."""
+        stream = _cupy.cuda.get_current_stream().ptr
+        bound_device, bound_stream, generation, temporaries, calls = self._bound
+        if bound_device != device or bound_stream != stream or generation != _workspace.generation:
+            _, _, _, temporaries, calls = self._bind(device, stream, len(addresses) + len(self.temporaries))
         # The slots are shared by every caller of these Steps: write and
         # launch as one step (cuLaunchKernel copies the arguments it reads).
         with self._lock:
-            self._pack(self._slots, 0, *addresses)
-            for cooperative, kernel, gx, gy, gz, bx, by, bz, shared, params in calls:
-                if cooperative:
-                    _driver.launchCooperativeKernel(kernel, gx, gy, gz, bx, by, bz, shared, stream, params)
-                else:
-                    _driver.launchKernel(kernel, gx, gy, gz, bx, by, bz, shared, stream, params, 0)
+            self._pack(self._slots, 0, *addresses, *temporaries)
+            for driver_call, arguments in calls:
+                driver_call(*arguments)
 
     def __repr__(self):
         return f"Steps({', '.join(map(repr, self.launches))}, temporaries={self.temporaries})"
@@ -256,15 +282,11 @@ def cooperative_capacity(device, kernel, block, shared_mem):
 def run(steps, arguments):
     """Launch ``steps`` (a :class:`Steps`) on the current device and CuPy
     stream with ``arguments``: cupy arrays and raw addresses (NULL for an
-    absent array)."""
+    absent array).  The ops call :meth:`Steps.run` with the addresses they
+    read already."""
     if _runtime is None:
         _import_cuda()
-    device = _runtime.getDevice()
-    stream = _cupy.cuda.get_current_stream().ptr
-    addresses = [a if type(a) is int else a.data.ptr for a in arguments]
-    if steps.temporaries:
-        addresses += _workspace.addresses_on(device, stream, steps.workspace)
-    steps.launch(device, stream, addresses)
+    steps.run(_runtime.getDevice(), [a if type(a) is int else a.data.ptr for a in arguments])
 
 
 # CuPy is imported on the first launch: the references and the CLI import

@@ -30,6 +30,13 @@ ALIGNMENT = 256
 _BUFFERS = {}  # (device id, stream address) -> cupy uint8 array
 _RETIRED = []
 
+#: Counts the buffer replacements (a grown or released buffer): addresses
+#: taken at an older generation may point into a retired or freed buffer
+#: (_launch.Steps keeps its temporaries' addresses while it is unchanged).
+#: Bumped after the new buffer is in place, so one read before the buffer is
+#: never newer than the buffer read.
+generation = 0
+
 
 def addresses(*requests):
     """Device addresses of one temporary per ``(shape, dtype)`` request,
@@ -69,6 +76,8 @@ def _grow(key, buffer, total):
         _RETIRED.append(buffer)
     size = max(total, 2 * buffer.nbytes if buffer is not None else 0, 64 * 1024)
     buffer = _BUFFERS[key] = _cupy.empty(size, dtype=numpy.uint8)
+    global generation
+    generation += 1
     return buffer
 
 
@@ -76,3 +85,5 @@ def release():
     """Free every workspace buffer (the next call allocates afresh)."""
     _BUFFERS.clear()
     _RETIRED.clear()
+    global generation
+    generation += 1

@@ -152,7 +152,7 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
     stream = types.SimpleNamespace(ptr=0)
     temporary_base = 0x6000_0000_0000
     workspace = types.SimpleNamespace(
-        addresses_on=lambda device, stream_, layout: [temporary_base + offset for offset in layout[0]]
+        addresses_on=lambda device, stream_, layout: [temporary_base + offset for offset in layout[0]], generation=0
     )
     monkeypatch.setattr(_launch, "_driver", driver)
     monkeypatch.setattr(_launch, "_runtime", runtime)
