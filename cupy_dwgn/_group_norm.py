@@ -556,11 +556,9 @@ def _forward_cached(x, num_groups, weight, bias, eps, activation, out, mean_out,
         entry = _SIGNATURES[_forward_key(x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out)]
     except (KeyError, TypeError):  # a new signature, or an unhashable argument
         return _MISS
-    if (out is not None or mean_out is not None or rstd_out is not None) and not _interop.outputs_separate_memo(
-        entry.separate, (out, mean_out, rstd_out), (x, weight, bias), x
-    ):
-        return _MISS
-    return _interop.on_device(x, _forward, x, weight, bias, out, mean_out, rstd_out, return_stats, entry)
+    return _interop.on_device(
+        x, _forward, x, weight, bias, out, mean_out, rstd_out, return_stats, entry, entry.separate
+    )
 
 
 def _forward_checked(x, weight, bias, out, mean_out, rstd_out, num_groups, eps, activation, return_stats):
@@ -572,10 +570,25 @@ def _forward_checked(x, weight, bias, out, mean_out, rstd_out, num_groups, eps, 
     _interop.remember(
         _SIGNATURES, _forward_key(x, num_groups, weight, bias, eps, activation, out, mean_out, rstd_out), entry
     )
-    return _interop.on_device(x, _forward, x, weight, bias, out, mean_out, rstd_out, return_stats, entry)
+    return _interop.on_device(x, _forward, x, weight, bias, out, mean_out, rstd_out, return_stats, entry, None)
 
 
-def _forward(x, weight, bias, out, mean_out, rstd_out, return_stats, entry):
+def _forward(device, x, weight, bias, out, mean_out, rstd_out, return_stats, entry, separate):
+    """The launches on ``device`` (current).  ``separate``: the entry's
+    outputs_separate_memo slot where the given outputs' overlap is still to
+    be ruled out (the cached path: _MISS when it is not), None after the
+    full checks."""
+    null = _launch.NULL
+    # Every address is read once: for the overlap memo, the alignment and the launch.
+    addresses = (
+        x.data.ptr, null if weight is None else weight.data.ptr, null if bias is None else bias.data.ptr,
+        null if out is None else out.data.ptr, null if mean_out is None else mean_out.data.ptr,
+        null if rstd_out is None else rstd_out.data.ptr,
+    )
+    if separate is not None and (out is not None or mean_out is not None or rstd_out is not None) and not (
+        _interop.outputs_separate_memo(separate, addresses, (out, mean_out, rstd_out), (x, weight, bias), x)
+    ):
+        return _MISS
     y = cupy.empty(x.shape, dtype=x.dtype) if out is None else out
     if return_stats:  # the statistics: (N, num_groups) of the accumulator dtype
         stats_shape, stats_dtype = entry.shape[::3], _dtypes.accumulator_dtype(x.dtype)
@@ -588,14 +601,16 @@ def _forward(x, weight, bias, out, mean_out, rstd_out, return_stats, entry):
             if stat is not None:
                 stat.fill(numpy.nan)  # mean of nothing (a no-op when N == 0)
         return (y, mean, rstd) if return_stats else y
-    key = ((x.data.ptr | y.data.ptr) & 15, mean is None, rstd is None, FORWARD_PATH)
+    if y is not out or mean is not mean_out or rstd is not rstd_out:  # outputs allocated here
+        addresses = addresses[:3] + (
+            y.data.ptr, null if mean is None else mean.data.ptr, null if rstd is None else rstd.data.ptr
+        )
+    key = ((addresses[0] | addresses[3]) & 15, mean is None, rstd is None, FORWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
         plan = _forward_plan(*entry.plan_args, key[0] == 0, _path(FORWARD_PATH))
         steps = entry.steps[key] = _forward_steps(plan, mean is None, rstd is None)
-    null = _launch.NULL
-    _launch.run(steps, (x, null if weight is None else weight, null if bias is None else bias,
-                        y, null if mean is None else mean, null if rstd is None else rstd))
+    steps.run(device, addresses)
     return (y, mean, rstd) if return_stats else y
 
 
@@ -647,12 +662,9 @@ def _backward_cached(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out
         ]
     except (KeyError, TypeError):
         return _MISS
-    if (out is not None or grad_weight_out is not None or grad_bias_out is not None) and not _interop.outputs_separate_memo(
-        entry.separate, (out, grad_weight_out, grad_bias_out), (grad_out, x, mean, rstd, weight, bias)
-    ):
-        return _MISS
     return _interop.on_device(
-        x, _backward, grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, entry
+        x, _backward, grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, entry,
+        entry.separate,
     )
 
 
@@ -674,11 +686,26 @@ def _backward_checked(grad_out, x, mean, rstd, weight, bias, out, grad_weight_ou
         entry,
     )
     return _interop.on_device(
-        x, _backward, grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, entry
+        x, _backward, grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, entry, None
     )
 
 
-def _backward(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, entry):
+def _backward(device, grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_bias_out, entry, separate):
+    """The launches on ``device`` (current); ``separate`` as in :func:`_forward`."""
+    null = _launch.NULL
+    # Every address is read once: for the overlap memo, the alignment and the launch.
+    addresses = (
+        grad_out.data.ptr, x.data.ptr, mean.data.ptr, rstd.data.ptr,
+        null if weight is None else weight.data.ptr, null if bias is None else bias.data.ptr,
+        null if out is None else out.data.ptr, null if grad_weight_out is None else grad_weight_out.data.ptr,
+        null if grad_bias_out is None else grad_bias_out.data.ptr,
+    )
+    if separate is not None and (out is not None or grad_weight_out is not None or grad_bias_out is not None) and not (
+        _interop.outputs_separate_memo(
+            separate, addresses, (out, grad_weight_out, grad_bias_out), (grad_out, x, mean, rstd, weight, bias)
+        )
+    ):
+        return _MISS
     channels = entry.shape[2]
     w_dtype = entry.plan_args[5]
     grad_in = cupy.empty(x.shape, dtype=x.dtype) if out is None else out
@@ -692,15 +719,16 @@ def _backward(grad_out, x, mean, rstd, weight, bias, out, grad_weight_out, grad_
             if g is not None:
                 g.fill(0)
         return grad_in, grad_weight, grad_bias
-    key = ((x.data.ptr | grad_out.data.ptr | grad_in.data.ptr) & 15, BACKWARD_PATH)
+    if grad_in is not out or grad_weight is not grad_weight_out or grad_bias is not grad_bias_out:  # allocated here
+        addresses = addresses[:6] + (
+            grad_in.data.ptr, null if grad_weight is None else grad_weight.data.ptr,
+            null if grad_bias is None else grad_bias.data.ptr,
+        )
+    key = ((addresses[0] | addresses[1] | addresses[6]) & 15, BACKWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
         steps = entry.steps[key] = _backward_steps(_backward_plan(*entry.plan_args, key[0] == 0, _path(BACKWARD_PATH)))
-    null = _launch.NULL
-    _launch.run(steps, (
-        grad_out, x, mean, rstd, null if weight is None else weight, null if bias is None else bias, grad_in,
-        null if grad_weight is None else grad_weight, null if grad_bias is None else grad_bias,
-    ))
+    steps.run(device, addresses)
     return grad_in, grad_weight, grad_bias
 
 

@@ -71,12 +71,13 @@ def remember(cache, key, value):
     except TypeError:
         pass
 
-def outputs_separate_memo(memo, outputs, inputs, in_place_ok=None):
-    """:func:`outputs_separate`, remembered for the last addresses it passed:
+def outputs_separate_memo(memo, addresses, outputs, inputs, in_place_ok=None):
+    """:func:`outputs_separate`, remembered for the last ``addresses`` it
+    passed (the call's: every input's and given output's, in a fixed order,
+    NULL for None; the caller reads them once for this and its launch):
     ``memo`` is a one-item list kept with one call signature, whose sizes
     are fixed, so the same addresses give the same answer (a loop that
     reuses its output buffers checks them once)."""
-    addresses = tuple([None if a is None else a.data.ptr for a in outputs + inputs])
     if memo[0] == addresses:
         return True
     if not outputs_separate(outputs, inputs, in_place_ok):
@@ -109,11 +110,13 @@ def outputs_separate(outputs, inputs, in_place_ok=None):
 
 
 def on_device(array, function, *args):
-    """function(*args) with array's device current (entered only when it is not)."""
-    if array.data.device_id == _runtime.getDevice():
-        return function(*args)
+    """``function(device, *args)`` with array's device current (entered only
+    when it is not); ``device``: its id, for the launch."""
+    device = array.data.device_id
+    if device == _runtime.getDevice():
+        return function(device, *args)
     with array.device:
-        return function(*args)
+        return function(device, *args)
 
 
 def on_stream(stream, function, *args):

@@ -128,9 +128,7 @@ def _forward_cached(x, weight, bias, out, stride, padding, dilation, layout):
         entry = _SIGNATURES[_key("fwd", x, weight, _interop.signature(bias), out, stride, padding, dilation, layout)]
     except (KeyError, TypeError):
         return _MISS
-    if out is not None and not _interop.outputs_separate_memo(entry.separate, (out,), (x, weight, bias)):
-        return _MISS
-    return _interop.on_device(x, _forward, x, weight, bias, out, entry)
+    return _interop.on_device(x, _forward, x, weight, bias, out, entry, entry.separate)
 
 
 def _forward_checked(x, weight, bias, out, stride, padding, dilation, layout):
@@ -145,15 +143,28 @@ def _forward_checked(x, weight, bias, out, stride, padding, dilation, layout):
     _interop.remember(
         _SIGNATURES, _key("fwd", x, weight, _interop.signature(bias), out, stride, padding, dilation, layout), entry
     )
-    return _interop.on_device(x, _forward, x, weight, bias, out, entry)
+    return _interop.on_device(x, _forward, x, weight, bias, out, entry, None)
 
 
-def _forward(x, weight, bias, out, entry):
-    out = _validate.empty_unless_given(out, entry.out_shape, x.dtype)
-    if out.size:
-        steps = _steps(entry, _forward_steps, x, out)
-        _launch.run(steps, (x, weight, _launch.NULL if bias is None else bias, out))
-    return out
+def _forward(device, x, weight, bias, out, entry, separate):
+    """The launches on ``device`` (current).  ``separate``: the entry's
+    outputs_separate_memo slot where a given out's overlap is still to be
+    ruled out (the cached path: _MISS when it is not), None after the full
+    checks."""
+    null = _launch.NULL
+    # Every address is read once: for the overlap memo, the alignment and the launch.
+    addresses = (x.data.ptr, weight.data.ptr, null if bias is None else bias.data.ptr,
+                 null if out is None else out.data.ptr)
+    if separate is not None and out is not None and not _interop.outputs_separate_memo(
+        separate, addresses, (out,), (x, weight, bias)
+    ):
+        return _MISS
+    result = _validate.empty_unless_given(out, entry.out_shape, x.dtype)
+    if result.size:
+        if result is not out:
+            addresses = addresses[:3] + (result.data.ptr,)
+        _steps(entry, _forward_steps, x, result, addresses[0], addresses[3]).run(device, addresses)
+    return result
 
 
 def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, padding=0, dilation=1, layout="NCHW", out=None, stream=None):
@@ -199,9 +210,7 @@ def _backward_input_cached(grad_out, weight, out, input_shape, stride, padding, 
         entry = _SIGNATURES[_key("bwd_input", grad_out, weight, input_shape, out, stride, padding, dilation, layout)]
     except (KeyError, TypeError):
         return _MISS
-    if out is not None and not _interop.outputs_separate_memo(entry.separate, (out,), (grad_out, weight)):
-        return _MISS
-    return _interop.on_device(grad_out, _backward_input, grad_out, weight, out, entry)
+    return _interop.on_device(grad_out, _backward_input, grad_out, weight, out, entry, entry.separate)
 
 
 def _backward_input_checked(grad_out, weight, out, input_shape, stride, padding, dilation, layout):
@@ -220,14 +229,23 @@ def _backward_input_checked(grad_out, weight, out, input_shape, stride, padding,
     _interop.remember(
         _SIGNATURES, _key("bwd_input", grad_out, weight, input_shape, out, stride, padding, dilation, layout), entry
     )
-    return _interop.on_device(grad_out, _backward_input, grad_out, weight, out, entry)
+    return _interop.on_device(grad_out, _backward_input, grad_out, weight, out, entry, None)
 
 
-def _backward_input(grad_out, weight, out, entry):
-    out = _validate.empty_unless_given(out, entry.out_shape, grad_out.dtype)
-    if out.size:
-        _launch.run(_steps(entry, _backward_input_steps, grad_out, out), (grad_out, weight, _launch.NULL, out))
-    return out
+def _backward_input(device, grad_out, weight, out, entry, separate):
+    """As :func:`_forward`."""
+    null = _launch.NULL
+    addresses = (grad_out.data.ptr, weight.data.ptr, null, null if out is None else out.data.ptr)
+    if separate is not None and out is not None and not _interop.outputs_separate_memo(
+        separate, addresses, (out,), (grad_out, weight)
+    ):
+        return _MISS
+    result = _validate.empty_unless_given(out, entry.out_shape, grad_out.dtype)
+    if result.size:
+        if result is not out:
+            addresses = addresses[:3] + (result.data.ptr,)
+        _steps(entry, _backward_input_steps, grad_out, result, addresses[0], addresses[3]).run(device, addresses)
+    return result
 
 
 def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, padding=0, dilation=1, layout="NCHW", out=None, stream=None):
@@ -276,9 +294,7 @@ def _backward_weight_cached(grad_out, x, out, weight_shape, stride, padding, dil
         entry = _SIGNATURES[_key("bwd_weight", grad_out, x, weight_shape, out, stride, padding, dilation, layout)]
     except (KeyError, TypeError):
         return _MISS
-    if out is not None and not _interop.outputs_separate_memo(entry.separate, (out,), (grad_out, x)):
-        return _MISS
-    return _interop.on_device(x, _backward_weight, grad_out, x, out, entry)
+    return _interop.on_device(x, _backward_weight, grad_out, x, out, entry, entry.separate)
 
 
 def _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, dilation, layout):
@@ -293,18 +309,27 @@ def _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, di
     _interop.remember(
         _SIGNATURES, _key("bwd_weight", grad_out, x, weight_shape, out, stride, padding, dilation, layout), entry
     )
-    return _interop.on_device(x, _backward_weight, grad_out, x, out, entry)
+    return _interop.on_device(x, _backward_weight, grad_out, x, out, entry, None)
 
 
-def _backward_weight(grad_out, x, out, entry):
-    out = _validate.empty_unless_given(out, entry.out_shape, x.dtype)
-    if out.size == 0:
-        return out
+def _backward_weight(device, grad_out, x, out, entry, separate):
+    """As :func:`_forward`."""
+    null = _launch.NULL
+    addresses = (grad_out.data.ptr, x.data.ptr, null, null if out is None else out.data.ptr)
+    if separate is not None and out is not None and not _interop.outputs_separate_memo(
+        separate, addresses, (out,), (grad_out, x)
+    ):
+        return _MISS
+    result = _validate.empty_unless_given(out, entry.out_shape, x.dtype)
+    if result.size == 0:
+        return result
     if grad_out.size == 0 or x.size == 0:
-        out.fill(0)  # no output positions (or an empty input): every tap sums nothing
-        return out
-    _launch.run(_steps(entry, _backward_weight_steps, grad_out, x), (grad_out, x, _launch.NULL, out))
-    return out
+        result.fill(0)  # no output positions (or an empty input): every tap sums nothing
+        return result
+    if result is not out:
+        addresses = addresses[:3] + (result.data.ptr,)
+    _steps(entry, _backward_weight_steps, grad_out, x, addresses[0], addresses[1]).run(device, addresses)
+    return result
 
 
 # ---------------------------------------------------------------------------
@@ -331,9 +356,10 @@ _ALL4 = (0, 1, 2, 3)
 _NO_BIAS = (0, 1, 3)
 
 
-def _steps(entry, resolve, first, second):
-    """The entry's Steps for the alignment of ``first`` and ``second``."""
-    alignment = (first.data.ptr & 15, second.data.ptr & 15)
+def _steps(entry, resolve, first, second, first_address, second_address):
+    """The entry's Steps for the alignment of ``first`` and ``second`` (at
+    those addresses)."""
+    alignment = (first_address & 15, second_address & 15)
     steps = entry.steps.get(alignment)
     if steps is None:
         steps = entry.steps[alignment] = resolve(entry.geometry, entry.layout, first, second)
