@@ -161,8 +161,8 @@ class Steps:
     """
 
     __slots__ = (
-        "launches", "positions", "temporaries", "workspace", "_slots", "_pack", "_params", "_calls", "_bound",
-        "_lock",
+        "launches", "positions", "temporaries", "workspace", "_slots", "_pack", "_params", "_calls", "_bindings",
+        "_bound", "_lock",
     )
 
     def __init__(self, launches, temporaries=()):
@@ -173,11 +173,13 @@ class Steps:
         self.temporaries = tuple(temporaries)
         self.workspace = _workspace.layout(self.temporaries)  # (offsets, total bytes)
         self._slots = self._pack = self._params = None
-        self._calls = {}  # device id -> cuLaunchKernel arguments before the stream, after it, per launch
-        # The last device, stream and workspace generation launched on, with
-        # the temporaries' addresses there and each launch's driver call and
-        # arguments: a call on the same ones reuses them (replaced as a whole,
-        # so a thread reads one consistent tuple).
+        self._calls = {}  # device id -> (driver call, its arguments before the stream, after it) per launch
+        # A binding: (device, stream, workspace generation, the temporaries'
+        # addresses there, (driver call, its arguments) per launch), kept
+        # per (device, stream) in _bindings; _bound is the last one used, so
+        # a call on the same device and stream reuses it after three
+        # comparisons (replaced as a whole: a thread reads one consistent tuple).
+        self._bindings = {}
         self._bound = (None, None, None, (), ())
         self._lock = threading.Lock()
 
@@ -211,15 +213,22 @@ class Steps:
         return calls
 
     def _bind(self, device, stream, count):
-        """:attr:`_bound` for ``device`` and ``stream`` (both current)."""
-        # The generation is read before the buffer: a buffer replaced in
-        # between leaves an older generation here, so the next call rebinds.
-        generation = _workspace.generation
-        temporaries = tuple(_workspace.addresses_on(device, stream, self.workspace)) if self.temporaries else ()
-        calls = tuple(
-            (driver_call, before + (stream,) + after) for driver_call, before, after in self._calls_on(device, count)
-        )
-        bound = self._bound = (device, stream, generation, temporaries, calls)
+        """The binding for ``device`` and ``stream`` (both current), made
+        the last one used."""
+        bound = self._bindings.get((device, stream))
+        if bound is None or bound[2] != _workspace.generation:
+            # The generation is read before the buffer: a buffer replaced in
+            # between leaves an older generation here, so the next call rebinds.
+            generation = _workspace.generation
+            temporaries = tuple(_workspace.addresses_on(device, stream, self.workspace)) if self.temporaries else ()
+            calls = tuple(
+                (driver_call, before + (stream,) + after)
+                for driver_call, before, after in self._calls_on(device, count)
+            )
+            if len(self._bindings) >= _MAX_BINDINGS:  # streams made and dropped in a loop
+                self._bindings.clear()
+            bound = self._bindings[device, stream] = (device, stream, generation, temporaries, calls)
+        self._bound = bound
         return bound
 
     def run(self, device, addresses):
@@ -240,6 +249,8 @@ class Steps:
     def __repr__(self):
         return f"Steps({', '.join(map(repr, self.launches))}, temporaries={self.temporaries})"
 
+
+_MAX_BINDINGS = 64  # (device, stream) bindings kept per Steps
 
 # The slots' struct format: size_t ("N", native only) is the 8-byte unsigned
 # type of every 64-bit platform and packs about twice as fast as "Q" (0.15
