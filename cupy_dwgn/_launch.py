@@ -166,7 +166,7 @@ class Steps:
     )
 
     def __init__(self, launches, temporaries=()):
-        if _cupy is None:  # only the GPU ops build Steps
+        if _workspace is None:  # only the GPU ops build Steps
             _import_cuda()
         self.launches = tuple(launch for launch, _ in launches)
         self.positions = tuple(tuple(positions) for _, positions in launches)

@@ -198,3 +198,55 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
     assert checked > 10000
     assert any(launch.cooperative for _, steps in all_steps for launch in steps.launches)  # fused and one-pass kernels
     _launch._CAPACITY.clear()  # stand-in occupancies
+
+
+def test_steps_rebind_on_a_new_device_stream_or_workspace_buffer(monkeypatch):
+    """Steps.run keeps its driver calls and temporaries' addresses per device
+    and stream: another stream gets its own workspace buffer, another device
+    its own kernel, and a grown or released buffer (a new workspace
+    generation) is read again, never its old addresses."""
+    from cupy_dwgn import _workspace
+
+    _launch._import_cuda()  # before the stand-ins replace what it sets
+    received = []  # (kernel, stream, the slot values the launch reads)
+
+    def launch_kernel(kernel, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        entries = (ctypes.c_void_p * 2).from_address(params)
+        received.append((kernel, stream, tuple(ctypes.c_uint64.from_address(e).value for e in entries)))
+
+    streams = {"now": types.SimpleNamespace(ptr=0)}
+    monkeypatch.setattr(_launch, "_driver", types.SimpleNamespace(launchKernel=launch_kernel))
+    monkeypatch.setattr(_launch, "_cupy", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=lambda: streams["now"])))
+    monkeypatch.setattr(_launch.Launch, "kernel", lambda self, device: 1000 + device)
+    next_buffer = iter(range(0x6000_0000_0000, 0x7000_0000_0000, 0x1000_0000))
+    monkeypatch.setattr(_workspace, "_cupy", types.SimpleNamespace(
+        empty=lambda size, dtype: _array((size,), numpy.uint8, next(next_buffer) - 0x7F00_0000_0000)))
+    monkeypatch.setattr(_workspace, "_BUFFERS", {})
+    monkeypatch.setattr(_workspace, "_RETIRED", [])
+
+    small = _launch.Steps(((_launch.Launch("f.cu", "k", (1,), (32,)), (0, 1)),), (((256,), numpy.float32),))
+    large = _launch.Steps(((_launch.Launch("f.cu", "k", (1,), (32,)), (0, 1)),), (((2**20,), numpy.float32),))
+
+    def temporary_of(steps, device, stream):
+        streams["now"] = types.SimpleNamespace(ptr=stream)
+        received.clear()
+        steps.run(device, (0xA000,))
+        ((kernel, launched_on, (argument, temporary)),) = received
+        assert (kernel, launched_on, argument) == (1000 + device, stream, 0xA000)
+        return temporary
+
+    def buffer(device, stream):
+        return _workspace._BUFFERS[device, stream].data.ptr
+
+    assert temporary_of(small, 0, 0) == buffer(0, 0)
+    assert temporary_of(small, 0, 0) == buffer(0, 0)  # the binding reused
+    assert temporary_of(small, 0, 7) == buffer(0, 7) != buffer(0, 0)
+    assert temporary_of(small, 1, 7) == buffer(1, 7) != buffer(0, 7)
+    first = buffer(0, 0)
+    assert temporary_of(large, 0, 0) == buffer(0, 0) != first  # grew the buffer of device 0, stream 0
+    assert temporary_of(small, 0, 0) == buffer(0, 0)
+    assert temporary_of(small, 0, 7) == buffer(0, 7)
+    _workspace.release()
+    assert temporary_of(small, 0, 7) == buffer(0, 7)
+    assert temporary_of(small, 0, 0) == buffer(0, 0)
