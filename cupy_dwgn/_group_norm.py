@@ -86,13 +86,20 @@ _ONEPASS_SLOTS = 2048  # gn::kOnePassSlots: lanes * C shared summaries
 # 2**31 - _ONEPASS_GRID_LIMIT never overflow when stepped by the grid.
 _ONEPASS_GRID_LIMIT = 2**16
 
-# Statistics split: about this many work items (blocks) in the column
-# kernels, each summing at least _MIN_ROWS_PER_CHUNK rows, or
+# Statistics split: at most this many work items (blocks) in the column
+# kernels (one wave of the cooperative grid: 2 blocks per SM on an H200's
+# 132), fewer where a chunk would sum fewer than _MIN_ROWS_PER_CHUNK rows, or
 # _MIN_ROWS_PER_LONG_CHUNK in samples of at least _LONG_SAMPLE_ROWS rows.
-# Depends on the shape and the vector path only (never on the device or the
-# grid), so results are bit-identical run to run.  Measured on an H200
-# (2026-11-30, GPU time with rotating copies, SiLU, G = 32;
-# benchmarks/group_norm_tuning.py): 512 items against 1024 made the forward
+# Measured on an H200 (2026-12-01, forward / backward GPU time, SiLU, G = 32;
+# benchmarks/group_norm_tuning.py): at most 256 against about 512 (the
+# former rule, rounded up) kept every SD-size cell within 0.1 us and made
+# 2x1x4093x320 fp16 19.7/22.8 -> 16.1/19.1 us (512 items were two waves),
+# the large backwards faster (8x128x128x320 fp16 144.7 -> 139.0,
+# 1x256x256x256 fp32 98.8 -> 94.1) and 4x64x64x2560 fp32 142.1/217.0 ->
+# 139.7/220.9.  The split depends on the shape and the vector path only
+# (never on the device or the grid), so results are bit-identical run to
+# run.  Earlier (2026-11-30, per-channel statistics at every size, the same
+# method): 512 items against 1024 made the forward
 # of every tensor of 33 MB and more faster (8x128x128x320 fp16 105.5 -> 95.0 us, 1x512x512x128 fp16
 # 90.2 -> 78.4, 4x64x64x2560 fp32 147.6 -> 142.7) and changed no SD-size
 # one; 64-row chunks made samples of 4096+ rows faster (2x64x64x320 fp16
@@ -100,7 +107,7 @@ _ONEPASS_GRID_LIMIT = 2**16
 # and shorter samples slower (2x32x32x640 fp16 12.6 -> 14.5).  256 items
 # won on single-wave shapes but lost 10% where the items just overflow one
 # wave (4x64x64x2560 fp32: 280 items).
-_TARGET_BLOCKS = 512
+_TARGET_BLOCKS = 256
 _MIN_ROWS_PER_CHUNK = 32
 # 2-byte dtypes: measured on an H200 (2026-12-01, GPU time forward /
 # backward, SiLU; benchmarks/group_norm_tuning.py with the constant set to
@@ -457,7 +464,7 @@ def _split(batch, rows, width, vectors=True, itemsize=4):
     column_blocks = -(-width // min(width, _MAX_COLUMNS if vectors else _COLUMN_BLOCK))
     cols = -(-width // column_blocks)
     column_blocks = -(-width // cols)
-    per_sample = max(1, -(-_TARGET_BLOCKS // (min(batch, _launch.MAX_GRID_Y) * column_blocks)))
+    per_sample = max(1, _TARGET_BLOCKS // (min(batch, _launch.MAX_GRID_Y) * column_blocks))
     if rows >= _LONG_SAMPLE_ROWS:
         min_rows = _MIN_ROWS_PER_LONG_CHUNK
     else:

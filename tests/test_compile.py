@@ -385,7 +385,11 @@ def test_group_norm_fused_plans_and_split_rules():
     # else 32 (16 for 2-byte dtypes).
     assert gn._split(2, 4096, 40)[0] == 64 and gn._split(2, 1024, 40)[0] == 32
     assert gn._split(2, 4096, 40, True, 2)[0] == 64 and gn._split(2, 1024, 40, True, 2)[0] == 16
-    assert gn._split(1, 262144, 16)[0] == 512  # 512 items for one sample
+    assert gn._split(1, 262144, 16)[0] == 1024  # 256 items for one sample
+    # At most _TARGET_BLOCKS items (one wave), however the samples and column blocks divide it.
+    for batch, rows, width in [(3, 4093, 40), (5, 100000, 160), (7, 9999, 99), (300, 4096, 40)]:
+        rows_per_chunk, num_chunks, column_blocks, _ = gn._split(batch, rows, width)
+        assert batch * num_chunks * column_blocks <= max(gn._TARGET_BLOCKS, batch * column_blocks)
     # Work items beyond the kernels' int counters are refused, with the reason.
     with pytest.raises(ValueError, match="work items"):
         gn._column_launch("dwgn_gn_stats<float, float, 1, int>", 2**31 - 2**10, 1, True, ())
