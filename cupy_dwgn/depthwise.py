@@ -146,23 +146,32 @@ def _forward_checked(x, weight, bias, out, stride, padding, dilation, layout):
     return _interop.on_device(x, _forward, x, weight, bias, out, entry, None)
 
 
-def _forward(device, x, weight, bias, out, entry, separate):
-    """The launches on ``device`` (current).  ``separate``: the entry's
-    outputs_separate_memo slot where a given out's overlap is still to be
-    ruled out (the cached path: _MISS when it is not), None after the full
-    checks."""
-    null = _launch.NULL
-    # Every address is read once: for the overlap memo, the alignment and the launch.
-    addresses = (x.data.ptr, weight.data.ptr, null if bias is None else bias.data.ptr,
-                 null if out is None else out.data.ptr)
+def _output(entry, separate, addresses, out, inputs, dtype):
+    """(the output array, the call's addresses with its own last), or
+    (_MISS, None) when a given ``out`` may overlap ``inputs``.  ``addresses``:
+    the call's three inputs' (NULL for an absent one) and ``out``'s, each read
+    once for the overlap memo, the alignment and the launch.  ``separate``:
+    the entry's outputs_separate_memo slot where the overlap is still to be
+    ruled out (the cached path), None after the full checks."""
     if separate is not None and out is not None and not _interop.outputs_separate_memo(
-        separate, addresses, (out,), (x, weight, bias)
+        separate, addresses, (out,), inputs
     ):
-        return _MISS
-    result = _validate.empty_unless_given(out, entry.out_shape, x.dtype)
-    if result.size:
-        if result is not out:
-            addresses = addresses[:3] + (result.data.ptr,)
+        return _MISS, None
+    result = _validate.empty_unless_given(out, entry.out_shape, dtype)
+    if result is not out:
+        addresses = addresses[:3] + (result.data.ptr,)
+    return result, addresses
+
+
+def _forward(device, x, weight, bias, out, entry, separate):
+    """The launches on ``device`` (current); ``separate`` as in :func:`_output`."""
+    null = _launch.NULL
+    result, addresses = _output(
+        entry, separate, (x.data.ptr, weight.data.ptr, null if bias is None else bias.data.ptr,
+                          null if out is None else out.data.ptr),
+        out, (x, weight, bias), x.dtype,
+    )
+    if result is not _MISS and result.size:
         _steps(entry, _forward_steps, x, result, addresses[0], addresses[3]).run(device, addresses)
     return result
 
@@ -235,15 +244,11 @@ def _backward_input_checked(grad_out, weight, out, input_shape, stride, padding,
 def _backward_input(device, grad_out, weight, out, entry, separate):
     """As :func:`_forward`."""
     null = _launch.NULL
-    addresses = (grad_out.data.ptr, weight.data.ptr, null, null if out is None else out.data.ptr)
-    if separate is not None and out is not None and not _interop.outputs_separate_memo(
-        separate, addresses, (out,), (grad_out, weight)
-    ):
-        return _MISS
-    result = _validate.empty_unless_given(out, entry.out_shape, grad_out.dtype)
-    if result.size:
-        if result is not out:
-            addresses = addresses[:3] + (result.data.ptr,)
+    result, addresses = _output(
+        entry, separate, (grad_out.data.ptr, weight.data.ptr, null, null if out is None else out.data.ptr),
+        out, (grad_out, weight), grad_out.dtype,
+    )
+    if result is not _MISS and result.size:
         _steps(entry, _backward_input_steps, grad_out, result, addresses[0], addresses[3]).run(device, addresses)
     return result
 
@@ -315,19 +320,15 @@ def _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, di
 def _backward_weight(device, grad_out, x, out, entry, separate):
     """As :func:`_forward`."""
     null = _launch.NULL
-    addresses = (grad_out.data.ptr, x.data.ptr, null, null if out is None else out.data.ptr)
-    if separate is not None and out is not None and not _interop.outputs_separate_memo(
-        separate, addresses, (out,), (grad_out, x)
-    ):
-        return _MISS
-    result = _validate.empty_unless_given(out, entry.out_shape, x.dtype)
-    if result.size == 0:
+    result, addresses = _output(
+        entry, separate, (grad_out.data.ptr, x.data.ptr, null, null if out is None else out.data.ptr),
+        out, (grad_out, x), x.dtype,
+    )
+    if result is _MISS or result.size == 0:
         return result
     if grad_out.size == 0 or x.size == 0:
         result.fill(0)  # no output positions (or an empty input): every tap sums nothing
         return result
-    if result is not out:
-        addresses = addresses[:3] + (result.data.ptr,)
     _steps(entry, _backward_weight_steps, grad_out, x, addresses[0], addresses[1]).run(device, addresses)
     return result
 
