@@ -148,7 +148,7 @@ def main():
         print(f"{key:36} {value:8.2f}")
     if args.profile:
         profiled = ("group_norm", "group_norm_backward", "depthwise_conv2d", "depthwise_conv2d_backward_weight",
-                    "depthwise_conv2d_torch_bridge", "group_norm_torch_bridge")
+                    "depthwise_conv2d_torch_bridge", "group_norm_torch_bridge", "depthwise_conv2d_dlpack")
         for name, fn in [(name, ours[name]) for name in profiled if name in ours]:
             profiler = cProfile.Profile()
             profiler.enable()
