@@ -148,8 +148,13 @@ def cache_in_processes(specializations, jobs, *, progress=True, stream=None):
     host).  Each goes through the same loader as a later call (the same
     source, options and name expression), so the later lookups hit the
     cache; CUPY_CACHE_DIR reaches the processes through the environment.
+    Each process also loads its kernels, so it opens a CUDA context on the
+    device (a GPU in exclusive-process mode refuses all but one).
     Prints one line per finished process share on ``stream`` when
-    ``progress`` is true.  Returns the number of processes used."""
+    ``progress`` is true.  Returns the number of processes used.  A
+    process's error (e.g. KernelCompileError) is raised here; a process
+    that dies raises concurrent.futures.process.BrokenProcessPool."""
+    import concurrent.futures
     import multiprocessing
 
     import cupy
@@ -162,12 +167,18 @@ def cache_in_processes(specializations, jobs, *, progress=True, stream=None):
     device = cupy.cuda.runtime.getDevice()
     start = time.perf_counter()
     done = 0
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-        for count in pool.imap_unordered(functools.partial(_cache_share, device), shares):
-            done += count
-            if progress:
-                print(f"[{done}/{len(specializations)}] kernels compiled into the cache by {jobs} processes "
-                      f"({time.perf_counter() - start:.0f} s)", file=stream, flush=True)
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_cache_share, device, share) for share in shares]
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                done += future.result()
+                if progress:
+                    print(f"[{done}/{len(specializations)}] kernels compiled into the cache by {jobs} processes "
+                          f"({time.perf_counter() - start:.0f} s)", file=stream, flush=True)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
     return jobs
 
 

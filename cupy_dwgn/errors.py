@@ -27,6 +27,11 @@ class KernelCompileError(RuntimeError):
             "Set CUPY_DUMP_CUDA_SOURCE_ON_ERROR=1 to print the numbered source."
         )
 
+    def __reduce__(self):
+        # Rebuilt from its four fields (the default pickling passes only the
+        # message): precompile(jobs=N) gets it back from a worker process.
+        return type(self), (self.name_expression, self.options, self.cupy_version, self.log)
+
 
 class CPUFallbackWarning(RuntimeWarning):
     """cupy_dwgn.host found no usable CUDA GPU and runs the NumPy references on

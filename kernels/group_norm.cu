@@ -150,7 +150,7 @@ struct ColumnLayout {
   }
   // The layout of dwgn_gn_stats and dwgn_gn_bwd_reduce: column block z
   // covers columns [z * cols, (z + 1) * cols) of the width (cols <=
-  // blockDim.x, chosen by the host: _group_norm._split).
+  // blockDim.x, chosen by the host: _group_norm._split / _stats_split).
   __device__ static __forceinline__ ColumnLayout channels(int width, int z, int cols) {
     return ColumnLayout(z * cols, width, cols, 0);
   }
@@ -409,8 +409,9 @@ __device__ __forceinline__ Acc sum_lanes(const Acc* v, int stride, int lanes) {
 // Item `i` of a group's chunk summaries, D channels times num_chunks chunks
 // (channel fastest, so neighbouring threads read neighbouring addresses):
 // its offset in one sample's (num_chunks, 2, C) block of partial, and its
-// chunk.  D * num_chunks <= C * num_chunks < 2**31: num_chunks is at most
-// ceil(1024 / column blocks) (see _split), so this stays well inside int.
+// chunk.  2 * C * num_chunks < 2**31: either num_chunks = 1 (C < 2**24,
+// _checks), or num_chunks * column blocks <= 256 (_split, _stats_split)
+// with at most 512 channels per column block, so this stays inside int.
 __device__ __forceinline__ int group_item(int i, int D, int c0, int C, int& chunk) {
   chunk = i / D;
   return chunk * 2 * C + c0 + (i - chunk * D);
@@ -541,7 +542,7 @@ __device__ __forceinline__ void finalize_group(
 
 // The statistics kernel's per-group summaries of one chunk: the block's
 // channels [c_first, c_first + span) hold whole groups of D channels (the
-// host picks the columns per block so: _group_norm._split), and channel j's
+// host picks the columns per block so: _group_norm._stats_split), and channel j's
 // (sum, M2) over the chunk's `rows` rows is at sums[j], m2s[j].  Thread q
 // sums group q's D channels in channel order (sum) and adds their M2 by the
 // parallel-axis theorem about the group mean m, M2 = sum_j (M2_j + (s_j -
@@ -608,12 +609,14 @@ __device__ __forceinline__ void apply_vector(const T* x, const typename AccType<
 // and M2 from a Welford update in Acc (no E[x^2] - E[x]^2 cancellation, an
 // outlier anywhere included); lanes are combined in double (gn::combine_lanes).
 // A thread reads VEC channels per access (16 bytes on the vector path, one
-// element on the scalar path): the block's columns are channel vectors, so
-// on the vector path C = 320 fp16 is 40 columns x 6 lanes of one block (the
-// element path, which the host takes for tensors under 16 MB and for
-// misaligned ones, makes it 2 blocks of 160 columns with one lane each).
-// Items (gn::ColumnItems): (chunk, n, column block of `cols` of the C / VEC
-// columns); block 256.  partial: (N, num_chunks, 2, C) double (sum, M2).
+// element on the scalar path, which the host takes for misaligned tensors
+// and C not a multiple of the vector): the block's columns are channel
+// vectors, so on the vector path C = 320 fp16 is 40 columns x 6 lanes of
+// one block (the element path makes it 2 blocks of 160 columns with one
+// lane each).  Items (gn::ColumnItems): (chunk, n, column block of `cols`
+// of the C / VEC columns); block 256.  partial: (N, num_chunks, 2, C)
+// double (sum, M2), or with `grouped` (N, num_chunks, 2, G): each block
+// holds whole groups and sums their channels (gn::group_partials).
 //
 // With finalize != 0 (a cooperative launch: every block resident) the
 // kernel also does forward pass 2 after a grid barrier: items (n, g), the
@@ -639,7 +642,7 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
   __shared__ double lane_sum[256 * VEC];
   __shared__ Acc lane_m2[256 * VEC];
   // With grouped: the block's channel summaries of one chunk, at most
-  // kMaxSpan channels (64 vector columns of 8, or 256 elements: _split).
+  // kMaxSpan channels (64 vector columns of 8, or 256 elements: _stats_split).
   constexpr int kMaxSpan = 512;
   __shared__ double channel_stats[2 * kMaxSpan];  // sums, then M2s
   const int width = C / VEC;  // channel vectors per row

@@ -4,6 +4,7 @@ with NVRTC for sm_80 and sm_90, with no stack frame and no spills."""
 import collections
 import functools
 import math
+import pickle
 
 import pytest
 
@@ -67,6 +68,12 @@ def test_compile_error_carries_expression_options_and_log(broken_kernel):
     assert "--std=c++17" in error.options
     assert "undefined_name" in error.log and "undefined_name" in str(error)
     assert "CuPy" in str(error)
+    # It survives a pickle round trip: precompile(jobs=N) gets it back from a
+    # worker process (default exception pickling lost its fields and made the
+    # worker pool hang).
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is KernelCompileError and str(again) == str(error)
+    assert (again.name_expression, again.options, again.log) == (error.name_expression, error.options, error.log)
 
 
 def _template_args(expression):

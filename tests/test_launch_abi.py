@@ -239,9 +239,18 @@ def test_steps_rebind_on_a_new_device_stream_or_workspace_buffer(monkeypatch):
     def buffer(device, stream):
         return _workspace._BUFFERS[device, stream].data.ptr
 
+    lookups = []  # workspace lookups: one per (re)binding, none when a binding is reused
+    addresses_on = _workspace.addresses_on
+    monkeypatch.setattr(_workspace, "addresses_on", lambda *args: lookups.append(args) or addresses_on(*args))
+
     assert temporary_of(small, 0, 0) == buffer(0, 0)
-    assert temporary_of(small, 0, 0) == buffer(0, 0)  # the binding reused
+    # That first call made the buffer (a new generation after its binding
+    # read the generation), so the next call rebinds once; then it is reused.
+    assert temporary_of(small, 0, 0) == buffer(0, 0) and len(lookups) == 2
+    assert temporary_of(small, 0, 0) == buffer(0, 0) and len(lookups) == 2  # the binding reused
     assert temporary_of(small, 0, 7) == buffer(0, 7) != buffer(0, 0)
+    assert temporary_of(small, 0, 0) == buffer(0, 0) and len(lookups) == 4  # stream 7's buffer: one rebind here
+    assert temporary_of(small, 0, 0) == buffer(0, 0) and len(lookups) == 4  # stream 0's binding kept
     assert temporary_of(small, 1, 7) == buffer(1, 7) != buffer(0, 7)
     first = buffer(0, 0)
     assert temporary_of(large, 0, 0) == buffer(0, 0) != first  # grew the buffer of device 0, stream 0
