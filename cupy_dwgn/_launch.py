@@ -65,11 +65,11 @@ class Launch:
     """
 
     __slots__ = (
-        "file", "expression", "grid", "block", "shared_mem", "scalars", "cooperative", "_kernels",
+        "file", "expression", "grid", "block", "shared_mem", "scalars", "cooperative", "persistent", "_kernels",
         "_scalar_storage",
     )
 
-    def __init__(self, file, expression, grid, block, shared_mem=0, scalars=(), cooperative=False):
+    def __init__(self, file, expression, grid, block, shared_mem=0, scalars=(), cooperative=False, persistent=False):
         self.file = file
         self.expression = expression
         self.grid = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
@@ -85,8 +85,11 @@ class Launch:
         # min(grid.x, the blocks that fit at once there) (grid_on), so the
         # kernel must be correct for any grid.x >= 1.
         self.cooperative = bool(cooperative)
-        if self.cooperative and self.grid[1:] != (1, 1):
-            raise ValueError(f"{expression}: a cooperative launch takes a 1-D grid, got {self.grid}")
+        # A persistent kernel (its blocks walk the work grid-size apart) is
+        # launched the same way, with an ordinary launch.
+        self.persistent = bool(persistent)
+        if (self.cooperative or self.persistent) and self.grid[1:] != (1, 1):
+            raise ValueError(f"{expression}: a cooperative or persistent launch takes a 1-D grid, got {self.grid}")
         self._kernels = {}  # device id -> kernel address
         # Built here, not on first use: Launches are shared by several Steps
         # (each with its own lock), whose kernelParams all point into it.
@@ -107,8 +110,9 @@ class Launch:
 
     def grid_on(self, device):
         """The grid launched on ``device`` (the current one): ``grid``, or for
-        a cooperative launch at most the blocks resident at once there."""
-        if not self.cooperative:
+        a cooperative or persistent launch at most the blocks resident at
+        once there."""
+        if not (self.cooperative or self.persistent):
             return self.grid
         capacity = cooperative_capacity(device, self.kernel(device), self.block, self.shared_mem)
         return (min(self.grid[0], capacity), 1, 1)
@@ -288,7 +292,7 @@ def cooperative_capacity(device, kernel, block, shared_mem):
         capacity = per_sm * sms
         if capacity < 1:
             raise RuntimeError(
-                f"cooperative kernel cannot be resident on device {device} "
+                f"kernel cannot be resident on device {device} "
                 f"(block {block}, {shared_mem} bytes of dynamic shared memory)"
             )
         _CAPACITY[key] = capacity

@@ -109,12 +109,6 @@ struct RowReader<T, LEAD, SPAN, NV, NV> {
   static __device__ __forceinline__ void read(const T*, Acc*) {}
 };
 
-// q = n / d for 0 <= n < 2**22, 1 <= d: (n + 0.5) / d is at least 0.5/d away
-// from an integer, more than the float error (about n * 2**-23 / d).
-__device__ __forceinline__ int small_div(int n, float inv_d) {
-  return __float2int_rz(__fmaf_rn(static_cast<float>(n), inv_d, 0.5f * inv_d));
-}
-
 }  // namespace dwgn_window
 
 template <typename V> __device__ __forceinline__ V zero_value() { return V(0.0f); }
@@ -136,7 +130,7 @@ struct StagingArgs {
 // outside the image or past the last plane (staged as zeros).
 template <typename T, bool BACKWARD, typename IndexT>
 __device__ __forceinline__ const T* staged_source_row(const StagingArgs<T>& a, int row) {
-  const int pb = dwgn_window::small_div(row, a.inv_plane_rows);
+  const int pb = dwgn::small_div(row, a.inv_plane_rows);
   const int src_row = a.src_row0 + row - pb * a.plane_rows;
   const int plane = a.first_plane + pb;
   if (src_row < 0 || src_row >= a.src_height || plane >= a.num_dst_planes) return nullptr;
@@ -157,7 +151,7 @@ __device__ __forceinline__ void stage_rows_async(const StagingArgs<T>& a) {
   const float inv_row_vectors = __frcp_rn(static_cast<float>(row_vectors));
   const int total = a.num_rows * row_vectors;
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
-    const int row = dwgn_window::small_div(i, inv_row_vectors);
+    const int row = dwgn::small_div(i, inv_row_vectors);
     const int v = i - row * row_vectors;
     const T* row_ptr = staged_source_row<T, BACKWARD, IndexT>(a, row);
     T* to = a.staged + row * a.staged_width + a.left_halo + v * E;
@@ -182,7 +176,7 @@ __device__ __forceinline__ void stage_rows_sync(const StagingArgs<T>& a) {
       const int i = base + u * blockDim.x;
       buffer[u] = T(0.0f);
       if (i < total) {
-        const int row = dwgn_window::small_div(i, inv_width);
+        const int row = dwgn::small_div(i, inv_width);
         const T* row_ptr = staged_source_row<T, BACKWARD, IndexT>(a, row);
         if (row_ptr != nullptr) buffer[u] = row_ptr[i - row * a.src_width];
       }
@@ -191,7 +185,7 @@ __device__ __forceinline__ void stage_rows_sync(const StagingArgs<T>& a) {
     for (int u = 0; u < UNROLL; ++u) {
       const int i = base + u * blockDim.x;
       if (i < total) {
-        const int row = dwgn_window::small_div(i, inv_width);
+        const int row = dwgn::small_div(i, inv_width);
         a.staged[row * a.staged_width + a.left_halo + i - row * a.src_width] = buffer[u];
       }
     }
@@ -284,7 +278,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
     const int halo_width = staged_width - src_width;
     const float inv_halo = __frcp_rn(static_cast<float>(halo_width));
     for (int i = threadIdx.x; i < 2 * num_rows * halo_width; i += blockDim.x) {
-      const int row = dwgn_window::small_div(i, inv_halo);
+      const int row = dwgn::small_div(i, inv_halo);
       const int k = i - row * halo_width;
       buffers[row * staged_width + (k < left_halo ? k : src_width + k)] = T(0.0f);
     }
@@ -381,9 +375,9 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
       const float inv_width = __frcp_rn(static_cast<float>(src_width));
       const float inv_height = __frcp_rn(static_cast<float>(src_height));
       for (int i = threadIdx.x; i < total; i += blockDim.x) {
-        const int image_row = dwgn_window::small_div(i, inv_width);
+        const int image_row = dwgn::small_div(i, inv_width);
         const int c = i - image_row * src_width;
-        const int pl = dwgn_window::small_div(image_row, inv_height);
+        const int pl = dwgn::small_div(image_row, inv_height);
         const int staged_row = image_row - pl * src_height + offset_top;
         if (staged_row >= 0 && staged_row < plane_rows)
           buffers[(pl * plane_rows + staged_row) * staged_width + left_halo + c] = raw[i];

@@ -55,6 +55,12 @@ __device__ __forceinline__ IndexT grid_stride_next(IndexT i, IndexT stride, Inde
   for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < (plane_size);  \
        r = dwgn::grid_stride_next(r, static_cast<int>(gridDim.x * blockDim.x), (plane_size)))
 
+// q = n / d (inv_d = 1/d rounded to nearest) for 0 <= n < 2**22, 1 <= d: (n + 0.5) / d is at least 0.5/d away
+// from an integer, more than the float error (about n * 2**-23 / d).
+__device__ __forceinline__ int small_div(int n, float inv_d) {
+  return __float2int_rz(__fmaf_rn(static_cast<float>(n), inv_d, 0.5f * inv_d));
+}
+
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
 // The order of additions is fixed, so the result is deterministic.
 template <typename Acc>
