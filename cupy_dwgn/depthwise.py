@@ -21,6 +21,7 @@ from . import (
     _launch,
     _depthwise_nchw,
     _depthwise_nchw_large,
+    _depthwise_nchw_plane,
     _depthwise_nchw_wgrad,
     _depthwise_nchw_window,
     _depthwise_nhwc,
@@ -64,9 +65,9 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
         if "NCHW" in layouts:
             specs += _depthwise_nchw.specializations(name, dtypes, sizes, large_index)
             if name != "depthwise_conv2d_backward_weight":
-                specs += _depthwise_nchw_window.specializations(
-                    dtypes, sizes, name == "depthwise_conv2d_backward_input", large_index
-                )
+                backward = name == "depthwise_conv2d_backward_input"
+                specs += _depthwise_nchw_plane.specializations(dtypes, sizes, backward, large_index)
+                specs += _depthwise_nchw_window.specializations(dtypes, sizes, backward, large_index)
                 if large_filters:
                     specs += _depthwise_nchw_large.specializations(dtypes, large_index)
             else:
@@ -384,6 +385,8 @@ def _forward_steps(g, layout, x, out):
     else:
         launch = (
             _depthwise_nchw_large.plan(g, x.dtype, False)
+            or (_depthwise_nchw_plane.preferred(g, x.dtype, False)
+                and _depthwise_nchw_plane.plan(g, x.dtype, False, index, _alignment(x), _alignment(out)))
             or _depthwise_nchw_window.plan(g, x.dtype, False, index, _alignment(x), _alignment(out) == 16,
                                            _runtime.getDevice())
             or _depthwise_nchw.forward_plan(g, x.dtype, index)
@@ -400,6 +403,8 @@ def _backward_input_steps(g, layout, grad_out, out):
     else:
         launch = (
             _depthwise_nchw_large.plan(g, grad_out.dtype, True)
+            or (_depthwise_nchw_plane.preferred(g, grad_out.dtype, True)
+                and _depthwise_nchw_plane.plan(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out)))
             or _depthwise_nchw_window.plan(g, grad_out.dtype, True, index, _alignment(grad_out),
                                            _alignment(out) == 16, _runtime.getDevice())
         )

@@ -29,6 +29,9 @@ def depthwise():
             ((4, 24, 7, 7), (24, 1, 3, 3), dict(padding=1)),
             ((2, 8, 16, 16), (8, 1, 13, 13), dict(padding=6)),
             ((1, 4, 9, 9), (4, 1, 31, 31), dict(padding=15)),
+            # the whole-plane kernel with cp.async staging (units 16-byte aligned)
+            ((8, 64, 14, 14), (64, 1, 3, 3), dict(padding=1)),
+            ((4, 96, 28, 28), (96, 1, 5, 5), dict(padding=((1, 3), (2, 0)))),
         ]:
             x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
             w = rng.standard_normal(w_shape, dtype=cupy.float32).astype(dtype)
@@ -36,12 +39,20 @@ def depthwise():
                 y = cupy_dwgn.depthwise_conv2d(xl, w, layout=layout, **conv)
                 cupy_dwgn.depthwise_conv2d_backward_input(y, w, xl.shape, layout=layout, **conv)
                 cupy_dwgn.depthwise_conv2d_backward_weight(y, xl, w.shape, layout=layout, **conv)
-            # a misaligned NHWC view (data pointer not 16-byte aligned)
-            xn = _nhwc(x)
-            base = cupy.empty(xn.size + 1, dtype)
-            view = base[1:].reshape(xn.shape)
-            view[...] = xn
-            cupy_dwgn.depthwise_conv2d(view, w, layout="NHWC", **conv)
+            # misaligned views (data pointer not 16-byte aligned): NHWC, and
+            # NCHW (the plane kernel's element path)
+            cupy_dwgn.depthwise_conv2d(_misaligned(_nhwc(x)), w, layout="NHWC", **conv)
+            y = cupy_dwgn.depthwise_conv2d(x, w, **conv)
+            cupy_dwgn.depthwise_conv2d(_misaligned(x), w, **conv)
+            cupy_dwgn.depthwise_conv2d_backward_input(_misaligned(y), w, x.shape, **conv)
+
+
+def _misaligned(a):
+    """A C-contiguous copy of ``a`` one element past its allocation's start."""
+    base = cupy.empty(a.size + 1, a.dtype)
+    view = base[1:].reshape(a.shape)
+    view[...] = a
+    return view
 
 
 def group_norm():

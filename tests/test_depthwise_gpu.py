@@ -6,7 +6,7 @@ per seed bug (CHANGELOG.md, "Fixed, relative to the kernels cupy-dwgn started fr
 import numpy
 import pytest
 
-from cupy_dwgn import _validate, reference
+from cupy_dwgn import _depthwise_nchw_plane, _launch, _validate, depthwise, reference
 
 from _helpers import DTYPE_IDS, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
 
@@ -224,6 +224,76 @@ def test_nhwc_misaligned_contiguous_views(case, which, dtype, rng):
     assert max(errors.values()) <= TOLERANCE[dtype], errors
 
 
+# The NCHW whole-plane kernel, launched directly (the dispatch takes it only
+# where it is measured faster): odd and prime plane sizes, widths that are
+# and are not multiples of its 4-column items (vector and element stores),
+# every padding form, more planes than one block holds (its persistent walk
+# over units, a partial last unit), and the cp.async path (aligned arrays,
+# units of 16-byte multiples) against the element path (misaligned source).
+PLANE_CASES = [
+    # (label, x shape, filter size, padding, takes the cp.async path when aligned)
+    ("28x28 3x3 p1", (4, 40, 28, 28), 3, 1, True),
+    ("13x11 3x3 p1", (3, 7, 13, 11), 3, 1, False),
+    ("7x7 3x3 p1 many planes", (8, 300, 7, 7), 3, 1, True),
+    ("14x14 5x5 p2", (2, 33, 14, 14), 5, 2, None),
+    ("29x31 5x5 per-side padding", (2, 5, 29, 31), 5, ((0, 4), (3, 1)), False),
+    ("14x14 7x7 p3", (2, 24, 14, 14), 7, 3, None),
+    ("17x9 7x7 padding > filter", (1, 6, 17, 9), 7, 8, None),
+    ("32x32 3x3 valid", (2, 9, 32, 32), 3, "valid", None),
+    ("1x31 3x3 p1", (2, 5, 1, 31), 3, 1, None),
+    ("56x56 3x3 p1", (1, 6, 56, 56), 3, 1, True),
+    ("5x5 image 7x7 p3", (2, 3, 5, 5), 7, 3, None),
+]
+
+
+@pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nchw_plane.DTYPES], ids=str)
+@pytest.mark.parametrize("case", PLANE_CASES, ids=lambda c: c[0])
+def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
+    _, x_shape, k, padding, copies_async = case
+    w_shape = (x_shape[1], 1, k, k)
+    g = _validate.conv_geometry(x_shape, w_shape, 1, padding, 1)
+    y_shape = (g.batch, g.channels, g.out_height, g.out_width)
+    src_shape, dst_shape = (y_shape, x_shape) if backward else (x_shape, y_shape)
+    src = random(rng, src_shape, dtype)
+    w = random(rng, w_shape, dtype)
+    b = None if backward else random(rng, w_shape[0], dtype)
+    if backward:
+        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, padding=padding)
+    else:
+        want = reference.depthwise_conv2d(src, w, b, padding=padding)
+    if misaligned:
+        src_gpu, dst = _misaligned(src_shape, dtype, src), _misaligned(dst_shape, dtype)
+    else:
+        src_gpu, dst = cupy.asarray(src), poisoned(dst_shape, dtype)
+    index = _launch.index_type(src_gpu.size, dst.size)
+    launch = _depthwise_nchw_plane.plan(
+        g, numpy.dtype(dtype), backward, index, depthwise._alignment(src_gpu), depthwise._alignment(dst)
+    )
+    assert launch is not None
+    raw_bytes = int(launch.scalars[-2])  # 0: the element path
+    if misaligned:
+        assert raw_bytes == 0
+    elif copies_async is not None:
+        assert (raw_bytes > 0) == copies_async
+    launch(src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
+    error = relative_error(dst, want)
+    record_errors("depthwise NCHW plane kernel", str(numpy.dtype(dtype)), {("backward_input" if backward else "forward"): error})
+    assert error <= TOLERANCE[dtype]
+
+
+def test_plane_kernel_rule_and_dispatch():
+    # The rule picks it for the measured shapes, and the op then launches it.
+    g = _validate.conv_geometry((64, 384, 28, 28), (384, 1, 3, 3), 1, 1, 1)
+    assert _depthwise_nchw_plane.preferred(g, numpy.dtype(numpy.float16), False)
+    assert not _depthwise_nchw_plane.preferred(g, numpy.dtype(numpy.float64), False)
+    x = cupy.zeros((2, 8, 28, 28), numpy.float16)
+    g = _validate.conv_geometry(x.shape, (8, 1, 3, 3), 1, 1, 1)
+    steps = depthwise._forward_steps(g, "NCHW", x, x)
+    assert steps.launches[0].expression.startswith(_depthwise_nchw_plane.KERNEL)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_forward_without_bias_and_default_out(dtype, layout, rng):
@@ -409,6 +479,33 @@ def test_seed_bug_backward_input_overwrites_instead_of_accumulating(layout, rng)
 
 
 # --- 64-bit indexing ----------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+def test_plane_kernel_over_2_31_elements(backward):
+    # 1 x 2739200 x 28 x 28 float16 = 2**31 + 9472 elements: the plane kernel
+    # (preferred for 28x28 half) with 64-bit plane offsets; planes 2739187+
+    # start past 2**31.  Checked planes: first, last wholly below, first and
+    # last past.
+    shape = (1, 2739200, 28, 28)
+    assert numpy.prod(shape) >= 2**31 and 2739187 * 784 >= 2**31 > 2739186 * 784
+    g = _validate.conv_geometry(shape, (shape[1], 1, 3, 3), 1, 1, 1)
+    assert _depthwise_nchw_plane.preferred(g, numpy.dtype(numpy.float16), backward)
+    src = cupy.random.default_rng(9).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
+    w_host = random(numpy.random.default_rng(9), (shape[1], 1, 3, 3), numpy.float16)
+    w = cupy.asarray(w_host)
+    if backward:
+        out = cupy_dwgn.depthwise_conv2d_backward_input(src, w, shape, padding=1)
+    else:
+        out = cupy_dwgn.depthwise_conv2d(src, w, padding=1)
+    for c in (0, 2739185, 2739187, 2739199):
+        plane, wc = src[:, c : c + 1].get(), w_host[c : c + 1]
+        if backward:
+            want = reference.depthwise_conv2d_backward_input(plane, wc, plane.shape, padding=1)
+        else:
+            want = reference.depthwise_conv2d(plane, wc, padding=1)
+        assert relative_error(out[:, c : c + 1], want) <= TOLERANCE[numpy.dtype(numpy.float16)]
 
 
 @pytest.mark.slow

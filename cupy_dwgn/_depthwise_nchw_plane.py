@@ -1,0 +1,157 @@
+"""NCHW whole-plane kernel (kernels/depthwise_nchw_plane.cu): forward and
+backward-input for 3x3, 5x5 and 7x7 filters at stride 1, dilation 1 and
+depth multiplier 1, on planes of at most 256 thread items, in float32,
+float16 and bfloat16 (float64 keeps the window kernel).
+
+Launch rule (no user tuning), from the destination plane size:
+
+* A thread owns R x V = 4 x 4 destination values (float64 5x5 and 7x7:
+  2 x 4) and reads its window straight from the unit's raw source planes
+  (padding skipped or masked in registers).
+* A block takes P = min(256 // items, 16 KB // plane bytes) planes, fewer
+  when that would leave under _MIN_UNITS units for the whole call (small
+  batches still spread over the SMs), rounded down to a multiple that keeps
+  every unit 16-byte aligned; its threads are the unit's items rounded up
+  to a warp.  The grid is persistent: at most the blocks resident at once
+  (Launch.persistent), each walking units grid-size apart.
+* Sources are copied with 16-byte cp.async into three raw shared buffers,
+  one unit ahead, when the source is 16-byte aligned and every unit starts
+  aligned; otherwise the threads read them from global memory.  Outputs
+  leave as V-value vectors when rows are V-aligned, else as elements.
+"""
+
+import functools
+import math
+
+import numpy
+
+from . import _compile, _dtypes, _launch
+from ._launch import i32
+
+KERNEL_FILE = "depthwise_nchw_plane.cu"
+KERNEL = "dwgn_dwconv2d_plane"
+FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
+DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16)
+
+COLUMNS = 4
+_MAX_THREADS = 256
+_SHARED_LIMIT = 48 * 1024
+# At least this many units per call where planes allow (2 blocks on each of
+# an H200's 132 SMs): P shrinks for small batches.
+_MIN_UNITS = 264
+# Raw source buffers per block (kernel: kBuffers).
+_BUFFERS = 3
+_MAX_GRID = 2**20
+
+
+
+def rows(itemsize, filter_height):
+    """Destination rows per thread (kernel: kRows)."""
+    return 2 if itemsize == 8 and filter_height > 3 else 4
+
+
+def preferred(g, dtype, backward):
+    """Whether the plane kernel beats the window kernel for this geometry
+    (the window kernel also serves it).  Measured on an H200 (2026-12-01, GPU
+    time per launch over rotating copies, N = 64, "same" padding; plane
+    against window, us):
+
+    * half types, destination width 14 to 32: 28x28 3x3 fp16 forward 41.3
+      against 67.1, backward 37.5 / 112.7; 28x28 5x5 40.0 / 65.9; 14x14 5x5
+      52.4 / 88.0; 14x14 7x7 42.6 / 45.2; 28x28 7x7 52.2 / 60.8; 16x16 3x3
+      25.4 / 32.8; 32x32 3x3 31.6 / 34.0.  Not 7x7 planes (3x3 24.3 / 21.6)
+      nor 56x56 7x7 filters (118.3 / 78.4); 56x56 3x3 only backward (57.2 /
+      77.8; forward 57.5 / 53.0).
+    * float32, 3x3 only, width 28 to 56: 28x28 49.0 / 54.6, 32x32 40.0 /
+      47.0, 56x56 65.7 / 72.8; 16x16 lost (29.9 / 27.7), as did 5x5 and 7x7
+      (28x28 5x5 46.7 / 42.1).
+    """
+    width = g.width if backward else g.out_width
+    itemsize = numpy.dtype(dtype).itemsize
+    if itemsize == 2:
+        return 14 <= width <= 32 or (backward and g.filter_height == 3 and width <= 64)
+    if itemsize == 4:
+        return g.filter_height == 3 and 28 <= width <= 56
+    return False
+
+
+def _expression(dtype, size, backward, index):
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), size[0], size[1], "true" if backward else "false", index)
+
+
+def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True)):
+    """``(file, name expression)`` of every plane-kernel specialization.
+
+    backward: None (both), False (forward) or True (backward-input)."""
+    dtypes = DTYPES if dtypes is None else [d for d in dtypes if numpy.dtype(d) in DTYPES]
+    sizes = FILTER_SIZES if filter_sizes is None else [tuple(s) for s in filter_sizes if tuple(s) in FILTER_SIZES]
+    directions = (False, True) if backward is None else (backward,)
+    large_index = (large_index,) if isinstance(large_index, bool) else large_index
+    return [
+        (KERNEL_FILE, _expression(dtype, size, is_backward, "long long" if large else "int"))
+        for dtype in dtypes for size in sizes for is_backward in directions for large in large_index
+    ]
+
+
+@functools.lru_cache(maxsize=512)
+def plan(g, dtype, backward, index, src_alignment, dst_alignment):
+    """The Launch for this signature, or None when the plane kernel does not
+    serve it.  ``src_alignment`` / ``dst_alignment``: the largest of 16, 8,
+    4, 2, 1 dividing the source's / destination's address."""
+    size = (g.filter_height, g.filter_width)
+    if (
+        size not in FILTER_SIZES
+        or (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w) != (1, 1, 1, 1)
+        or g.multiplier != 1
+        or numpy.dtype(dtype) not in DTYPES
+    ):
+        return None
+    if backward:
+        src_h, src_w, dst_h, dst_w = g.out_height, g.out_width, g.height, g.width
+        # Backward-input = correlation with the rotated filter, shifted by
+        # (filter - 1 - pad); negative when the padding exceeds the filter.
+        offset_top = g.filter_height - 1 - g.pad_top
+        offset_left = g.filter_width - 1 - g.pad_left
+    else:
+        src_h, src_w, dst_h, dst_w = g.height, g.width, g.out_height, g.out_width
+        offset_top, offset_left = g.pad_top, g.pad_left
+    planes = g.batch * g.channels
+    if min(src_h, src_w, dst_h, dst_w) <= 0 or planes >= 2**31 - _MAX_GRID:
+        return None
+    itemsize = numpy.dtype(dtype).itemsize
+    item_rows = rows(itemsize, g.filter_height)
+    row_blocks, col_blocks = -(-dst_h // item_rows), -(-dst_w // COLUMNS)
+    items = row_blocks * col_blocks
+    if items > _MAX_THREADS:
+        return None
+    plane_bytes = src_h * src_w * itemsize
+    per_unit = min(_MAX_THREADS // items, _SHARED_LIMIT // (_BUFFERS * plane_bytes), planes)
+    per_unit = max(1, min(per_unit, -(-planes // _MIN_UNITS)))
+    # Every unit starts 16-byte aligned when P is a multiple of this.
+    aligned_step = 16 // math.gcd(plane_bytes, 16)
+    if per_unit >= aligned_step:
+        per_unit -= per_unit % aligned_step
+    if per_unit * src_h * src_w >= 2**31:  # in-unit offsets are int
+        return None
+    units = -(-planes // per_unit)
+    threads = -(-per_unit * items // 32) * 32
+    copy_async = (
+        src_alignment % 16 == 0
+        and (per_unit * plane_bytes) % 16 == 0
+        and _BUFFERS * per_unit * plane_bytes <= _SHARED_LIMIT
+    )
+    raw_bytes = per_unit * plane_bytes if copy_async else 0
+    pack = min(16, COLUMNS * itemsize)
+    vector_stores = int(dst_w % COLUMNS == 0 and dst_alignment % pack == 0)
+    return _launch.Launch(
+        KERNEL_FILE,
+        _expression(dtype, size, backward, index),
+        (min(units, _MAX_GRID),),
+        (threads,),
+        _BUFFERS * raw_bytes,
+        (
+            i32(g.channels), i32(planes), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top),
+            i32(offset_left), i32(per_unit), i32(row_blocks), i32(col_blocks), i32(raw_bytes), i32(vector_stores),
+        ),
+        persistent=True,
+    )

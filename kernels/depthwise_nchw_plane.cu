@@ -1,0 +1,206 @@
+// Depthwise 2-D convolution, NCHW, small planes (a row of at most 32
+// values, a plane of at most 256 thread items): whole source planes copied
+// into shared memory as they are (no padding, no conversion), for 3x3, 5x5
+// and 7x7 filters at stride 1 and dilation 1, depth multiplier 1 (forward,
+// and backward-input as the forward correlation with the rotated filter).
+//
+// Why a kernel of its own: at 28x28 and below the register window kernel
+// (depthwise_nchw_window.cu) spends more issue slots than bytes on its
+// staging (row copies of 2-8 bytes into a padded layout), and its half-type
+// cells ran slower than float32 (H200, 2026-12-01: 64x384x28 3x3 fp16
+// forward 66.9 us against 48.7 for float32).  A first version of this
+// kernel expanded each plane into a zero-padded float layout; ncu counted
+// 36M warp instructions for 64x384x28 fp16 3x3 (55 us), two thirds of them
+// the expansion's integer index work.  Here a unit's planes are one
+// contiguous range of src, copied with 16-byte cp.async, three buffers deep
+// (the copy of unit u+1 flies while unit u is computed; the buffer it
+// overwrites was last read two units earlier, before the barrier of unit
+// u), and each thread reads its window straight from the raw planes: the
+// padding is handled by skipping source rows outside the image (they add
+// nothing) and masking the columns outside it (per-thread masks, fixed for
+// the kernel's life), and each value is converted as it is read
+// ((R + KH - 1) x (V + KW - 1) conversions per R x V outputs).
+//
+// Work unit = P consecutive planes (N*C planes are contiguous in NCHW); a
+// persistent block (the grid is at most the blocks resident at once) walks
+// units grid-size apart.  Thread t of the block owns item t: plane
+// t / items_per_plane of the unit, then row block rb and column block cb of
+// that plane: destination rows rb*R .. rb*R+R-1, columns cb*V .. cb*V+V-1
+// (outputs past the plane's edge are computed and dropped).  Destination
+// row y, tap kh reads source row y - offset_top + kh (forward: offset =
+// padding; backward-input: KH-1-pad, may be negative); columns likewise.
+//
+// Load forms: async (src 16-byte aligned and every unit a multiple of 16
+// bytes: host raw_bytes > 0) or, for other pointers and sizes, reads
+// straight from global memory (no shared memory; a correctness path).
+//
+// Template parameters: T, KH, KW (equal, 3/5/7), BACKWARD, IndexT (int, or
+// long long when a tensor has >= 2**31 elements: only plane offsets use it).
+// The host (cupy_dwgn/_depthwise_nchw_plane.py) picks P and the forms.
+
+#include "dwgn_common.cuh"
+
+using dwgn::AccType;
+using dwgn::from_acc;
+using dwgn::to_acc;
+
+namespace dwgn_plane {
+
+// Outputs per thread: R rows x V columns.  float64 5x5/7x7 keep 2 rows so
+// their double weights and accumulators stay in registers.
+constexpr int kColumns = 4;
+template <typename T, int KH> constexpr int kRows = (sizeof(T) == 8 && KH > 3) ? 2 : 4;
+// Blocks per SM the register budget is set for (256 threads each).
+template <typename T, int KH> constexpr int kMinBlocks = sizeof(T) == 8 ? (KH > 3 ? 1 : 2) : (KH == 7 ? 2 : 3);
+// Raw buffers of a unit each (host: _BUFFERS).
+constexpr int kBuffers = 3;
+
+// N values of T as one aligned store.
+template <typename T, int N>
+struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
+  T v[N];
+};
+
+struct Args {
+  int channels, num_planes, src_height, src_width, dst_height, dst_width, offset_top, offset_left;
+  int planes_per_unit, row_blocks, col_blocks, raw_bytes, vector_stores;
+};
+
+// cp.async of a unit's `bytes` source bytes (16-byte aligned start) into
+// `raw`; the last vector may be partial (zero-filled, never read).
+__device__ __forceinline__ void copy_async(const void* src, unsigned char* raw, int bytes) {
+  const unsigned char* from = static_cast<const unsigned char*>(src);
+  for (int o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16)
+    dwgn::cp_async<16>(raw + o, from + o, min(16, bytes - o));
+  dwgn::cp_async_commit();
+}
+
+// One item's R x V outputs of destination plane `plane` from its source
+// plane `values` (shared or global), stored to dst.  `column_ok` bit k:
+// source column col0 + k is inside the image.
+template <typename T, int KH, int KW, bool BACKWARD, typename IndexT>
+__device__ __forceinline__ void compute_item(const T* values, int plane, int rb, int cb, unsigned column_ok,
+                                             const T* __restrict__ weight, const T* __restrict__ bias,
+                                             T* __restrict__ dst, const Args& a) {
+  using Acc = typename AccType<T>::type;
+  constexpr int R = kRows<T, KH>;
+  constexpr int V = kColumns;
+  constexpr int SPAN = V + KW - 1;
+  const int channel = plane % a.channels;
+  Acc w[KH][KW];
+#pragma unroll
+  for (int kh = 0; kh < KH; ++kh)
+#pragma unroll
+    for (int kw = 0; kw < KW; ++kw)
+      // Backward-input correlates with the filter rotated by 180 degrees.
+      w[kh][kw] = to_acc(weight[channel * KH * KW + (BACKWARD ? (KH - 1 - kh) * KW + (KW - 1 - kw) : kh * KW + kw)]);
+  const Acc b = (!BACKWARD && bias != nullptr) ? to_acc(bias[channel]) : Acc(0);
+  Acc acc[R][V];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[i][j] = b;
+
+  const int row0 = rb * R - a.offset_top;
+  const int col0 = cb * V - a.offset_left;
+  // Source row t of the item feeds its output rows i = t - kh; rows outside
+  // the image are zero padding and add nothing.
+#pragma unroll
+  for (int t = 0; t < R + KH - 1; ++t) {
+    const int source_row = row0 + t;
+    if (source_row < 0 || source_row >= a.src_height) continue;
+    const T* row_values = values + source_row * a.src_width + col0;
+    Acc row[SPAN];
+#pragma unroll
+    for (int k = 0; k < SPAN; ++k) row[k] = (column_ok >> k) & 1u ? to_acc(row_values[k]) : Acc(0);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int kh = t - i;
+      if (kh < 0 || kh >= KH) continue;
+#pragma unroll
+      for (int kw = 0; kw < KW; ++kw)
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[i][j] = fma(w[kh][kw], row[j + kw], acc[i][j]);
+    }
+  }
+
+  T* out = dst + static_cast<IndexT>(plane) * (a.dst_height * a.dst_width);
+  const int out_col = cb * V;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int y = rb * R + i;
+    if (y >= a.dst_height) break;
+    T* out_row = out + y * a.dst_width + out_col;
+    if (a.vector_stores) {  // dst_width % V == 0 and rows aligned to the pack
+      if (out_col < a.dst_width) {
+        Pack<T, V> packed;
+#pragma unroll
+        for (int j = 0; j < V; ++j) packed.v[j] = from_acc<T>(acc[i][j]);
+        *reinterpret_cast<Pack<T, V>*>(out_row) = packed;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        if (out_col + j < a.dst_width) out_row[j] = from_acc<T>(acc[i][j]);
+    }
+  }
+}
+
+}  // namespace dwgn_plane
+
+template <typename T, int KH, int KW, bool BACKWARD, typename IndexT>
+__global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH>) dwgn_dwconv2d_plane(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias,
+    T* __restrict__ dst, int channels, int num_planes, int src_height, int src_width, int dst_height,
+    int dst_width, int offset_top, int offset_left, int planes_per_unit, int row_blocks, int col_blocks,
+    int raw_bytes, int vector_stores) {
+  using dwgn_plane::kBuffers;
+  constexpr int SPAN = dwgn_plane::kColumns + KW - 1;
+  extern __shared__ __align__(16) unsigned char raw[];
+  const dwgn_plane::Args a{channels, num_planes, src_height, src_width, dst_height, dst_width, offset_top,
+                           offset_left, planes_per_unit, row_blocks, col_blocks, raw_bytes, vector_stores};
+  const int src_plane = src_height * src_width;
+  const int items_per_plane = row_blocks * col_blocks;
+  // threadIdx.x < 2**22: small_div is exact.
+  const int local_plane = dwgn::small_div(threadIdx.x, __frcp_rn(static_cast<float>(items_per_plane)));
+  const int item = threadIdx.x - local_plane * items_per_plane;
+  const int rb = dwgn::small_div(item, __frcp_rn(static_cast<float>(col_blocks)));
+  const int cb = item - rb * col_blocks;
+  unsigned column_ok = 0;
+#pragma unroll
+  for (int k = 0; k < SPAN; ++k) {
+    const int column = cb * dwgn_plane::kColumns - offset_left + k;
+    column_ok |= (column >= 0 && column < src_width ? 1u : 0u) << k;
+  }
+  const int num_units = (num_planes + planes_per_unit - 1) / planes_per_unit;
+  // A unit's first source value, and its count of values.
+  auto unit_src = [&](int unit) { return src + static_cast<IndexT>(unit) * planes_per_unit * src_plane; };
+  auto unit_count = [&](int unit) { return min(planes_per_unit, num_planes - unit * planes_per_unit) * src_plane; };
+  constexpr int S = static_cast<int>(sizeof(T));
+
+  if (raw_bytes == 0) {  // element path: read the planes from global memory
+    for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x)
+      if (local_plane * src_plane < unit_count(unit))
+        dwgn_plane::compute_item<T, KH, KW, BACKWARD, IndexT>(unit_src(unit) + local_plane * src_plane,
+                                                              unit * planes_per_unit + local_plane, rb, cb,
+                                                              column_ok, weight, bias, dst, a);
+    return;
+  }
+  if (blockIdx.x < num_units) dwgn_plane::copy_async(unit_src(blockIdx.x), raw, unit_count(blockIdx.x) * S);
+  for (int unit = blockIdx.x, step = 0; unit < num_units; unit += gridDim.x, ++step) {
+    const int next = unit + gridDim.x;
+    // Buffer (step + 1) % 3 was last read in step - 2, which every thread
+    // finished before the barrier of step - 1.
+    if (next < num_units)
+      dwgn_plane::copy_async(unit_src(next), raw + ((step + 1) % kBuffers) * raw_bytes, unit_count(next) * S);
+    else
+      dwgn::cp_async_commit();  // an empty group keeps the wait count uniform
+    dwgn::cp_async_wait<1>();  // this thread's part of the unit has landed
+    __syncthreads();           // every thread's part has
+    const T* values = reinterpret_cast<const T*>(raw + (step % kBuffers) * raw_bytes);
+    if (local_plane * src_plane < unit_count(unit))
+      dwgn_plane::compute_item<T, KH, KW, BACKWARD, IndexT>(values + local_plane * src_plane,
+                                                            unit * planes_per_unit + local_plane, rb, cb, column_ok,
+                                                            weight, bias, dst, a);
+  }
+}
