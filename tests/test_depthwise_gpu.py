@@ -484,12 +484,13 @@ def test_seed_bug_backward_input_overwrites_instead_of_accumulating(layout, rng)
 @pytest.mark.slow
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 def test_plane_kernel_over_2_31_elements(backward):
-    # 1 x 2739200 x 28 x 28 float16 = 2**31 + 9472 elements: the plane kernel
-    # (preferred for 28x28 half) with 64-bit plane offsets; planes 2739187+
-    # start past 2**31.  Checked planes: first, last wholly below, first and
+    # 1 x 2739200 x 28 x 28 float16 = 2**31 + 49152 elements: the plane kernel
+    # (preferred for 28x28 half) with 64-bit plane offsets; plane 2739137
+    # straddles 2**31, planes 2739138+ start past it.  Checked planes: the
+    # first, the last wholly below, the straddling one, the first and the
     # last past.
     shape = (1, 2739200, 28, 28)
-    assert numpy.prod(shape) >= 2**31 and 2739187 * 784 >= 2**31 > 2739186 * 784
+    assert numpy.prod(shape) >= 2**31 and 2739138 * 784 > 2**31 > 2739137 * 784
     g = _validate.conv_geometry(shape, (shape[1], 1, 3, 3), 1, 1, 1)
     assert _depthwise_nchw_plane.preferred(g, numpy.dtype(numpy.float16), backward)
     src = cupy.random.default_rng(9).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
@@ -499,7 +500,7 @@ def test_plane_kernel_over_2_31_elements(backward):
         out = cupy_dwgn.depthwise_conv2d_backward_input(src, w, shape, padding=1)
     else:
         out = cupy_dwgn.depthwise_conv2d(src, w, padding=1)
-    for c in (0, 2739185, 2739187, 2739199):
+    for c in (0, 2739136, 2739137, 2739138, 2739199):
         plane, wc = src[:, c : c + 1].get(), w_host[c : c + 1]
         if backward:
             want = reference.depthwise_conv2d_backward_input(plane, wc, plane.shape, padding=1)
