@@ -52,9 +52,10 @@ def rows(itemsize, filter_height):
 
 def preferred(g, dtype, backward):
     """Whether the plane kernel beats the window kernel for this geometry
-    (the window kernel also serves it).  Measured on an H200 (2026-12-01, GPU
-    time per launch over rotating copies, N = 64, "same" padding; plane
-    against window, us):
+    (the window kernel also serves it).  Measured on an H200 (2026-12-01,
+    benchmarks/depthwise_kernels.py: GPU time per launch over rotating
+    copies, N = 64, "same" padding; plane against window, us; that run
+    rebuilt each launch's Steps per call, which the script now builds once):
 
     * half types, destination width 14 to 32: 28x28 3x3 fp16 forward 41.3
       against 67.1, backward 37.5 / 112.7; 28x28 5x5 40.0 / 65.9; 14x14 5x5

@@ -178,6 +178,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
 
     from _helpers import DTYPES
     from cupy_dwgn import _depthwise_nchw as nchw
+    from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
     from cupy_dwgn import _depthwise_nchw_wgrad as nchw_wgrad
     from cupy_dwgn import _depthwise_nhwc as nhwc
     from cupy_dwgn import _validate
@@ -197,9 +198,121 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
             launches.append(nchw.backward_input_plan(g, dtype, index)[0])
             launches += nchw.backward_weight_plan(g, dtype, index)[:2]
             launches += nchw_wgrad.plan(g, dtype) or []
+            for backward in (False, True):
+                for alignment in (16, 2):
+                    launches.append(nchw_plane.plan(g, dtype, backward, index, alignment, alignment))
+            launches = [launch for launch in launches if launch is not None]
             for launch in launches:
                 assert (launch.file, launch.expression) in shipped, launch
                 assert all(v > 0 for v in launch.grid + launch.block), launch
+
+
+def _plane_kernel_emulation(launch, src, weight, bias, backward, grid):
+    """What kernels/depthwise_nchw_plane.cu computes for ``launch`` (a
+    NumPy transcription of its thread -> item mapping, its walk over units
+    with ``grid`` blocks, its row skips and column masks and its stores),
+    in float64, with a count of the writes to each destination value.
+    ``src``: (planes, H, W) source planes; ``weight``: (C, KH, KW)."""
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
+
+    (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, row_blocks, col_blocks,
+     raw_bytes, vector_stores) = (int(v) for v in launch.scalars)
+    kh_size, kw_size = weight.shape[1:]
+    rows, columns = nchw_plane.rows(src.dtype.itemsize, kh_size), nchw_plane.COLUMNS
+    span = columns + kw_size - 1
+    items = row_blocks * col_blocks
+    assert launch.block[0] % 32 == 0 and per_unit * items <= launch.block[0] <= 256
+    assert src.shape == (planes, src_h, src_w)
+    out = numpy.full((planes, dst_h, dst_w), numpy.nan)
+    writes = numpy.zeros(out.shape, numpy.int64)
+    num_units = -(-planes // per_unit)
+    for block in range(grid):
+        for unit in range(block, num_units, grid):
+            unit_planes = min(per_unit, planes - unit * per_unit)
+            for thread in range(launch.block[0]):
+                local_plane, item = divmod(thread, items)
+                if local_plane >= unit_planes:
+                    continue
+                rb, cb = divmod(item, col_blocks)
+                plane = unit * per_unit + local_plane
+                w = weight[plane % channels].astype(numpy.float64)
+                if backward:
+                    w = w[::-1, ::-1]
+                acc = numpy.full((rows, columns), 0.0 if bias is None else float(bias[plane % channels]))
+                row0, col0 = rb * rows - offset_top, cb * columns - offset_left
+                for t in range(rows + kh_size - 1):
+                    source_row = row0 + t
+                    if not 0 <= source_row < src_h:
+                        continue
+                    row = numpy.array([src[plane, source_row, col0 + k] if 0 <= col0 + k < src_w else 0.0
+                                       for k in range(span)], numpy.float64)
+                    for i in range(rows):
+                        kh = t - i
+                        if 0 <= kh < kh_size:
+                            for kw in range(kw_size):
+                                acc[i] += w[kh, kw] * row[kw:kw + columns]
+                for i in range(rows):
+                    y = rb * rows + i
+                    if y >= dst_h:
+                        break
+                    x = numpy.arange(cb * columns, cb * columns + columns)
+                    if vector_stores:
+                        assert dst_w % columns == 0
+                    keep = x < dst_w
+                    out[plane, y, x[keep]] = acc[i][keep]
+                    writes[plane, y, x[keep]] += 1
+    return out, writes
+
+
+# (x NCHW shape, filter size, padding): odd sizes, every padding form, more
+# planes than one unit, widths that are and are not multiples of 4.
+_PLANE_GEOMETRIES = [
+    ((2, 3, 13, 11), 3, 1), ((1, 5, 9, 10), 5, ((0, 4), (3, 1))), ((2, 2, 7, 7), 7, 3),
+    ((1, 4, 8, 8), 3, "valid"), ((3, 50, 6, 5), 3, 1), ((1, 2, 5, 9), 7, 8), ((1, 3, 1, 12), 3, (1, 0)),
+]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("case", _PLANE_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}")
+def test_plane_kernel_index_math_covers_every_output_once(case, backward):
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
+    from cupy_dwgn import _validate, reference
+
+    x_shape, k, padding = case
+    n, c = x_shape[:2]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1)
+    y_shape = (n, c, g.out_height, g.out_width)
+    rng = numpy.random.default_rng(3)
+    for dtype in nchw_plane.DTYPES:
+        src_shape = y_shape if backward else x_shape
+        src = rng.standard_normal(src_shape).astype(dtype)
+        weight = rng.standard_normal((c, 1, k, k)).astype(dtype)
+        bias = None if backward else rng.standard_normal(c).astype(dtype)
+        for alignment in (16, 2):
+            launch = nchw_plane.plan(g, dtype, backward, "int", alignment, alignment)
+            assert launch is not None and launch.persistent
+            raw_bytes = int(launch.scalars[-2])
+            per_unit, plane_bytes = int(launch.scalars[8]), src[0, 0].nbytes
+            assert launch.shared_mem == 3 * raw_bytes <= 48 * 1024
+            assert raw_bytes == 0 if alignment != 16 else raw_bytes in (0, per_unit * plane_bytes)
+            assert raw_bytes % 16 == 0
+            # a grid smaller than the units: blocks walk several
+            grid = min(launch.grid[0], 3)
+            got, writes = _plane_kernel_emulation(
+                launch, src.reshape(-1, *src.shape[2:]), weight[:, 0], bias, backward, grid
+            )
+            assert (writes == 1).all()
+            src64, w64 = src.astype(numpy.float64), weight.astype(numpy.float64)
+            if backward:
+                want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, padding=padding)
+            else:
+                want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64),
+                                                  padding=padding)
+            numpy.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
 
 
 def _column_kernel_coverage(launch, batch, rows, channels, vec, grid):
