@@ -282,7 +282,8 @@ def cooperative_capacity(device, kernel, block, shared_mem):
     """How many blocks of ``kernel`` can be resident at once on ``device``
     (the occupancy per SM times the SM count; cached, so the occupancy is
     queried once per kernel, block and device, never per call).  A
-    cooperative launch of more blocks fails, so this is the largest grid."""
+    cooperative launch of more blocks fails, so this is the largest grid;
+    a persistent launch (Launch.persistent) uses it as one full wave."""
     key = (device, kernel, tuple(block), shared_mem)
     capacity = _CAPACITY.get(key)
     if capacity is None:
