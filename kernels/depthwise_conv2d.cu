@@ -378,25 +378,43 @@ __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_partial(
 }
 
 // Weight gradient, pass 2 of 2, shared by every weight-gradient kernel (NCHW
-// and NHWC): grad_weight[oc, tap] = sum over splits, in split order, of
+// and NHWC): grad_weight[oc, tap] = the sum over splits of
 // partial[split * split_stride + oc * channel_stride + tap * tap_stride]
-// (NCHW partials are [oc][split][tap], NHWC ones [split][tap][oc]).  The fixed
-// order makes the result bit-identical run to run.  Grid-stride over the
-// weight elements (the host caps the grid).
+// (NCHW partials are [oc][split][tap], NHWC ones [split][tap][oc]).
+// A block takes 32 consecutive weight elements (lane = element); its warp w
+// adds the splits w, w + W, w + 2W, ... (W = warps per block) in increasing
+// order, and warp 0 adds the W warp sums in warp order.  The order depends on
+// the split count and the block size only, so the result is bit-identical
+// run to run; the warps keep up to W loads per element in flight, where one
+// thread per element walking every split serially left a 14-block grid
+// latency-bound (NHWC 64x384x28 3x3: 11.4 us for 1 MB of partials).
+// Grid-stride over groups of 32 elements (the host caps the grid).
 template <typename T>
 __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_finalize(
     const typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_weight,
     int out_channels, int filter_taps, int num_splits, long long split_stride,
     long long channel_stride, long long tap_stride) {
   using Acc = typename AccType<T>::type;
+  __shared__ Acc warp_sums[8][32];  // blockDim.x <= 256 (launch bounds)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int total = out_channels * filter_taps;
-  const int stride = dwgn::global_thread_count<int>();
-  for (int i = dwgn::global_thread_index<int>(); i < total; i = dwgn::grid_stride_next(i, stride, total)) {
-    const int oc = i / filter_taps;
-    const int tap = i - oc * filter_taps;
-    const Acc* p = partial + oc * channel_stride + tap * tap_stride;
+  const int stride = static_cast<int>(gridDim.x) * 32;
+  for (int first = blockIdx.x * 32; first < total; first = dwgn::grid_stride_next(first, stride, total)) {
+    const int i = first + lane;
     Acc sum = 0;
-    for (int s = 0; s < num_splits; ++s) sum += p[s * split_stride];
-    grad_weight[i] = from_acc<T>(sum);
+    if (i < total) {
+      const int oc = i / filter_taps;
+      const int tap = i - oc * filter_taps;
+      const Acc* p = partial + oc * channel_stride + tap * tap_stride;
+      for (int s = warp; s < num_splits; s += warps) sum += p[s * split_stride];
+    }
+    warp_sums[warp][lane] = sum;
+    __syncthreads();  // every warp's sums are in shared memory
+    if (warp == 0 && i < total) {
+      Acc element = warp_sums[0][lane];
+      for (int w = 1; w < warps; ++w) element += warp_sums[w][lane];
+      grad_weight[i] = from_acc<T>(element);
+    }
+    __syncthreads();  // warp_sums is rewritten by the next group
   }
 }
