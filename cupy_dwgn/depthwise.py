@@ -10,7 +10,10 @@ kernel does not serve the geometry), in this order:
 * NCHW backward-input: large filter -> register window (stride 1) ->
                   tiled (stride 1) / direct gather (any stride)
 * NCHW backward-weight: one-pass deterministic kernel -> two-pass kernel
-* NHWC:           the channel-vector kernels of _depthwise_nhwc (all shapes)
+* NHWC:           the channel-vector kernels of _depthwise_nhwc (all shapes);
+                  the register-window kernel of _depthwise_nhwc_window
+                  (3x3/5x5/7x7, stride 1, forward and backward-input) first
+                  when its ENABLED switch is set (off: not yet measured)
 """
 
 import typing
@@ -25,6 +28,7 @@ from . import (
     _depthwise_nchw_wgrad,
     _depthwise_nchw_window,
     _depthwise_nhwc,
+    _depthwise_nhwc_window,
     _interop,
     _validate,
 )
@@ -74,6 +78,9 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                 specs += _depthwise_nchw_wgrad.specializations(dtypes, sizes, large_index)
         if "NHWC" in layouts:
             specs += _depthwise_nhwc.specializations(name, dtypes, sizes, large_index)
+            if name != "depthwise_conv2d_backward_weight":
+                # One kernel serves forward and backward-input.
+                specs += _depthwise_nhwc_window.specializations(dtypes, sizes, large_index)
     return list(dict.fromkeys(specs))
 
 
@@ -381,7 +388,9 @@ def _vector_aligned(a, b):
 def _forward_steps(g, layout, x, out):
     index = _launch.index_type(x.size, out.size)
     if layout == "NHWC":
-        launches = _depthwise_nhwc.forward_plan(g, x.dtype, index, _vector_aligned(x, out))
+        window = _depthwise_nhwc_window.ENABLED and _depthwise_nhwc_window.plan(
+            g, x.dtype, False, index, _alignment(x), _alignment(out))
+        launches = (window,) if window else _depthwise_nhwc.forward_plan(g, x.dtype, index, _vector_aligned(x, out))
     else:
         launch = (
             _depthwise_nchw_large.plan(g, x.dtype, False)
@@ -398,8 +407,14 @@ def _forward_steps(g, layout, x, out):
 def _backward_input_steps(g, layout, grad_out, out):
     index = _launch.index_type(grad_out.size, out.size)
     if layout == "NHWC":
-        # The stride-1 vector case runs the forward kernel (bias slot: NULL).
-        launch, forward_kernel = _depthwise_nhwc.backward_input_plan(g, grad_out.dtype, index, _vector_aligned(grad_out, out))
+        # The stride-1 vector case runs a forward kernel (bias slot: NULL).
+        launch = _depthwise_nhwc_window.ENABLED and _depthwise_nhwc_window.plan(
+            g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
+        if launch:
+            forward_kernel = True
+        else:
+            launch, forward_kernel = _depthwise_nhwc.backward_input_plan(
+                g, grad_out.dtype, index, _vector_aligned(grad_out, out))
     else:
         launch = (
             _depthwise_nchw_large.plan(g, grad_out.dtype, True)

@@ -47,6 +47,32 @@ def depthwise():
             cupy_dwgn.depthwise_conv2d_backward_input(_misaligned(y), w, x.shape, **conv)
 
 
+def nhwc_window():
+    # The NHWC register-window kernel, off in the ops until measured: switched
+    # on here (and the call-signature cache cleared) for stride-1 3x3/5x5/7x7
+    # NHWC calls: odd sizes, per-side and oversized padding (negative
+    # backward offsets), several channel tiles and spatial tiles, a 4-byte
+    # offset destination.
+    from cupy_dwgn import _depthwise_nhwc_window, depthwise as dw
+
+    _depthwise_nhwc_window.ENABLED, dw._SIGNATURES = True, {}
+    try:
+        for dtype in (cupy.float32, cupy.float16):
+            for x_shape, k, padding in [
+                ((2, 13, 11, 32), 3, 1), ((1, 9, 10, 16), 5, ((0, 4), (3, 1))), ((2, 7, 7, 16), 7, 3),
+                ((1, 5, 9, 16), 7, 8), ((3, 40, 30, 48), 3, 1), ((2, 70, 40, 32), 5, ((2, 1), (0, 3))),
+            ]:
+                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+                w = rng.standard_normal((x_shape[3], 1, k, k), dtype=cupy.float32).astype(dtype)
+                b = rng.standard_normal((x_shape[3],), dtype=cupy.float32).astype(dtype)
+                y = cupy_dwgn.depthwise_conv2d(x, w, b, padding=padding, layout="NHWC")
+                cupy_dwgn.depthwise_conv2d_backward_input(y, w, x.shape, padding=padding, layout="NHWC")
+                offset = cupy.empty(y.size + 4 // y.itemsize, dtype)[4 // y.itemsize:].reshape(y.shape)
+                cupy_dwgn.depthwise_conv2d(x, w, b, padding=padding, layout="NHWC", out=offset)
+    finally:
+        _depthwise_nhwc_window.ENABLED, dw._SIGNATURES = False, {}
+
+
 def _misaligned(a):
     """A C-contiguous copy of ``a`` one element past its allocation's start."""
     base = cupy.empty(a.size + 1, a.dtype)
@@ -99,8 +125,8 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "group_norm"]
+    families = sys.argv[1:] or ["depthwise", "nhwc_window", "group_norm"]
     for family in families:
-        {"depthwise": depthwise, "group_norm": group_norm}[family]()
+        {"depthwise": depthwise, "nhwc_window": nhwc_window, "group_norm": group_norm}[family]()
     cupy.cuda.Device().synchronize()
     print("sanitizer workload done")

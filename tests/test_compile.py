@@ -181,6 +181,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
     from cupy_dwgn import _depthwise_nchw_wgrad as nchw_wgrad
     from cupy_dwgn import _depthwise_nhwc as nhwc
+    from cupy_dwgn import _depthwise_nhwc_window as nhwc_window
     from cupy_dwgn import _validate
 
     shipped = set(ALL_SPECIALIZATIONS)
@@ -201,6 +202,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
             for backward in (False, True):
                 for alignment in (16, 2):
                     launches.append(nchw_plane.plan(g, dtype, backward, index, alignment, alignment))
+                    launches.append(nhwc_window.plan(g, dtype, backward, index, alignment, alignment))
             launches = [launch for launch in launches if launch is not None]
             for launch in launches:
                 assert (launch.file, launch.expression) in shipped, launch
@@ -513,3 +515,224 @@ def test_group_norm_fused_plans_and_split_rules():
     # Work items beyond the kernels' int counters are refused, with the reason.
     with pytest.raises(ValueError, match="work items"):
         gn._column_launch("dwgn_gn_stats<float, float, 1, int>", 2**31 - 2**10, 1, True, ())
+
+
+def _nhwc_window_emulation(launch, src, weight, bias, grid):
+    """What kernels/depthwise_nhwc_window.cu computes for ``launch``: a NumPy
+    transcription of its unit ranges and cursors, its copy assignment (the
+    division-free (row, column) stepping, 16-byte halves, zero fill outside
+    the source), its three-buffer ring (unit k+2 copied into the buffer of
+    unit k-1 before unit k is computed), its [tap][CT] weights (rotated for
+    backward), its thread -> window mapping and its stores, in float64 over
+    a byte-faithful model of the shared tile (element offsets = bytes /
+    itemsize; never-written cells are NaN).  ``grid`` blocks; ``src``:
+    (N, src_h, src_w, C); ``weight``: (C, K, K).  Returns (dst, writes)."""
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_window as win
+
+    (batch, src_h, src_w, dst_h, dst_w, channels, offset_top, offset_left, flip, tile_rows, tile_cols, tiles_h,
+     tiles_w, pitch, stage_bytes, units) = (int(v) for v in launch.scalars)
+    itemsize = src.dtype.itemsize
+    k = weight.shape[1]
+    kk = k * k
+    ct_size = win.PIXEL_BYTES // itemsize  # channels per tile
+    lc = 4 // itemsize  # channels per lane
+    ro, tw = win.ROWS, win.COLUMNS
+    in_h, in_w = tile_rows * ro + k - 1, tile_cols * tw + k - 1
+    pixels = in_h * in_w
+    threads = launch.block[0]
+    assert threads == win.LANES * tile_rows * tile_cols <= 256
+    assert launch.shared_mem == kk * ct_size * 4 + win.STAGES * stage_bytes
+    assert stage_bytes == in_h * pitch and pitch % 16 == 0 and pitch >= in_w * win.PIXEL_BYTES
+    assert src.shape == (batch, src_h, src_w, channels) and channels % ct_size == 0
+    assert units == (channels // ct_size) * batch * tiles_h * tiles_w
+    src64 = src.astype(numpy.float64)
+    dst = numpy.full((batch, dst_h, dst_w, channels), numpy.nan)
+    writes = numpy.zeros(dst.shape, numpy.int64)
+
+    t = numpy.arange(threads)
+    lane, s = t % win.LANES, t // win.LANES
+    tr, tc = s // tile_cols, s % tile_cols
+    window = (tr * ro) * pitch + (tc * tw) * win.PIXEL_BYTES + lane * 4  # bytes
+    half, p0, step = t & 1, t >> 1, threads >> 1
+    row0, col0 = p0 // in_w, p0 % in_w
+    step_r, step_c = step // in_w, step % in_w
+    per_chunk = 16 // itemsize
+
+    def decode(u):
+        per_image = tiles_h * tiles_w
+        ct, rest = divmod(u, batch * per_image)
+        n, rest = divmod(rest, per_image)
+        return [ct, n, *divmod(rest, tiles_w)]
+
+    def advance(c):
+        c[3] += 1
+        if c[3] == tiles_w:
+            c[3] = 0
+            c[2] += 1
+            if c[2] == tiles_h:
+                c[2] = 0
+                c[1] += 1
+                if c[1] == batch:
+                    c[1] = 0
+                    c[0] += 1
+
+    def copy(buf, cursor):
+        ct, n, th, tw_ = cursor
+        ih0, iw0 = th * tile_rows * ro - offset_top, tw_ * tile_cols * tw - offset_left
+        r, c, p = row0.copy(), col0.copy(), p0.copy()
+        while (p < pixels).any():
+            for i in numpy.flatnonzero(p < pixels):
+                ih, iw = ih0 + r[i], iw0 + c[i]
+                at = (r[i] * pitch + c[i] * win.PIXEL_BYTES + half[i] * 16) // itemsize
+                first = ct * ct_size + half[i] * per_chunk
+                inside = 0 <= ih < src_h and 0 <= iw < src_w
+                buf[at:at + per_chunk] = src64[n, ih, iw, first:first + per_chunk] if inside else 0.0
+            p, r, c = p + step, r + step_r, c + step_c
+            wrap = c >= in_w
+            c, r = numpy.where(wrap, c - in_w, c), numpy.where(wrap, r + 1, r)
+
+    for block in range(grid):
+        begin, end = block * units // grid, (block + 1) * units // grid
+        count = end - begin
+        if count <= 0:
+            continue
+        ring = [numpy.full(stage_bytes // itemsize, numpy.nan) for _ in range(win.STAGES)]
+        copy_cursor = decode(begin)
+        cursor = list(copy_cursor)
+        for step_k in range(2):
+            if step_k < count:
+                copy(ring[step_k], copy_cursor)
+                advance(copy_cursor)
+        compute_buf, loaded_ct, w_s, b = 0, -1, None, None
+        for step_k in range(count):
+            copy_buf = 2 if compute_buf == 0 else compute_buf - 1
+            if step_k + 2 < count:
+                copy(ring[copy_buf], copy_cursor)
+                advance(copy_cursor)
+            ct, n, th, tw_ = cursor
+            if ct != loaded_ct:
+                w_s = numpy.full(kk * ct_size, numpy.nan)
+                tile_w = weight[ct * ct_size:(ct + 1) * ct_size].reshape(-1).astype(numpy.float64)
+                for i in range(kk * ct_size):
+                    j, tap = divmod(i, kk)
+                    w_s[(kk - 1 - tap if flip else tap) * ct_size + j] = tile_w[i]
+                channel = ct * ct_size + lane[:, None] * lc + numpy.arange(lc)  # (threads, lc)
+                b = numpy.zeros((threads, lc)) if bias is None else bias.astype(numpy.float64)[channel]
+                loaded_ct = ct
+            buf = ring[compute_buf]
+            acc = numpy.repeat(b[:, None, None, :], ro, 1).repeat(tw, 2)  # (threads, RO, TW, lc)
+            for r in range(ro + k - 1):
+                # (threads, TW+K-1, lc): LDS at window + r*pitch + e*32, lc elements
+                at = (window[:, None] + r * pitch + numpy.arange(tw + k - 1)[None, :] * win.PIXEL_BYTES) // itemsize
+                row = buf[at[..., None] + numpy.arange(lc)]
+                for j in range(ro):
+                    kh = r - j
+                    if not 0 <= kh < k:
+                        continue
+                    for kw in range(k):
+                        wv = w_s[(kh * k + kw) * ct_size + lane[:, None] * lc + numpy.arange(lc)]  # (threads, lc)
+                        acc[:, j] += wv[:, None, :] * row[:, kw:kw + tw]
+            oh0 = th * tile_rows * ro + tr * ro
+            ow0 = tw_ * tile_cols * tw + tc * tw
+            for i in range(threads):
+                for j in range(ro):
+                    if oh0[i] + j >= dst_h:
+                        break
+                    for col in range(tw):
+                        if ow0[i] + col < dst_w:
+                            first = ct * ct_size + lane[i] * lc
+                            dst[n, oh0[i] + j, ow0[i] + col, first:first + lc] = acc[i, j, col]
+                            writes[n, oh0[i] + j, ow0[i] + col, first:first + lc] += 1
+            advance(cursor)
+            compute_buf = 0 if compute_buf == 2 else compute_buf + 1
+    return dst, writes
+
+
+# (NHWC x shape, filter size, padding): odd sizes, every padding form
+# (asymmetric, "valid", larger than the filter: negative backward offsets),
+# several channel tiles and tile rows/columns, a partial last tile.
+_NHWC_WINDOW_GEOMETRIES = [
+    ((2, 13, 11, 32), 3, 1), ((1, 9, 10, 16), 5, ((0, 4), (3, 1))), ((2, 7, 7, 16), 7, 3),
+    ((1, 8, 8, 16), 3, "valid"), ((1, 5, 9, 16), 7, 8), ((1, 1, 12, 16), 3, (1, 0)),
+    ((1, 61, 23, 16), 3, 1), ((1, 12, 75, 16), 5, 2), ((2, 6, 5, 8), 3, 1),
+    ((1, 150, 20, 16), 3, 1), ((2, 70, 40, 16), 5, ((2, 1), (0, 3))), ((1, 66, 30, 48), 7, 3),
+]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("case", _NHWC_WINDOW_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}")
+def test_nhwc_window_kernel_index_math_covers_every_output_once(case, backward):
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_window as win
+    from cupy_dwgn import _validate, reference
+
+    x_shape, k, padding = case
+    n, h, w, c = x_shape
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1, layout="NHWC")
+    y_shape = (n, g.out_height, g.out_width, c)
+    rng = numpy.random.default_rng(5)
+    for dtype in win.DTYPES:
+        if c % win.channel_tile(dtype):
+            assert win.plan(g, dtype, backward, "int", 16, 16) is None
+            continue
+        src_shape = y_shape if backward else x_shape
+        src = rng.standard_normal(src_shape).astype(dtype)
+        weight = rng.standard_normal((c, 1, k, k)).astype(dtype)
+        bias = None if backward else rng.standard_normal(c).astype(dtype)
+        # Misaligned pointers go to the existing kernels.
+        assert win.plan(g, dtype, backward, "int", 8, 16) is None
+        assert win.plan(g, dtype, backward, "int", 16, 2) is None
+        launch = win.plan(g, dtype, backward, "int", 16, 4)
+        assert launch is not None and launch.persistent
+        assert launch.shared_mem <= win.RING_BYTES + 49 * 16 * 4
+        tile_rows, tile_cols, pitch = (int(launch.scalars[i]) for i in (9, 10, 13))
+        assert win.bank_ways(tile_rows, tile_cols, pitch) <= 2
+        units = int(launch.scalars[-1])
+        # The plan's grid, a persistent grid smaller than the units (blocks
+        # walk several, across channel tiles), and more blocks than units.
+        for grid in sorted({min(launch.grid[0], 64), min(units, 3), units + 2}):
+            got, writes = _nhwc_window_emulation(launch, src, weight[:, 0], bias, grid)
+            assert (writes == 1).all(), (grid, numpy.argwhere(writes != 1)[:5])
+            src64, w64 = src.astype(numpy.float64), weight.astype(numpy.float64)
+            if backward:
+                want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, padding=padding, layout="NHWC")
+            else:
+                want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64),
+                                                  padding=padding, layout="NHWC")
+            numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_nhwc_window_rule():
+    # The report's shapes: conflict-free window reads, two blocks' shared
+    # memory per SM, 16-byte aligned buffers; channel counts off the tile,
+    # other strides/dilations/multipliers and 9x9 are left to the other kernels.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_window as win
+    from cupy_dwgn import _validate
+
+    shipped = set(ALL_SPECIALIZATIONS)
+    for n, c, hw, k in [(64, 144, 56, 3), (64, 384, 28, 3), (64, 240, 28, 5), (64, 96, 56, 7), (64, 960, 7, 3),
+                        (8, 32, 112, 3), (2, 64, 32, 5), (64, 768, 14, 7)]:
+        g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), 1, k // 2, 1, layout="NHWC")
+        for dtype in win.DTYPES:
+            for backward in (False, True):
+                for index in ("int", "long long"):
+                    launch = win.plan(g, dtype, backward, index, 16, 16)
+                    assert (launch.file, launch.expression) in shipped
+                    tile_rows, tile_cols, pitch, stage_bytes = (int(launch.scalars[i]) for i in (9, 10, 13, 14))
+                    assert win.bank_ways(tile_rows, tile_cols, pitch) == 1, (n, c, hw, k)
+                    assert 2 * (launch.shared_mem + 1024) <= 164 * 1024 and stage_bytes % 16 == 0
+                    assert launch.block[0] % 32 == 0 or tile_rows * tile_cols * 8 == launch.block[0]
+    g = _validate.conv_geometry((2, 16, 16, 24), (24, 1, 3, 3), 1, 1, 1, layout="NHWC")
+    assert win.plan(g, numpy.dtype(numpy.float16), False, "int", 16, 16) is None  # C % 16
+    assert win.plan(g, numpy.dtype(numpy.float32), False, "int", 16, 16) is not None
+    assert win.plan(g, numpy.dtype(numpy.float64), False, "int", 16, 16) is None
+    for w_shape, stride, dilation in [((24, 1, 3, 3), 2, 1), ((24, 1, 3, 3), 1, 2), ((48, 1, 3, 3), 1, 1),
+                                      ((24, 1, 9, 9), 1, 1), ((24, 1, 3, 5), 1, 1)]:
+        g = _validate.conv_geometry((2, 16, 16, 24), w_shape, stride, 1, dilation, layout="NHWC")
+        assert win.plan(g, numpy.dtype(numpy.float32), False, "int", 16, 16) is None
+    assert not win.ENABLED  # the ops take it only after it is measured on a GPU

@@ -6,7 +6,7 @@ per seed bug (CHANGELOG.md, "Fixed, relative to the kernels cupy-dwgn started fr
 import numpy
 import pytest
 
-from cupy_dwgn import _depthwise_nchw_plane, _launch, _validate, depthwise, reference
+from cupy_dwgn import _depthwise_nchw_plane, _depthwise_nhwc_window, _launch, _validate, depthwise, reference
 
 from _helpers import DTYPE_IDS, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
 
@@ -294,6 +294,128 @@ def test_plane_kernel_rule_and_dispatch():
     assert steps.launches[0].expression.startswith(_depthwise_nchw_plane.KERNEL)
 
 
+# The NHWC register-window kernel (_depthwise_nhwc_window, off in the ops
+# until measured: ENABLED), launched directly: odd sizes, every padding form
+# (asymmetric, "valid", larger than the filter: negative backward offsets),
+# several channel tiles, tiles in both directions with partial last tiles,
+# more units than the persistent grid holds, a 3-block grid that walks
+# every unit (and across channel tiles), and destination views 4 bytes off
+# 16 (the kernel stores 4 bytes per lane); NaN-poisoned outputs.
+NHWC_WINDOW_CASES = [
+    # (label, NHWC x shape, filter size, padding)
+    ("13x11 C=32 3x3 p1", (2, 13, 11, 32), 3, 1),
+    ("9x10 C=16 5x5 per-side", (1, 9, 10, 16), 5, ((0, 4), (3, 1))),
+    ("7x7 C=16 7x7 p3", (3, 7, 7, 16), 7, 3),
+    ("8x8 C=48 3x3 valid", (2, 8, 8, 48), 3, "valid"),
+    ("5x9 C=16 7x7 padding > filter", (1, 5, 9, 16), 7, 8),
+    ("1x12 C=16 3x3 (1, 0)", (2, 1, 12, 16), 3, (1, 0)),
+    ("150x20 C=16 3x3 tall", (1, 150, 20, 16), 3, 1),
+    ("70x40 C=32 5x5 per-side", (2, 70, 40, 32), 5, ((2, 1), (0, 3))),
+    ("66x30 C=48 7x7", (1, 66, 30, 48), 7, 3),
+    ("28x28 C=384 3x3 many units", (8, 28, 28, 384), 3, 1),
+    ("56x56 C=96 7x7", (4, 56, 56, 96), 7, 3),
+    ("9x9 C=32 3x3 300 images", (300, 9, 9, 32), 3, 1),
+    ("6x5 C=8 3x3 (float32 only)", (2, 6, 5, 8), 3, 1),
+]
+NHWC_WINDOW_DTYPES = [d for d in DTYPES if d in _depthwise_nhwc_window.DTYPES]
+
+
+def _offset_view(shape, dtype, offset_bytes, values=None):
+    """A C-contiguous device array ``offset_bytes`` past a 256-byte aligned
+    allocation (NaN-filled unless ``values``)."""
+    itemsize = numpy.dtype(dtype).itemsize
+    skip = offset_bytes // itemsize
+    size = int(numpy.prod(shape))
+    flat = poisoned((size + skip,), dtype)
+    if values is not None:
+        flat[skip:] = cupy.asarray(values.reshape(-1))
+    view = flat[skip:].reshape(shape)
+    assert view.data.ptr % 16 == offset_bytes % 16
+    return view
+
+
+def _nhwc_window_case(case, dtype, backward, rng):
+    _, x_shape, k, padding = case
+    c = x_shape[3]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1, layout="NHWC")
+    y_shape = (g.batch, g.out_height, g.out_width, c)
+    src_shape, dst_shape = (y_shape, x_shape) if backward else (x_shape, y_shape)
+    src = random(rng, src_shape, dtype)
+    w = random(rng, (c, 1, k, k), dtype)
+    b = None if backward else random(rng, c, dtype)
+    conv = dict(padding=padding, layout="NHWC")
+    if backward:
+        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, **conv)
+    else:
+        want = reference.depthwise_conv2d(src, w, b, **conv)
+    return g, src, w, b, want, dst_shape
+
+
+@pytest.mark.parametrize("dst_offset", [0, 4], ids=["aligned", "dst+4B"])
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", NHWC_WINDOW_DTYPES, ids=str)
+@pytest.mark.parametrize("case", NHWC_WINDOW_CASES, ids=lambda c: c[0])
+def test_nhwc_window_kernel_matches_reference(case, dtype, backward, dst_offset, rng):
+    g, src, w, b, want, dst_shape = _nhwc_window_case(case, dtype, backward, rng)
+    src_gpu = _offset_view(src.shape, dtype, 0, src)
+    dst = _offset_view(dst_shape, dtype, dst_offset)
+    index = _launch.index_type(src_gpu.size, dst.size)
+    launch = _depthwise_nhwc_window.plan(
+        g, numpy.dtype(dtype), backward, index, depthwise._alignment(src_gpu), depthwise._alignment(dst)
+    )
+    if g.channels % _depthwise_nhwc_window.channel_tile(dtype):
+        assert launch is None
+        return
+    assert launch is not None and launch.persistent
+    # A misaligned source goes to the other kernels.
+    assert _depthwise_nhwc_window.plan(g, numpy.dtype(dtype), backward, index, 8, 16) is None
+    args = (src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
+    launch(*args)
+    error = relative_error(dst, want)
+    record_errors("depthwise NHWC window kernel", str(numpy.dtype(dtype)), {("backward_input" if backward else "forward"): error})
+    assert error <= TOLERANCE[dtype]
+    # Deterministic, and independent of the grid: a 3-block grid (each
+    # block walks a third of the units, across channel tiles) writes the
+    # same bits.
+    first = dst.copy()
+    dst.fill(numpy.nan)
+    small = _launch.Launch(launch.file, launch.expression, (min(3, launch.grid[0]),), launch.block,
+                           launch.shared_mem, launch.scalars, persistent=True)
+    small(*args)
+    bits = f"u{dst.itemsize}"
+    assert bool((dst.view(bits) == first.view(bits)).all())
+
+
+@pytest.mark.parametrize("dtype", NHWC_WINDOW_DTYPES, ids=str)
+def test_nhwc_window_dispatch_when_enabled(dtype, rng, monkeypatch):
+    # With the switch on, the NHWC ops launch the window kernel for stride-1 3x3/5x5/7x7 forward and backward-input, and
+    # match the reference; the other shapes keep their kernels.
+    monkeypatch.setattr(_depthwise_nhwc_window, "ENABLED", True)
+    monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved with the switch off
+    x_shape = (2, 20, 23, 32)  # NHWC
+    for k, padding in ((3, 1), (5, ((1, 3), (2, 2))), (7, 3)):
+        g = _validate.conv_geometry(x_shape, (32, 1, k, k), 1, padding, 1, layout="NHWC")
+        x = random(rng, x_shape, dtype)
+        w = random(rng, (32, 1, k, k), dtype)
+        b = random(rng, 32, dtype)
+        dy = random(rng, (2, g.out_height, g.out_width, 32), dtype)
+        x_gpu, w_gpu, dy_gpu = cupy.asarray(x), cupy.asarray(w), cupy.asarray(dy)
+        conv = dict(padding=padding, layout="NHWC")
+        y_gpu = poisoned(dy.shape, dtype)
+        for steps in (depthwise._forward_steps(g, "NHWC", x_gpu, y_gpu),
+                      depthwise._backward_input_steps(g, "NHWC", dy_gpu, x_gpu)):
+            assert steps.launches[0].expression.startswith(_depthwise_nhwc_window.KERNEL)
+        y = cupy_dwgn.depthwise_conv2d(x_gpu, w_gpu, cupy.asarray(b), out=y_gpu, **conv)
+        dx = cupy_dwgn.depthwise_conv2d_backward_input(dy_gpu, w_gpu, x_shape, out=poisoned(x_shape, dtype), **conv)
+        assert relative_error(y, reference.depthwise_conv2d(x, w, b, **conv)) <= TOLERANCE[dtype]
+        assert relative_error(dx, reference.depthwise_conv2d_backward_input(dy, w, x_shape, **conv)) <= TOLERANCE[dtype]
+    # Stride 2 and C % 16 != 0 (half) keep the other kernels.
+    g = _validate.conv_geometry(x_shape, (32, 1, 3, 3), 2, 1, 1, layout="NHWC")
+    x_gpu = cupy.zeros(x_shape, dtype)
+    steps = depthwise._forward_steps(g, "NHWC", x_gpu, x_gpu)
+    assert not steps.launches[0].expression.startswith(_depthwise_nhwc_window.KERNEL)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_forward_without_bias_and_default_out(dtype, layout, rng):
@@ -507,6 +629,34 @@ def test_plane_kernel_over_2_31_elements(backward):
         else:
             want = reference.depthwise_conv2d(plane, wc, padding=1)
         assert relative_error(out[:, c : c + 1], want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+def test_nhwc_window_kernel_over_2_31_elements(backward):
+    # NHWC (1, 1040, 1024, 2048) float16 = 2**31 + 2**25 elements: element
+    # (h, w, c) is at (h*1024 + w)*2048 + c, so rows h >= 1024 of every
+    # channel lie past 2**31; the window kernel with 64-bit offsets, launched
+    # directly.  Checked channels whole and on those rows alone.
+    shape = (1, 1040, 1024, 2048)
+    assert numpy.prod(shape) >= 2**31 and 1024 * 1024 * 2048 == 2**31
+    g = _validate.conv_geometry(shape, (2048, 1, 3, 3), 1, 1, 1, layout="NHWC")
+    src = cupy.random.default_rng(11).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
+    w_host = random(numpy.random.default_rng(11), (2048, 1, 3, 3), numpy.float16)
+    dst = cupy.full(shape, numpy.nan, cupy.float16)
+    index = _launch.index_type(src.size, dst.size)
+    assert index == "long long"
+    launch = _depthwise_nhwc_window.plan(g, numpy.dtype(numpy.float16), backward, index, 16, 16)
+    launch(src, cupy.asarray(w_host), 0, dst)
+    for c in (0, 1000, 2047):
+        plane, wc = src[..., c : c + 1].get(), w_host[c : c + 1]
+        if backward:
+            want = reference.depthwise_conv2d_backward_input(plane, wc, plane.shape, padding=1, layout="NHWC")
+        else:
+            want = reference.depthwise_conv2d(plane, wc, padding=1, layout="NHWC")
+        got = dst[..., c : c + 1]
+        assert relative_error(got, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+        assert relative_error(got[:, 1024:], want[:, 1024:]) <= TOLERANCE[numpy.dtype(numpy.float16)]
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ cupy = pytest.importorskip("cupy")
 from cupy.cuda import memory  # noqa: E402
 
 from cupy_dwgn import _compile, _dtypes, _group_norm, _launch, _validate, depthwise  # noqa: E402
-from cupy_dwgn import _depthwise_nchw_large, _depthwise_nchw_window  # noqa: E402
+from cupy_dwgn import _depthwise_nchw_large, _depthwise_nchw_window, _depthwise_nhwc_window  # noqa: E402
 
 DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float64)]
 #: (N, C, H, W, multiplier, KH, KW, stride, padding, dilation): every kernel family.
@@ -79,6 +79,11 @@ def _steps_of_every_path(monkeypatch):
                     steps.append(((dtype,) * 4, depthwise._forward_steps(g, layout, x_off, y)))
                     steps.append(((dtype, dtype, None, dtype), depthwise._backward_input_steps(g, layout, y, x_off)))
                     steps.append(((dtype, dtype, None, dtype), depthwise._backward_weight_steps(g, layout, y, x_off)))
+                    if layout == "NHWC":  # the register-window kernel, as the ops take it once switched on
+                        monkeypatch.setattr(_depthwise_nhwc_window, "ENABLED", True)
+                        steps.append(((dtype,) * 4, depthwise._forward_steps(g, layout, x_off, y)))
+                        steps.append(((dtype, dtype, None, dtype), depthwise._backward_input_steps(g, layout, y, x_off)))
+                        monkeypatch.setattr(_depthwise_nhwc_window, "ENABLED", False)
     for n, s, c, groups in NORMS:
         for dtype in DTYPES:
             acc = _dtypes.accumulator_dtype(dtype)
@@ -197,6 +202,7 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
                 checked += 1
     assert checked > 10000
     assert any(launch.cooperative for _, steps in all_steps for launch in steps.launches)  # fused and one-pass kernels
+    assert any(launch.file == _depthwise_nhwc_window.KERNEL_FILE for _, steps in all_steps for launch in steps.launches)
     _launch._CAPACITY.clear()  # stand-in occupancies
 
 

@@ -1,0 +1,94 @@
+"""The NHWC stride-1 kernels that serve one geometry, side by side: the
+register-window kernel (_depthwise_nhwc_window, design P2 of the NHWC review;
+off in the ops until this is measured) against the kernels the ops launch
+now (_depthwise_nhwc: the shared-memory tiled kernel for 3x3/5x5/7x7),
+forward and backward-input, GPU time per launch (CUDA events around 20
+launches over 3 rotating copies, after a warm-up pass), the memory floor
+(input + output bytes at COPY_BYTES_PER_US) and the window kernel's largest
+difference from the current kernel relative to the largest output, plus its
+unwritten (NaN) outputs.  Shapes: the NHWC review's cells (N = 64).
+
+    PYTHONPATH=. python benchmarks/depthwise_nhwc_kernels.py [--quick]
+
+--quick: float16 only.  Not yet run (written without a GPU).
+"""
+import sys
+
+import cupy
+import numpy
+
+from cupy_dwgn import _depthwise_nhwc as nhwc
+from cupy_dwgn import _depthwise_nhwc_window as window
+from cupy_dwgn import _launch, _validate
+from cupy_dwgn._dtypes import bfloat16
+
+# (N, C, H = W, filter size): the review's table.
+SHAPES = [(64, 144, 56, 3), (64, 384, 28, 3), (64, 240, 28, 5), (64, 96, 56, 7), (64, 960, 7, 3)]
+DTYPES = [numpy.float16, bfloat16, numpy.float32]
+# About the H200's measured copy bandwidth (benchmarks/depthwise.py measures it).
+COPY_BYTES_PER_US = 4.2e6
+
+
+def time_launch(launch, arrays_list, reps=20):
+    """Mean GPU time per launch (us) over ``reps`` launches after a warm-up
+    pass; one Steps is built for all of them."""
+    steps = _launch.Steps(((launch, (0, 1, 2, 3)),))
+    for arrays in arrays_list:
+        _launch.run(steps, arrays)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for r in range(reps):
+        _launch.run(steps, arrays_list[r % len(arrays_list)])
+    end.record()
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) * 1000 / reps
+
+
+def candidates(g, dt, backward, index):
+    """{name: Launch} of the kernels that serve this geometry."""
+    current = (nhwc.backward_input_plan(g, dt, index, True)[0] if backward
+               else nhwc.forward_plan(g, dt, index, True)[0])
+    return {"window": window.plan(g, dt, backward, index, 16, 16), "current": current}
+
+
+def main(quick=False):
+    dtypes = [numpy.float16] if quick else DTYPES
+    for n, c, hw, k in SHAPES:
+        g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), 1, k // 2, 1, layout="NHWC")
+        shape = (n, hw, hw, c)  # "same" padding: source and destination alike
+        for dtype in dtypes:
+            dt = numpy.dtype(dtype)
+            for backward in (False, True):
+                copies = 3
+                srcs = [cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dt) for _ in range(copies)]
+                w = cupy.random.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dt)
+                b = None if backward else cupy.random.standard_normal((c,), dtype=cupy.float32).astype(dt)
+                dsts = [cupy.full(shape, numpy.nan, dtype=dt) for _ in range(copies)]
+                index = _launch.index_type(srcs[0].size, dsts[0].size)
+                times, outs = {}, {}
+                for name, launch in candidates(g, dt, backward, index).items():
+                    if launch is None:
+                        continue
+                    arrays = [(s, w, 0 if b is None else b, d) for s, d in zip(srcs, dsts)]
+                    for d in dsts:
+                        d.fill(numpy.nan)
+                    times[name] = time_launch(launch, arrays)
+                    outs[name] = dsts[0].astype(numpy.float32).copy()
+                diff = nans = float("nan")
+                if "window" in outs:
+                    ref = outs["current"]
+                    diff = float(cupy.max(cupy.abs(outs["window"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
+                    nans = int(cupy.isnan(outs["window"]).sum())
+                floor = 2 * srcs[0].nbytes / COPY_BYTES_PER_US
+                plan = window.plan(g, dt, backward, index, 16, 16)
+                tile = (f"tile {int(plan.scalars[9])}x{int(plan.scalars[10])} threads, block {plan.block[0]}, "
+                        f"{plan.shared_mem} B shared") if plan else "window: n/a"
+                speedup = times["current"] / times["window"] if "window" in times else float("nan")
+                print(f"{n}x{c}x{hw} {k}x{k} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
+                      + " ".join(f"{name} {v:6.1f}" for name, v in times.items())
+                      + f"  x{speedup:.2f}  reldiff {diff:.1e} unwritten {nans}  ({tile})", flush=True)
+                del srcs, dsts
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv[1:])

@@ -1,0 +1,182 @@
+"""Channels-last (NHWC) register-window kernel (kernels/depthwise_nhwc_window.cu,
+design "P2" of the NHWC review): forward and stride-1 backward-input for 3x3,
+5x5 and 7x7 filters at stride 1, dilation 1 and depth multiplier 1, in
+float32, float16 and bfloat16.  UNTESTED ON A GPU: compiled with NVRTC and
+checked by a NumPy transcription only; the ops take it only when ``ENABLED``
+is set (off until it is measured).
+
+Launch rule (no user tuning), from the destination size and the filter:
+
+* Channel tile CT = 32 bytes of channels: 16 for float16/bfloat16 (a lane
+  owns a channel pair), 8 for float32 (a lane owns one channel); 8 lanes per
+  pixel.  C must be a multiple of CT (else ``plan`` returns None and the
+  existing NHWC kernels serve the call).
+* A thread computes RO x TW = 2 x 7 destination pixels (TW = 7: the CNN
+  widths 112, 56, 28, 14, 7 are multiples of 7).
+* A block is a tile_rows x tile_cols grid of such threads (at most 32: 256
+  threads), its destination tile (tile_rows*2) x (tile_cols*7) pixels.  Over
+  every grid with tile_cols <= ceil(OW / 7), tile_rows <= ceil(OH / 2) whose
+  three ring buffers fit in RING_BYTES, balanced over the image (the last
+  tile row/column nearly full), ``_tile`` takes the one with the least
+  ``tiles * (staged source pixels + K * computed destination pixels)``
+  (halo and edge waste against arithmetic), then the most threads.
+* The shared row pitch is the smallest multiple of 16 bytes >= the tile row
+  whose warps read without bank conflicts (``bank_ways``), else the least
+  conflicted.
+* Work units: (channel tile, image, tile row, tile column), channel-tile-major;
+  the grid is persistent (at most the blocks resident at once,
+  Launch(persistent=True)), each block taking a contiguous, balanced range of
+  units and copying each unit's source tile + halo two units ahead through a
+  three-stage cp.async ring.
+* Requires a 16-byte aligned source (cp.async) and a 4-byte aligned
+  destination (one 4-byte store per lane and pixel); else None.
+"""
+
+import functools
+
+import numpy
+
+from . import _compile, _dtypes, _launch
+from ._launch import i32
+
+#: The ops take this kernel only when set; off until measured on a GPU.
+ENABLED = False
+
+KERNEL_FILE = "depthwise_nhwc_window.cu"
+KERNEL = "dwgn_dwconv_nhwc_window"
+FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
+DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16)
+
+LANES = 8  # kernel: kLanes
+PIXEL_BYTES = 32  # kernel: kPixelBytes
+ROWS = 2  # kernel: kRows (RO)
+COLUMNS = 7  # kernel: kColumns (TW)
+STAGES = 3  # kernel: kStages
+MAX_SPATIAL = 32  # threads' tiles per block: 256 threads
+#: Shared memory of the ring (three tiles); with the weights (<= 3 KB) two
+#: blocks fit in an A100's 164 KB and an H200's 228 KB.
+RING_BYTES = 72 * 1024
+_MAX_GRID = 2**20
+_BANKS = 32
+
+
+def channel_tile(dtype):
+    """Channels per unit: 16 for 2-byte types, 8 for float32."""
+    return PIXEL_BYTES // numpy.dtype(dtype).itemsize
+
+
+def _expression(dtype, k, index):
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, index)
+
+
+def specializations(dtypes=None, filter_sizes=None, large_index=(False, True)):
+    """``(file, name expression)`` of every specialization (one kernel serves
+    forward and backward-input)."""
+    dtypes = DTYPES if dtypes is None else [numpy.dtype(d) for d in dtypes if numpy.dtype(d) in DTYPES]
+    sizes = FILTER_SIZES if filter_sizes is None else [tuple(s) for s in filter_sizes if tuple(s) in FILTER_SIZES]
+    large_index = (large_index,) if isinstance(large_index, bool) else tuple(large_index)
+    return [
+        (KERNEL_FILE, _expression(dtype, size[0], "long long" if large else "int"))
+        for dtype in dtypes for size in dict.fromkeys(sizes) for large in large_index
+    ]
+
+
+def bank_ways(tile_rows, tile_cols, pitch):
+    """The worst bank conflict (1: none) of the window reads: every thread of
+    a warp reads the 4-byte word at the same offset from its window start
+    ((tr*RO)*pitch + (tc*TW)*32 + lane*4), so one offset stands for all."""
+    threads = LANES * tile_rows * tile_cols
+    worst = 1
+    for warp in range(0, threads, 32):
+        words = {}
+        for t in range(warp, min(warp + 32, threads)):
+            lane, s = t % LANES, t // LANES
+            tr, tc = divmod(s, tile_cols)
+            word = ((tr * ROWS) * pitch + (tc * COLUMNS) * PIXEL_BYTES + lane * 4) // 4
+            words.setdefault(word % _BANKS, set()).add(word)
+        worst = max(worst, max(len(v) for v in words.values()))
+    return worst
+
+
+@functools.lru_cache(maxsize=4096)
+def _pitch(tile_rows, tile_cols, in_w):
+    """Row pitch in bytes: the least conflicted of in_w*32 + 16*{0..7}, smallest first."""
+    candidates = [in_w * PIXEL_BYTES + 16 * pad for pad in range(8)]
+    return min(candidates, key=lambda p: (bank_ways(tile_rows, tile_cols, p), p))
+
+
+def _tile(dst_h, dst_w, k):
+    """(tile_rows, tile_cols, tiles_h, tiles_w, pitch) per the module's rule."""
+    col_groups, row_groups = -(-dst_w // COLUMNS), -(-dst_h // ROWS)
+    best = None
+    for tc in range(1, min(col_groups, MAX_SPATIAL) + 1):
+        tiles_w = -(-col_groups // tc)
+        cols = -(-col_groups // tiles_w)  # balanced
+        if cols != tc:
+            continue  # the same grid as a narrower tc
+        for tr in range(1, min(row_groups, MAX_SPATIAL // tc) + 1):
+            tiles_h = -(-row_groups // tr)
+            rows = -(-row_groups // tiles_h)
+            if rows != tr:
+                continue
+            in_h, in_w = tr * ROWS + k - 1, tc * COLUMNS + k - 1
+            pitch = _pitch(tr, tc, in_w)
+            if STAGES * in_h * pitch > RING_BYTES:
+                continue
+            cost = tiles_h * tiles_w * (in_h * in_w + k * tr * ROWS * tc * COLUMNS)
+            key = (cost, -tr * tc)
+            if best is None or key < best[0]:
+                best = (key, (tr, tc, tiles_h, tiles_w, pitch))
+    return None if best is None else best[1]
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(g, dtype, backward, index, src_alignment, dst_alignment):
+    """The Launch for this signature (arrays: src, weight, bias or NULL, dst),
+    or None when this kernel does not serve it.  ``src_alignment`` /
+    ``dst_alignment``: the largest of 16, 8, 4, 2, 1 dividing the address."""
+    dtype = numpy.dtype(dtype)
+    size = (g.filter_height, g.filter_width)
+    if (
+        size not in FILTER_SIZES
+        or (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w) != (1, 1, 1, 1)
+        or g.multiplier != 1
+        or dtype not in DTYPES
+        or g.channels % channel_tile(dtype) != 0
+        or src_alignment % 16 != 0
+        or dst_alignment % 4 != 0
+    ):
+        return None
+    k = size[0]
+    if backward:
+        src_h, src_w, dst_h, dst_w = g.out_height, g.out_width, g.height, g.width
+        # Correlation with the rotated filter, shifted by (filter - 1 - pad);
+        # negative when the padding exceeds the filter.
+        offset_top, offset_left = k - 1 - g.pad_top, k - 1 - g.pad_left
+    else:
+        src_h, src_w, dst_h, dst_w = g.height, g.width, g.out_height, g.out_width
+        offset_top, offset_left = g.pad_top, g.pad_left
+    if min(g.batch, src_h, src_w, dst_h, dst_w) <= 0:
+        return None
+    tile = _tile(dst_h, dst_w, k)
+    if tile is None:
+        return None
+    tile_rows, tile_cols, tiles_h, tiles_w, pitch = tile
+    units = (g.channels // channel_tile(dtype)) * g.batch * tiles_h * tiles_w
+    if units >= 2**31:
+        return None
+    stage_bytes = (tile_rows * ROWS + k - 1) * pitch
+    weight_bytes = k * k * channel_tile(dtype) * 4
+    return _launch.Launch(
+        KERNEL_FILE,
+        _expression(dtype, k, index),
+        (min(units, _MAX_GRID),),
+        (LANES * tile_rows * tile_cols,),
+        weight_bytes + STAGES * stage_bytes,
+        (
+            i32(g.batch), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(g.channels), i32(offset_top),
+            i32(offset_left), i32(1 if backward else 0), i32(tile_rows), i32(tile_cols), i32(tiles_h),
+            i32(tiles_w), i32(pitch), i32(stage_bytes), i32(units),
+        ),
+        persistent=True,
+    )
