@@ -10,7 +10,8 @@ unwritten (NaN) outputs.  Shapes: the NHWC review's cells (N = 64).
 
     PYTHONPATH=. python benchmarks/depthwise_nhwc_kernels.py [--quick]
 
---quick: float16 only.  Not yet run (written without a GPU).
+--quick: float16 only.  --sweep: MobileNet/EfficientNet/ConvNeXt layers, forward,
+float16 and float32 (the dispatch rule is read from it).
 """
 import sys
 
@@ -25,6 +26,8 @@ from cupy_dwgn._dtypes import bfloat16
 # (N, C, H = W, filter size): the review's table.
 SHAPES = [(64, 144, 56, 3), (64, 384, 28, 3), (64, 240, 28, 5), (64, 96, 56, 7), (64, 960, 7, 3)]
 DTYPES = [numpy.float16, bfloat16, numpy.float32]
+# Channel tiles per group of the window kernel (its unit order), side by side.
+GROUPS = (1, 2, 4)
 # About the H200's measured copy bandwidth (benchmarks/depthwise.py measures it).
 COPY_BYTES_PER_US = 4.2e6
 
@@ -48,17 +51,29 @@ def candidates(g, dt, backward, index):
     """{name: Launch} of the kernels that serve this geometry."""
     current = (nhwc.backward_input_plan(g, dt, index, True)[0] if backward
                else nhwc.forward_plan(g, dt, index, True)[0])
-    return {"window": window.plan(g, dt, backward, index, 16, 16), "current": current}
+    launches = {f"group{group}": window.plan(g, dt, backward, index, 16, 16, group) for group in GROUPS}
+    return {**launches, "current": current}
 
 
-def main(quick=False):
+# --sweep: the layers of MobileNetV2/V3, EfficientNet and ConvNeXt at N = 64
+# (C, H = W) for every filter size, forward only (backward-input is the same
+# kernel on a rotated filter): what the dispatch rule is read from.
+SWEEP_PLANES = [(32, 112), (96, 112), (144, 56), (192, 56), (96, 56), (192, 28), (240, 28), (384, 28),
+                (480, 14), (576, 14), (672, 14), (384, 14), (960, 7), (1152, 7), (768, 7)]
+
+
+def main(quick=False, sweep=False):
     dtypes = [numpy.float16] if quick else DTYPES
-    for n, c, hw, k in SHAPES:
+    shapes = SHAPES
+    if sweep:
+        dtypes = [numpy.float16, numpy.float32]
+        shapes = [(64, c, hw, k) for k in (3, 5, 7) for c, hw in SWEEP_PLANES]
+    for n, c, hw, k in shapes:
         g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), 1, k // 2, 1, layout="NHWC")
         shape = (n, hw, hw, c)  # "same" padding: source and destination alike
         for dtype in dtypes:
             dt = numpy.dtype(dtype)
-            for backward in (False, True):
+            for backward in (False,) if sweep else (False, True):
                 copies = 3
                 srcs = [cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dt) for _ in range(copies)]
                 w = cupy.random.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dt)
@@ -75,15 +90,18 @@ def main(quick=False):
                     times[name] = time_launch(launch, arrays)
                     outs[name] = dsts[0].astype(numpy.float32).copy()
                 diff = nans = float("nan")
-                if "window" in outs:
-                    ref = outs["current"]
-                    diff = float(cupy.max(cupy.abs(outs["window"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
-                    nans = int(cupy.isnan(outs["window"]).sum())
+                ref = outs["current"]
+                for name in outs:
+                    if name != "current":
+                        d = float(cupy.max(cupy.abs(outs[name] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
+                        diff = d if diff != diff else max(diff, d)
+                        nans = (0 if nans != nans else nans) + int(cupy.isnan(outs[name]).sum())
                 floor = 2 * srcs[0].nbytes / COPY_BYTES_PER_US
                 plan = window.plan(g, dt, backward, index, 16, 16)
                 tile = (f"tile {int(plan.scalars[9])}x{int(plan.scalars[10])} threads, block {plan.block[0]}, "
                         f"{plan.shared_mem} B shared") if plan else "window: n/a"
-                speedup = times["current"] / times["window"] if "window" in times else float("nan")
+                speedup = times["current"] / min((v for name, v in times.items() if name != "current"),
+                                                 default=numpy.nan)
                 print(f"{n}x{c}x{hw} {k}x{k} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
                       + " ".join(f"{name} {v:6.1f}" for name, v in times.items())
                       + f"  x{speedup:.2f}  reldiff {diff:.1e} unwritten {nans}  ({tile})", flush=True)
@@ -91,4 +109,4 @@ def main(quick=False):
 
 
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv[1:])
+    main(quick="--quick" in sys.argv[1:], sweep="--sweep" in sys.argv[1:])

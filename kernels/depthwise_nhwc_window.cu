@@ -21,15 +21,16 @@
 //   LDS.32 each), converts each value once, and applies it to every (output,
 //   tap) pair that reads it; accumulation in float32 in a fixed order
 //   (deterministic, never in half precision).
-// * Weights: float registers loaded once per channel tile from a [tap][CT]
-//   float copy in shared memory; the 7x7 half-type kernel keeps them there
-//   and reads one LDS.64 per (source row, output row, tap) (98 float
-//   registers would not fit).
+// * Weights: float registers loaded per channel tile from a [group][tap][CT]
+//   float copy in shared memory (the filters of a group of channel tiles,
+//   copied once per group); the 7x7 half-type kernel keeps them there and
+//   reads one LDS.64 per (source row, output row, tap) (98 float registers
+//   would not fit).
 // * Tiles and the ring: a work unit is (channel tile, image, tile row, tile
-//   column); units are numbered channel-tile-major and a persistent block
-//   (the grid is at most the blocks resident at once) takes a contiguous,
-//   balanced range of them, so it keeps one channel tile (its weights) for
-//   all or nearly all of its units.  Each unit's source tile + halo
+//   column); units are numbered group-major with a group's channel tiles
+//   innermost (see advance()) and a persistent block (the grid is at most
+//   the blocks resident at once) takes a contiguous, balanced range of them,
+//   so it keeps one group (its weights) for all or nearly all of its units.  Each unit's source tile + halo
 //   ((tile_rows*RO + K-1) x (tile_cols*TW + K-1) pixels x 32 bytes) is copied
 //   with 16-byte cp.async into a three-stage ring, two units ahead: at step k
 //   the block waits for unit k, passes one barrier (after which every
@@ -103,24 +104,35 @@ template <typename T, int K> constexpr bool kSharedWeights = sizeof(T) == 2 && K
 // Blocks per SM the register budget is set for.
 constexpr int kMinBlocks = 2;
 
-// A work unit: channel tile, image, tile row, tile column.
+// A work unit: channel tile, image, tile row, tile column; `first` is the
+// first channel tile of its group.
 struct Unit {
-  int ct, n, th, tw;
+  int ct, first, n, th, tw;
 };
 
 struct Args {
   int batch, src_h, src_w, dst_h, dst_w, channels, offset_top, offset_left, flip;
-  int tile_rows, tile_cols, tiles_h, tiles_w, pitch, stage_bytes, units;
+  int tile_rows, tile_cols, tiles_h, tiles_w, pitch, stage_bytes, units, group, channel_tiles;
 };
 
+// Unit order: channel tiles in groups of `group` (the last group may be
+// smaller); group-major, then image, tile row, tile column, and the group's
+// channel tiles innermost.  Why: a unit reads 32 bytes of each pixel, less
+// than the 64 bytes DRAM delivers at once; with the channel tiles of a group
+// back to back, the other half of each 64 bytes is read from L2 by the next
+// unit (with group 1 it was often evicted first: DRAM read up to 2x the
+// source, measured).  The weights of a whole group stay in shared memory.
 __device__ __forceinline__ void advance(Unit& u, const Args& a) {
+  if (++u.ct < min(u.first + a.group, a.channel_tiles)) return;
+  u.ct = u.first;
   if (++u.tw == a.tiles_w) {
     u.tw = 0;
     if (++u.th == a.tiles_h) {
       u.th = 0;
       if (++u.n == a.batch) {
         u.n = 0;
-        ++u.ct;
+        u.first += a.group;
+        u.ct = u.first;
       }
     }
   }
@@ -129,9 +141,14 @@ __device__ __forceinline__ void advance(Unit& u, const Args& a) {
 __device__ __forceinline__ Unit decode(int unit, const Args& a) {
   const int per_image = a.tiles_h * a.tiles_w;
   const int spatial = a.batch * per_image;
+  const int group_index = unit / (a.group * spatial);
   Unit u;
-  u.ct = unit / spatial;
-  int rest = unit - u.ct * spatial;
+  u.first = group_index * a.group;
+  const int size = min(a.group, a.channel_tiles - u.first);
+  int rest = unit - u.first * spatial;
+  const int position = rest / size;
+  u.ct = u.first + (rest - position * size);
+  rest = position;
   u.n = rest / per_image;
   rest -= u.n * per_image;
   u.th = rest / a.tiles_w;
@@ -175,7 +192,8 @@ template <typename T, int K, typename IndexT>
 __global__ void __launch_bounds__(256, dwgn_nhwc_window::kMinBlocks) dwgn_dwconv_nhwc_window(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
     int batch, int src_h, int src_w, int dst_h, int dst_w, int channels, int offset_top, int offset_left,
-    int flip, int tile_rows, int tile_cols, int tiles_h, int tiles_w, int pitch, int stage_bytes, int units) {
+    int flip, int tile_rows, int tile_cols, int tiles_h, int tiles_w, int pitch, int stage_bytes, int units,
+    int group) {
   using namespace dwgn_nhwc_window;
   using L = Lane<T>;
   using Acc = typename L::Acc;
@@ -188,12 +206,12 @@ __global__ void __launch_bounds__(256, dwgn_nhwc_window::kMinBlocks) dwgn_dwconv
   constexpr int IN_C = TW + K - 1;
   constexpr bool kShared = kSharedWeights<T, K>;
   extern __shared__ __align__(16) unsigned char shared_raw[];
-  // [tap][CT] float weights (KK * CT * 4 bytes, a multiple of 16), then the ring.
+  // [group][tap][CT] float weights (group * KK * CT * 4 bytes, a multiple of 16), then the ring.
   float* w_s = reinterpret_cast<float*>(shared_raw);
-  unsigned char* ring = shared_raw + KK * CT * sizeof(float);
+  unsigned char* ring = shared_raw + group * KK * CT * sizeof(float);
 
   const Args a{batch,     src_h,     src_w,   dst_h,   dst_w, channels,    offset_top, offset_left, flip,
-               tile_rows, tile_cols, tiles_h, tiles_w, pitch, stage_bytes, units};
+               tile_rows, tile_cols, tiles_h, tiles_w, pitch, stage_bytes, units, group, channels / CT};
   const int lane = threadIdx.x & (kLanes - 1);
   const int s = threadIdx.x / kLanes;
   const int tr = s / tile_cols;
@@ -232,7 +250,7 @@ __global__ void __launch_bounds__(256, dwgn_nhwc_window::kMinBlocks) dwgn_dwconv
   const int window = (tr * RO) * pitch + (tc * TW) * kPixelBytes + lane * 4;
   Acc w_r[kShared ? 1 : K][kShared ? 1 : K];
   Acc b = L::zero();
-  int loaded_ct = -1;
+  int loaded_ct = -1, loaded_first = -1;
   int compute_buf = 0;
   for (int k = 0; k < count; ++k) {
     dwgn::cp_async_wait<1>();  // this thread's copies of unit k have landed
@@ -246,22 +264,30 @@ __global__ void __launch_bounds__(256, dwgn_nhwc_window::kMinBlocks) dwgn_dwconv
     } else {
       dwgn::cp_async_commit();
     }
-    if (unit.ct != loaded_ct) {  // block-uniform: once per channel tile
-      // Filter slice: consecutive i read consecutive weights of the tile
-      // (its CT filters are contiguous); rotating by 180 degrees maps tap t
-      // to KK - 1 - t.  Nobody reads w_s now (barrier above).
-      const T* w_tile = weight + static_cast<IndexT>(unit.ct) * CT * KK;
-      for (int i = threadIdx.x; i < KK * CT; i += blockDim.x) {
+    if (unit.first != loaded_first) {  // block-uniform: once per group of channel tiles
+      // Filter slice of the group: consecutive i read consecutive weights
+      // (its filters are contiguous); filter j goes to [j / CT][tap][j % CT],
+      // rotating by 180 degrees maps tap t to KK - 1 - t.  Nobody reads w_s
+      // now (barrier above).
+      const T* w_group = weight + static_cast<IndexT>(unit.first) * CT * KK;
+      const int size = min(group, a.channel_tiles - unit.first);
+      for (int i = threadIdx.x; i < size * KK * CT; i += blockDim.x) {
         const int j = i / KK;
         const int t = i - j * KK;
-        w_s[(flip ? KK - 1 - t : t) * CT + j] = dwgn::to_acc(w_tile[i]);
+        const int jt = j / CT;
+        w_s[(jt * KK + (flip ? KK - 1 - t : t)) * CT + (j - jt * CT)] = dwgn::to_acc(w_group[i]);
       }
       __syncthreads();
+      loaded_first = unit.first;
+    }
+    // This unit's filters: [tap][CT] floats of its channel tile.
+    const float* w_lane = w_s + (unit.ct - unit.first) * KK * CT + lane * L::kChannels;
+    if (unit.ct != loaded_ct) {  // block-uniform
       if constexpr (!kShared) {
 #pragma unroll
         for (int kh = 0; kh < K; ++kh)
 #pragma unroll
-          for (int kw = 0; kw < K; ++kw) w_r[kh][kw] = L::from_floats(w_s + (kh * K + kw) * CT + lane * L::kChannels);
+          for (int kw = 0; kw < K; ++kw) w_r[kh][kw] = L::from_floats(w_lane + (kh * K + kw) * CT);
       }
       if (bias != nullptr) {
         float values[L::kChannels];
@@ -278,7 +304,6 @@ __global__ void __launch_bounds__(256, dwgn_nhwc_window::kMinBlocks) dwgn_dwconv
 #pragma unroll
       for (int t = 0; t < TW; ++t) acc[j][t] = b;
     const unsigned char* x_thread = ring + compute_buf * stage_bytes + window;
-    const float* w_lane = w_s + lane * L::kChannels;
     // Source row r of the window feeds output rows j = r - kh.
 #pragma unroll
     for (int r = 0; r < IN_R; ++r) {

@@ -532,7 +532,7 @@ def _nhwc_window_emulation(launch, src, weight, bias, grid):
     from cupy_dwgn import _depthwise_nhwc_window as win
 
     (batch, src_h, src_w, dst_h, dst_w, channels, offset_top, offset_left, flip, tile_rows, tile_cols, tiles_h,
-     tiles_w, pitch, stage_bytes, units) = (int(v) for v in launch.scalars)
+     tiles_w, pitch, stage_bytes, units, group) = (int(v) for v in launch.scalars)
     itemsize = src.dtype.itemsize
     k = weight.shape[1]
     kk = k * k
@@ -543,7 +543,7 @@ def _nhwc_window_emulation(launch, src, weight, bias, grid):
     pixels = in_h * in_w
     threads = launch.block[0]
     assert threads == win.LANES * tile_rows * tile_cols <= 256
-    assert launch.shared_mem == kk * ct_size * 4 + win.STAGES * stage_bytes
+    assert launch.shared_mem == group * kk * ct_size * 4 + win.STAGES * stage_bytes
     assert stage_bytes == in_h * pitch and pitch % 16 == 0 and pitch >= in_w * win.PIXEL_BYTES
     assert src.shape == (batch, src_h, src_w, channels) and channels % ct_size == 0
     assert units == (channels // ct_size) * batch * tiles_h * tiles_w
@@ -560,13 +560,24 @@ def _nhwc_window_emulation(launch, src, weight, bias, grid):
     step_r, step_c = step // in_w, step % in_w
     per_chunk = 16 // itemsize
 
+    channel_tiles = channels // ct_size
+
+    # Cursor [ct, n, th, tw, first]: groups of `group` channel tiles (the last
+    # may be smaller), group-major, the group's tiles innermost.
     def decode(u):
         per_image = tiles_h * tiles_w
-        ct, rest = divmod(u, batch * per_image)
-        n, rest = divmod(rest, per_image)
-        return [ct, n, *divmod(rest, tiles_w)]
+        spatial = batch * per_image
+        first = u // (group * spatial) * group
+        size = min(group, channel_tiles - first)
+        position, low = divmod(u - first * spatial, size)
+        n, rest = divmod(position, per_image)
+        return [first + low, n, *divmod(rest, tiles_w), first]
 
     def advance(c):
+        c[0] += 1
+        if c[0] < min(c[4] + group, channel_tiles):
+            return
+        c[0] = c[4]
         c[3] += 1
         if c[3] == tiles_w:
             c[3] = 0
@@ -576,10 +587,11 @@ def _nhwc_window_emulation(launch, src, weight, bias, grid):
                 c[1] += 1
                 if c[1] == batch:
                     c[1] = 0
-                    c[0] += 1
+                    c[4] += group
+                    c[0] = c[4]
 
     def copy(buf, cursor):
-        ct, n, th, tw_ = cursor
+        ct, n, th, tw_, _ = cursor
         ih0, iw0 = th * tile_rows * ro - offset_top, tw_ * tile_cols * tw - offset_left
         r, c, p = row0.copy(), col0.copy(), p0.copy()
         while (p < pixels).any():
@@ -605,19 +617,24 @@ def _nhwc_window_emulation(launch, src, weight, bias, grid):
             if step_k < count:
                 copy(ring[step_k], copy_cursor)
                 advance(copy_cursor)
-        compute_buf, loaded_ct, w_s, b = 0, -1, None, None
+        compute_buf, loaded_ct, loaded_first, w_s, b = 0, -1, -1, None, None
         for step_k in range(count):
             copy_buf = 2 if compute_buf == 0 else compute_buf - 1
             if step_k + 2 < count:
                 copy(ring[copy_buf], copy_cursor)
                 advance(copy_cursor)
-            ct, n, th, tw_ = cursor
-            if ct != loaded_ct:
-                w_s = numpy.full(kk * ct_size, numpy.nan)
-                tile_w = weight[ct * ct_size:(ct + 1) * ct_size].reshape(-1).astype(numpy.float64)
-                for i in range(kk * ct_size):
+            ct, n, th, tw_, first = cursor
+            if first != loaded_first:  # the group's filters: [tile][tap][CT]
+                w_s = numpy.full(group * kk * ct_size, numpy.nan)
+                size = min(group, channel_tiles - first)
+                group_w = weight[first * ct_size:(first + size) * ct_size].reshape(-1).astype(numpy.float64)
+                for i in range(size * kk * ct_size):
                     j, tap = divmod(i, kk)
-                    w_s[(kk - 1 - tap if flip else tap) * ct_size + j] = tile_w[i]
+                    jt, jc = divmod(j, ct_size)
+                    w_s[(jt * kk + (kk - 1 - tap if flip else tap)) * ct_size + jc] = group_w[i]
+                loaded_first = first
+            w_tile = w_s[(ct - first) * kk * ct_size:]
+            if ct != loaded_ct:
                 channel = ct * ct_size + lane[:, None] * lc + numpy.arange(lc)  # (threads, lc)
                 b = numpy.zeros((threads, lc)) if bias is None else bias.astype(numpy.float64)[channel]
                 loaded_ct = ct
@@ -632,7 +649,7 @@ def _nhwc_window_emulation(launch, src, weight, bias, grid):
                     if not 0 <= kh < k:
                         continue
                     for kw in range(k):
-                        wv = w_s[(kh * k + kw) * ct_size + lane[:, None] * lc + numpy.arange(lc)]  # (threads, lc)
+                        wv = w_tile[(kh * k + kw) * ct_size + lane[:, None] * lc + numpy.arange(lc)]  # (threads, lc)
                         acc[:, j] += wv[:, None, :] * row[:, kw:kw + tw]
             oh0 = th * tile_rows * ro + tr * ro
             ow0 = tw_ * tile_cols * tw + tc * tw
@@ -685,24 +702,36 @@ def test_nhwc_window_kernel_index_math_covers_every_output_once(case, backward):
         # Misaligned pointers go to the existing kernels.
         assert win.plan(g, dtype, backward, "int", 8, 16) is None
         assert win.plan(g, dtype, backward, "int", 16, 2) is None
-        launch = win.plan(g, dtype, backward, "int", 16, 4)
-        assert launch is not None and launch.persistent
-        assert launch.shared_mem <= win.RING_BYTES + 49 * 16 * 4
-        tile_rows, tile_cols, pitch = (int(launch.scalars[i]) for i in (9, 10, 13))
-        assert win.bank_ways(tile_rows, tile_cols, pitch) <= 2
-        units = int(launch.scalars[-1])
-        # The plan's grid, a persistent grid smaller than the units (blocks
-        # walk several, across channel tiles), and more blocks than units.
-        for grid in sorted({min(launch.grid[0], 64), min(units, 3), units + 2}):
-            got, writes = _nhwc_window_emulation(launch, src, weight[:, 0], bias, grid)
-            assert (writes == 1).all(), (grid, numpy.argwhere(writes != 1)[:5])
-            src64, w64 = src.astype(numpy.float64), weight.astype(numpy.float64)
-            if backward:
-                want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, padding=padding, layout="NHWC")
-            else:
-                want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64),
-                                                  padding=padding, layout="NHWC")
-            numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        # Channel tiles one at a time, the rule's groups, groups of 3 (an odd
+        # count leaves a smaller last group).
+        for group in sorted({1, win.GROUP, 3}):
+            launch = win.plan(g, dtype, backward, "int", 16, 4, group)
+            _check_nhwc_window_launch(launch, g, x_shape, padding, backward, src, weight, bias)
+
+
+def _check_nhwc_window_launch(launch, g, x_shape, padding, backward, src, weight, bias):
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_window as win
+    from cupy_dwgn import reference
+
+    assert launch is not None and launch.persistent
+    assert launch.shared_mem <= win.RING_BYTES + int(launch.scalars[16]) * 49 * 16 * 4
+    tile_rows, tile_cols, pitch = (int(launch.scalars[i]) for i in (9, 10, 13))
+    assert win.bank_ways(tile_rows, tile_cols, pitch) <= 2
+    units = int(launch.scalars[15])
+    # The plan's grid, a persistent grid smaller than the units (blocks
+    # walk several, across channel tiles), and more blocks than units.
+    for grid in sorted({min(launch.grid[0], 64), min(units, 3), units + 2}):
+        got, writes = _nhwc_window_emulation(launch, src, weight[:, 0], bias, grid)
+        assert (writes == 1).all(), (grid, numpy.argwhere(writes != 1)[:5])
+        src64, w64 = src.astype(numpy.float64), weight.astype(numpy.float64)
+        if backward:
+            want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, padding=padding, layout="NHWC")
+        else:
+            want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64),
+                                              padding=padding, layout="NHWC")
+        numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_nhwc_window_rule():
@@ -735,4 +764,17 @@ def test_nhwc_window_rule():
                                       ((24, 1, 9, 9), 1, 1), ((24, 1, 3, 5), 1, 1)]:
         g = _validate.conv_geometry((2, 16, 16, 24), w_shape, stride, 1, dilation, layout="NHWC")
         assert win.plan(g, numpy.dtype(numpy.float32), False, "int", 16, 16) is None
-    assert not win.ENABLED  # the ops take it only after it is measured on a GPU
+    # The measured rule (preferred's docstring): half types always (group 4
+    # for 3x3 on planes of 56x56 and more), float32 7x7 and 5x5 on 14x14 to
+    # 28x28 planes; the ops follow it unless MODE says otherwise.
+    assert win.MODE == "rule"
+    half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    for hw, k, backward, want_half, want_single in [
+        (28, 3, False, 1, None), (56, 3, False, 4, None), (112, 3, True, 4, None), (56, 5, False, 1, None),
+        (28, 5, True, 1, 2), (14, 5, False, 1, 2), (7, 5, False, 1, None), (7, 7, False, 1, 1), (112, 7, True, 1, 1),
+    ]:
+        g = _validate.conv_geometry((2, hw, hw, 32), (32, 1, k, k), 1, k // 2, 1, layout="NHWC")
+        assert win.preferred(g, half, backward) == want_half, (hw, k)
+        assert win.preferred(g, win.DTYPES[2], backward) == want_half, (hw, k)
+        assert win.preferred(g, single, backward) == want_single, (hw, k)
+        assert (win.select(g, single, backward, "int", 16, 16) is None) == (want_single is None)
