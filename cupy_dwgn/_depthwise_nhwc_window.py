@@ -1,9 +1,9 @@
 """Channels-last (NHWC) register-window kernel (kernels/depthwise_nhwc_window.cu,
 design "P2" of the NHWC review): forward and stride-1 backward-input for 3x3,
 5x5 and 7x7 filters at stride 1, dilation 1 and depth multiplier 1, in
-float32, float16 and bfloat16.  UNTESTED ON A GPU: compiled with NVRTC and
-checked by a NumPy transcription only; the ops take it only when ``ENABLED``
-is set (off until it is measured).
+float32, float16 and bfloat16.  The ops take it where ``preferred`` (measured
+on an H200) says it beats the tiled kernels of _depthwise_nhwc; ``MODE``
+overrides that for tests.
 
 Launch rule (no user tuning), from the destination size and the filter:
 
@@ -23,8 +23,9 @@ Launch rule (no user tuning), from the destination size and the filter:
 * The shared row pitch is the smallest multiple of 16 bytes >= the tile row
   whose warps read without bank conflicts (``bank_ways``), else the least
   conflicted.
-* Work units: (channel tile, image, tile row, tile column), channel-tile-major;
-  the grid is persistent (at most the blocks resident at once,
+* Work units: (channel tile, image, tile row, tile column), in groups of
+  ``group`` channel tiles (``preferred``), group-major with the group's
+  tiles innermost (kernel: advance()); the grid is persistent (at most the blocks resident at once,
   Launch(persistent=True)), each block taking a contiguous, balanced range of
   units and copying each unit's source tile + halo two units ahead through a
   three-stage cp.async ring.
@@ -39,8 +40,10 @@ import numpy
 from . import _compile, _dtypes, _launch
 from ._launch import i32
 
-#: The ops take this kernel only when set; off until measured on a GPU.
-ENABLED = False
+#: "rule": the ops take this kernel where ``preferred`` says it wins;
+#: "always": wherever it serves the call (tests, the sanitizer workload);
+#: "never": not at all.
+MODE = "rule"
 
 KERNEL_FILE = "depthwise_nhwc_window.cu"
 KERNEL = "dwgn_dwconv_nhwc_window"
@@ -56,6 +59,8 @@ MAX_SPATIAL = 32  # threads' tiles per block: 256 threads
 #: Shared memory of the ring (three tiles); with the weights (<= 3 KB) two
 #: blocks fit in an A100's 164 KB and an H200's 228 KB.
 RING_BYTES = 72 * 1024
+#: Channel tiles per group when ``preferred`` names none (MODE "always").
+GROUP = 1
 _MAX_GRID = 2**20
 _BANKS = 32
 
@@ -130,8 +135,50 @@ def _tile(dst_h, dst_w, k):
     return None if best is None else best[1]
 
 
+def preferred(g, dtype, backward):
+    """Channel tiles per group when this kernel beats the tiled NHWC kernels
+    for this geometry, else None.  Measured on an H200 (2026-12-01,
+    ``benchmarks/depthwise_nhwc_kernels.py --sweep``: forward, N = 64, "same"
+    padding, GPU time per launch, us; group 1 / 2 / 4 against the tiled
+    kernel; backward-input is the same kernel on a rotated filter):
+
+    * half types, every filter and plane: 28x28 384-channel 3x3 36.0 / 53.8,
+      5x5 50.7 / 120.1, 7x7 80.0 / 231.5; 7x7 planes 960 channels 3x3 10.5 /
+      12.9, 7x7 23.4 / 46.0; 112x112 32-channel 7x7 92.3 / 169.5.  Group 1,
+      except 3x3 filters on planes of 56x56 and more, where group 1 reads
+      DRAM up to twice (144 channels at 56x56: 94.6 against 71.8) and group
+      4 ties or wins (73.3 / 71.8; 96 channels at 112x112 171.7 / 179.4; 96
+      at 56x56 41.3 / 49.1).
+    * float32: 7x7 filters, group 1 (28x28 384 channels 110.0 / 139.5; 7x7
+      planes 1152 channels 30.2 / 39.3); 5x5 filters on 14x14 to 28x28
+      planes, group 2 (28x28 384 channels 68.1 / 87.5, 14x14 480 channels
+      26.9 / 32.9).  Not 3x3 (28x28 384 channels: 87.5 at best against 58.0),
+      nor 5x5 on 56x56 and larger (144 channels 134.7 / 118.4) or on 7x7
+      planes (1152 channels 24.2 / 23.8).
+    """
+    k = g.filter_height
+    area = (g.height * g.width) if backward else (g.out_height * g.out_width)
+    if numpy.dtype(dtype).itemsize == 2:
+        return 4 if k == 3 and area >= 56 * 56 else 1
+    if k == 7:
+        return 1
+    if k == 5 and 14 * 14 <= area <= 28 * 28:
+        return 2
+    return None
+
+
+def select(g, dtype, backward, index, src_alignment, dst_alignment):
+    """The Launch the ops take for this call (per ``MODE``), or None."""
+    if MODE == "never":
+        return None
+    group = preferred(g, dtype, backward)
+    if group is None and MODE == "always":
+        group = GROUP
+    return None if group is None else plan(g, dtype, backward, index, src_alignment, dst_alignment, group)
+
+
 @functools.lru_cache(maxsize=1024)
-def plan(g, dtype, backward, index, src_alignment, dst_alignment):
+def plan(g, dtype, backward, index, src_alignment, dst_alignment, group=GROUP):
     """The Launch for this signature (arrays: src, weight, bias or NULL, dst),
     or None when this kernel does not serve it.  ``src_alignment`` /
     ``dst_alignment``: the largest of 16, 8, 4, 2, 1 dividing the address."""
@@ -166,7 +213,9 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     if units >= 2**31:
         return None
     stage_bytes = (tile_rows * ROWS + k - 1) * pitch
-    weight_bytes = k * k * channel_tile(dtype) * 4
+    channel_tiles = g.channels // channel_tile(dtype)
+    group = max(1, min(group, channel_tiles))
+    weight_bytes = group * k * k * channel_tile(dtype) * 4
     return _launch.Launch(
         KERNEL_FILE,
         _expression(dtype, k, index),
@@ -176,7 +225,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         (
             i32(g.batch), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(g.channels), i32(offset_top),
             i32(offset_left), i32(1 if backward else 0), i32(tile_rows), i32(tile_cols), i32(tiles_h),
-            i32(tiles_w), i32(pitch), i32(stage_bytes), i32(units),
+            i32(tiles_w), i32(pitch), i32(stage_bytes), i32(units), i32(group),
         ),
         persistent=True,
     )

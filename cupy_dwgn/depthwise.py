@@ -5,15 +5,16 @@ Each public function validates its arguments, then takes the first kernel
 family that serves the call (a plan function returns None / False when its
 kernel does not serve the geometry), in this order:
 
-* NCHW forward:   large filter (>= 9x9, stride 1) -> register window
+* NCHW forward:   large filter (>= 9x9, stride 1) -> whole plane (where
+                  _depthwise_nchw_plane.preferred) -> register window
                   (3x3/5x5/7x7, dilation 1, stride 1 or 2) -> tiled / direct
-* NCHW backward-input: large filter -> register window (stride 1) ->
-                  tiled (stride 1) / direct gather (any stride)
+* NCHW backward-input: large filter -> whole plane (where preferred) ->
+                  register window (stride 1) -> tiled (stride 1) / direct
+                  gather (any stride)
 * NCHW backward-weight: one-pass deterministic kernel -> two-pass kernel
-* NHWC:           the channel-vector kernels of _depthwise_nhwc (all shapes);
-                  the register-window kernel of _depthwise_nhwc_window
-                  (3x3/5x5/7x7, stride 1, forward and backward-input) first
-                  when its ENABLED switch is set (off: not yet measured)
+* NHWC forward and backward-input: register window (3x3/5x5/7x7, stride 1,
+                  where _depthwise_nhwc_window.preferred) -> the
+                  channel-vector kernels of _depthwise_nhwc (all shapes)
 """
 
 import typing
@@ -388,8 +389,7 @@ def _vector_aligned(a, b):
 def _forward_steps(g, layout, x, out):
     index = _launch.index_type(x.size, out.size)
     if layout == "NHWC":
-        window = _depthwise_nhwc_window.ENABLED and _depthwise_nhwc_window.plan(
-            g, x.dtype, False, index, _alignment(x), _alignment(out))
+        window = _depthwise_nhwc_window.select(g, x.dtype, False, index, _alignment(x), _alignment(out))
         launches = (window,) if window else _depthwise_nhwc.forward_plan(g, x.dtype, index, _vector_aligned(x, out))
     else:
         launch = (
@@ -408,8 +408,7 @@ def _backward_input_steps(g, layout, grad_out, out):
     index = _launch.index_type(grad_out.size, out.size)
     if layout == "NHWC":
         # The stride-1 vector case runs a forward kernel (bias slot: NULL).
-        launch = _depthwise_nhwc_window.ENABLED and _depthwise_nhwc_window.plan(
-            g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
+        launch = _depthwise_nhwc_window.select(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
         if launch:
             forward_kernel = True
         else:

@@ -48,14 +48,15 @@ def depthwise():
 
 
 def nhwc_window():
-    # The NHWC register-window kernel, off in the ops until measured: switched
-    # on here (and the call-signature cache cleared) for stride-1 3x3/5x5/7x7
-    # NHWC calls: odd sizes, per-side and oversized padding (negative
-    # backward offsets), several channel tiles and spatial tiles, a 4-byte
-    # offset destination.
-    from cupy_dwgn import _depthwise_nhwc_window, depthwise as dw
+    # The NHWC register-window kernel for every stride-1 3x3/5x5/7x7 NHWC call
+    # (MODE "always", the call-signature cache cleared; float32 3x3 included,
+    # which the rule leaves to the tiled kernels): odd sizes, per-side and
+    # oversized padding (negative backward offsets), several channel tiles
+    # and spatial tiles, a 4-byte offset destination, and channel-tile groups
+    # of 1, 2 and 4 (launched directly).
+    from cupy_dwgn import _depthwise_nhwc_window, _validate, depthwise as dw
 
-    _depthwise_nhwc_window.ENABLED, dw._SIGNATURES = True, {}
+    _depthwise_nhwc_window.MODE, dw._SIGNATURES = "always", {}
     try:
         for dtype in (cupy.float32, cupy.float16):
             for x_shape, k, padding in [
@@ -69,8 +70,11 @@ def nhwc_window():
                 cupy_dwgn.depthwise_conv2d_backward_input(y, w, x.shape, padding=padding, layout="NHWC")
                 offset = cupy.empty(y.size + 4 // y.itemsize, dtype)[4 // y.itemsize:].reshape(y.shape)
                 cupy_dwgn.depthwise_conv2d(x, w, b, padding=padding, layout="NHWC", out=offset)
+                g = _validate.conv_geometry(x.shape, w.shape, 1, padding, 1, layout="NHWC")
+                for group in (2, 4):
+                    _depthwise_nhwc_window.plan(g, x.dtype, False, "int", 16, 16, group)(x, w, b, y)
     finally:
-        _depthwise_nhwc_window.ENABLED, dw._SIGNATURES = False, {}
+        _depthwise_nhwc_window.MODE, dw._SIGNATURES = "rule", {}
 
 
 def _misaligned(a):

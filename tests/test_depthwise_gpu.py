@@ -294,13 +294,14 @@ def test_plane_kernel_rule_and_dispatch():
     assert steps.launches[0].expression.startswith(_depthwise_nchw_plane.KERNEL)
 
 
-# The NHWC register-window kernel (_depthwise_nhwc_window, off in the ops
-# until measured: ENABLED), launched directly: odd sizes, every padding form
-# (asymmetric, "valid", larger than the filter: negative backward offsets),
-# several channel tiles, tiles in both directions with partial last tiles,
-# more units than the persistent grid holds, a 3-block grid that walks
-# every unit (and across channel tiles), and destination views 4 bytes off
-# 16 (the kernel stores 4 bytes per lane); NaN-poisoned outputs.
+# The NHWC register-window kernel (_depthwise_nhwc_window), launched
+# directly: odd sizes, every padding form (asymmetric, "valid", larger than
+# the filter: negative backward offsets), several channel tiles, tiles in
+# both directions with partial last tiles, more units than the persistent
+# grid holds, a 3-block grid that walks every unit (and across channel
+# tiles), every unit order the rule uses (channel-tile groups of 1, 2 and 4,
+# with a smaller last group), and destination views 4 bytes off 16 (the
+# kernel stores 4 bytes per lane); NaN-poisoned outputs.
 NHWC_WINDOW_CASES = [
     # (label, NHWC x shape, filter size, padding)
     ("13x11 C=32 3x3 p1", (2, 13, 11, 32), 3, 1),
@@ -360,38 +361,44 @@ def test_nhwc_window_kernel_matches_reference(case, dtype, backward, dst_offset,
     src_gpu = _offset_view(src.shape, dtype, 0, src)
     dst = _offset_view(dst_shape, dtype, dst_offset)
     index = _launch.index_type(src_gpu.size, dst.size)
-    launch = _depthwise_nhwc_window.plan(
-        g, numpy.dtype(dtype), backward, index, depthwise._alignment(src_gpu), depthwise._alignment(dst)
-    )
+    alignments = (depthwise._alignment(src_gpu), depthwise._alignment(dst))
     if g.channels % _depthwise_nhwc_window.channel_tile(dtype):
-        assert launch is None
+        assert _depthwise_nhwc_window.plan(g, numpy.dtype(dtype), backward, index, *alignments) is None
         return
-    assert launch is not None and launch.persistent
     # A misaligned source goes to the other kernels.
     assert _depthwise_nhwc_window.plan(g, numpy.dtype(dtype), backward, index, 8, 16) is None
     args = (src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
-    launch(*args)
-    error = relative_error(dst, want)
-    record_errors("depthwise NHWC window kernel", str(numpy.dtype(dtype)), {("backward_input" if backward else "forward"): error})
-    assert error <= TOLERANCE[dtype]
-    # Deterministic, and independent of the grid: a 3-block grid (each
-    # block walks a third of the units, across channel tiles) writes the
-    # same bits.
-    first = dst.copy()
-    dst.fill(numpy.nan)
-    small = _launch.Launch(launch.file, launch.expression, (min(3, launch.grid[0]),), launch.block,
-                           launch.shared_mem, launch.scalars, persistent=True)
-    small(*args)
     bits = f"u{dst.itemsize}"
-    assert bool((dst.view(bits) == first.view(bits)).all())
+    first = None
+    for group in (1, 2, 4):
+        launch = _depthwise_nhwc_window.plan(g, numpy.dtype(dtype), backward, index, *alignments, group)
+        assert launch is not None and launch.persistent
+        dst.fill(numpy.nan)
+        launch(*args)
+        error = relative_error(dst, want)
+        record_errors("depthwise NHWC window kernel", str(numpy.dtype(dtype)),
+                      {("backward_input" if backward else "forward"): error})
+        assert error <= TOLERANCE[dtype], group
+        # Deterministic, and independent of the unit order and the grid: every
+        # group size, and a 3-block grid (each block walks a third of the
+        # units, across channel tiles), write the same bits.
+        if first is None:
+            first = dst.copy()
+        assert bool((dst.view(bits) == first.view(bits)).all()), group
+        dst.fill(numpy.nan)
+        small = _launch.Launch(launch.file, launch.expression, (min(3, launch.grid[0]),), launch.block,
+                               launch.shared_mem, launch.scalars, persistent=True)
+        small(*args)
+        assert bool((dst.view(bits) == first.view(bits)).all()), group
 
 
 @pytest.mark.parametrize("dtype", NHWC_WINDOW_DTYPES, ids=str)
-def test_nhwc_window_dispatch_when_enabled(dtype, rng, monkeypatch):
-    # With the switch on, the NHWC ops launch the window kernel for stride-1 3x3/5x5/7x7 forward and backward-input, and
-    # match the reference; the other shapes keep their kernels.
-    monkeypatch.setattr(_depthwise_nhwc_window, "ENABLED", True)
-    monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved with the switch off
+def test_nhwc_window_dispatch_when_forced(dtype, rng, monkeypatch):
+    # With MODE "always", the NHWC ops launch the window kernel for every stride-1 3x3/5x5/7x7 forward and
+    # backward-input (also where the rule prefers the tiled kernels), and match the reference; the other shapes keep
+    # their kernels.
+    monkeypatch.setattr(_depthwise_nhwc_window, "MODE", "always")
+    monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under the rule
     x_shape = (2, 20, 23, 32)  # NHWC
     for k, padding in ((3, 1), (5, ((1, 3), (2, 2))), (7, 3)):
         g = _validate.conv_geometry(x_shape, (32, 1, k, k), 1, padding, 1, layout="NHWC")
@@ -414,6 +421,26 @@ def test_nhwc_window_dispatch_when_enabled(dtype, rng, monkeypatch):
     x_gpu = cupy.zeros(x_shape, dtype)
     steps = depthwise._forward_steps(g, "NHWC", x_gpu, x_gpu)
     assert not steps.launches[0].expression.startswith(_depthwise_nhwc_window.KERNEL)
+
+
+@pytest.mark.parametrize("dtype", NHWC_WINDOW_DTYPES, ids=str)
+def test_nhwc_window_dispatch_follows_the_rule(dtype, rng):
+    # By default the ops take the window kernel exactly where preferred() names a group, with that group, and the
+    # result matches the reference either way.
+    assert _depthwise_nhwc_window.MODE == "rule"
+    for x_shape, k in (((2, 28, 28, 32), 3), ((2, 14, 14, 32), 5), ((2, 7, 7, 32), 7), ((1, 56, 56, 32), 3)):
+        g = _validate.conv_geometry(x_shape, (32, 1, k, k), 1, k // 2, 1, layout="NHWC")
+        x = random(rng, x_shape, dtype)
+        w = random(rng, (32, 1, k, k), dtype)
+        x_gpu = cupy.asarray(x)
+        y_gpu = poisoned(x_shape, dtype)
+        launch = depthwise._forward_steps(g, "NHWC", x_gpu, y_gpu).launches[0]
+        group = _depthwise_nhwc_window.preferred(g, dtype, False)
+        assert launch.expression.startswith(_depthwise_nhwc_window.KERNEL) == (group is not None)
+        if group is not None:
+            assert int(launch.scalars[16]) == min(group, 32 // _depthwise_nhwc_window.channel_tile(dtype))
+        y = cupy_dwgn.depthwise_conv2d(x_gpu, cupy.asarray(w), padding=k // 2, layout="NHWC", out=y_gpu)
+        assert relative_error(y, reference.depthwise_conv2d(x, w, padding=k // 2, layout="NHWC")) <= TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -79,11 +79,11 @@ def _steps_of_every_path(monkeypatch):
                     steps.append(((dtype,) * 4, depthwise._forward_steps(g, layout, x_off, y)))
                     steps.append(((dtype, dtype, None, dtype), depthwise._backward_input_steps(g, layout, y, x_off)))
                     steps.append(((dtype, dtype, None, dtype), depthwise._backward_weight_steps(g, layout, y, x_off)))
-                    if layout == "NHWC":  # the register-window kernel, as the ops take it once switched on
-                        monkeypatch.setattr(_depthwise_nhwc_window, "ENABLED", True)
+                    if layout == "NHWC":  # the register-window kernel wherever it serves the call
+                        monkeypatch.setattr(_depthwise_nhwc_window, "MODE", "always")
                         steps.append(((dtype,) * 4, depthwise._forward_steps(g, layout, x_off, y)))
                         steps.append(((dtype, dtype, None, dtype), depthwise._backward_input_steps(g, layout, y, x_off)))
-                        monkeypatch.setattr(_depthwise_nhwc_window, "ENABLED", False)
+                        monkeypatch.setattr(_depthwise_nhwc_window, "MODE", "rule")
     for n, s, c, groups in NORMS:
         for dtype in DTYPES:
             acc = _dtypes.accumulator_dtype(dtype)
