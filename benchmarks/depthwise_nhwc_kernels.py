@@ -1,7 +1,7 @@
 """The NHWC stride-1 kernels that serve one geometry, side by side: the
 register-window kernel (_depthwise_nhwc_window, design P2 of the NHWC review;
-off in the ops until this is measured) against the kernels the ops launch
-now (_depthwise_nhwc: the shared-memory tiled kernel for 3x3/5x5/7x7),
+taken by the ops where preferred() says so) against the kernels the ops launch
+otherwise (_depthwise_nhwc: the shared-memory tiled kernel for 3x3/5x5/7x7),
 forward and backward-input, GPU time per launch (CUDA events around 20
 launches over 3 rotating copies, after a warm-up pass), the memory floor
 (input + output bytes at COPY_BYTES_PER_US) and the window kernel's largest
