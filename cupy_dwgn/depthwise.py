@@ -12,9 +12,12 @@ kernel does not serve the geometry), in this order:
                   register window (stride 1) -> tiled (stride 1) / direct
                   gather (any stride)
 * NCHW backward-weight: one-pass deterministic kernel -> two-pass kernel
-* NHWC forward and backward-input: register window (3x3/5x5/7x7, stride 1,
+* NHWC, all three ops: large filter (>= 9x9, stride 1: transposed to NCHW
+                  around the NCHW large-filter kernels, _depthwise_nhwc_large)
+* NHWC forward and backward-input: -> register window (3x3/5x5/7x7, stride 1,
                   where _depthwise_nhwc_window.preferred) -> the
                   channel-vector kernels of _depthwise_nhwc (all shapes)
+* NHWC backward-weight: -> the tiled kernel of _depthwise_nhwc
 """
 
 import typing
@@ -29,6 +32,7 @@ from . import (
     _depthwise_nchw_wgrad,
     _depthwise_nchw_window,
     _depthwise_nhwc,
+    _depthwise_nhwc_large,
     _depthwise_nhwc_window,
     _interop,
     _validate,
@@ -82,6 +86,9 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
             if name != "depthwise_conv2d_backward_weight":
                 # One kernel serves forward and backward-input.
                 specs += _depthwise_nhwc_window.specializations(dtypes, sizes, large_index)
+            if large_filters:
+                specs += _depthwise_nhwc_large.specializations(
+                    dtypes, large_index, weight_gradient=name == "depthwise_conv2d_backward_weight")
     return list(dict.fromkeys(specs))
 
 
@@ -389,6 +396,9 @@ def _vector_aligned(a, b):
 def _forward_steps(g, layout, x, out):
     index = _launch.index_type(x.size, out.size)
     if layout == "NHWC":
+        routed = _depthwise_nhwc_large.forward_steps(g, x.dtype, False)
+        if routed is not None:
+            return _launch.Steps(*routed)
         window = _depthwise_nhwc_window.select(g, x.dtype, False, index, _alignment(x), _alignment(out))
         launches = (window,) if window else _depthwise_nhwc.forward_plan(g, x.dtype, index, _vector_aligned(x, out))
     else:
@@ -407,6 +417,9 @@ def _forward_steps(g, layout, x, out):
 def _backward_input_steps(g, layout, grad_out, out):
     index = _launch.index_type(grad_out.size, out.size)
     if layout == "NHWC":
+        routed = _depthwise_nhwc_large.forward_steps(g, grad_out.dtype, True)
+        if routed is not None:
+            return _launch.Steps(*routed)
         # The stride-1 vector case runs a forward kernel (bias slot: NULL).
         launch = _depthwise_nhwc_window.select(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
         if launch:
@@ -431,6 +444,9 @@ def _backward_input_steps(g, layout, grad_out, out):
 def _backward_weight_steps(g, layout, grad_out, x):
     index = _launch.index_type(grad_out.size, x.size)
     if layout == "NHWC":
+        routed = _depthwise_nhwc_large.backward_weight_steps(g, x.dtype)
+        if routed is not None:
+            return _launch.Steps(*routed)
         (partial, finalize), temporary = _depthwise_nhwc.backward_weight_plan(g, x.dtype, index, _vector_aligned(grad_out, x))
         return _launch.Steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
     launches = _depthwise_nchw_wgrad.plan(g, x.dtype)

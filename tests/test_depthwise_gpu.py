@@ -6,7 +6,9 @@ per seed bug (CHANGELOG.md, "Fixed, relative to the kernels cupy-dwgn started fr
 import numpy
 import pytest
 
-from cupy_dwgn import _depthwise_nchw_plane, _depthwise_nhwc_window, _launch, _validate, depthwise, reference
+from cupy_dwgn import (
+    _depthwise_nchw_plane, _depthwise_nhwc_large, _depthwise_nhwc_window, _launch, _validate, depthwise, reference,
+)
 
 from _helpers import DTYPE_IDS, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
 
@@ -441,6 +443,80 @@ def test_nhwc_window_dispatch_follows_the_rule(dtype, rng):
             assert int(launch.scalars[16]) == min(group, 32 // _depthwise_nhwc_window.channel_tile(dtype))
         y = cupy_dwgn.depthwise_conv2d(x_gpu, cupy.asarray(w), padding=k // 2, layout="NHWC", out=y_gpu)
         assert relative_error(y, reference.depthwise_conv2d(x, w, padding=k // 2, layout="NHWC")) <= TOLERANCE[dtype]
+
+
+# The NHWC large-filter path (_depthwise_nhwc_large): the NCHW large-filter
+# kernels between two transposes, for all three ops: odd sizes, per-side and
+# oversized padding, a depth multiplier, a non-square filter, a channel count
+# off every tile, NaN-poisoned outputs.
+NHWC_LARGE_CASES = [
+    # (label, NCHW x shape, weight shape, padding)
+    ("9x9 p4", (2, 6, 20, 17), (6, 1, 9, 9), 4),
+    ("13x13 per-side M=2", (1, 3, 25, 30), (6, 1, 13, 13), ((2, 9), (6, 0))),
+    ("9x15 valid", (2, 5, 19, 40), (5, 1, 9, 15), "valid"),
+    ("31x31 padding 20 C=33", (1, 33, 16, 16), (33, 1, 31, 31), 20),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", NHWC_LARGE_CASES, ids=lambda c: c[0])
+def test_nhwc_large_filters_run_the_nchw_kernels_between_transposes(case, dtype, rng):
+    _, x_nchw, w_shape, padding = case
+    x = _to_layout(random(rng, x_nchw, dtype), "NHWC")
+    w, b = random(rng, w_shape, dtype), random(rng, w_shape[0], dtype)
+    conv = dict(padding=padding, layout="NHWC")
+    g = _validate.conv_geometry(x.shape, w_shape, 1, padding, 1, layout="NHWC")
+    y_shape = (g.batch, g.out_height, g.out_width, w_shape[0])
+    x_gpu, w_gpu = cupy.asarray(x), cupy.asarray(w)
+    dy = random(rng, y_shape, dtype)
+    dy_gpu = cupy.asarray(dy)
+    transpose = _depthwise_nhwc_large.KERNEL_FILE
+    for steps in (depthwise._forward_steps(g, "NHWC", x_gpu, dy_gpu),
+                  depthwise._backward_input_steps(g, "NHWC", dy_gpu, x_gpu)):
+        assert [launch.file for launch in steps.launches] == [transpose, "depthwise_nchw_large.cu", transpose]
+    y = cupy_dwgn.depthwise_conv2d(x_gpu, w_gpu, cupy.asarray(b), out=poisoned(y_shape, dtype), **conv)
+    assert relative_error(y, reference.depthwise_conv2d(x, w, b, **conv)) <= TOLERANCE[dtype]
+    dx = cupy_dwgn.depthwise_conv2d_backward_input(dy_gpu, w_gpu, x.shape, out=poisoned(x.shape, dtype), **conv)
+    assert relative_error(dx, reference.depthwise_conv2d_backward_input(dy, w, x.shape, **conv)) <= TOLERANCE[dtype]
+    steps = depthwise._backward_weight_steps(g, "NHWC", dy_gpu, x_gpu)
+    assert [launch.file for launch in steps.launches[:2]] == [transpose, transpose]
+    dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, out=poisoned(w_shape, dtype), **conv)
+    assert relative_error(dw, reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)) <= TOLERANCE[dtype]
+    again = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, **conv)
+    bits = f"u{dw.itemsize}"
+    assert bool((again.view(bits) == dw.view(bits)).all())  # deterministic
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_layout_transpose_kernel_moves_every_element_once(dtype, rng):
+    # Ragged tiles both ways, one-element and one-row images, several images,
+    # and a 3-block grid that walks every tile; every bit compared.
+    itemsize = numpy.dtype(dtype).itemsize
+    bits = f"u{itemsize}"
+    for batch, rows, cols in ((1, 1, 1), (3, 33, 65), (2, 1000, 7), (1, 31, 2049), (5, 64, 32)):
+        src = cupy.asarray(random(rng, (batch, rows, cols), dtype))
+        want = cupy.ascontiguousarray(src.transpose(0, 2, 1))
+        launch = _depthwise_nhwc_large.transpose(batch, rows, cols, itemsize)
+        for grid in (launch.grid, (3,)):
+            dst = poisoned((batch, cols, rows), dtype)
+            _launch.Launch(launch.file, launch.expression, grid, launch.block, launch.shared_mem, launch.scalars)(src, dst)
+            assert bool((dst.view(bits) == want.view(bits)).all()), (batch, rows, cols, grid)
+
+
+@pytest.mark.slow
+def test_layout_transpose_kernel_over_2_31_elements():
+    # (1, 2**21 + 3, 1024) float16 = 2**31 + 3072 elements: source rows 2**21+
+    # and, in the destination, the last columns' rows lie past 2**31.
+    rows, cols = 2**21 + 3, 1024
+    src = cupy.random.default_rng(3).standard_normal((1, rows, cols), dtype=cupy.float32).astype(cupy.float16)
+    dst = cupy.full((1, cols, rows), numpy.nan, cupy.float16)
+    launch = _depthwise_nhwc_large.transpose(1, rows, cols, 2)
+    assert launch.expression.endswith("long long>")
+    launch(src, dst)
+    for r in (0, 2**21 - 1, 2**21, rows - 1):
+        assert bool((dst[0, :, r] == src[0, r, :]).all()), r
+    for c in (0, 511, cols - 1):
+        assert bool((dst[0, c, -4096:] == src[0, -4096:, c]).all()), c
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -38,12 +38,15 @@ CONVOLUTIONS = [
     (2, 16, 32, 32, 1, 7, 7, 2, 3, 1), (2, 16, 32, 32, 2, 3, 3, 1, 1, 1), (2, 16, 32, 32, 1, 4, 4, 1, 1, 1),
     (2, 16, 32, 32, 1, 3, 3, 1, 2, 2), (2, 16, 32, 32, 1, 3, 3, 3, 1, 1), (2, 16, 64, 64, 1, 11, 11, 1, 5, 1),
     (2, 16, 64, 64, 1, 1, 31, 1, 0, 1), (2, 17, 9, 9, 3, 2, 3, 1, 0, 1), (8, 1024, 7, 7, 1, 7, 7, 1, 3, 1),
+    (2, 5, 20, 20, 2, 9, 9, 1, 4, 1),
 ]
 #: (N, S, C, num_groups) for GroupNorm.
 NORMS = [(2, 64, 320, 32), (2, 16, 12, 6), (4, 100, 7, 7), (1, 3, 24, 3), (8, 1024, 640, 32)]
 SCALAR_CODES = {"int": "i", "long long": "q", "float": "f", "double": "d"}
 POINTEES = {"float": numpy.dtype(numpy.float32), "double": numpy.dtype(numpy.float64),
             "__half": numpy.dtype(numpy.float16), "__nv_bfloat16": _dtypes.bfloat16}
+# The layout transposes move raw words of the element's size.
+WORD_POINTEES = {"unsigned short": 2, "unsigned int": 4, "unsigned long long": 8}
 
 
 def _array(shape, dtype, offset=0):
@@ -187,7 +190,9 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
                     # between arrays of different dtypes shows here).
                     pointee = _scalar_type(parameter.replace("const", "").rstrip("*").strip())
                     argument_dtype = dtypes[positions[index]]
-                    if argument_dtype is not None:
+                    if argument_dtype is not None and pointee in WORD_POINTEES:
+                        assert WORD_POINTEES[pointee] == argument_dtype.itemsize, (launch, index, parameter)
+                    elif argument_dtype is not None:
                         assert POINTEES[pointee] == argument_dtype, (launch, index, parameter, argument_dtype)
                     got = ctypes.c_uint64.from_address(entries[index]).value
                     assert got == expected_addresses[positions[index]], (launch, index, parameter)
