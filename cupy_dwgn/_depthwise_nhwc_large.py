@@ -7,15 +7,24 @@ gradient of _depthwise_nchw_wgrad), and the result is transposed back.
 Why: a large filter reads each input value K*K times, so the work is in the
 taps, not the bytes; the NCHW kernels keep a plane in shared memory and skip
 taps in the padding, while the NHWC kernels stream channel vectors with
-every tap from shared memory.  On an H200 (2026-12-01, 16x512x16x16 31x31)
-the NHWC forward took 285 us in float32 and 716 in float16 against the NCHW
-kernel's 67 and 68; the two transposes move 2 x (input + output) bytes,
-a few microseconds at these sizes.
+every tap from shared memory; the two transposes move 2 x (input + output)
+bytes.
 
-Rule: every call the NCHW large kernels serve (filters of MIN_TAPS taps and
-more at stride 1, dilation 1; see ``forward_steps`` and
-``backward_weight_steps``).  Cost: workspace for the NCHW copies of the
-input and the output (the weight gradient: of grad_out and x).
+Rule, measured on an H200 (2026-12-01, ``benchmarks/depthwise_nhwc_large.py``,
+GPU time per call, us, NHWC kernels / this path):
+
+* forward and backward-input: every call the NCHW large kernel serves
+  (MIN_TAPS taps and more, stride 1, dilation 1).  Faster in all 28
+  measured cells, 1.04x to 7.8x: 16x512x16x16 31x31 float16 forward 615 /
+  79, float32 284 / 80; 64x128x56x56 13x13 float16 1593 / 589; the
+  smallest gain 64x384x14x14 9x9 float32 (111 / 106).
+* weight gradient: float32 and float64 from 13x13 (64x128x56x56 3057 /
+  2097, 16x1024x8x8 224 / 122; 9x9 lost: 64x96x56x56 1341 / 1655), half
+  types from 31x31 (16x512x16x16 522 / 267, 32x256x32x32 2527 / 998; 13x13
+  lost: 64x128x56x56 1539 / 2070, and 9x9).
+
+Cost: workspace for the NCHW copies of the input and the output (the weight
+gradient: of grad_out and x).
 """
 
 import functools
@@ -90,12 +99,21 @@ def forward_steps(g, dtype, backward):
     return launches, ((src, numpy.dtype(dtype)), (dst, numpy.dtype(dtype)))
 
 
+#: Smallest filter (taps) whose weight gradient takes this path, per element
+#: size (module docstring).
+WEIGHT_GRADIENT_MIN_TAPS = {2: 31 * 31, 4: 13 * 13, 8: 13 * 13}
+
+
 def backward_weight_steps(g, dtype):
     """As :func:`forward_steps` for the weight gradient (call addresses:
     grad_out, x, NULL, grad_weight; temporaries: NCHW grad_out 4, NCHW x 5,
     and the partial sums 6 when the NCHW kernel splits the sum), or None when
-    the NCHW large weight-gradient kernel does not serve ``g``."""
-    launches = _depthwise_nchw_wgrad.plan(g, dtype) if ENABLED else None
+    the NCHW large weight-gradient kernel does not serve ``g`` or the filter
+    is below WEIGHT_GRADIENT_MIN_TAPS."""
+    taps = g.filter_height * g.filter_width
+    if not ENABLED or taps < WEIGHT_GRADIENT_MIN_TAPS[numpy.dtype(dtype).itemsize]:
+        return None
+    launches = _depthwise_nchw_wgrad.plan(g, dtype)
     if launches is None or not launches[0].expression.startswith(_depthwise_nchw_wgrad.LARGE):
         return None
     dtype = numpy.dtype(dtype)
