@@ -381,14 +381,16 @@ __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_partial(
 // and NHWC): grad_weight[oc, tap] = the sum over splits of
 // partial[split * split_stride + oc * channel_stride + tap * tap_stride]
 // (NCHW partials are [oc][split][tap], NHWC ones [split][tap][oc]).
-// A block takes 32 consecutive weight elements (lane = element); its warp w
-// adds the splits w, w + W, w + 2W, ... (W = warps per block) in increasing
-// order, and warp 0 adds the W warp sums in warp order.  The order depends on
-// the split count and the block size only, so the result is bit-identical
-// run to run; the warps keep up to W loads per element in flight, where one
-// thread per element walking every split serially left a 14-block grid
-// latency-bound (NHWC 64x384x28 3x3: 11.4 us for 1 MB of partials).
-// Grid-stride over groups of 32 elements (the host caps the grid).
+// A block takes 32 weight elements consecutive in the partials (lane =
+// element: [oc][tap] order when taps are contiguous there, NCHW; [tap][oc]
+// when channels are, NHWC, so a warp's loads are coalesced: lanes on taps
+// read NHWC partials out_channels elements apart, 11-20 us for 1-2 MB on an
+// H200); its warp w adds the splits w, w + W, w + 2W, ... (W = warps per
+// block) in increasing order, and warp 0 adds the W warp sums in warp order.
+// The order depends on the split count and the block size only, so the
+// result is bit-identical run to run; the warps keep up to W loads per
+// element in flight.  Grid-stride over groups of 32 elements (the host caps
+// the grid).
 template <typename T>
 __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_finalize(
     const typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_weight,
@@ -398,13 +400,20 @@ __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_finalize(
   __shared__ Acc warp_sums[8][32];  // blockDim.x <= 256 (launch bounds)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int total = out_channels * filter_taps;
+  const bool lanes_on_channels = channel_stride < tap_stride;  // uniform
   const int stride = static_cast<int>(gridDim.x) * 32;
   for (int first = blockIdx.x * 32; first < total; first = dwgn::grid_stride_next(first, stride, total)) {
     const int i = first + lane;
+    int oc = 0, tap = 0;
+    if (lanes_on_channels) {
+      tap = i / out_channels;
+      oc = i - tap * out_channels;
+    } else {
+      oc = i / filter_taps;
+      tap = i - oc * filter_taps;
+    }
     Acc sum = 0;
     if (i < total) {
-      const int oc = i / filter_taps;
-      const int tap = i - oc * filter_taps;
       const Acc* p = partial + oc * channel_stride + tap * tap_stride;
       for (int s = warp; s < num_splits; s += warps) sum += p[s * split_stride];
     }
@@ -413,7 +422,7 @@ __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_finalize(
     if (warp == 0 && i < total) {
       Acc element = warp_sums[0][lane];
       for (int w = 1; w < warps; ++w) element += warp_sums[w][lane];
-      grad_weight[i] = from_acc<T>(element);
+      grad_weight[oc * filter_taps + tap] = from_acc<T>(element);
     }
     __syncthreads();  // warp_sums is rewritten by the next group
   }
