@@ -10,6 +10,7 @@ come from it (about 10 s on an H200).
     PYTHONPATH=. python benchmarks/depthwise_kernels.py
 """
 import cupy
+import harness
 import numpy
 
 from cupy_dwgn import _validate, _launch, _depthwise_nchw_plane as plane, _depthwise_nchw_window as window
@@ -23,18 +24,8 @@ DTYPES = [numpy.float16, bfloat16, numpy.float32]
 
 
 def time_launch(launch, arrays_list, reps=20):
-    """Mean GPU time per launch (us) over ``reps`` launches after a warm-up
-    pass; one Steps is built for all of them (cheap enqueues)."""
-    steps = _launch.Steps(((launch, (0, 1, 2, 3)),))
-    for arrays in arrays_list:
-        _launch.run(steps, arrays)
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for r in range(reps):
-        _launch.run(steps, arrays_list[r % len(arrays_list)])
-    end.record()
-    end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) * 1000 / reps
+    """Mean GPU time per launch (us); one Steps is built for all of them."""
+    return harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays_list, reps)
 
 # The memory floor printed per row: input + output bytes at 4.2 TB/s (about
 # the H200's measured copy bandwidth; benchmarks/depthwise.py measures it).

@@ -16,6 +16,7 @@ float16 and float32 (the dispatch rule is read from it).
 import sys
 
 import cupy
+import harness
 import numpy
 
 from cupy_dwgn import _depthwise_nhwc as nhwc
@@ -33,18 +34,8 @@ COPY_BYTES_PER_US = 4.2e6
 
 
 def time_launch(launch, arrays_list, reps=20):
-    """Mean GPU time per launch (us) over ``reps`` launches after a warm-up
-    pass; one Steps is built for all of them."""
-    steps = _launch.Steps(((launch, (0, 1, 2, 3)),))
-    for arrays in arrays_list:
-        _launch.run(steps, arrays)
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for r in range(reps):
-        _launch.run(steps, arrays_list[r % len(arrays_list)])
-    end.record()
-    end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) * 1000 / reps
+    """Mean GPU time per launch (us); one Steps is built for all of them."""
+    return harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays_list, reps)
 
 
 def candidates(g, dt, backward, index):

@@ -14,10 +14,11 @@ SLaK, ConvNeXt variants) and the depthwise table's 31x31 cell.
 import sys
 
 import cupy
+import harness
 import numpy
 
 from cupy_dwgn import _depthwise_nhwc_large as large
-from cupy_dwgn import _launch, _validate, depthwise
+from cupy_dwgn import _validate, depthwise
 
 # (N, C, H = W, filter size), "same" padding.
 SHAPES = [(16, 512, 16, 31), (32, 256, 32, 31), (64, 128, 56, 13), (64, 256, 28, 13), (64, 384, 14, 9),
@@ -32,19 +33,6 @@ def _steps(g, direction, a, b):
     if direction == "backward_input":
         return depthwise._backward_input_steps(g, "NHWC", a, b)
     return depthwise._backward_weight_steps(g, "NHWC", a, b)
-
-
-def time_steps(steps, arrays_list, reps=20):
-    """Mean GPU time per call (us) over ``reps`` calls after a warm-up pass."""
-    for arrays in arrays_list:
-        _launch.run(steps, arrays)
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for r in range(reps):
-        _launch.run(steps, arrays_list[r % len(arrays_list)])
-    end.record()
-    end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) * 1000 / reps
 
 
 def main(quick=False):
@@ -72,7 +60,7 @@ def main(quick=False):
                         steps = _steps(g, direction, first, second)
                     finally:
                         large.ENABLED = True
-                    times[name] = time_steps(steps, arrays)
+                    times[name] = harness.steps_time_us(steps, arrays)
                     results[name] = outs[0].astype(numpy.float32)
                 ref = results["nhwc"]
                 diff = float(cupy.max(cupy.abs(results["transposed"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))

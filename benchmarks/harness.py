@@ -42,6 +42,24 @@ def time_us(fn, *, warmup=5, repeat=30, min_batch_us=2000.0):
     return statistics.median(times)
 
 
+def steps_time_us(steps, arrays_list, reps=20):
+    """Mean GPU time (us) of one run of ``steps`` (a cupy_dwgn._launch.Steps,
+    built once by the caller) over ``reps`` runs cycling through
+    ``arrays_list`` (rotating copies), after one warm-up run of each: the
+    kernel comparisons' timer (no host cost per call beyond the enqueue)."""
+    from cupy_dwgn import _launch
+
+    for arrays in arrays_list:
+        _launch.run(steps, arrays)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for r in range(reps):
+        _launch.run(steps, arrays_list[r % len(arrays_list)])
+    end.record()
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) * 1000 / reps
+
+
 def rotating(calls):
     """One callable that calls the next of ``calls`` each time (the calls
     read rotating copies of their inputs, so none finds its data in L2)."""

@@ -70,12 +70,12 @@ template <> struct Lane<float> {
   static __device__ __forceinline__ Acc from_floats(const float* p) { return p[0]; }
   static __device__ __forceinline__ Acc zero() { return 0.0f; }
 };
-template <> struct Lane<__half> {
-  using Store = __half2;
+// Half types: a lane owns a channel pair (one 4-byte word), float2 in registers.
+template <typename Pair>
+struct PairLane {
+  using Store = Pair;
   using Acc = float2;
   static constexpr int kChannels = 2;
-  static __device__ __forceinline__ Acc load(Store v) { return __half22float2(v); }
-  static __device__ __forceinline__ Store store(Acc v) { return __float22half2_rn(v); }
   static __device__ __forceinline__ Acc fma(Acc w, Acc x, Acc acc) {
     return make_float2(fmaf(w.x, x.x, acc.x), fmaf(w.y, x.y, acc.y));
   }
@@ -84,19 +84,13 @@ template <> struct Lane<__half> {
   }
   static __device__ __forceinline__ Acc zero() { return make_float2(0.0f, 0.0f); }
 };
-template <> struct Lane<__nv_bfloat16> {
-  using Store = __nv_bfloat162;
-  using Acc = float2;
-  static constexpr int kChannels = 2;
-  static __device__ __forceinline__ Acc load(Store v) { return __bfloat1622float2(v); }
-  static __device__ __forceinline__ Store store(Acc v) { return __float22bfloat162_rn(v); }
-  static __device__ __forceinline__ Acc fma(Acc w, Acc x, Acc acc) {
-    return make_float2(fmaf(w.x, x.x, acc.x), fmaf(w.y, x.y, acc.y));
-  }
-  static __device__ __forceinline__ Acc from_floats(const float* p) {
-    return *reinterpret_cast<const float2*>(p);
-  }
-  static __device__ __forceinline__ Acc zero() { return make_float2(0.0f, 0.0f); }
+template <> struct Lane<__half> : PairLane<__half2> {
+  static __device__ __forceinline__ float2 load(__half2 v) { return __half22float2(v); }
+  static __device__ __forceinline__ __half2 store(float2 v) { return __float22half2_rn(v); }
+};
+template <> struct Lane<__nv_bfloat16> : PairLane<__nv_bfloat162> {
+  static __device__ __forceinline__ float2 load(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+  static __device__ __forceinline__ __nv_bfloat162 store(float2 v) { return __float22bfloat162_rn(v); }
 };
 
 // Weights kept in shared memory instead of registers (7x7 half types).
