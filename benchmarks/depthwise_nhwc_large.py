@@ -18,7 +18,7 @@ import harness
 import numpy
 
 from cupy_dwgn import _depthwise_nhwc_large as large
-from cupy_dwgn import _validate, depthwise
+from cupy_dwgn import _launch, _validate, depthwise
 
 # (N, C, H = W, filter size), "same" padding.
 SHAPES = [(16, 512, 16, 31), (32, 256, 32, 31), (64, 128, 56, 13), (64, 256, 28, 13), (64, 384, 14, 9),
@@ -27,12 +27,24 @@ DTYPES = [numpy.float16, numpy.float32]
 DIRECTIONS = ("forward", "backward_input", "backward_weight")
 
 
-def _steps(g, direction, a, b):
-    if direction == "forward":
-        return depthwise._forward_steps(g, "NHWC", a, b)
-    if direction == "backward_input":
-        return depthwise._backward_input_steps(g, "NHWC", a, b)
-    return depthwise._backward_weight_steps(g, "NHWC", a, b)
+def _nhwc_steps(g, direction, a, b):
+    """The Steps of the NHWC kernels (this path switched off)."""
+    large.ENABLED = False
+    try:
+        if direction == "forward":
+            return depthwise._forward_steps(g, "NHWC", a, b)
+        if direction == "backward_input":
+            return depthwise._backward_input_steps(g, "NHWC", a, b)
+        return depthwise._backward_weight_steps(g, "NHWC", a, b)
+    finally:
+        large.ENABLED = True
+
+
+def _transposed_steps(g, dtype, direction):
+    """The Steps of this path whatever its rule says."""
+    if direction == "backward_weight":
+        return _launch.Steps(*large.backward_weight_steps(g, dtype, min_taps=0))
+    return _launch.Steps(*large.forward_steps(g, dtype, direction == "backward_input"))
 
 
 def main(quick=False):
@@ -54,12 +66,8 @@ def main(quick=False):
                     arrays = [(x, w, 0, o) for x, o in zip(xs, outs)]
                     first, second = xs[0], outs[0]
                 times, results = {}, {}
-                for name, enabled in (("nhwc", False), ("transposed", True)):
-                    large.ENABLED = enabled
-                    try:
-                        steps = _steps(g, direction, first, second)
-                    finally:
-                        large.ENABLED = True
+                for name, steps in (("nhwc", _nhwc_steps(g, direction, first, second)),
+                                    ("transposed", _transposed_steps(g, dt, direction))):
                     times[name] = harness.steps_time_us(steps, arrays)
                     results[name] = outs[0].astype(numpy.float32)
                 ref = results["nhwc"]

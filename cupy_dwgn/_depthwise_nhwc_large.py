@@ -104,14 +104,17 @@ def forward_steps(g, dtype, backward):
 WEIGHT_GRADIENT_MIN_TAPS = {2: 31 * 31, 4: 13 * 13, 8: 13 * 13}
 
 
-def backward_weight_steps(g, dtype):
+def backward_weight_steps(g, dtype, min_taps=None):
     """As :func:`forward_steps` for the weight gradient (call addresses:
     grad_out, x, NULL, grad_weight; temporaries: NCHW grad_out 4, NCHW x 5,
     and the partial sums 6 when the NCHW kernel splits the sum), or None when
     the NCHW large weight-gradient kernel does not serve ``g`` or the filter
-    is below WEIGHT_GRADIENT_MIN_TAPS."""
+    has fewer than ``min_taps`` taps (default: WEIGHT_GRADIENT_MIN_TAPS, the
+    rule; the benchmark passes 0)."""
     taps = g.filter_height * g.filter_width
-    if not ENABLED or taps < WEIGHT_GRADIENT_MIN_TAPS[numpy.dtype(dtype).itemsize]:
+    if min_taps is None:
+        min_taps = WEIGHT_GRADIENT_MIN_TAPS[numpy.dtype(dtype).itemsize]
+    if not ENABLED or taps < min_taps:
         return None
     launches = _depthwise_nchw_wgrad.plan(g, dtype)
     if launches is None or not launches[0].expression.startswith(_depthwise_nchw_wgrad.LARGE):
