@@ -12,6 +12,7 @@ as the very object the caller passed.
 """
 
 import contextlib
+import warnings
 
 #: DLPack device types whose memory a CUDA kernel can address.
 _CUDA_DEVICE_TYPES = (2, 13)  # kDLCUDA, kDLCUDAManaged
@@ -156,8 +157,30 @@ def as_stream(stream):
     key = (device, address)
     cached = _STREAMS.get(key)
     if cached is None:
-        cached = _STREAMS[key] = cupy.cuda.ExternalStream(address, device)
+        cached = _STREAMS[key] = external_stream(cupy, address, device)
     return cached
+
+
+def external_stream(cupy, address, device):
+    """A CuPy stream object for the raw stream handle ``address`` of ``device``
+    (``cupy``: the module, passed so the torch bridge's tests can stand in).
+
+    cupy.cuda.ExternalStream is deprecated in CuPy 14 for
+    Stream.from_external, which takes an object with __cuda_stream__ but
+    leaves the device unknown (-1); we hold a raw handle and know its device,
+    which lets CuPy check that the stream is used there, so ExternalStream is
+    kept while it exists, without its warning reaching the user."""
+    external = getattr(cupy.cuda, "ExternalStream", None)
+    if external is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return external(address, device)
+
+    class _Handle:  # pragma: no cover - a CuPy without ExternalStream
+        def __cuda_stream__(self):
+            return (0, address)
+
+    return cupy.cuda.Stream.from_external(_Handle())  # pragma: no cover
 
 
 def _foreign_gpu_array(value):

@@ -58,7 +58,7 @@ except ImportError as _error:  # pragma: no cover - exercised in a subprocess by
         "the rest of cupy_dwgn (CuPy, NumPy, PyTorch) works without it."
     ) from _error
 
-from . import _dtypes, _validate
+from . import _dtypes, _interop, _validate
 
 try:
     from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
@@ -417,7 +417,7 @@ def _callback(body):
     return callback
 
 
-_STREAMS = {}  # (device, stream address) -> cupy.cuda.ExternalStream
+_STREAMS = {}  # (device, stream address) -> CuPy stream object (_interop.external_stream)
 
 
 @contextlib.contextmanager
@@ -436,7 +436,7 @@ def _callback_context(ctx, buffers):
     key = (device_id, int(address))
     stream = _STREAMS.get(key)
     if stream is None:
-        stream = _STREAMS[key] = cupy.cuda.ExternalStream(int(address), device_id)
+        stream = _STREAMS[key] = _interop.external_stream(cupy, int(address), device_id)
     with _on_device(device_id), stream:
         yield
 

@@ -63,14 +63,13 @@ except ImportError as error:  # torch is an optional extra
 
 import numbers
 import typing
-import warnings
 
 import ml_dtypes
 import numpy
 from torch import nn
 from torch.nn import functional as F
 
-from . import _validate, reference as _reference
+from . import _interop, _validate, reference as _reference
 
 __all__ = [
     "DepthwiseConv2d",
@@ -147,21 +146,7 @@ def _stream(device):
 def _new_stream(device, ptr):
     if _cupy is None:
         _load_core()
-    external = getattr(_cupy.cuda, "ExternalStream", None)
-    if external is not None:
-        # Deprecated in CuPy 14 for Stream.from_external, which takes an object
-        # with __cuda_stream__ but leaves the device unknown (-1); we hold a raw
-        # handle and know its device, which lets CuPy check it is used there.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            stream = external(ptr, device)
-    else:  # pragma: no cover - a CuPy without ExternalStream
-
-        class _Handle:
-            def __cuda_stream__(self):
-                return (0, ptr)
-
-        stream = _cupy.cuda.Stream.from_external(_Handle())
+    stream = _interop.external_stream(_cupy, ptr, device)
     if len(_STREAMS) >= 256:
         _STREAMS.clear()
     _STREAMS[(device, ptr)] = stream

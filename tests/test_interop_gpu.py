@@ -147,6 +147,21 @@ def test_stream_argument_launches_there(rng):
     assert relative_error(y, ref_y) <= TOLERANCE[F32]
 
 
+# CuPy 14 deprecates cupy.cuda.ExternalStream; the user must not see that
+# warning from our stream wrapping (_interop.external_stream).
+@pytest.mark.filterwarnings("error::DeprecationWarning")
+def test_raw_stream_address_as_stream_argument(rng):
+    x_host, w_host = random(rng, (2, 8, 20, 20), F32), random(rng, (8, 1, 3, 3), F32)
+    x, w = cupy.asarray(x_host), cupy.asarray(w_host)
+    side = cupy.cuda.Stream(non_blocking=True)
+    y = poisoned((2, 8, 20, 20), F32)
+    cupy.cuda.Device().synchronize()  # the inputs and the poison are written before `side` runs
+    cupy_dwgn.depthwise_conv2d(x, w, padding=1, stream=side.ptr, out=y)
+    side.synchronize()
+    assert relative_error(y, reference.depthwise_conv2d(x_host, w_host, padding=1)) <= TOLERANCE[F32]
+
+
+@pytest.mark.filterwarnings("error::DeprecationWarning")
 def test_torch_stream_object_as_stream_argument(rng):
     torch = _torch()
     x_host, w_host = random(rng, (2, 8, 20, 20), F32), random(rng, (8, 1, 3, 3), F32)
