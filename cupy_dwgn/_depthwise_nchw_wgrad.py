@@ -36,8 +36,13 @@ bit-identical on every GPU):
 
 Staging (shape-only, does not change the values): a per-stage table holds
 each staged row's 64-bit x offset (8 bytes per staged row, counted in the
-32 KB budget), and groups of 2**lanes_log2 threads copy rows with 8 rows'
-loads in flight per thread (_staging_lanes picks the group width).  Stages
+32 KB budget).  float32/float64: every element is copied by its own
+cp.async, and stages are double-buffered (two regions, up to 64 KB): stage
+s + 1's copies are in flight while stage s is summed.  float16/bfloat16
+(cp.async copies aligned 4-byte pairs, which pad_left shifts off the staged
+pairs): one region, groups of 2**lanes_log2 threads copy rows through
+registers with 8 rows' loads in flight per thread (_staging_lanes picks the
+group width).  Stages
 per unit are capped so that there are at least ceil(1056 / (C*M)) stages
 (small planes otherwise packed the whole batch into one block per channel).
 
@@ -156,6 +161,17 @@ def _staging_lanes(threads, rows, staged_width):
     return best[1]
 
 
+def _round16(nbytes):
+    return -(-nbytes // 16) * 16
+
+
+def _stage_buffers(itemsize):
+    """Stage regions in shared memory: two for 4- and 8-byte types (cp.async
+    copies of stage s + 1 in flight while stage s is summed), one for 2-byte
+    types (staged through registers)."""
+    return 2 if itemsize >= 4 else 1
+
+
 def _plan_small(g, dtype):
     k, stride = g.filter_height, g.stride_h
     itemsize = numpy.dtype(dtype).itemsize
@@ -202,7 +218,7 @@ def _plan_small(g, dtype):
         _compile.name_expression(SMALL, _dtypes.ctype(dtype), k, stride),
         (out_channels, splits),
         (threads,),
-        per_stage * (unit_bytes + unit_rows * _ROW_TABLE_ENTRY),
+        _stage_buffers(itemsize) * _round16(per_stage * (unit_bytes + unit_rows * _ROW_TABLE_ENTRY)),
         (
             i32(g.channels), i32(g.height), i32(g.width), i32(g.multiplier), i32(g.out_height),
             i32(g.out_width), i32(g.pad_top), i32(g.pad_left), i32(band_rows), i32(bands),

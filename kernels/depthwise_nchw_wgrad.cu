@@ -181,7 +181,6 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
   constexpr int kPairRows = S + K;              // input rows two output rows read
   __shared__ Acc scratch[K * K * 32];
   extern __shared__ __align__(16) unsigned char shared_raw[];
-  T* staged = reinterpret_cast<T*>(shared_raw);
 
   const int oc = blockIdx.x;
   const int ic = oc / multiplier;
@@ -195,20 +194,15 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
   const int staged_rows = (2 * pairs - 1) * S + K;
   const int unit_elems = staged_rows * staged_width;
   const int cols_valid = (out_width - 1) * S + K;  // staged columns valid outputs read
-  // Row table after the staged units (unit_elems * sizeof(T) is a multiple
-  // of 16 since staged_width is a multiple of VW): x offset of staged
-  // column 0 of each staged row (input column -pad_left), or kZeroRow.
-  long long* row_table = reinterpret_cast<long long*>(staged + units_per_stage * unit_elems);
+  // A stage's shared region: its staged units, then the row table (x offset
+  // of staged column 0 of each staged row, input column -pad_left, or
+  // kZeroRow).  unit_elems * sizeof(T) is a multiple of 16 (staged_width is
+  // a multiple of VW); the host rounds the region up to 16 bytes.
+  const int region_bytes = (units_per_stage * (unit_elems * static_cast<int>(sizeof(T)) + staged_rows * 8) + 15) / 16 * 16;
+  auto staged_of = [&](int b) { return reinterpret_cast<T*>(shared_raw + b * region_bytes); };
+  auto table_of = [&](int b) { return reinterpret_cast<long long*>(staged_of(b) + units_per_stage * unit_elems); };
   // 16-byte grad_out loads need every output row 16-byte aligned.
   const bool dy_vector = out_width % VW == 0 && (reinterpret_cast<size_t>(grad_out) & 15) == 0;
-
-  // Staging lanes: groups of 2**lanes_log2 threads copy one staged row
-  // (columns col, col + lanes, ...); rows_per_pass groups work side by side
-  // (threads beyond the last whole group idle while staging).
-  const int lanes = 1 << lanes_log2;
-  const int rows_per_pass = blockDim.x >> lanes_log2;
-  const int stage_sub = threadIdx.x >> lanes_log2;
-  const int stage_col = threadIdx.x & (lanes - 1);
   const long long plane_stride = static_cast<long long>(height) * width;
 
   // This split's stages: contiguous, nearly equal shares (shape-only).
@@ -216,15 +210,64 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
   const int stage_begin = num_stages / num_splits * split + min(split, num_stages % num_splits);
   const int stage_end = stage_begin + num_stages / num_splits + (split < num_stages % num_splits ? 1 : 0);
 
+  // Row table of stage `stage` into `table`.
+  auto build_table = [&](int stage, long long* table) {
+    const int unit0 = stage * units_per_stage;
+    const int total_rows = min(units_per_stage, num_units - unit0) * staged_rows;
+    for (int row = threadIdx.x; row < total_rows; row += blockDim.x) {
+      const int p = row / staged_rows;
+      const int i = row - p * staged_rows;
+      const int u = unit0 + p;
+      const int n = u / num_bands;
+      const int oh0 = (u - n * num_bands) * band_rows;
+      const int rows_valid = (min(band_rows, out_height - oh0) - 1) * S + K;
+      const int ih = oh0 * S - pad_top + i;
+      const bool row_in = i < rows_valid && ih >= 0 && ih < height;
+      table[row] = row_in ? (static_cast<long long>(n) * channels + ic) * plane_stride +
+                                static_cast<long long>(ih) * width - pad_left
+                          : kZeroRow;
+    }
+  };
+
   Acc acc[K * K];
 #pragma unroll
   for (int t = 0; t < K * K; ++t) acc[t] = Acc(0);
+
+  // 4- and 8-byte types stage with cp.async, double-buffered: stage s + 1's
+  // copies are in flight while stage s is summed (every element is
+  // naturally aligned for a copy of its own size, whatever pad_left is).
+  // 2-byte types (cp.async copies at least 4 aligned bytes, and pad_left
+  // makes an input row's pairs straddle staged pairs) copy through
+  // registers, one buffer.
+  constexpr bool kAsync = sizeof(T) >= 4;
+  constexpr int kCopyBytes = kAsync ? static_cast<int>(sizeof(T)) : 4;  // issue_copies: kAsync only
+  auto issue_copies = [&](int stage, T* staged, const long long* table) {
+    const int unit0 = stage * units_per_stage;
+    const int cells = min(units_per_stage, num_units - unit0) * staged_rows * staged_width;
+    for (int cell = threadIdx.x; cell < cells; cell += blockDim.x) {
+      const int row = cell / staged_width;
+      const int j = cell - row * staged_width;
+      const long long off = table[row];
+      const bool inside = off != kZeroRow && j < cols_valid && j >= pad_left && j - pad_left < width;
+      dwgn::cp_async<kCopyBytes>(staged + cell, inside ? x + off + j : x, inside ? kCopyBytes : 0);
+    }
+    dwgn::cp_async_commit();
+  };
+  if constexpr (kAsync) {
+    if (stage_begin < stage_end) {
+      build_table(stage_begin, table_of(0));
+      __syncthreads();  // the table is complete
+      issue_copies(stage_begin, staged_of(0), table_of(0));
+    }
+  }
 
   for (int stage = stage_begin; stage < stage_end; ++stage) {
     const int unit0 = stage * units_per_stage;
     const int units = min(units_per_stage, num_units - unit0);
     const int total_rows = units * staged_rows;
     const int items = units * pairs * col_groups;
+    const int b = kAsync ? (stage - stage_begin) & 1 : 0;
+    const T* staged = staged_of(b);
 
     // grad_out of this thread's first item, loaded now so its latency hides
     // behind the staging.
@@ -236,45 +279,56 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
                                        staged_width, dy_vector);
     }
 
-    // Row table (its previous contents were last read before the previous
-    // stage's post-copy barrier, so no barrier is needed before writing it).
-    for (int row = threadIdx.x; row < total_rows; row += blockDim.x) {
-      const int p = row / staged_rows;
-      const int i = row - p * staged_rows;
-      const int u = unit0 + p;
-      const int n = u / num_bands;
-      const int oh0 = (u - n * num_bands) * band_rows;
-      const int rows_valid = (min(band_rows, out_height - oh0) - 1) * S + K;
-      const int ih = oh0 * S - pad_top + i;
-      const bool row_in = i < rows_valid && ih >= 0 && ih < height;
-      row_table[row] = row_in ? (static_cast<long long>(n) * channels + ic) * plane_stride +
-                                    static_cast<long long>(ih) * width - pad_left
-                              : kZeroRow;
-    }
-    __syncthreads();  // the table is written and every thread is done reading the previous stage
+    if constexpr (kAsync) {
+      if (stage + 1 < stage_end) {
+        build_table(stage + 1, table_of(b ^ 1));
+        // The table is complete, and every thread is done summing stage - 1,
+        // whose buffer the next copies overwrite.
+        __syncthreads();
+        issue_copies(stage + 1, staged_of(b ^ 1), table_of(b ^ 1));
+        dwgn::cp_async_wait<1>();  // this thread's copies of this stage have landed
+      } else {
+        dwgn::cp_async_wait<0>();
+      }
+      __syncthreads();  // every thread's copies of this stage are visible
+    } else {
+      // Row table (its previous contents were last read before the previous
+      // stage's post-copy barrier, so no barrier is needed before writing it).
+      long long* row_table = table_of(0);
+      build_table(stage, row_table);
+      __syncthreads();  // the table is written and every thread is done reading the previous stage
 
-    if (stage_sub < rows_per_pass) {
-      for (int j = stage_col; j - stage_col < staged_width; j += lanes) {
-        const bool col_in = j < cols_valid && j >= pad_left && j - pad_left < width;
-        for (int row0 = stage_sub; row0 < total_rows; row0 += rows_per_pass * kStageSlots) {
-          T v[kStageSlots];
-#pragma unroll
-          for (int s = 0; s < kStageSlots; ++s) {
-            const int row = row0 + s * rows_per_pass;
-            const long long off = row < total_rows ? row_table[row] : kZeroRow;
-            v[s] = (col_in && off != kZeroRow) ? x[off + j] : from_acc<T>(Acc(0));
-          }
-          if (j < staged_width) {
+      // Staging lanes: groups of 2**lanes_log2 threads copy one staged row
+      // (columns col, col + lanes, ...); rows_per_pass groups work side by
+      // side (threads beyond the last whole group idle while staging).
+      const int lanes = 1 << lanes_log2;
+      const int rows_per_pass = blockDim.x >> lanes_log2;
+      const int stage_sub = threadIdx.x >> lanes_log2;
+      const int stage_col = threadIdx.x & (lanes - 1);
+      T* staging = staged_of(0);
+      if (stage_sub < rows_per_pass) {
+        for (int j = stage_col; j - stage_col < staged_width; j += lanes) {
+          const bool col_in = j < cols_valid && j >= pad_left && j - pad_left < width;
+          for (int row0 = stage_sub; row0 < total_rows; row0 += rows_per_pass * kStageSlots) {
+            T v[kStageSlots];
 #pragma unroll
             for (int s = 0; s < kStageSlots; ++s) {
               const int row = row0 + s * rows_per_pass;
-              if (row < total_rows) staged[row * staged_width + j] = v[s];
+              const long long off = row < total_rows ? row_table[row] : kZeroRow;
+              v[s] = (col_in && off != kZeroRow) ? x[off + j] : from_acc<T>(Acc(0));
+            }
+            if (j < staged_width) {
+#pragma unroll
+              for (int s = 0; s < kStageSlots; ++s) {
+                const int row = row0 + s * rows_per_pass;
+                if (row < total_rows) staging[row * staged_width + j] = v[s];
+              }
             }
           }
         }
       }
+      __syncthreads();  // the stage is complete
     }
-    __syncthreads();  // the stage is complete
 
     for (int item = threadIdx.x; item < items; item += blockDim.x) {
       if (item != static_cast<int>(threadIdx.x)) {
@@ -304,7 +358,7 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
       }
     }
     // No barrier here: the next stage's first barrier (after its row table)
-    // orders these reads before its staging writes.
+    // orders these reads before its copies or staging writes.
   }
 
   // Fixed-order block tree (warp butterflies, then warp 0 over the warps).

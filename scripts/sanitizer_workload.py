@@ -32,6 +32,9 @@ def depthwise():
             # the whole-plane kernel with cp.async staging (units 16-byte aligned)
             ((8, 64, 14, 14), (64, 1, 3, 3), dict(padding=1)),
             ((4, 96, 28, 28), (96, 1, 5, 5), dict(padding=((1, 3), (2, 0)))),
+            # NCHW weight gradient with blocks of two stages, the second
+            # short (float32: double-buffered cp.async staging)
+            ((11, 1056, 9, 9), (1056, 1, 7, 7), dict(padding=3)),
         ]:
             x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
             w = rng.standard_normal(w_shape, dtype=cupy.float32).astype(dtype)

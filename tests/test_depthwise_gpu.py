@@ -593,6 +593,40 @@ def test_launches_on_the_current_stream(layout, rng):
     assert cupy.isfinite(dw).all()
 
 
+# NCHW small-filter weight gradient (_depthwise_nchw_wgrad) with blocks that
+# walk several stages: float32/float64 double-buffer their cp.async staging
+# (stage s + 1 in flight while stage s is summed), half types restage one
+# buffer.  (x shape, filter, stride): 3 stages per block; 2 stages, the last
+# one short (11 units, 9 or 10 per stage); 1-2 stages per block (7 over 4 splits).
+NCHW_MULTI_STAGE = [((6, 528, 56, 56), 3, 1), ((11, 1056, 9, 9), 7, 1), ((7, 300, 30, 30), 5, 2)]
+
+
+@pytest.mark.parametrize("case", NCHW_MULTI_STAGE, ids=lambda c: f"{c[0]}-k{c[1]}-s{c[2]}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_nchw_weight_gradient_blocks_walk_several_stages(case, dtype, rng):
+    from cupy_dwgn import _depthwise_nchw_wgrad
+
+    x_shape, k, stride = case
+    n, c, h, w = x_shape
+    shape = (c, 1, k, k)
+    g = _validate.conv_geometry(x_shape, shape, stride, k // 2, 1)
+    launches = _depthwise_nchw_wgrad.plan(g, numpy.dtype(dtype))
+    partial = launches[0]
+    units, per_stage = int(partial.scalars[10]), int(partial.scalars[11])
+    assert -(-units // per_stage) > partial.grid[1], "no block walks two stages: the case no longer tests them"
+    x = random(rng, x_shape, dtype)
+    dy = random(rng, (n, c, g.out_height, g.out_width), dtype)
+    conv = dict(stride=stride, padding=k // 2)
+    out = poisoned(shape, dtype)
+    x_d, dy_d = cupy.asarray(x), cupy.asarray(dy)
+    cupy_dwgn.depthwise_conv2d_backward_weight(dy_d, x_d, shape, out=out, **conv)
+    error = relative_error(out, reference.depthwise_conv2d_backward_weight(dy, x, shape, **conv))
+    record_errors("depthwise NCHW weight gradient, multi-stage blocks", numpy.dtype(dtype).name, {"dw": error})
+    assert error <= TOLERANCE[numpy.dtype(dtype)]
+    again = cupy_dwgn.depthwise_conv2d_backward_weight(dy_d, x_d, shape, **conv)
+    numpy.testing.assert_array_equal(again.view(cupy.uint8).get(), out.view(cupy.uint8).get())
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_weight_gradient_with_more_elements_than_one_grid(layout, rng):
     # 1.9M filters of 3x3 = 17.1M weights, more than the 65536 x 256 threads
