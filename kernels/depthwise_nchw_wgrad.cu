@@ -233,14 +233,17 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
 #pragma unroll
   for (int t = 0; t < K * K; ++t) acc[t] = Acc(0);
 
-  // 4- and 8-byte types stage with cp.async, double-buffered: stage s + 1's
-  // copies are in flight while stage s is summed (every element is
-  // naturally aligned for a copy of its own size, whatever pad_left is).
-  // 2-byte types (cp.async copies at least 4 aligned bytes, and pad_left
-  // makes an input row's pairs straddle staged pairs) copy through
-  // registers, one buffer.
-  constexpr bool kAsync = sizeof(T) >= 4;
-  constexpr int kCopyBytes = kAsync ? static_cast<int>(sizeof(T)) : 4;  // issue_copies: kAsync only
+  // float64 stages with cp.async, double-buffered: stage s + 1's copies are
+  // in flight while stage s is summed (every element is naturally aligned for
+  // a copy of its own size, whatever pad_left is).  Measured on an H200
+  // (2026-12-01, weight gradient, N = 64): float64 64x96x112 3x3 s2 618 ->
+  // 430 us, 64x144x56 3x3 291 -> 260, 64x96x56 7x7 625 -> 578; float32 lost
+  // with it (64x144x56 3x3 126 -> 137, 64x384x28 80 -> 94: a 4-byte cp.async
+  // per element), so float32 and the 2-byte types (cp.async copies at least
+  // 4 aligned bytes, and pad_left makes an input row's pairs straddle staged
+  // pairs) copy through registers into one buffer.
+  constexpr bool kAsync = sizeof(T) == 8;
+  constexpr int kCopyBytes = 8;  // issue_copies: kAsync only
   auto issue_copies = [&](int stage, T* staged, const long long* table) {
     const int unit0 = stage * units_per_stage;
     const int cells = min(units_per_stage, num_units - unit0) * staged_rows * staged_width;

@@ -32,8 +32,7 @@ def depthwise():
             # the whole-plane kernel with cp.async staging (units 16-byte aligned)
             ((8, 64, 14, 14), (64, 1, 3, 3), dict(padding=1)),
             ((4, 96, 28, 28), (96, 1, 5, 5), dict(padding=((1, 3), (2, 0)))),
-            # NCHW weight gradient with blocks of two stages, the second
-            # short (float32: double-buffered cp.async staging)
+            # NCHW weight gradient with blocks of two stages, the second short
             ((11, 1056, 9, 9), (1056, 1, 7, 7), dict(padding=3)),
         ]:
             x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
@@ -48,6 +47,12 @@ def depthwise():
             y = cupy_dwgn.depthwise_conv2d(x, w, **conv)
             cupy_dwgn.depthwise_conv2d(_misaligned(x), w, **conv)
             cupy_dwgn.depthwise_conv2d_backward_input(_misaligned(y), w, x.shape, **conv)
+    # float64 NCHW weight gradient: double-buffered cp.async staging, blocks of
+    # 2-3 stages (the last one short), stride 1 and 2
+    for x_shape, k, stride in (((11, 1056, 9, 9), 7, 1), ((7, 300, 30, 30), 5, 2)):
+        x = rng.standard_normal(x_shape, dtype=cupy.float64)
+        y = cupy_dwgn.depthwise_conv2d(x, rng.standard_normal((x_shape[1], 1, k, k)), stride=stride, padding=k // 2)
+        cupy_dwgn.depthwise_conv2d_backward_weight(y, x, (x_shape[1], 1, k, k), stride=stride, padding=k // 2)
 
 
 def nhwc_window():

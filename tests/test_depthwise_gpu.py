@@ -594,8 +594,8 @@ def test_launches_on_the_current_stream(layout, rng):
 
 
 # NCHW small-filter weight gradient (_depthwise_nchw_wgrad) with blocks that
-# walk several stages: float32/float64 double-buffer their cp.async staging
-# (stage s + 1 in flight while stage s is summed), half types restage one
+# walk several stages: float64 double-buffers its cp.async staging (stage
+# s + 1 in flight while stage s is summed), the other types restage one
 # buffer.  (x shape, filter, stride): 3 stages per block; 2 stages, the last
 # one short (11 units, 9 or 10 per stage); 1-2 stages per block (7 over 4 splits).
 NCHW_MULTI_STAGE = [((6, 528, 56, 56), 3, 1), ((11, 1056, 9, 9), 7, 1), ((7, 300, 30, 30), 5, 2)]
