@@ -18,11 +18,11 @@ Tiling rule of the small kernel (shape only, never the device, so results are
 bit-identical on every GPU):
 
 * A thread owns VW = 16 bytes of output columns (float32 4, float16/bfloat16
-  8, float64 2) x 2 output rows: one work item.
+  8, float64 2) x R output rows (_item_rows: 4, 2 for 7x7): one work item.
 * A unit is one image's band of output rows.  The whole plane is one band when
   its staged input window fits the 32 KB staging budget; otherwise the plane is
-  cut into the fewest equal bands of whole row pairs that fit (a row pair must
-  fit, else None).
+  cut into the fewest equal bands of whole row groups (R rows) that fit (a
+  row group must fit, else None).
 * A stage = P units staged together and the block's thread count t (64..256,
   a multiple of 32) are chosen together to maximize the share of busy thread
   slots, items / (ceil(items / t) * t) with items = P x items per unit,
@@ -171,6 +171,11 @@ def _stage_buffers(itemsize):
     return 2 if itemsize == 8 else 1
 
 
+def _item_rows(k):
+    """Output rows per work item: item_rows<K>() in the .cu."""
+    return 2 if k == 7 else 4
+
+
 def _plan_small(g, dtype):
     k, stride = g.filter_height, g.stride_h
     itemsize = numpy.dtype(dtype).itemsize
@@ -184,21 +189,23 @@ def _plan_small(g, dtype):
     # Shared bytes per staged row: the row plus its 8-byte row-table entry.
     row_cost = row_bytes + _ROW_TABLE_ENTRY
 
-    def staged_rows(pairs):
-        return (2 * pairs - 1) * stride + k
+    rows = _item_rows(k)
 
-    total_pairs = -(-g.out_height // 2)
-    if staged_rows(total_pairs) * row_cost <= _STAGING_BUDGET:
+    def staged_rows(groups):
+        return (rows * groups - 1) * stride + k
+
+    total_groups = -(-g.out_height // rows)
+    if staged_rows(total_groups) * row_cost <= _STAGING_BUDGET:
         band_rows, bands = g.out_height, 1
     else:
-        max_pairs = ((_STAGING_BUDGET // row_cost - k + stride) // (2 * stride))
-        if max_pairs < 1:
+        max_groups = ((_STAGING_BUDGET // row_cost - k + stride) // (rows * stride))
+        if max_groups < 1:
             return None
-        bands = -(-total_pairs // max_pairs)
-        band_rows = 2 * -(-total_pairs // bands)
+        bands = -(-total_groups // max_groups)
+        band_rows = rows * -(-total_groups // bands)
         bands = -(-g.out_height // band_rows)
-    pairs = -(-band_rows // 2)
-    unit_rows = staged_rows(pairs)
+    groups = -(-band_rows // rows)
+    unit_rows = staged_rows(groups)
     unit_bytes = unit_rows * row_bytes
     units = g.batch * bands
     if units >= _launch.INT32_LIMIT:
@@ -208,7 +215,7 @@ def _plan_small(g, dtype):
     # the whole batch into one stage and one block per channel).
     wanted_splits = -(-_TARGET_BLOCKS // out_channels)
     max_units = min(_STAGING_BUDGET // (unit_rows * row_cost), -(-units // wanted_splits))
-    per_stage, threads = _stage_shape(pairs * col_groups, units, max_units)
+    per_stage, threads = _stage_shape(groups * col_groups, units, max_units)
     stages = -(-units // per_stage)
     splits = _splits(out_channels, stages)
     lanes_log2 = _staging_lanes(threads, per_stage * unit_rows, staged_width)

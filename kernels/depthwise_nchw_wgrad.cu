@@ -105,16 +105,16 @@ struct UnrollUnpack {
 // for VW consecutive outputs ow0 = VW*cg starts at the 16-byte aligned column
 // ow0*S.
 //
-// Work item (unit p, row pair rp, column group cg): a thread takes the VW
-// output columns [VW*cg, VW*cg + VW) of the two output rows oh0 + 2rp and
-// oh0 + 2rp + 1 (dy held in registers), and walks the S + K staged input rows
-// those two rows read, each window loaded once (NV 16-byte shared loads) and
-// used by both rows: staged row 2rp*S + i feeds row 0 with tap kh = i and
-// row 1 with tap kh = i - S.  Items go to threads round-robin.
+// Work item (unit p, row group rg, column group cg): a thread takes the VW
+// output columns [VW*cg, VW*cg + VW) of the R = item_rows<K>() output rows
+// oh0 + R*rg + h, h < R (dy held in registers), and walks the (R - 1)*S + K
+// staged input rows those rows read, each window loaded once (NV 16-byte
+// shared loads) and used by every row that reads it: staged row R*rg*S + i
+// feeds row h with tap kh = i - h*S.  Items go to threads round-robin.
 //
 // Staged cells that no valid output reads (beyond the band's last row, or
 // right of the last output's window) are zero, so the padding items of a
-// partial row pair / column group multiply zero by zero.
+// partial row group / column group multiply zero by zero.
 // Two blocks of 256 per SM (<= 128 registers), except float64 7x7 whose 49
 // double accumulators need about 172 registers.
 template <typename T, int K>
@@ -130,28 +130,40 @@ constexpr int kStageSlots = 8;
 // past the rows its unit's outputs read).
 constexpr long long kZeroRow = -0x7fffffffffffffffLL - 1;
 
-// The two grad_out rows of work item `item` of the stage starting at unit0
+// Output rows per work item (R): 4 for 3x3 and 5x5, 2 for 7x7, whose 49
+// accumulators leave no registers for more.  ncu on an H200 (2026-12-01,
+// 64x144x56 3x3 float32, R = 2): 63.4M warp instructions for 8.1M warp FMAs,
+// half the issue slots used; the per-item work outside the FMAs (the item's
+// index decode with its divisions, its grad_out loads, the K + S staged rows
+// for 2 output rows) is paid once per R rows, and a staged row is loaded
+// once per R rows instead of (K + S) / 2 times per row.
+// _item_rows in _depthwise_nchw_wgrad.py mirrors this.
+template <int K>
+constexpr int item_rows() { return K == 7 ? 2 : 4; }
+
+// The R grad_out rows of work item `item` of the stage starting at unit0
 // (zero for a row past the band or a column past the image), and where the
 // item's staged window starts (element offset in the staging buffer).
 template <typename T, int K, int S>
 __device__ __forceinline__ int load_item_dy(
-    const T* __restrict__ grad_out, typename AccType<T>::type (&dy)[2][Vec16<T>::kCount], int item,
+    const T* __restrict__ grad_out, typename AccType<T>::type (&dy)[item_rows<K>()][Vec16<T>::kCount], int item,
     int unit0, int oc, int out_channels, int out_height, int out_width, int band_rows,
-    int num_bands, int pairs, int col_groups, int unit_elems, int staged_width, bool dy_vector) {
+    int num_bands, int groups, int col_groups, int unit_elems, int staged_width, bool dy_vector) {
   using Acc = typename AccType<T>::type;
   constexpr int VW = Vec16<T>::kCount;
+  constexpr int R = item_rows<K>();
   const int cg = item % col_groups;
   const int rest = item / col_groups;
-  const int rp = rest % pairs;
-  const int p = rest / pairs;
+  const int rg = rest % groups;
+  const int p = rest / groups;
   const int u = unit0 + p;
   const int n = u / num_bands;
   const int oh0 = (u - n * num_bands) * band_rows;
   const int rows_in_band = min(band_rows, out_height - oh0);
   const int ow0 = cg * VW;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = 2 * rp + h;
+  for (int h = 0; h < R; ++h) {
+    const int r = R * rg + h;
     const T* dy_row = grad_out +
         ((static_cast<long long>(n) * out_channels + oc) * out_height + oh0 + min(r, rows_in_band - 1)) * out_width + ow0;
     if (r < rows_in_band && dy_vector) {
@@ -164,7 +176,7 @@ __device__ __forceinline__ int load_item_dy(
       }
     }
   }
-  return p * unit_elems + 2 * rp * S * staged_width + ow0 * S;
+  return p * unit_elems + R * rg * S * staged_width + ow0 * S;
 }
 
 template <typename T, int K, int S>
@@ -178,7 +190,8 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
   constexpr int VW = Vec16<T>::kCount;          // output columns per thread
   constexpr int kWindow = (VW - 1) * S + K;     // input columns they read
   constexpr int NV = (kWindow + VW - 1) / VW;   // 16-byte loads per window
-  constexpr int kPairRows = S + K;              // input rows two output rows read
+  constexpr int R = item_rows<K>();             // output rows per item
+  constexpr int kItemRows = (R - 1) * S + K;    // input rows they read
   __shared__ Acc scratch[K * K * 32];
   extern __shared__ __align__(16) unsigned char shared_raw[];
 
@@ -188,10 +201,11 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
   const int split = blockIdx.y;
   const int num_splits = gridDim.y;
 
-  // Rows staged per unit: a whole number of row pairs (the last pair of an
-  // odd band reads one row past the band; it is staged as zeros).
-  const int pairs = (band_rows + 1) / 2;
-  const int staged_rows = (2 * pairs - 1) * S + K;
+  // Rows staged per unit: a whole number of row groups (the last group of a
+  // band of band_rows % R != 0 reads rows past the band; they are staged as
+  // zeros).
+  const int groups = (band_rows + R - 1) / R;
+  const int staged_rows = (R * groups - 1) * S + K;
   const int unit_elems = staged_rows * staged_width;
   const int cols_valid = (out_width - 1) * S + K;  // staged columns valid outputs read
   // A stage's shared region: its staged units, then the row table (x offset
@@ -268,17 +282,17 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
     const int unit0 = stage * units_per_stage;
     const int units = min(units_per_stage, num_units - unit0);
     const int total_rows = units * staged_rows;
-    const int items = units * pairs * col_groups;
+    const int items = units * groups * col_groups;
     const int b = kAsync ? (stage - stage_begin) & 1 : 0;
     const T* staged = staged_of(b);
 
     // grad_out of this thread's first item, loaded now so its latency hides
     // behind the staging.
-    Acc dy[2][VW];
+    Acc dy[R][VW];
     int s_offset = 0;
     if (static_cast<int>(threadIdx.x) < items) {
       s_offset = load_item_dy<T, K, S>(grad_out, dy, threadIdx.x, unit0, oc, out_channels, out_height,
-                                       out_width, band_rows, num_bands, pairs, col_groups, unit_elems,
+                                       out_width, band_rows, num_bands, groups, col_groups, unit_elems,
                                        staged_width, dy_vector);
     }
 
@@ -336,12 +350,12 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
     for (int item = threadIdx.x; item < items; item += blockDim.x) {
       if (item != static_cast<int>(threadIdx.x)) {
         s_offset = load_item_dy<T, K, S>(grad_out, dy, item, unit0, oc, out_channels, out_height,
-                                         out_width, band_rows, num_bands, pairs, col_groups, unit_elems,
+                                         out_width, band_rows, num_bands, groups, col_groups, unit_elems,
                                          staged_width, dy_vector);
       }
       const T* s_base = staged + s_offset;
 #pragma unroll
-      for (int i = 0; i < kPairRows; ++i) {
+      for (int i = 0; i < kItemRows; ++i) {
         uint4 raw[NV];
         const uint4* s_vec = reinterpret_cast<const uint4*>(s_base + i * staged_width);
 #pragma unroll
@@ -349,7 +363,7 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
         Acc win[kWindow];
         UnrollUnpack<0, kWindow>::template run<T>(raw, win);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < R; ++h) {
           const int kh = i - h * S;  // compile-time after unrolling
           if (kh < 0 || kh >= K) continue;
 #pragma unroll

@@ -596,9 +596,9 @@ def test_launches_on_the_current_stream(layout, rng):
 # NCHW small-filter weight gradient (_depthwise_nchw_wgrad) with blocks that
 # walk several stages: float64 double-buffers its cp.async staging (stage
 # s + 1 in flight while stage s is summed), the other types restage one
-# buffer.  (x shape, filter, stride): 3 stages per block; 2 stages, the last
-# one short (11 units, 9 or 10 per stage); 1-2 stages per block (7 over 4 splits).
-NCHW_MULTI_STAGE = [((6, 528, 56, 56), 3, 1), ((11, 1056, 9, 9), 7, 1), ((7, 300, 30, 30), 5, 2)]
+# buffer.  (x shape, filter, stride): 4-12 stages over 2 splits; 2-5 stages
+# in one block, the last one short; stride 2, 2-3 stages, the last one short.
+NCHW_MULTI_STAGE = [((12, 528, 56, 56), 3, 1), ((9, 1056, 30, 30), 3, 1), ((11, 1056, 9, 9), 7, 1), ((5, 1056, 40, 40), 5, 2)]
 
 
 @pytest.mark.parametrize("case", NCHW_MULTI_STAGE, ids=lambda c: f"{c[0]}-k{c[1]}-s{c[2]}")
