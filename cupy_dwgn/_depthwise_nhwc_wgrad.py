@@ -156,7 +156,7 @@ def plan(g, dtype, index, grad_out_alignment, x_alignment, ctb=None):
     if units >= 2**31:
         return None
     grid_x = -(-channel_tiles // ctb) * groups
-    splits = max(1, min(-(-TARGET_BLOCKS // grid_x), units // (workers * MIN_UNITS_PER_WORKER), _launch.MAX_GRID_Y))
+    splits = max(1, min(-(-TARGET_BLOCKS // grid_x), int(units // (workers * MIN_UNITS_PER_WORKER)), _launch.MAX_GRID_Y))
     per_split = -(-units // splits)
     splits = -(-units // per_split)
     x_w_limit = min(g.width, (g.out_width - 1) * stride - g.pad_left + k)

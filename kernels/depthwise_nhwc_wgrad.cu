@@ -38,7 +38,9 @@
 //   output reads (>= x_w_limit: past the last output's window), and a
 //   grad_out value in a column >= out_w load as zero (no product with a
 //   non-finite value that the convolution never reads); rows past out_h are
-//   never walked.  No other bounds checks in the walk.
+//   never walked.  No other bounds checks in the walk.  The rows of a tap
+//   group past K are never multiplied (the FMAs of filter rows >= K - kh0
+//   are skipped, block-uniform).
 // * Splits.  blockIdx.x = channel block * groups + tap group; blockIdx.y = the
 //   split: a contiguous range [split * units_per_split, ...) of the units
 //   (n-major, then row strip, then column strip), worker w taking units
@@ -156,10 +158,12 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
     const T* g_img = grad_out + static_cast<IndexT>(n) * out_h * out_w * channels + c;
 
     float ring[KR][IW][LC];
-    // Ring row r = input row ih_first + r, filter row kh (r = j*S + kh).
-    auto load_row = [&](float (&dst)[IW][LC], int r, int kh) {
+    // Ring row r = input row ih_first + r.  Not masked by the tap group's
+    // row count: a row loaded as filter row KR-1 is read as rows KR-1-S, ...
+    // by the next output rows.
+    auto load_row = [&](float (&dst)[IW][LC], int r) {
       const int ih = ih_first + r;
-      const bool row_ok = kh < rows_here && ih >= 0 && ih < height;
+      const bool row_ok = ih >= 0 && ih < height;
       const T* row = x_img + (static_cast<IndexT>(row_ok ? ih : 0) * width + iw0) * channels;
 #pragma unroll
       for (int e = 0; e < IW; ++e) {
@@ -168,7 +172,7 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
       }
     };
 #pragma unroll
-    for (int r = 0; r < NEW0; ++r) load_row(ring[r], r, r);
+    for (int r = 0; r < NEW0; ++r) load_row(ring[r], r);
 
     for (int j0 = 0; j0 < oh1 - oh0; j0 += P) {
 #pragma unroll
@@ -176,7 +180,7 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
         const int j = j0 + ph;
         if (j >= oh1 - oh0) break;
 #pragma unroll
-        for (int kh = NEW0; kh < KR; ++kh) load_row(ring[(ph * S + kh) % KR], j * S + kh, kh);
+        for (int kh = NEW0; kh < KR; ++kh) load_row(ring[(ph * S + kh) % KR], j * S + kh);
         float g[TW][LC];
         const T* g_row = g_img + (static_cast<IndexT>(oh0 + j) * out_w + ow0) * channels;
 #pragma unroll
