@@ -159,6 +159,8 @@ def plan(g, dtype, index, grad_out_alignment, x_alignment, ctb=None):
     splits = max(1, min(-(-TARGET_BLOCKS // grid_x), int(units // (workers * MIN_UNITS_PER_WORKER)), _launch.MAX_GRID_Y))
     per_split = -(-units // splits)
     splits = -(-units // per_split)
+    if splits * per_split >= 2**31:  # the kernel's int unit counters
+        return None
     x_w_limit = min(g.width, (g.out_width - 1) * stride - g.pad_left + k)
     shared = workers * kr * k * ctb * ct * 4
     scalars = (
