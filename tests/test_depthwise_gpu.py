@@ -905,8 +905,8 @@ def test_nhwc_wgrad_kernel_over_2_31_elements(stride):
     rows = slice(1016 // stride, None)  # the output rows whose taps reach rows >= 1020
     first = (1016 // stride) * stride
     for c in (0, 1000, 2047):
-        x_c = x[:, first:, :, c : c + 1].get()
-        dy_c = dy[:, rows, :, c : c + 1].get()
+        x_c = numpy.ascontiguousarray(x[:, first:, :, c : c + 1].get())
+        dy_c = numpy.ascontiguousarray(dy[:, rows, :, c : c + 1].get())
         # The same sums on the cropped plane: padding 1 on top is rows first - 1 (zero).
         want = reference.depthwise_conv2d_backward_weight(dy_c, x_c, (1, 1, 3, 3), stride=stride,
                                                           padding=((1, 1), (1, 1)), layout="NHWC")
