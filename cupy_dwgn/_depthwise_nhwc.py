@@ -460,7 +460,7 @@ def backward_weight_plan(g, dtype, index, aligned):
     tiled = _wgrad_tiled_launch(g, dtype, index, aligned)
     if tiled is not None:
         partial, splits = tiled
-        return (partial, _finalize(dtype, out_channels, taps, splits)), ((splits, taps, out_channels), acc)
+        return with_finalize(partial, dtype, out_channels, taps, splits)
     vec = _vec(dtype) if _vector_ok(g.channels, g.multiplier, dtype, aligned) else 1
     size = _template_size(g.filter_height, g.filter_width) if vec > 1 else (0, 0)
     tw, group_taps = _wgrad_tile(size, dtype, vec)
@@ -488,9 +488,13 @@ def backward_weight_plan(g, dtype, index, aligned):
         KERNEL_FILE, _wgrad_expr(dtype, size, vec, index), (grid_x, splits), (bx, by),
         by * bx * vec * acc.itemsize, scalars,
     )
-    return (partial, _finalize(dtype, out_channels, taps, splits)), ((splits, taps, out_channels), acc)
+    return with_finalize(partial, dtype, out_channels, taps, splits)
 
 
-def _finalize(dtype, out_channels, taps, splits):
-    """The shared split-order sum over partial[split][tap][channel]."""
-    return _depthwise_nchw.finalize_launch(dtype, out_channels, taps, splits, 1, taps * out_channels, out_channels)
+def with_finalize(partial, dtype, out_channels, taps, splits):
+    """``((partial, finalize), (shape, dtype) of the partial sums)`` for a
+    weight-gradient ``partial`` launch that writes partial[split][tap][channel]
+    in the accumulator type (this module's kernels and
+    _depthwise_nhwc_wgrad): the finalize is the shared split-order sum."""
+    finalize = _depthwise_nchw.finalize_launch(dtype, out_channels, taps, splits, 1, taps * out_channels, out_channels)
+    return (partial, finalize), ((splits, taps, out_channels), _dtypes.accumulator_dtype(dtype))

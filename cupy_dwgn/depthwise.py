@@ -17,7 +17,9 @@ kernel does not serve the geometry), in this order:
 * NHWC forward and backward-input: -> register window (3x3/5x5/7x7, stride 1,
                   where _depthwise_nhwc_window.preferred) -> the
                   channel-vector kernels of _depthwise_nhwc (all shapes)
-* NHWC backward-weight: -> the tiled kernel of _depthwise_nhwc
+* NHWC backward-weight: -> register taps (3x3/5x5/7x7, stride 1 or 2, where
+                  _depthwise_nhwc_wgrad.preferred) -> the tiled / register
+                  kernels of _depthwise_nhwc
 """
 
 import typing
@@ -33,6 +35,7 @@ from . import (
     _depthwise_nchw_window,
     _depthwise_nhwc,
     _depthwise_nhwc_large,
+    _depthwise_nhwc_wgrad,
     _depthwise_nhwc_window,
     _interop,
     _validate,
@@ -86,6 +89,8 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
             if name != "depthwise_conv2d_backward_weight":
                 # One kernel serves forward and backward-input.
                 specs += _depthwise_nhwc_window.specializations(dtypes, sizes, large_index)
+            else:
+                specs += _depthwise_nhwc_wgrad.specializations(dtypes, sizes, large_index)
             if large_filters:
                 specs += _depthwise_nhwc_large.specializations(
                     dtypes, large_index, weight_gradient=name == "depthwise_conv2d_backward_weight")
@@ -447,7 +452,9 @@ def _backward_weight_steps(g, layout, grad_out, x):
         routed = _depthwise_nhwc_large.backward_weight_steps(g, x.dtype)
         if routed is not None:
             return _launch.Steps(*routed)
-        (partial, finalize), temporary = _depthwise_nhwc.backward_weight_plan(g, x.dtype, index, _vector_aligned(grad_out, x))
+        planned = (_depthwise_nhwc_wgrad.select(g, x.dtype, index, _alignment(grad_out), _alignment(x))
+                   or _depthwise_nhwc.backward_weight_plan(g, x.dtype, index, _vector_aligned(grad_out, x)))
+        (partial, finalize), temporary = planned
         return _launch.Steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
     launches = _depthwise_nchw_wgrad.plan(g, x.dtype)
     if launches is not None:

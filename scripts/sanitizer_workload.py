@@ -85,6 +85,44 @@ def nhwc_window():
         _depthwise_nhwc_window.MODE, dw._SIGNATURES = "rule", {}
 
 
+def nhwc_wgrad():
+    # The NHWC register-tap weight gradient for every 3x3/5x5/7x7 NHWC call at
+    # stride 1 and 2 (MODE "always", the call-signature cache cleared): odd
+    # sizes, per-side and oversized padding, a 1-row plane, 7x7's two tap
+    # groups, several channel blocks, an x view 4 bytes off 16, and channel
+    # tiles per block forced to 1, 2 and 4 (an idle tile in the last block;
+    # launched directly).
+    from cupy_dwgn import _depthwise_nhwc_wgrad, _dtypes, _validate, depthwise as dw
+
+    _depthwise_nhwc_wgrad.MODE, dw._SIGNATURES = "always", {}
+    try:
+        for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
+            for x_shape, k, stride, padding in [
+                ((2, 13, 11, 48), 3, 1, 1), ((1, 9, 10, 16), 5, 1, ((0, 4), (3, 1))), ((2, 7, 7, 16), 7, 1, 3),
+                ((1, 5, 9, 16), 7, 1, ((8, 2), (0, 8))), ((2, 1, 12, 16), 3, 1, (1, 0)), ((2, 13, 11, 48), 3, 2, 1),
+                ((1, 17, 16, 16), 5, 2, ((4, 0), (1, 2))), ((1, 15, 15, 32), 7, 2, 3), ((3, 40, 30, 64), 3, 1, 1),
+            ]:
+                c = x_shape[3]
+                g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
+                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+                dy = rng.standard_normal((g.batch, g.out_height, g.out_width, c), dtype=cupy.float32).astype(dtype)
+                conv = dict(stride=stride, padding=padding, layout="NHWC")
+                cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), **conv)
+                offset = cupy.empty(x.size + 4 // x.itemsize, dtype)[4 // x.itemsize:].reshape(x.shape)
+                offset[...] = x
+                cupy_dwgn.depthwise_conv2d_backward_weight(dy, offset, (c, 1, k, k), **conv)
+                for ctb in (1, 2, 4):
+                    lc = _depthwise_nhwc_wgrad.config(k, stride, x.dtype)[0]
+                    if _depthwise_nhwc_wgrad.channel_tile(x.dtype) // lc * ctb > 32:
+                        continue
+                    (partial, finalize), (shape, acc) = _depthwise_nhwc_wgrad.plan(g, x.dtype, "int", 16, 16, ctb)
+                    sums = cupy.empty(shape, acc)
+                    partial(dy, x, sums)
+                    finalize(sums, cupy.empty((c, 1, k, k), dtype))
+    finally:
+        _depthwise_nhwc_wgrad.MODE, dw._SIGNATURES = "rule", {}
+
+
 def _misaligned(a):
     """A C-contiguous copy of ``a`` one element past its allocation's start."""
     base = cupy.empty(a.size + 1, a.dtype)
@@ -137,8 +175,8 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "nhwc_window", "group_norm"]
+    families = sys.argv[1:] or ["depthwise", "nhwc_window", "nhwc_wgrad", "group_norm"]
     for family in families:
-        {"depthwise": depthwise, "nhwc_window": nhwc_window, "group_norm": group_norm}[family]()
+        {"depthwise": depthwise, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad, "group_norm": group_norm}[family]()
     cupy.cuda.Device().synchronize()
     print("sanitizer workload done")

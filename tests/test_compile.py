@@ -181,6 +181,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
     from cupy_dwgn import _depthwise_nchw_wgrad as nchw_wgrad
     from cupy_dwgn import _depthwise_nhwc as nhwc
+    from cupy_dwgn import _depthwise_nhwc_wgrad as nhwc_wgrad
     from cupy_dwgn import _depthwise_nhwc_window as nhwc_window
     from cupy_dwgn import _validate
 
@@ -203,6 +204,8 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
                 for alignment in (16, 2):
                     launches.append(nchw_plane.plan(g, dtype, backward, index, alignment, alignment))
                     launches.append(nhwc_window.plan(g, dtype, backward, index, alignment, alignment))
+                planned = nhwc_wgrad.plan(g, dtype, index, alignment, alignment)
+                launches += planned[0] if planned else []
             launches = [launch for launch in launches if launch is not None]
             for launch in launches:
                 assert (launch.file, launch.expression) in shipped, launch
@@ -778,3 +781,95 @@ def test_nhwc_window_rule():
         assert win.preferred(g, win.DTYPES[2], backward) == want_half, (hw, k)
         assert win.preferred(g, single, backward) == want_single, (hw, k)
         assert (win.select(g, single, backward, "int", 16, 16) is None) == (want_single is None)
+
+
+# The NHWC register-tap weight gradient (_depthwise_nhwc_wgrad): its NumPy
+# emulation (tests/_nhwc_wgrad_emulation.py: the kernel's unit ranges, worker
+# stride, ring slots, zero fill, tap-group masks and reduction order) against
+# the float64 reference; /work/notes/nhwc_wgrad/emulate.py sweeps wider.
+_NHWC_WGRAD_GEOMETRIES = [
+    # (NHWC x shape, K, stride, padding, channel tiles per block or None)
+    ((2, 13, 11, 32), 3, 1, 1, None), ((1, 9, 10, 16), 5, 1, ((0, 4), (3, 1)), None),
+    ((3, 7, 7, 16), 7, 1, 3, None), ((1, 5, 9, 16), 7, 1, ((6, 2), (0, 5)), None),
+    ((2, 28, 3, 16), 7, 1, ((2, 3), (3, 2)), None), ((1, 1, 12, 16), 3, 1, (1, 0), None),
+    ((2, 13, 11, 48), 3, 2, 1, None), ((1, 17, 16, 16), 5, 2, ((4, 0), (1, 2)), None),
+    ((1, 15, 15, 16), 7, 2, 3, None), ((2, 2, 5, 16), 3, 2, 2, None),
+    ((1, 6, 13, 48), 3, 1, 1, 4), ((1, 9, 7, 48), 5, 2, 2, 2), ((2, 30, 20, 8), 3, 1, 1, None),
+]
+
+
+@pytest.mark.parametrize("case", _NHWC_WGRAD_GEOMETRIES,
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[2]}-ctb{c[4]}")
+def test_nhwc_wgrad_kernel_index_math_matches_the_reference(case, monkeypatch):
+    import numpy
+
+    import _nhwc_wgrad_emulation as emulation
+    from cupy_dwgn import _depthwise_nhwc_wgrad as wg
+    from cupy_dwgn import _validate, reference
+
+    x_shape, k, stride, padding, ctb = case
+    n, h, w, c = x_shape
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
+    rng = numpy.random.default_rng(7)
+    x = rng.standard_normal(x_shape)
+    dy = rng.standard_normal((n, g.out_height, g.out_width, c))
+    want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), stride=stride, padding=padding,
+                                                      layout="NHWC")
+    for dtype in wg.DTYPES[:2]:
+        if c % wg.channel_tile(dtype):
+            assert wg.plan(g, dtype, "int", 16, 16) is None
+            continue
+        lc = wg.config(k, stride, dtype)[0]
+        assert wg.plan(g, dtype, "int", 16, lc * dtype.itemsize // 2) is None  # misaligned x
+        lanes = wg.channel_tile(dtype) // lc
+        if ctb is not None and lanes * ctb > 32:
+            continue
+        # The rule's split, and one split per unit (idle workers).
+        for min_units in (wg.MIN_UNITS_PER_WORKER, 1 / 256):
+            monkeypatch.setattr(wg, "MIN_UNITS_PER_WORKER", min_units)
+            monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min_units >= 1 else 10**6)
+            (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, "int", 16, 16, ctb)
+            assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
+            assert int(finalize.scalars[2]) == launch.grid[1]
+            partial, writes, visits = emulation.emulate(launch, dy, x)
+            assert (writes == 1).all() and (visits == 1).all()
+            numpy.testing.assert_allclose(emulation.finalize(partial), want, rtol=1e-12, atol=1e-12)
+
+
+def test_nhwc_wgrad_rule():
+    # The benchmark shapes: shipped expressions, <= 48 KB of shared memory,
+    # a grid within limits, every split non-empty; other geometries and
+    # dtypes go to the tiled kernel.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_wgrad as wg
+    from cupy_dwgn import _validate
+
+    shipped = set(ALL_SPECIALIZATIONS)
+    assert wg.MODE == "rule"
+    for n, c, hw, k, stride in [(64, 144, 56, 3, 1), (64, 384, 28, 3, 1), (64, 240, 28, 5, 1), (64, 96, 56, 7, 1),
+                                (64, 384, 14, 7, 1), (64, 96, 112, 3, 2), (64, 960, 7, 3, 1), (1, 16, 1, 3, 2)]:
+        g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
+        for dtype in wg.DTYPES:
+            for index in ("int", "long long"):
+                (launch, finalize), (shape, _) = wg.plan(g, dtype, index, 16, 16)
+                assert wg.preferred(g, dtype) and wg.select(g, dtype, index, 16, 16)[0][0] is launch
+                assert (launch.file, launch.expression) in shipped and (finalize.file, finalize.expression) in shipped
+                assert launch.shared_mem <= 48 * 1024 and launch.block == (wg.THREADS, 1, 1)
+                assert launch.grid[1] <= 65535 and launch.grid[0] * launch.grid[1] <= 4 * wg.TARGET_BLOCKS
+                units, per_split = int(launch.scalars[11]), int(launch.scalars[12])
+                assert (launch.grid[1] - 1) * per_split < units <= launch.grid[1] * per_split
+    half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    g = _validate.conv_geometry((2, 16, 16, 24), (24, 1, 3, 3), 1, 1, 1, layout="NHWC")
+    assert wg.plan(g, half, "int", 16, 16) is None  # C % 16
+    assert wg.plan(g, single, "int", 16, 16) is not None
+    assert wg.plan(g, single, "int", 16, 2) is None  # x not 4-byte aligned
+    assert wg.plan(g, numpy.dtype(numpy.float64), "int", 16, 16) is None
+    for w_shape, stride, dilation in [((24, 1, 3, 3), 3, 1), ((24, 1, 3, 3), (1, 2), 1), ((24, 1, 3, 3), 1, 2),
+                                      ((48, 1, 3, 3), 1, 1), ((24, 1, 9, 9), 1, 1), ((24, 1, 3, 5), 1, 1)]:
+        g = _validate.conv_geometry((2, 16, 16, 24), w_shape, stride, 1, dilation, layout="NHWC")
+        assert wg.plan(g, single, "int", 16, 16) is None, (w_shape, stride, dilation)
+    # C = 144 half: 9 tiles, one per block (no idle tile); C = 384: 4 per block.
+    for c, ctb in ((144, 1), (384, 4), (96, 2)):
+        g = _validate.conv_geometry((2, 8, 8, c), (c, 1, 3, 3), 1, 1, 1, layout="NHWC")
+        assert int(wg.plan(g, half, "int", 16, 16)[0][0].scalars[13]) == ctb

@@ -7,7 +7,8 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_plane, _depthwise_nhwc_large, _depthwise_nhwc_window, _launch, _validate, depthwise, reference,
+    _depthwise_nchw_plane, _depthwise_nhwc_large, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _launch, _validate,
+    depthwise, reference,
 )
 
 from _helpers import DTYPE_IDS, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
@@ -445,6 +446,122 @@ def test_nhwc_window_dispatch_follows_the_rule(dtype, rng):
         assert relative_error(y, reference.depthwise_conv2d(x, w, padding=k // 2, layout="NHWC")) <= TOLERANCE[dtype]
 
 
+# The NHWC register-tap weight gradient (_depthwise_nhwc_wgrad), launched
+# directly (partial sums, then the shared finalize): every filter size and
+# stride, odd sizes, per-side and oversized padding, a 1-row plane, several
+# channel blocks and tap groups (7x7), channel tiles per block forced to 1,
+# 2 and 4 (C = 48: an idle tile in the last block), a channel count off the
+# tile (None), x 4 bytes off 16; NaN-poisoned partial sums and output; the
+# same bits on a second run.
+NHWC_WGRAD_CASES = [
+    # (label, NHWC x shape, filter size, stride, padding)
+    ("13x11 C=32 3x3 s1 p1", (2, 13, 11, 32), 3, 1, 1),
+    ("9x10 C=16 5x5 s1 per-side", (1, 9, 10, 16), 5, 1, ((0, 4), (3, 1))),
+    ("7x7 C=16 7x7 s1 p3", (3, 7, 7, 16), 7, 1, 3),
+    ("5x9 C=16 7x7 s1 padding > filter", (1, 5, 9, 16), 7, 1, ((8, 2), (0, 8))),
+    ("28x3 C=16 7x7 s1 per-side", (2, 28, 3, 16), 7, 1, ((2, 3), (3, 2))),
+    ("1x12 C=16 3x3 s1 (1, 0)", (2, 1, 12, 16), 3, 1, (1, 0)),
+    ("13x11 C=48 3x3 s2 p1", (2, 13, 11, 48), 3, 2, 1),
+    ("17x16 C=16 5x5 s2 per-side", (1, 17, 16, 16), 5, 2, ((4, 0), (1, 2))),
+    ("15x15 C=16 7x7 s2 p3", (1, 15, 15, 16), 7, 2, 3),
+    ("56x56 C=144 3x3 s1", (4, 56, 56, 144), 3, 1, 1),
+    ("28x28 C=384 3x3 s1 many units", (8, 28, 28, 384), 3, 1, 1),
+    ("28x28 C=240 5x5 s1", (4, 28, 28, 240), 5, 1, 2),
+    ("56x56 C=96 7x7 s1", (4, 56, 56, 96), 7, 1, 3),
+    ("112x112 C=96 3x3 s2", (2, 112, 112, 96), 3, 2, 1),
+    ("9x9 C=32 3x3 300 images", (300, 9, 9, 32), 3, 1, 1),
+    ("6x5 C=8 3x3 (float32 only)", (2, 6, 5, 8), 3, 1, 1),
+]
+NHWC_WGRAD_DTYPES = [d for d in DTYPES if d in _depthwise_nhwc_wgrad.DTYPES]
+
+
+def _nhwc_wgrad_case(case, dtype, rng):
+    _, x_shape, k, stride, padding = case
+    c = x_shape[3]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
+    dy = random(rng, (g.batch, g.out_height, g.out_width, c), dtype)
+    x = random(rng, x_shape, dtype)
+    want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), stride=stride, padding=padding,
+                                                      layout="NHWC")
+    return g, dy, x, want
+
+
+def _run_nhwc_wgrad(planned, dy_gpu, x_gpu, w_shape, dtype):
+    """Launch a plan's partial and finalize on NaN-poisoned buffers; returns
+    (grad_weight, partial sums)."""
+    (partial, finalize), (shape, acc) = planned
+    sums = cupy.full(shape, numpy.nan, acc)
+    out = poisoned(w_shape, dtype)
+    partial(dy_gpu, x_gpu, sums)
+    finalize(sums, out)
+    return out, sums
+
+
+@pytest.mark.parametrize("x_offset", [0, 4], ids=["aligned", "x+4B"])
+@pytest.mark.parametrize("dtype", NHWC_WGRAD_DTYPES, ids=str)
+@pytest.mark.parametrize("case", NHWC_WGRAD_CASES, ids=lambda c: c[0])
+def test_nhwc_wgrad_kernel_matches_reference(case, dtype, x_offset, rng):
+    g, dy, x, want = _nhwc_wgrad_case(case, dtype, rng)
+    dy_gpu = _offset_view(dy.shape, dtype, 0, dy)
+    x_gpu = _offset_view(x.shape, dtype, x_offset, x)
+    w_shape = want.shape
+    index = _launch.index_type(dy_gpu.size, x_gpu.size)
+    alignments = (depthwise._alignment(dy_gpu), depthwise._alignment(x_gpu))
+    if g.channels % _depthwise_nhwc_wgrad.channel_tile(dtype):
+        assert _depthwise_nhwc_wgrad.plan(g, numpy.dtype(dtype), index, *alignments) is None
+        return
+    lc = _depthwise_nhwc_wgrad.config(g.filter_height, g.stride_h, dtype)[0]
+    lanes = _depthwise_nhwc_wgrad.channel_tile(dtype) // lc
+    bits = f"u{numpy.dtype(dtype).itemsize}"
+    for ctb in [None] + [t for t in (1, 2, 4) if lanes * t <= 32]:
+        planned = _depthwise_nhwc_wgrad.plan(g, numpy.dtype(dtype), index, *alignments, ctb)
+        assert planned is not None
+        out, sums = _run_nhwc_wgrad(planned, dy_gpu, x_gpu, w_shape, dtype)
+        assert bool(cupy.isfinite(sums).all()), "a partial sum was not written"
+        error = relative_error(out, want)
+        record_errors("depthwise NHWC register-tap weight gradient", str(numpy.dtype(dtype)),
+                      {f"s{g.stride_h}": error})
+        assert error <= TOLERANCE[dtype], ctb
+        again, _ = _run_nhwc_wgrad(planned, dy_gpu, x_gpu, w_shape, dtype)
+        assert bool((again.view(bits) == out.view(bits)).all()), ctb  # deterministic
+
+
+@pytest.mark.parametrize("dtype", NHWC_WGRAD_DTYPES, ids=str)
+def test_nhwc_wgrad_dispatch_follows_the_mode(dtype, rng, monkeypatch):
+    # MODE "always" / "rule" (preferred everywhere it serves, for now): the
+    # NHWC weight gradient launches this kernel for 3x3/5x5/7x7 at stride 1
+    # and 2 and matches the reference, bit-identical on a second call;
+    # "never" and the shapes it does not serve (dilation, C off the tile)
+    # keep the other kernels.
+    x_shape = (2, 20, 23, 32)
+    for mode in ("always", "rule", "never"):
+        monkeypatch.setattr(_depthwise_nhwc_wgrad, "MODE", mode)
+        monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
+        for k, stride, padding in ((3, 1, 1), (5, 2, ((1, 3), (2, 2))), (7, 1, 3), (3, 2, 0)):
+            g = _validate.conv_geometry(x_shape, (32, 1, k, k), stride, padding, 1, layout="NHWC")
+            x = random(rng, x_shape, dtype)
+            dy = random(rng, (2, g.out_height, g.out_width, 32), dtype)
+            x_gpu, dy_gpu = cupy.asarray(x), cupy.asarray(dy)
+            steps = depthwise._backward_weight_steps(g, "NHWC", dy_gpu, x_gpu)
+            taken = steps.launches[0].expression.startswith(_depthwise_nhwc_wgrad.KERNEL)
+            assert taken == (mode == "always" or (mode == "rule" and _depthwise_nhwc_wgrad.preferred(g, dtype)))
+            conv = dict(stride=stride, padding=padding, layout="NHWC")
+            w_shape = (32, 1, k, k)
+            dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, out=poisoned(w_shape, dtype), **conv)
+            want = reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)
+            assert relative_error(dw, want) <= TOLERANCE[dtype], (mode, k, stride)
+            again = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, **conv)
+            bits = f"u{numpy.dtype(dtype).itemsize}"
+            assert bool((again.view(bits) == dw.view(bits)).all())
+    monkeypatch.setattr(_depthwise_nhwc_wgrad, "MODE", "always")
+    for c, dilation in ((32, 2), (24, 1)):
+        g = _validate.conv_geometry((2, 20, 23, c), (c, 1, 3, 3), 1, 1, dilation, layout="NHWC")
+        x_gpu = cupy.zeros((2, 20, 23, c), dtype)
+        steps = depthwise._backward_weight_steps(g, "NHWC", x_gpu, x_gpu)
+        served = c % _depthwise_nhwc_wgrad.channel_tile(dtype) == 0 and dilation == 1
+        assert steps.launches[0].expression.startswith(_depthwise_nhwc_wgrad.KERNEL) == served
+
+
 # The NHWC large-filter path (_depthwise_nhwc_large): the NCHW large-filter
 # kernels between two transposes, for all three ops: odd sizes, per-side and
 # oversized padding, a depth multiplier, a non-square filter, a channel count
@@ -796,6 +913,38 @@ def test_nhwc_window_kernel_over_2_31_elements(backward):
         got = dst[..., c : c + 1]
         assert relative_error(got, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
         assert relative_error(got[:, 1024:], want[:, 1024:]) <= TOLERANCE[numpy.dtype(numpy.float16)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stride", [1, 2])
+def test_nhwc_wgrad_kernel_over_2_31_elements(stride):
+    # NHWC x (1, 1040, 1024, 2048) float16 = 2**31 + 2**25 elements: element
+    # (h, w, c) is at (h*1024 + w)*2048 + c, so rows h >= 1024 of every
+    # channel lie past 2**31.  x is zero but for rows 1020 and on, so every
+    # tap's sum comes from rows at or past 2**31 (and one row before); the
+    # register-tap kernel with 64-bit offsets, launched directly.
+    shape = (1, 1040, 1024, 2048)
+    assert numpy.prod(shape) >= 2**31 and 1024 * 1024 * 2048 == 2**31
+    g = _validate.conv_geometry(shape, (2048, 1, 3, 3), stride, 1, 1, layout="NHWC")
+    gen = cupy.random.default_rng(13)
+    x = cupy.zeros(shape, cupy.float16)
+    x[:, 1020:] = gen.standard_normal((1, 20, 1024, 2048), dtype=cupy.float32).astype(cupy.float16)
+    dy = gen.standard_normal((1, g.out_height, g.out_width, 2048), dtype=cupy.float32).astype(cupy.float16)
+    index = _launch.index_type(x.size, dy.size)
+    assert index == "long long"
+    planned = _depthwise_nhwc_wgrad.plan(g, numpy.dtype(numpy.float16), index, 16, 16)
+    assert planned[0][0].expression.endswith("long long>")
+    out, sums = _run_nhwc_wgrad(planned, dy, x, (2048, 1, 3, 3), numpy.float16)
+    assert bool(cupy.isfinite(sums).all())
+    rows = slice(1016 // stride, None)  # the output rows whose taps reach rows >= 1020
+    first = (1016 // stride) * stride
+    for c in (0, 1000, 2047):
+        x_c = numpy.ascontiguousarray(x[:, first:, :, c : c + 1].get())
+        dy_c = numpy.ascontiguousarray(dy[:, rows, :, c : c + 1].get())
+        # The same sums on the cropped plane: padding 1 on top is rows first - 1 (zero).
+        want = reference.depthwise_conv2d_backward_weight(dy_c, x_c, (1, 1, 3, 3), stride=stride,
+                                                          padding=((1, 1), (1, 1)), layout="NHWC")
+        assert relative_error(out[c : c + 1], want) <= TOLERANCE[numpy.dtype(numpy.float16)], c
 
 
 @pytest.mark.slow

@@ -1,0 +1,173 @@
+"""Channels-last (NHWC) weight gradient with the filter taps in registers
+(kernels/depthwise_nhwc_wgrad.cu): 3x3, 5x5 and 7x7 filters, stride 1 or 2
+(both axes), dilation 1, depth multiplier 1, float32, float16 and bfloat16.
+It writes partial[split][tap][channel] in float32 and the shared finalize
+(_depthwise_nhwc.with_finalize) adds the splits in a fixed order, like the
+tiled kernel of _depthwise_nhwc: deterministic, bit-identical run to run.
+The ops take it where ``preferred`` says so; ``MODE`` overrides that for
+tests and benchmarks.
+
+Launch rule (no user tuning), from the shape only:
+
+* Per (filter size K, stride S, element size) a compile-time configuration
+  ``CONFIGS``: LC channels per thread (2: a half-type pair, one 4-byte load;
+  else 1), KR filter rows per thread (the K rows split into ceil(K / KR)
+  "tap groups", the last masked where KR does not divide K), TW output
+  columns per thread.  Chosen so that acc[KR][K][LC] + the input-row ring
+  [KR][(TW-1)*S + K][LC] + grad_out[TW][LC] fit in 128 registers with no
+  spills (NVRTC, sm_80 and sm_90, both index widths).
+* Channel tile CT = 32 bytes of channels (16 half / 8 float channels), L =
+  CT / LC lanes per tile; C must be a multiple of CT and both arrays aligned
+  to LC elements (else ``plan`` returns None and the tiled kernel serves the
+  call).  A block of 256 threads holds CTB channel tiles (of 1, 2, 4 with
+  L * CTB <= 32: the one leaving the fewest idle tiles in the last channel
+  block, then the largest) and W = 256 / (L * CTB) spatial workers.
+* Work units: (image, row strip, column strip): column strips of TW output
+  columns; row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS)) rows
+  (balanced).  Grid: x = channel blocks * tap groups, y = splits; a split is
+  a contiguous range of units, worker w of the block takes every W-th.
+  splits = ceil(TARGET_BLOCKS / grid.x), capped so every worker gets at
+  least MIN_UNITS_PER_WORKER units, then balanced (every split non-empty).
+* Shared memory: the block reduction, W * KR * K * CTB * CT floats
+  (18-28 KB).
+"""
+
+import functools
+
+import numpy
+
+from . import _compile, _depthwise_nhwc, _dtypes, _launch
+from ._launch import i32
+
+#: "rule": the ops take this kernel where ``preferred`` says it wins;
+#: "always": wherever it serves the call (tests, the sanitizer workload,
+#: benchmarks); "never": not at all (the tiled kernel of _depthwise_nhwc).
+MODE = "rule"
+
+KERNEL_FILE = "depthwise_nhwc_wgrad.cu"
+KERNEL = "dwgn_dwconv_nhwc_wgrad"
+FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
+STRIDES = (1, 2)
+DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16)
+
+THREADS = 256  # kernel: kThreads
+TILE_BYTES = 32  # kernel: kTileBytes
+#: (K, stride, element size) -> (LC, KR, TW); registers per specialization
+#: in the module's REPORT (notes) and checked by tests/test_compile.py.
+CONFIGS = {
+    (3, 1, 2): (2, 3, 4), (3, 1, 4): (1, 3, 7),
+    (3, 2, 2): (2, 3, 4), (3, 2, 4): (1, 3, 4),
+    (5, 1, 2): (1, 5, 4), (5, 1, 4): (1, 5, 4),
+    (5, 2, 2): (1, 5, 2), (5, 2, 4): (1, 5, 2),
+    (7, 1, 2): (1, 4, 4), (7, 1, 4): (1, 4, 4),
+    (7, 2, 2): (1, 4, 2), (7, 2, 4): (1, 4, 2),
+}
+MAX_STRIP_ROWS = 16
+#: About this many blocks per launch (a constant, not the SM count: the
+#: split, hence the summation order, depends on the shape only).
+TARGET_BLOCKS = 1024
+MIN_UNITS_PER_WORKER = 2
+_TILES_PER_BLOCK = (4, 2, 1)
+
+
+def channel_tile(dtype):
+    """Channels per tile: 16 for 2-byte types, 8 for float32."""
+    return TILE_BYTES // numpy.dtype(dtype).itemsize
+
+
+def config(k, stride, dtype):
+    """(LC, KR, TW) of the specialization for this filter, stride and dtype."""
+    return CONFIGS[(k, stride, numpy.dtype(dtype).itemsize)]
+
+
+def _expression(dtype, k, stride, index):
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, *config(k, stride, dtype), index)
+
+
+def specializations(dtypes=None, filter_sizes=None, large_index=(False, True)):
+    """``(file, name expression)`` of every specialization (both strides)."""
+    dtypes = DTYPES if dtypes is None else [numpy.dtype(d) for d in dtypes if numpy.dtype(d) in DTYPES]
+    sizes = FILTER_SIZES if filter_sizes is None else [tuple(s) for s in filter_sizes if tuple(s) in FILTER_SIZES]
+    large_index = (large_index,) if isinstance(large_index, bool) else tuple(large_index)
+    return [
+        (KERNEL_FILE, _expression(dtype, size[0], stride, "long long" if large else "int"))
+        for dtype in dtypes for size in dict.fromkeys(sizes) for stride in STRIDES for large in large_index
+    ]
+
+
+def tiles_per_block(channel_tiles, lanes):
+    """CTB: of 1, 2, 4 with lanes * CTB <= 32, the fewest idle tiles in the
+    last channel block, then the largest."""
+    options = [t for t in _TILES_PER_BLOCK if lanes * t <= 32]
+    return min(options, key=lambda t: (-(-channel_tiles // t) * t - channel_tiles, -t))
+
+
+def preferred(g, dtype):
+    """Whether the ops take this kernel for ``g`` (where it serves the call).
+    Not yet measured: True for every case it serves, to be tightened by
+    benchmarks/depthwise_nhwc_wgrad.py on a GPU."""
+    return True
+
+
+def select(g, dtype, index, grad_out_alignment, x_alignment):
+    """``plan(...)`` when the ops take this kernel (per ``MODE``), else None."""
+    if MODE == "never" or (MODE == "rule" and not preferred(g, dtype)):
+        return None
+    return plan(g, dtype, index, grad_out_alignment, x_alignment)
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(g, dtype, index, grad_out_alignment, x_alignment, ctb=None):
+    """``((partial launch, finalize launch), (shape, dtype) of the partial
+    sums))`` (partial arguments: grad_out, x, partial; finalize: partial,
+    grad_weight), or None when this kernel does not serve the call.
+    ``*_alignment``: the largest of 16, 8, 4, 2, 1 dividing the address.
+    ``ctb``: channel tiles per block instead of the rule's (tests)."""
+    dtype = numpy.dtype(dtype)
+    size = (g.filter_height, g.filter_width)
+    stride = g.stride_h
+    if (
+        size not in FILTER_SIZES
+        or g.stride_w != stride or stride not in STRIDES
+        or (g.dilation_h, g.dilation_w) != (1, 1)
+        or g.multiplier != 1
+        or dtype not in DTYPES
+        or g.channels % channel_tile(dtype) != 0
+        or g.channels >= 2**24  # column offsets e * C in int
+    ):
+        return None
+    k = size[0]
+    lc, kr, tw = config(k, stride, dtype)
+    if grad_out_alignment % (lc * dtype.itemsize) or x_alignment % (lc * dtype.itemsize):
+        return None
+    if min(g.batch, g.height, g.width, g.out_height, g.out_width) <= 0:
+        return None
+    ct = channel_tile(dtype)
+    lanes = ct // lc
+    channel_tiles = g.channels // ct
+    ctb = tiles_per_block(channel_tiles, lanes) if ctb is None else ctb
+    assert lanes * ctb <= 32 and THREADS % (lanes * ctb) == 0
+    workers = THREADS // (lanes * ctb)
+    groups = -(-k // kr)
+    col_strips = -(-g.out_width // tw)
+    row_strip = -(-g.out_height // -(-g.out_height // MAX_STRIP_ROWS))
+    row_strips = -(-g.out_height // row_strip)
+    units = g.batch * row_strips * col_strips
+    if units >= 2**31:
+        return None
+    grid_x = -(-channel_tiles // ctb) * groups
+    splits = max(1, min(-(-TARGET_BLOCKS // grid_x), int(units // (workers * MIN_UNITS_PER_WORKER)), _launch.MAX_GRID_Y))
+    per_split = -(-units // splits)
+    splits = -(-units // per_split)
+    if splits * per_split >= 2**31:  # the kernel's int unit counters
+        return None
+    x_w_limit = min(g.width, (g.out_width - 1) * stride - g.pad_left + k)
+    shared = workers * kr * k * ctb * ct * 4
+    scalars = (
+        i32(g.height), i32(g.width), i32(g.channels), i32(g.out_height), i32(g.out_width), i32(g.pad_top),
+        i32(g.pad_left), i32(x_w_limit), i32(row_strip), i32(row_strips), i32(col_strips), i32(units),
+        i32(per_split), i32(ctb), i32(groups),
+    )
+    partial = _launch.Launch(KERNEL_FILE, _expression(dtype, k, stride, index), (grid_x, splits), (THREADS,), shared,
+                             scalars)
+    return _depthwise_nhwc.with_finalize(partial, dtype, g.channels, k * k, splits)

@@ -1,0 +1,231 @@
+// Depthwise 2-D convolution, channels-last (NHWC): weight gradient with the
+// filter taps in registers ("register-tap" kernel), 3x3, 5x5 and 7x7 filters,
+// stride 1 or 2 (both axes), dilation 1, depth multiplier 1, float32, float16
+// and bfloat16:
+//
+//   partial[split][tap][c] = sum over this split's (n, oh, ow) of
+//       grad_out[n, oh, ow, c] * x[n, oh*S - pad_top + kh, ow*S - pad_left + kw, c]
+//
+// then the shared finalize kernel (depthwise_conv2d.cu) adds the splits in a
+// fixed order: bit-identical results run to run, no atomics.
+//
+// Why a kernel of its own: the tiled weight gradient (depthwise_nhwc.cu)
+// stages x and grad_out in shared memory and re-reads KW+1 16-byte vectors
+// per output pixel and filter row, so it is bound by shared-memory traffic.
+// Here every value is read from global memory (L1/L2) into registers once
+// per thread strip and used for every tap that needs it:
+//
+// * Lanes.  A thread owns LC consecutive channels (LC = 2 for a half-type
+//   pair, one 4-byte load; else 1).  L = 32 / (LC * sizeof(T)) lanes cover a
+//   32-byte channel tile (CT = 32 / sizeof(T) channels: one sector per
+//   pixel).  Thread t of the block is lane t % L of channel tile
+//   (t / L) % CTB of the block's CTB tiles, spatial worker w = t / (L * CTB)
+//   of W = blockDim.x / (L * CTB).
+// * Taps.  A thread accumulates KR filter rows (kh0 .. kh0+KR-1, kh0 = tap
+//   group * KR, rows past K masked: the last group of 7x7 with KR = 4) x K
+//   columns x LC channels in float registers, acc[KR][K][LC].
+// * Work unit: (image n, row strip, column strip): RS output rows (host) x TW
+//   output columns (template).  A thread walks its unit's output rows; the KR
+//   input rows the current output row's taps read are a register ring
+//   ring[KR][IW][LC], IW = (TW-1)*S + K columns: input row r (relative to the
+//   strip, ih = oh0*S - pad_top + kh0 + r) lives in slot r % KR.  Output row
+//   j of the strip reads rows j*S .. j*S + KR-1; rows j*S + max(0, KR-S) ..
+//   j*S + KR-1 are new (the others were loaded for row j-1; the first
+//   KR-S rows are loaded before the walk).  The walk is unrolled by
+//   P = KR / gcd(KR, S) rows so every slot index is a compile-time constant.
+//   grad_out's TW values of the row are loaded once per row.
+// * Borders: an input value outside the image (padding), or in a column no
+//   output reads (>= x_w_limit: past the last output's window), and a
+//   grad_out value in a column >= out_w load as zero (no product with a
+//   non-finite value that the convolution never reads); rows past out_h are
+//   never walked.  No other bounds checks in the walk.  The rows of a tap
+//   group past K are never multiplied (the FMAs of filter rows >= K - kh0
+//   are skipped, block-uniform).
+// * Splits.  blockIdx.x = channel block * groups + tap group; blockIdx.y = the
+//   split: a contiguous range [split * units_per_split, ...) of the units
+//   (n-major, then row strip, then column strip), worker w taking units
+//   begin + w, begin + w + W, ...  (neighbouring workers: neighbouring column
+//   strips, their halos shared through L1).
+// * Reduction: each thread stores acc to shared memory red[w][kh][kw][CTB*CT];
+//   after one barrier, entry (tap, channel) is summed over w = 0 .. W-1 in
+//   order by one thread and written to partial[split][tap][c] (float).  The
+//   split count and every order depend on the shape only.
+//
+// Template parameters: T; K (3, 5, 7); S (1, 2); LC (1, 2); KR filter rows
+// per thread; TW output columns per thread; IndexT (int, or long long when a
+// tensor has >= 2**31 elements: image, row and pixel offsets use it).  The
+// host (cupy_dwgn/_depthwise_nhwc_wgrad.py) picks the configuration and the
+// split; it requires C % CT == 0 and both arrays aligned to LC * sizeof(T).
+
+#include "dwgn_common.cuh"
+
+namespace dwgn_nhwc_wgrad {
+
+constexpr int kTileBytes = 32;  // a channel tile: 32 bytes of one pixel
+constexpr int kThreads = 256;   // block size (host: THREADS)
+constexpr int kMinBlocks = 2;   // blocks per SM the register budget is set for (<= 128 registers)
+
+template <typename T, int LC> struct Load;
+template <typename T> struct Load<T, 1> {
+  static __device__ __forceinline__ void get(const T* p, float (&v)[1]) { v[0] = dwgn::to_acc(*p); }
+};
+template <> struct Load<__half, 2> {
+  static __device__ __forceinline__ void get(const __half* p, float (&v)[2]) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(p));
+    v[0] = f.x;
+    v[1] = f.y;
+  }
+};
+template <> struct Load<__nv_bfloat16, 2> {
+  static __device__ __forceinline__ void get(const __nv_bfloat16* p, float (&v)[2]) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+    v[0] = f.x;
+    v[1] = f.y;
+  }
+};
+
+// LC values at p, or zeros when !ok (p is then not read).  Callers pass a
+// safe address when !ok: without that select ptxas formed every address of a
+// row up front and spilled with 64-bit indices.
+template <typename T, int LC>
+__device__ __forceinline__ void load_or_zero(const T* p, bool ok, float (&v)[LC]) {
+  if (ok) {
+    Load<T, LC>::get(p, v);
+  } else {
+#pragma unroll
+    for (int c = 0; c < LC; ++c) v[c] = 0.0f;
+  }
+}
+
+constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
+
+}  // namespace dwgn_nhwc_wgrad
+
+template <typename T, int K, int S, int LC, int KR, int TW, typename IndexT>
+__global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kMinBlocks) dwgn_dwconv_nhwc_wgrad(
+    const T* __restrict__ grad_out, const T* __restrict__ x, float* __restrict__ partial, int height, int width,
+    int channels, int out_h, int out_w, int pad_top, int pad_left, int x_w_limit, int row_strip,
+    int row_strips, int col_strips, int units, int units_per_split, int tiles_per_block, int groups) {
+  using namespace dwgn_nhwc_wgrad;
+  constexpr int CT = kTileBytes / static_cast<int>(sizeof(T));  // channels per tile
+  constexpr int L = CT / LC;                                     // lanes per tile
+  constexpr int IW = (TW - 1) * S + K;                           // ring columns
+  constexpr int P = KR / gcd(KR, S);                             // walk unroll: slot period
+  constexpr int NEW0 = KR > S ? KR - S : 0;                      // first new ring row per step
+  static_assert(IW <= 32, "column mask is 32 bits");
+  extern __shared__ __align__(16) float red[];  // [W][KR][K][CTB * CT]
+
+  const int chb = tiles_per_block * CT;  // channels per block
+  const int lane = threadIdx.x % L;
+  const int ctl = (threadIdx.x / L) % tiles_per_block;
+  const int worker = threadIdx.x / (L * tiles_per_block);
+  const int workers = blockDim.x / (L * tiles_per_block);
+  const int channel_block = blockIdx.x / groups;
+  const int kh0 = (blockIdx.x - channel_block * groups) * KR;
+  const int rows_here = min(KR, K - kh0);  // filter rows of this tap group
+  const int ch = ctl * CT + lane * LC;     // channel within the block
+  const int c = channel_block * chb + ch;
+  const bool active = c < channels;        // channels % CT == 0: whole tiles
+  const int split = blockIdx.y;
+  const int begin = split * units_per_split;
+  const int end = min(units, begin + units_per_split);
+
+  float acc[KR][K][LC];
+#pragma unroll
+  for (int kh = 0; kh < KR; ++kh)
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+      for (int l = 0; l < LC; ++l) acc[kh][kw][l] = 0.0f;
+
+  const int per_image = row_strips * col_strips;
+  for (int u = begin + worker; active && u < end; u += workers) {
+    const int n = u / per_image;
+    const int rest = u - n * per_image;
+    const int rs = rest / col_strips;
+    const int cs = rest - rs * col_strips;
+    const int oh0 = rs * row_strip;
+    const int oh1 = min(oh0 + row_strip, out_h);
+    const int ow0 = cs * TW;
+    const int iw0 = ow0 * S - pad_left;
+    const int ih_first = oh0 * S - pad_top + kh0;  // input row of ring row 0
+    unsigned x_cols = 0, g_cols = 0;
+#pragma unroll
+    for (int e = 0; e < IW; ++e)
+      if (iw0 + e >= 0 && iw0 + e < x_w_limit) x_cols |= 1u << e;
+#pragma unroll
+    for (int t = 0; t < TW; ++t)
+      if (ow0 + t < out_w) g_cols |= 1u << t;
+    const T* x_img = x + static_cast<IndexT>(n) * height * width * channels + c;
+    const T* g_img = grad_out + static_cast<IndexT>(n) * out_h * out_w * channels + c;
+
+    float ring[KR][IW][LC];
+    // Ring row r = input row ih_first + r.  Not masked by the tap group's
+    // row count: a row loaded as filter row KR-1 is read as rows KR-1-S, ...
+    // by the next output rows.
+    auto load_row = [&](float (&dst)[IW][LC], int r) {
+      const int ih = ih_first + r;
+      const bool row_ok = ih >= 0 && ih < height;
+      const T* row = x_img + (static_cast<IndexT>(row_ok ? ih : 0) * width + iw0) * channels;
+#pragma unroll
+      for (int e = 0; e < IW; ++e) {
+        const bool ok = row_ok && ((x_cols >> e) & 1u);
+        load_or_zero<T, LC>(ok ? row + e * channels : x, ok, dst[e]);
+      }
+    };
+#pragma unroll
+    for (int r = 0; r < NEW0; ++r) load_row(ring[r], r);
+
+    // The break between rows keeps ptxas from hoisting the next row's loads
+    // into this row's FMAs: a branch-free walk of whole P-row groups did
+    // that and spilled in 26 of the 36 specializations at 128 registers.
+    for (int j0 = 0; j0 < oh1 - oh0; j0 += P) {
+#pragma unroll
+      for (int ph = 0; ph < P; ++ph) {
+        const int j = j0 + ph;
+        if (j >= oh1 - oh0) break;
+#pragma unroll
+        for (int kh = NEW0; kh < KR; ++kh) load_row(ring[(ph * S + kh) % KR], j * S + kh);
+        float g[TW][LC];
+        const T* g_row = g_img + (static_cast<IndexT>(oh0 + j) * out_w + ow0) * channels;
+#pragma unroll
+        for (int t = 0; t < TW; ++t) {
+          const bool ok = (g_cols >> t) & 1u;
+          load_or_zero<T, LC>(ok ? g_row + t * channels : grad_out, ok, g[t]);
+        }
+#pragma unroll
+        for (int kh = 0; kh < KR; ++kh) {
+          if (kh >= rows_here) break;  // block-uniform
+#pragma unroll
+          for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+            for (int t = 0; t < TW; ++t)
+#pragma unroll
+              for (int l = 0; l < LC; ++l)
+                acc[kh][kw][l] = fmaf(g[t][l], ring[(ph * S + kh) % KR][t * S + kw][l], acc[kh][kw][l]);
+        }
+      }
+    }
+  }
+
+  // Fixed-order block reduction over the workers.
+  constexpr int KRK = KR * K;
+#pragma unroll
+  for (int kh = 0; kh < KR; ++kh)
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+      for (int l = 0; l < LC; ++l) red[((worker * KR + kh) * K + kw) * chb + ch + l] = acc[kh][kw][l];
+  __syncthreads();
+  const long long split_base = static_cast<long long>(split) * K * K * channels;
+  for (int i = threadIdx.x; i < KRK * chb; i += blockDim.x) {
+    const int tap = i / chb;  // within the group: kh * K + kw
+    const int cb = i - tap * chb;
+    const int kh = tap / K;
+    const int cg = channel_block * chb + cb;
+    if (kh >= rows_here || cg >= channels) continue;
+    float sum = 0.0f;
+    for (int w = 0; w < workers; ++w) sum += red[(w * KRK + tap) * chb + cb];
+    partial[split_base + static_cast<long long>(kh0 * K + tap) * channels + cg] = sum;
+  }
+}
