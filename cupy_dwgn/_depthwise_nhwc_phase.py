@@ -26,25 +26,26 @@ Launch rule (no user tuning):
   of neighbouring items hit L1/L2 (the unique grad_out is a quarter of
   grad_in's bytes).
 * Block = (BX channel vectors, BY items): the channel vectors split into
-  nearly equal tiles of at most 32 (``_depthwise_nhwc._block``: C = 96
-  float32 -> one tile of 24), BY = 256 // BX, so a warp reads whole pixels'
-  channel runs (C = 96 float16: 12 vectors = 192 bytes per pixel, 21 items
-  per block).  grid.x = channel tiles.
+  nearly equal tiles of at most 32 (C = 96 float32 -> one tile of 24), or
+  fewer where the tile's weights would pass 48 KB (half-type 7x7: 8 floats
+  x 49 taps per vector, at most 31 vectors), BY = 256 // BX, so a warp reads
+  whole pixels' channel runs (C = 96 float16: 12 vectors = 192 bytes per
+  pixel, 21 items per block).  grid.x = channel tiles.
 * Items (n, row pair, column block) are numbered row-major; each block owns
   a contiguous range of ``per_block`` items, a multiple of BY (no idle
   threads but in the last block), about _TARGET_BLOCKS blocks in all: a
   range covers one or a few neighbouring row pairs, whose shared grad_out
   rows/columns are read again from L1/L2, not DRAM.
 * Weights: the tile's K*K taps as [tap][channel] in the accumulator type in
-  shared memory (float32 7x7 with 32 vectors: 25 KB, under the 48 KB that
-  needs no opt-in).
+  shared memory, at most 48 KB (no opt-in; float32 7x7 with 32 vectors: 25
+  KB; half-type 7x7 with 31: 47.5 KB).
 """
 
 import functools
 
 import numpy
 
-from . import _compile, _depthwise_nhwc, _dtypes, _launch
+from . import _compile, _dtypes, _launch
 from ._launch import i32
 
 #: "rule": the ops take this kernel where ``preferred`` says it wins;
@@ -62,6 +63,8 @@ _MAX_THREADS = 256
 #: About this many blocks per launch (as _depthwise_nhwc): several waves of
 #: two 256-thread blocks per SM on any GPU, short tails.
 _TARGET_BLOCKS = 2048
+_MAX_TILE_VECTORS = 32
+_SHARED_LIMIT = 48 * 1024
 
 
 def vec(dtype):
@@ -120,6 +123,16 @@ def select(g, dtype, index, aligned):
     return plan(g, dtype, index, aligned)
 
 
+def block(vectors, dtype, k):
+    """(tiles, BX, BY) per the module's rule: nearly equal tiles of at most
+    32 vectors whose K*K weights fit in 48 KB, BY = 256 // BX."""
+    per_vector = k * k * vec(dtype) * _dtypes.accumulator_dtype(dtype).itemsize
+    most = min(_MAX_TILE_VECTORS, _SHARED_LIMIT // per_vector)
+    tiles = -(-vectors // most)
+    bx = -(-vectors // tiles)
+    return tiles, bx, max(1, _MAX_THREADS // bx)
+
+
 def geometry(g, dtype):
     """(TW, row pairs, column pairs, column blocks) of the item grid."""
     k = g.filter_height
@@ -139,7 +152,7 @@ def plan(g, dtype, index, aligned):
     k = g.filter_height
     tw, row_pairs, _, col_blocks = geometry(g, dtype)
     vectors = g.channels // vec(dtype)
-    tiles, bx, by = _depthwise_nhwc._block(vectors)
+    tiles, bx, by = block(vectors, dtype, k)
     items = g.batch * row_pairs * col_blocks
     per_block = by * -(-items // (by * max(1, _TARGET_BLOCKS // tiles)))
     blocks_y = -(-items // per_block)
