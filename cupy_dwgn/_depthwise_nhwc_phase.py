@@ -18,17 +18,17 @@ Launch rule (no user tuning):
   the widest that keeps every specialization at or under 128 registers with
   no spills under NVRTC for sm_80 and sm_90 (``__launch_bounds__(256, 2)``;
   tests/test_compile.py reads the ptxas reports): float32 and float64 TW = 4 (16 accumulated
-  vectors of 4 registers: 64 + the row of TW + R - 1 columns); float16 and
-  bfloat16 TW = 2 for 3x3 (16 accumulated vectors of 8 floats: 123-128
-  registers) and TW = 1 for 5x5 and 7x7 (TW = 2 spills 8-76 bytes there,
-  on sm_80 or sm_90 or both).  A thread reads ceil(K/2) grad_out
+  vectors of 4 registers: 64 + the row of TW + R - 1 columns: 121-128
+  registers); float16 and bfloat16 TW = 2 (16 accumulated vectors of 8
+  floats: 118-128 registers), but TW = 1 for 7x7 with 64-bit indices
+  (bfloat16 spills 8 bytes there on sm_90 at TW = 2).  TW = 3 (half) or 6
+  (float32) spill 80-600 bytes.  A thread reads ceil(K/2) grad_out
   rows of TW + ceil(K/2) - 1 vectors for 4*TW grad_in pixels; the re-reads
   of neighbouring items hit L1/L2 (the unique grad_out is a quarter of
   grad_in's bytes).
 * Block = (BX channel vectors, BY items): the channel vectors split into
-  nearly equal tiles of at most 32 (C = 96 float32 -> one tile of 24), or
-  fewer where the tile's weights would pass 48 KB (half-type 7x7: 8 floats
-  x 49 taps per vector, at most 31 vectors), BY = 256 // BX, so a warp reads
+  nearly equal tiles of at most 32 (C = 96 float32 -> one tile of 24; the
+  tile's weights stay under 48 KB), BY = 256 // BX, so a warp reads
   whole pixels' channel runs (C = 96 float16: 12 vectors = 192 bytes per
   pixel, 21 items per block).  grid.x = channel tiles.
 * Items (n, row pair, column block) are numbered row-major; each block owns
@@ -36,9 +36,11 @@ Launch rule (no user tuning):
   threads but in the last block), about _TARGET_BLOCKS blocks in all: a
   range covers one or a few neighbouring row pairs, whose shared grad_out
   rows/columns are read again from L1/L2, not DRAM.
-* Weights: the tile's K*K taps as [tap][channel] in the accumulator type in
-  shared memory, at most 48 KB (no opt-in; float32 7x7 with 32 vectors: 25
-  KB; half-type 7x7 with 31: 47.5 KB).
+* Weights: the tile's K*K taps as [tap][channel] in T in shared memory
+  (7x7 with 32 vectors: 25 KB, under the 48 KB that needs no opt-in),
+  converted to float at use: half-type weights as floats would double the
+  shared-memory reads, which bound the half-type 5x5/7x7 kernels (TW = 1:
+  one 16-byte read per 8 FMAs).
 """
 
 import functools
@@ -72,15 +74,15 @@ def vec(dtype):
     return _VECTOR_BYTES // numpy.dtype(dtype).itemsize
 
 
-def columns(dtype, k):
+def columns(dtype, k, index="int"):
     """TW, column pairs per item (module docstring: registers <= 128, no spills)."""
     if numpy.dtype(dtype).itemsize == 2:
-        return 2 if k == 3 else 1
+        return 1 if (k, index) == (7, "long long") else 2
     return 4
 
 
 def _expression(dtype, k, index):
-    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, columns(dtype, k), index)
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, columns(dtype, k, index), index)
 
 
 def specializations(dtypes=None, filter_sizes=None, large_index=(False, True)):
@@ -126,17 +128,17 @@ def select(g, dtype, index, aligned):
 def block(vectors, dtype, k):
     """(tiles, BX, BY) per the module's rule: nearly equal tiles of at most
     32 vectors whose K*K weights fit in 48 KB, BY = 256 // BX."""
-    per_vector = k * k * vec(dtype) * _dtypes.accumulator_dtype(dtype).itemsize
+    per_vector = k * k * _VECTOR_BYTES
     most = min(_MAX_TILE_VECTORS, _SHARED_LIMIT // per_vector)
     tiles = -(-vectors // most)
     bx = -(-vectors // tiles)
     return tiles, bx, max(1, _MAX_THREADS // bx)
 
 
-def geometry(g, dtype):
+def geometry(g, dtype, index="int"):
     """(TW, row pairs, column pairs, column blocks) of the item grid."""
     k = g.filter_height
-    tw = columns(dtype, k)
+    tw = columns(dtype, k, index)
     row_pairs = (g.height - 1 + g.pad_top) // 2 - g.pad_top // 2 + 1
     col_pairs = (g.width - 1 + g.pad_left) // 2 - g.pad_left // 2 + 1
     return tw, row_pairs, col_pairs, -(-col_pairs // tw)
@@ -150,7 +152,7 @@ def plan(g, dtype, index, aligned):
     if not aligned or not serves(g, dtype):
         return None
     k = g.filter_height
-    tw, row_pairs, _, col_blocks = geometry(g, dtype)
+    tw, row_pairs, _, col_blocks = geometry(g, dtype, index)
     vectors = g.channels // vec(dtype)
     tiles, bx, by = block(vectors, dtype, k)
     items = g.batch * row_pairs * col_blocks
@@ -158,7 +160,7 @@ def plan(g, dtype, index, aligned):
     blocks_y = -(-items // per_block)
     if blocks_y > _launch.MAX_GRID_Y:  # not reached: blocks_y <= _TARGET_BLOCKS
         return None
-    shared = k * k * bx * vec(dtype) * _dtypes.accumulator_dtype(dtype).itemsize
+    shared = k * k * bx * _VECTOR_BYTES
     scalars = (
         i32(g.height), i32(g.width), i32(g.channels), i32(g.out_height), i32(g.out_width), i32(g.pad_top),
         i32(g.pad_left), i32(row_pairs), i32(col_blocks),

@@ -33,9 +33,13 @@
 // 16-byte vectors of consecutive channels of a pixel: coalesced), threadIdx.y
 // the items of the block's contiguous item range (blockIdx.y; neighbouring
 // items share grad_out rows and columns through L1/L2).  blockIdx.x is the
-// channel tile.  Weights: the tile's K*K taps staged as [tap][channel] in
-// the accumulator type in shared memory (one 16-byte read per tap and vector,
-// applied to TW pixels).
+// channel tile.  Weights: the tile's K*K taps staged as [tap][channel] in T
+// (not the accumulator type) in shared memory: one 16-byte read per tap and
+// vector, converted to float at use (exact), applied to TW pixels.  Why T:
+// a tap read serves only TW (1 or 2 for half types) pixels, so float
+// weights (two 16-byte reads per half-type vector) made shared-memory
+// bandwidth the limit of the half-type 5x5/7x7 kernels (about 28 us of
+// weight reads for 64x96x56 7x7 against an 11 us copy floor).
 //
 // Template parameters: T, K (3, 5, 7), TW (column pairs per item: host
 // cupy_dwgn/_depthwise_nhwc_phase.py, chosen so registers stay at or under
@@ -57,7 +61,7 @@ __global__ void __launch_bounds__(256, 2) dwgn_dwconv_nhwc_bwd_input_s2(
   constexpr int R = (K + 1) / 2;     // grad_out rows an item reads; R - 1 extra columns
   constexpr int IN_C = TW + R - 1;   // grad_out columns an item reads
   extern __shared__ __align__(16) unsigned char shared_raw[];
-  Acc* w_s = reinterpret_cast<Acc*>(shared_raw);
+  T* w_s = reinterpret_cast<T*>(shared_raw);
 
   const int tile_channels = blockDim.x * VEC;
   const int tile_c0 = blockIdx.x * tile_channels;
@@ -69,11 +73,11 @@ __global__ void __launch_bounds__(256, 2) dwgn_dwconv_nhwc_bwd_input_s2(
     const int j = i / KK;
     const int tap = i - j * KK;
     const int c = tile_c0 + j;
-    w_s[tap * tile_channels + j] = c < channels ? dwgn::to_acc(weight[static_cast<long long>(c) * KK + tap]) : Acc(0);
+    w_s[tap * tile_channels + j] = c < channels ? weight[static_cast<long long>(c) * KK + tap] : dwgn::from_acc<T>(Acc(0));
   }
   __syncthreads();  // the only barrier: threads past the channels may leave now
   if (c0 >= channels) return;
-  const Acc* w_thread = w_s + threadIdx.x * VEC;
+  const T* w_thread = w_s + threadIdx.x * VEC;
 
   const int a_first = pad_top >> 1;
   const int b_first = pad_left >> 1;
@@ -116,11 +120,12 @@ __global__ void __launch_bounds__(256, 2) dwgn_dwconv_nhwc_bwd_input_s2(
         for (int kw = 0; kw < K; ++kw) {
           const int j = kw & 1;
           const int nn = kw >> 1;  // pixel pair b = b0 + t reads column b - nn = x[t - nn + R - 1]
-          const auto w = dwnhwc::load_shared<VEC>(w_thread + (kh * K + kw) * tile_channels);
+          Acc w[VEC];  // one 16-byte shared load, converted (exact: the weights are T)
+          dwnhwc::load_vec<VEC>(w_thread + (kh * K + kw) * tile_channels, w);
 #pragma unroll
           for (int t = 0; t < TW; ++t)
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) acc[i][2 * t + j][v] += w.v[v] * x[t - nn + R - 1][v];
+            for (int v = 0; v < VEC; ++v) acc[i][2 * t + j][v] += w[v] * x[t - nn + R - 1][v];
         }
       }
     }

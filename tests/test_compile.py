@@ -786,7 +786,7 @@ def _nhwc_phase_emulation(launch, grad_out, weight, k):
     the tile], NaN where never staged), the exit of threads past the
     channels, block_range item ranges, the item decode, the m / i / kw / t
     loops with zero-filled column reads outside [0, OW), and the guarded
-    stores, in float64.  grad_out (N, OH, OW, C), weight (C, K, K).  Returns
+    stores, in float64 (the weights are staged in T, converted exactly).  grad_out (N, OH, OW, C), weight (C, K, K).  Returns
     (grad_in, writes): grad_in NaN where never written, writes the store
     count per element."""
     import numpy
@@ -806,8 +806,7 @@ def _nhwc_phase_emulation(launch, grad_out, weight, k):
     gx, gy, _ = launch.grid
     batch = grad_out.shape[0]
     assert grad_out.shape == (batch, out_h, out_w, channels)
-    acc_bytes = 8 if ctype == "double" else 4
-    assert launch.shared_mem == kk * bx * vec * acc_bytes
+    assert launch.shared_mem == kk * bx * vec * {"float": 4, "double": 8}.get(ctype, 2)  # weights in T
     tile_channels = bx * vec
     flat_w = weight.reshape(-1)
     g_flat = grad_out.reshape(-1)
@@ -975,14 +974,14 @@ def test_nhwc_phase_rule():
                 bx, by, _ = launch.block
                 threads = bx * by
                 assert threads <= 256 and (threads >= 224 or by * bx * phase.vec(dtype) >= c)
-                assert launch.shared_mem == k * k * bx * phase.vec(dtype) * _dtypes.accumulator_dtype(dtype).itemsize
+                assert launch.shared_mem == k * k * bx * 16  # [tap][channel] weights in the dtype
                 assert launch.shared_mem <= 48 * 1024
                 items, per_block = int(launch.scalars[-2]), int(launch.scalars[-1])
                 assert per_block % by == 0 and launch.grid[1] == -(-items // per_block) <= 2048
                 tiles, tile_channels = launch.grid[0], bx * phase.vec(dtype)
                 assert (tiles - 1) * tile_channels < c <= tiles * tile_channels  # no empty tile
                 # The fewest tiles of <= 32 vectors whose weights fit in 48 KB.
-                most = min(32, 48 * 1024 // (k * k * phase.vec(dtype) * _dtypes.accumulator_dtype(dtype).itemsize))
+                most = min(32, 48 * 1024 // (k * k * 16))
                 assert tiles == -(-(c // phase.vec(dtype)) // most)
     # MobileNetV2 64x96x112 float32: one tile of 24 vectors, 10 items per step.
     g = _validate.conv_geometry((64, 112, 112, 96), (96, 1, 3, 3), 2, 1, 1, layout="NHWC")
