@@ -73,7 +73,8 @@ __global__ void __launch_bounds__(256, 2) dwgn_dwconv_nhwc_bwd_input_s2(
     const int j = i / KK;
     const int tap = i - j * KK;
     const int c = tile_c0 + j;
-    w_s[tap * tile_channels + j] = c < channels ? weight[static_cast<long long>(c) * KK + tap] : dwgn::from_acc<T>(Acc(0));
+    w_s[tap * tile_channels + j] =
+        c < channels ? weight[static_cast<long long>(c) * KK + tap] : dwgn::from_acc<T>(Acc(0));
   }
   __syncthreads();  // the only barrier: threads past the channels may leave now
   if (c0 >= channels) return;

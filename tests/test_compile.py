@@ -786,9 +786,10 @@ def _nhwc_phase_emulation(launch, grad_out, weight, k):
     the tile], NaN where never staged), the exit of threads past the
     channels, block_range item ranges, the item decode, the m / i / kw / t
     loops with zero-filled column reads outside [0, OW), and the guarded
-    stores, in float64 (the weights are staged in T, converted exactly).  grad_out (N, OH, OW, C), weight (C, K, K).  Returns
-    (grad_in, writes): grad_in NaN where never written, writes the store
-    count per element."""
+    stores, in float64 (the weights are staged in T, converted exactly).
+    grad_out (N, OH, OW, C), weight (C, K, K).  Returns (grad_in, writes):
+    grad_in NaN where never written, writes the store count per element.
+    """
     import numpy
 
     (height, width, channels, out_h, out_w, pad_top, pad_left, row_pairs, col_blocks, items,

@@ -497,7 +497,8 @@ def test_nhwc_phase_kernel_matches_reference(case, dtype, rng):
     args = (dy_gpu, cupy.asarray(w), dx)
     launch(*args)
     error = relative_error(dx, want)
-    record_errors("depthwise NHWC stride-2 backward-input (phase)", str(numpy.dtype(dtype)), {f"{case[2]}x{case[2]}": error})
+    record_errors("depthwise NHWC stride-2 backward-input (phase)", str(numpy.dtype(dtype)),
+                  {f"{case[2]}x{case[2]}": error})
     assert error <= TOLERANCE[dtype]
     # Deterministic: a second launch over a fresh NaN buffer writes the same bits.
     bits = f"u{dx.itemsize}"

@@ -29,7 +29,9 @@ cupy = pytest.importorskip("cupy")
 from cupy.cuda import memory  # noqa: E402
 
 from cupy_dwgn import _compile, _dtypes, _group_norm, _launch, _validate, depthwise  # noqa: E402
-from cupy_dwgn import _depthwise_nchw_large, _depthwise_nchw_window, _depthwise_nhwc_phase, _depthwise_nhwc_window  # noqa: E402
+from cupy_dwgn import (  # noqa: E402
+    _depthwise_nchw_large, _depthwise_nchw_window, _depthwise_nhwc_phase, _depthwise_nhwc_window,
+)
 
 DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float64)]
 #: (N, C, H, W, multiplier, KH, KW, stride, padding, dilation): every kernel family.
