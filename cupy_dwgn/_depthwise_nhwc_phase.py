@@ -15,17 +15,17 @@ Launch rule (no user tuning):
 
 * Item = one image's 2 x 2*TW block of grad_in pixels whose top-left has
   even (ih + pad_top) and (iw + pad_left).  TW (column pairs per item) is
-  the widest that keeps every specialization at or under 128 registers with
-  no spills under NVRTC for sm_80 and sm_90 (``__launch_bounds__(256, 2)``;
-  tests/test_compile.py reads the ptxas reports): float32 and float64 TW = 4 (16 accumulated
-  vectors of 4 registers: 64 + the row of TW + R - 1 columns: 121-128
-  registers); float16 and bfloat16 TW = 2 (16 accumulated vectors of 8
-  floats: 118-128 registers), but TW = 1 for 7x7 with 64-bit indices
-  (bfloat16 spills 8 bytes there on sm_90 at TW = 2).  TW = 3 (half) or 6
-  (float32) spill 80-600 bytes.  A thread reads ceil(K/2) grad_out
-  rows of TW + ceil(K/2) - 1 vectors for 4*TW grad_in pixels; the re-reads
-  of neighbouring items hit L1/L2 (the unique grad_out is a quarter of
-  grad_in's bytes).
+  the widest that keeps every specialization at or under 128 registers
+  with no spills under NVRTC for sm_80 and sm_90 (``__launch_bounds__(256,
+  2)``; tests/test_compile.py reads the ptxas reports): float32 and
+  float64 TW = 4 (16 accumulated vectors of 4 registers, plus the row of
+  TW + R - 1 columns: 112-128 registers); float16 and bfloat16 TW = 2 (16
+  accumulated vectors of 8 floats: 118-128 registers), but TW = 1 for 7x7
+  with 64-bit indices (bfloat16 spills 8 bytes there on sm_90 at TW = 2).
+  TW = 3 (half) or 6 (float32) spill 80-600 bytes.  A thread reads
+  R = ceil(K/2) grad_out rows of TW + R - 1 vectors for 4*TW grad_in
+  pixels; the re-reads of neighbouring items hit L1/L2 (the unique
+  grad_out is a quarter of grad_in's bytes).
 * Block = (BX channel vectors, BY items): the channel vectors split into
   nearly equal tiles of at most 32 (C = 96 float32 -> one tile of 24; the
   tile's weights stay under 48 KB), BY = 256 // BX, so a warp reads
@@ -38,9 +38,10 @@ Launch rule (no user tuning):
   rows/columns are read again from L1/L2, not DRAM.
 * Weights: the tile's K*K taps as [tap][channel] in T in shared memory
   (7x7 with 32 vectors: 25 KB, under the 48 KB that needs no opt-in),
-  converted to float at use: half-type weights as floats would double the
-  shared-memory reads, which bound the half-type 5x5/7x7 kernels (TW = 1:
-  one 16-byte read per 8 FMAs).
+  converted to float at use (exact).  A 16-byte read serves TW * VEC FMAs
+  (16 for every dtype but 7x7 half with 64-bit indices); half-type weights
+  as floats would need two reads and bound the half-type 5x5/7x7 kernels
+  on shared-memory bandwidth (and took the registers TW = 2 needs).
 """
 
 import functools

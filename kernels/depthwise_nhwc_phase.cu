@@ -36,10 +36,11 @@
 // channel tile.  Weights: the tile's K*K taps staged as [tap][channel] in T
 // (not the accumulator type) in shared memory: one 16-byte read per tap and
 // vector, converted to float at use (exact), applied to TW pixels.  Why T:
-// a tap read serves only TW (1 or 2 for half types) pixels, so float
-// weights (two 16-byte reads per half-type vector) made shared-memory
-// bandwidth the limit of the half-type 5x5/7x7 kernels (about 28 us of
-// weight reads for 64x96x56 7x7 against an 11 us copy floor).
+// a tap read serves only TW (2, or 1, for half types) pixels, so float
+// weights (two 16-byte reads per half-type vector) would make shared-memory
+// bandwidth the limit of the half-type 5x5/7x7 kernels (estimated 28 us of
+// weight reads for 64x96x56 7x7 at TW = 1 against an 11 us copy floor), and
+// they took the registers that TW = 2 needs.
 //
 // Template parameters: T, K (3, 5, 7), TW (column pairs per item: host
 // cupy_dwgn/_depthwise_nhwc_phase.py, chosen so registers stay at or under
@@ -47,7 +48,7 @@
 // elements: items and element offsets use it).
 
 #include "dwgn_common.cuh"
-// dwnhwc:: Pack, load_vec, store_vec, load_shared, load_or_zero, block_range.
+// dwnhwc:: load_vec, store_vec, load_or_zero, block_range (used here).
 #include "dwgn_nhwc_vector.cuh"
 
 template <typename T, int K, int TW, typename IndexT>
