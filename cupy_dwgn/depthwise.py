@@ -15,8 +15,11 @@ kernel does not serve the geometry), in this order:
 * NHWC, all three ops: large filter (>= 9x9, stride 1: transposed to NCHW
                   around the NCHW large-filter kernels, _depthwise_nhwc_large)
 * NHWC forward and backward-input: -> register window (3x3/5x5/7x7, stride 1,
-                  where _depthwise_nhwc_window.preferred) -> the
-                  channel-vector kernels of _depthwise_nhwc (all shapes)
+                  where _depthwise_nhwc_window.preferred) -> (backward-input
+                  only) phase-decomposed stride-2 kernel (3x3/5x5/7x7,
+                  dilation 1, 16-byte channel vectors, where
+                  _depthwise_nhwc_phase.preferred) -> the channel-vector
+                  kernels of _depthwise_nhwc (all shapes)
 * NHWC backward-weight: -> register taps (3x3/5x5/7x7, stride 1 or 2, where
                   _depthwise_nhwc_wgrad.preferred) -> the tiled / register
                   kernels of _depthwise_nhwc
@@ -35,6 +38,7 @@ from . import (
     _depthwise_nchw_window,
     _depthwise_nhwc,
     _depthwise_nhwc_large,
+    _depthwise_nhwc_phase,
     _depthwise_nhwc_wgrad,
     _depthwise_nhwc_window,
     _interop,
@@ -91,6 +95,8 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                 specs += _depthwise_nhwc_window.specializations(dtypes, sizes, large_index)
             else:
                 specs += _depthwise_nhwc_wgrad.specializations(dtypes, sizes, large_index)
+            if name == "depthwise_conv2d_backward_input":
+                specs += _depthwise_nhwc_phase.specializations(dtypes, sizes, large_index)
             if large_filters:
                 specs += _depthwise_nhwc_large.specializations(
                     dtypes, large_index, weight_gradient=name == "depthwise_conv2d_backward_weight")
@@ -430,8 +436,12 @@ def _backward_input_steps(g, layout, grad_out, out):
         if launch:
             forward_kernel = True
         else:
-            launch, forward_kernel = _depthwise_nhwc.backward_input_plan(
-                g, grad_out.dtype, index, _vector_aligned(grad_out, out))
+            # Stride 2: the phase-decomposed kernel (grad_out, weight, grad_in).
+            launch = _depthwise_nhwc_phase.select(g, grad_out.dtype, index, _vector_aligned(grad_out, out))
+            forward_kernel = False
+            if launch is None:
+                launch, forward_kernel = _depthwise_nhwc.backward_input_plan(
+                    g, grad_out.dtype, index, _vector_aligned(grad_out, out))
     else:
         launch = (
             _depthwise_nchw_large.plan(g, grad_out.dtype, True)

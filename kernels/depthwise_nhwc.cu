@@ -29,62 +29,8 @@ using dwgn::AccType;
 using dwgn::from_acc;
 using dwgn::to_acc;
 
-namespace dwnhwc {
-
-// VEC elements loaded/stored as one 16-byte (or smaller, for VEC = 1) access.
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
-
-// VEC accumulators read from shared memory as 16-byte accesses.
-template <typename Acc, int VEC>
-struct alignas(sizeof(Acc) * VEC > 16 ? 16 : sizeof(Acc) * VEC) AccVec {
-  Acc v[VEC];
-};
-
-template <int VEC, typename T, typename Acc>
-__device__ __forceinline__ void load_vec(const T* p, Acc (&a)[VEC]) {
-  const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
-#pragma unroll
-  for (int v = 0; v < VEC; ++v) a[v] = to_acc(pk.v[v]);
-}
-
-template <int VEC, typename T, typename Acc>
-__device__ __forceinline__ void store_vec(T* p, const Acc (&a)[VEC]) {
-  Pack<T, VEC> pk;
-#pragma unroll
-  for (int v = 0; v < VEC; ++v) pk.v[v] = from_acc<T>(a[v]);
-  *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
-}
-
-template <int VEC, typename Acc>
-__device__ __forceinline__ AccVec<Acc, VEC> load_shared(const Acc* p) {
-  return *reinterpret_cast<const AccVec<Acc, VEC>*>(p);
-}
-
-// Column iw of an input row, or zeros outside [0, width) (padding).
-template <int VEC, typename T, typename Acc, typename IndexT>
-__device__ __forceinline__ void load_or_zero(Acc (&a)[VEC], const T* row, int iw, int width,
-                                             int channels) {
-  if (iw >= 0 && iw < width) {
-    load_vec<VEC>(row + static_cast<IndexT>(iw) * channels, a);
-  } else {
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) a[v] = Acc(0);
-  }
-}
-
-// This block's contiguous range [begin, end) of `items`; blocks of equal
-// share (the last may be short or empty).
-template <typename IndexT>
-__device__ __forceinline__ void block_range(IndexT items, IndexT per_block, IndexT& begin,
-                                            IndexT& end) {
-  begin = static_cast<IndexT>(blockIdx.y) * per_block;
-  end = items - begin > per_block ? begin + per_block : items;
-}
-
-}  // namespace dwnhwc
+// dwnhwc:: Pack, load_vec, store_vec, load_shared, load_or_zero, block_range.
+#include "dwgn_nhwc_vector.cuh"
 
 // Direct convolution dst = src (*) filter, one launch, used for
 //   forward (BACKWARD = false): src = x (N, H, W, C), dst = y (N, OH, OW, C*M),

@@ -123,6 +123,34 @@ def nhwc_wgrad():
         _depthwise_nhwc_wgrad.MODE, dw._SIGNATURES = "rule", {}
 
 
+def nhwc_phase():
+    # The NHWC stride-2 backward-input kernel for every stride-2 3x3/5x5/7x7
+    # NHWC call it serves (MODE "always", the call-signature cache cleared),
+    # all four dtypes: odd and tiny planes, every padding class (odd, even,
+    # per-side, oversized, unread last rows), several channel tiles with an
+    # empty last slot; and the gather fallback for a misaligned grad_out.
+    from cupy_dwgn import _depthwise_nhwc_phase, depthwise as dw
+
+    _depthwise_nhwc_phase.MODE, dw._SIGNATURES = "always", {}
+    try:
+        for dtype in (cupy.float32, cupy.float16, cupy.float64):
+            for x_shape, k, padding in [
+                ((2, 13, 11, 32), 3, 1), ((1, 9, 10, 16), 5, ((0, 4), (3, 1))), ((2, 7, 7, 16), 7, 3),
+                ((1, 1, 1, 8), 3, 1), ((1, 10, 10, 8), 3, 0), ((1, 15, 17, 40), 7, 6),
+                ((1, 29, 31, 264), 5, 2), ((2, 12, 9, 16), 5, 1),
+            ]:
+                c = x_shape[3]
+                w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
+                x = cupy.zeros(x_shape, dtype)
+                y = cupy_dwgn.depthwise_conv2d(x, w, stride=2, padding=padding, layout="NHWC")
+                dy = rng.standard_normal(y.shape, dtype=cupy.float32).astype(dtype)
+                cupy_dwgn.depthwise_conv2d_backward_input(dy, w, x_shape, stride=2, padding=padding, layout="NHWC")
+                cupy_dwgn.depthwise_conv2d_backward_input(_misaligned(dy), w, x_shape, stride=2, padding=padding,
+                                                          layout="NHWC")
+    finally:
+        _depthwise_nhwc_phase.MODE, dw._SIGNATURES = "rule", {}
+
+
 def _misaligned(a):
     """A C-contiguous copy of ``a`` one element past its allocation's start."""
     base = cupy.empty(a.size + 1, a.dtype)
@@ -175,8 +203,9 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "nhwc_window", "nhwc_wgrad", "group_norm"]
+    families = sys.argv[1:] or ["depthwise", "nhwc_window", "nhwc_wgrad", "nhwc_phase", "group_norm"]
     for family in families:
-        {"depthwise": depthwise, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad, "group_norm": group_norm}[family]()
+        {"depthwise": depthwise, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad, "nhwc_phase": nhwc_phase,
+         "group_norm": group_norm}[family]()
     cupy.cuda.Device().synchronize()
     print("sanitizer workload done")

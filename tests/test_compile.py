@@ -873,3 +873,224 @@ def test_nhwc_wgrad_rule():
     for c, ctb in ((144, 1), (384, 4), (96, 2)):
         g = _validate.conv_geometry((2, 8, 8, c), (c, 1, 3, 3), 1, 1, 1, layout="NHWC")
         assert int(wg.plan(g, half, "int", 16, 16)[0][0].scalars[13]) == ctb
+def _nhwc_phase_emulation(launch, grad_out, weight, k):
+    """What kernels/depthwise_nhwc_phase.cu computes for ``launch``: a NumPy
+    transcription of its grid/block walk, weight staging ([tap][channel of
+    the tile], NaN where never staged), the exit of threads past the
+    channels, block_range item ranges, the item decode, the m / i / kw / t
+    loops with zero-filled column reads outside [0, OW), and the guarded
+    stores, in float64 (the weights are staged in T, converted exactly).
+    grad_out (N, OH, OW, C), weight (C, K, K).  Returns (grad_in, writes):
+    grad_in NaN where never written, writes the store count per element.
+    """
+    import numpy
+
+    (height, width, channels, out_h, out_w, pad_top, pad_left, row_pairs, col_blocks, items,
+     per_block) = (int(v) for v in launch.scalars)
+    expr = launch.expression
+    args = expr[expr.index("<") + 1:-1].split(", ")
+    assert int(args[1]) == k
+    tw = int(args[2])
+    ctype = args[0]
+    vec = {"float": 4, "double": 2, "__half": 8, "__nv_bfloat16": 8}[ctype]
+    kk = k * k
+    r_rows = (k + 1) // 2
+    in_c = tw + r_rows - 1
+    bx, by, _ = launch.block
+    gx, gy, _ = launch.grid
+    batch = grad_out.shape[0]
+    assert grad_out.shape == (batch, out_h, out_w, channels)
+    assert launch.shared_mem == kk * bx * vec * {"float": 4, "double": 8}.get(ctype, 2)  # weights in T
+    tile_channels = bx * vec
+    flat_w = weight.reshape(-1)
+    g_flat = grad_out.reshape(-1)
+    dst = numpy.full(batch * height * width * channels, numpy.nan)
+    writes = numpy.zeros(dst.shape, numpy.int64)
+    a_first, b_first = pad_top >> 1, pad_left >> 1
+    per_image = row_pairs * col_blocks
+    v_idx = numpy.arange(vec)
+    for block_x in range(gx):
+        # Weight staging, every thread of the block: [tap][j].
+        w_s = numpy.full(kk * tile_channels, numpy.nan)
+        tile_c0 = block_x * tile_channels
+        for i in range(kk * tile_channels):
+            j, tap = divmod(i, kk)
+            c = tile_c0 + j
+            w_s[tap * tile_channels + j] = flat_w[c * kk + tap] if c < channels else 0.0
+        for block_y in range(gy):
+            begin = block_y * per_block
+            end = begin + per_block if items - begin > per_block else items
+            for tx in range(bx):
+                c0 = tile_c0 + tx * vec
+                if c0 >= channels:
+                    continue
+                w_thread = tx * vec
+                for ty in range(by):
+                    item = begin + ty
+                    while item < end:
+                        n = item // per_image
+                        rest = item - n * per_image
+                        pair = rest // col_blocks
+                        a = a_first + pair
+                        b0 = b_first + (rest - pair * col_blocks) * tw
+                        g_img = n * out_h * out_w * channels + c0
+                        acc = numpy.zeros((2, 2 * tw, vec))
+                        for m in range(r_rows):
+                            oh = a - m
+                            if oh < 0 or oh >= out_h:
+                                continue
+                            g_row = g_img + oh * out_w * channels
+                            x = numpy.zeros((in_c, vec))
+                            for e in range(in_c):
+                                iw = b0 - (r_rows - 1) + e
+                                if 0 <= iw < out_w:
+                                    x[e] = g_flat[g_row + iw * channels + v_idx]
+                            for i in range(2):
+                                kh = i + 2 * m
+                                if kh >= k:
+                                    continue
+                                for kw in range(k):
+                                    j = kw & 1
+                                    nn = kw >> 1
+                                    w = w_s[w_thread + (kh * k + kw) * tile_channels + v_idx]
+                                    for t in range(tw):
+                                        acc[i, 2 * t + j] += w * x[t - nn + r_rows - 1]
+                        d_img = n * height * width * channels + c0
+                        iw0 = 2 * b0 - pad_left
+                        for i in range(2):
+                            ih = 2 * a + i - pad_top
+                            if ih < 0 or ih >= height:
+                                continue
+                            d_row = d_img + ih * width * channels
+                            for col in range(2 * tw):
+                                iw = iw0 + col
+                                if 0 <= iw < width:
+                                    at = d_row + iw * channels + v_idx
+                                    dst[at] = acc[i, col]
+                                    writes[at] += 1
+                        item += by
+    return dst.reshape(batch, height, width, channels), writes.reshape(batch, height, width, channels)
+
+
+def _nhwc_phase_geometries():
+    """(x_shape, k, padding, dtype) geometries: every pad 0..K-1 (also
+    per-side), odd and even H/W, tiny planes (1, 2, 3), 7, a 112 row, one
+    vector of channels, C = 96, C not a multiple of the block's channels."""
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_phase as phase
+    from cupy_dwgn import _dtypes
+
+    f32, f16, bf16, f64 = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16,
+                           numpy.dtype(numpy.float64))
+    out = []
+    for k in (3, 5, 7):
+        for pad in range(k):
+            for hw in [(1, 1), (2, 3), (3, 2), (7, 7), (8, 9), (12, 11)]:
+                h, w = hw
+                if min(h, w) + 2 * pad - k < 0:
+                    continue  # no output: not a valid geometry
+                for dtype in (f32, f16):
+                    out.append(((1, h, w, phase.vec(dtype)), k, pad, dtype))
+        # per-side and asymmetric paddings; "valid"
+        out.append(((2, 9, 10, 8), k, ((0, k - 1), (k - 1, 0)), f32))
+        out.append(((1, 13, 7, 4), k, ((1, 2), (k - 1, 1)), f32))
+        out.append(((1, 11, 12, 2), k, "valid", f64))
+        out.append(((3, 7, 5, 16), k, k // 2, bf16))
+        # C = 96 (24 float32 vectors, 12 half vectors), batches
+        out.append(((2, 14, 13, 96), k, k // 2, f32))
+        out.append(((3, 9, 14, 96), k, k // 2, f16))
+        # C not a multiple of a 32-vector tile: 33 vectors -> 2 tiles of 17 (one slot empty)
+        out.append(((1, 6, 7, 132), k, k // 2, f32))
+        out.append(((1, 5, 6, 8 * 37), k, 1, f16))
+        # wide rows (the MobileNet width), one vector
+        out.append(((1, 3, 112, 4), k, k // 2, f32))
+        out.append(((1, 112, 3, 8), k, k // 2, f16))
+    # The last input rows read by no output (2*OH < H + 2*pad - K + 1)
+    out.append(((1, 10, 10, 4), 3, 0, f32))
+    out.append(((2, 8, 8, 8), 5, 0, f16))
+    out.append(((1, 16, 9, 2), 7, 1, f64))
+    return out
+
+
+@pytest.mark.parametrize("k", [3, 5, 7])
+def test_nhwc_phase_kernel_index_math_writes_every_input_pixel_once(k):
+    # The NumPy transcription of the stride-2 NHWC backward-input kernel on
+    # every padding 0..K-1 (and per-side, "valid"), odd/even/tiny planes,
+    # one channel vector, C = 96, channel tiles with an empty last slot, both
+    # index types: every grad_in element written exactly once and equal to
+    # the float64 reference (/work/notes-style emulation, no GPU needed).
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_phase as phase
+    from cupy_dwgn import _validate, reference
+
+    rng = numpy.random.default_rng(k)
+    cases = [case for case in _nhwc_phase_geometries() if case[1] == k]
+    assert len(cases) > 20
+    shipped = set(ALL_SPECIALIZATIONS)
+    for number, (x_shape, _, padding, dtype) in enumerate(cases):
+        n, h, w, c = x_shape
+        g = _validate.conv_geometry(x_shape, (c, 1, k, k), 2, padding, 1, layout="NHWC")
+        index = "long long" if number % 5 == 0 else "int"
+        launch = phase.plan(g, dtype, index, True)
+        assert (launch.file, launch.expression) in shipped
+        assert phase.plan(g, dtype, index, False) is None
+        grad_out = rng.standard_normal((n, g.out_height, g.out_width, c))
+        weight = rng.standard_normal((c, 1, k, k))
+        got, writes = _nhwc_phase_emulation(launch, grad_out, weight[:, 0], k)
+        assert (writes == 1).all(), (x_shape, padding, numpy.argwhere(writes != 1)[:5])
+        want = reference.depthwise_conv2d_backward_input(grad_out, weight, x_shape, stride=2, padding=padding,
+                                                          layout="NHWC")
+        numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_nhwc_phase_rule():
+    # The launch rule on the benchmark shapes: <= 256 threads, whole warps of
+    # channel vectors where C allows, <= 48 KB of weights, ~2048 blocks with
+    # item ranges a multiple of BY; the fallbacks (stride 1, dilation,
+    # multiplier, unequal strides, other sizes, C % VEC, misaligned) get None.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_phase as phase
+    from cupy_dwgn import _dtypes, _validate
+
+    shipped = set(ALL_SPECIALIZATIONS)
+    assert phase.MODE == "rule"
+    for n, c, hw, k in [(64, 96, 112, 3), (64, 240, 56, 5), (64, 96, 56, 7), (64, 144, 56, 3), (8, 1024, 14, 7),
+                        (1, 8, 3, 3)]:
+        g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), 2, k // 2, 1, layout="NHWC")
+        for dtype in phase.DTYPES:
+            assert phase.preferred(g, dtype)
+            for index in ("int", "long long"):
+                launch = phase.plan(g, dtype, index, True)
+                assert (launch.file, launch.expression) in shipped
+                bx, by, _ = launch.block
+                threads = bx * by
+                assert threads <= 256 and (threads >= 224 or by * bx * phase.vec(dtype) >= c)
+                assert launch.shared_mem == k * k * bx * 16  # [tap][channel] weights in the dtype
+                assert launch.shared_mem <= 48 * 1024
+                items, per_block = int(launch.scalars[-2]), int(launch.scalars[-1])
+                assert per_block % by == 0 and launch.grid[1] == -(-items // per_block) <= 2048
+                tiles, tile_channels = launch.grid[0], bx * phase.vec(dtype)
+                assert (tiles - 1) * tile_channels < c <= tiles * tile_channels  # no empty tile
+                # The fewest tiles of <= 32 vectors whose weights fit in 48 KB.
+                most = min(32, 48 * 1024 // (k * k * 16))
+                assert tiles == -(-(c // phase.vec(dtype)) // most)
+    # MobileNetV2 64x96x112 float32: one tile of 24 vectors, 10 items per step.
+    g = _validate.conv_geometry((64, 112, 112, 96), (96, 1, 3, 3), 2, 1, 1, layout="NHWC")
+    launch = phase.plan(g, numpy.dtype(numpy.float32), "int", True)
+    assert launch.block[:2] == (24, 10) and launch.expression.endswith("<float, 3, 4, int>")
+    f32 = numpy.dtype(numpy.float32)
+    for x_shape, w_shape, stride, dilation in [
+        ((2, 16, 16, 24), (24, 1, 3, 3), 1, 1), ((2, 16, 16, 24), (24, 1, 3, 3), 2, 2),
+        ((2, 16, 16, 24), (48, 1, 3, 3), 2, 1), ((2, 16, 16, 24), (24, 1, 3, 3), (2, 1), 1),
+        ((2, 16, 16, 24), (24, 1, 9, 9), 2, 1), ((2, 16, 16, 24), (24, 1, 3, 5), 2, 1),
+        ((2, 16, 16, 6), (6, 1, 3, 3), 2, 1), ((2, 16, 16, 24), (24, 1, 3, 3), 3, 1),
+    ]:
+        g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation, layout="NHWC")
+        assert phase.plan(g, f32, "int", True) is None and not phase.preferred(g, f32), (w_shape, stride)
+    g = _validate.conv_geometry((2, 16, 16, 20), (20, 1, 3, 3), 2, 1, 1, layout="NHWC")
+    assert phase.plan(g, numpy.dtype(numpy.float16), "int", True) is None  # 20 % 8
+    assert phase.plan(g, f32, "int", True) is not None
+    assert phase.plan(g, f32, "int", False) is None

@@ -7,8 +7,8 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_plane, _depthwise_nhwc_large, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _launch, _validate,
-    depthwise, reference,
+    _depthwise_nchw_plane, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
+    _launch, _validate, depthwise, reference,
 )
 
 from _helpers import DTYPE_IDS, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
@@ -560,6 +560,104 @@ def test_nhwc_wgrad_dispatch_follows_the_mode(dtype, rng, monkeypatch):
         steps = depthwise._backward_weight_steps(g, "NHWC", x_gpu, x_gpu)
         served = c % _depthwise_nhwc_wgrad.channel_tile(dtype) == 0 and dilation == 1
         assert steps.launches[0].expression.startswith(_depthwise_nhwc_wgrad.KERNEL) == served
+# The NHWC stride-2 backward-input kernel (_depthwise_nhwc_phase), launched
+# directly: every filter size, every padding 0..K-1 class (odd and even pad,
+# per-side, "valid", padding such that the last input rows are read by no
+# output), odd and tiny planes (1x1, 2x3), C = one vector, C = 96, channel
+# counts that split into several tiles with an empty last slot, the
+# MobileNetV2 shape; NaN-poisoned grad_in (every pixel must be written).
+NHWC_PHASE_CASES = [
+    # (label, NHWC x shape, filter size, padding)
+    ("112x112 C=96 3x3 p1", (2, 112, 112, 96), 3, 1),
+    ("13x11 C=32 3x3 p1", (2, 13, 11, 32), 3, 1),
+    ("9x10 C=16 5x5 per-side", (1, 9, 10, 16), 5, ((0, 4), (3, 1))),
+    ("7x7 C=16 7x7 p3", (3, 7, 7, 16), 7, 3),
+    ("8x8 C=48 3x3 valid", (2, 8, 8, 48), 3, "valid"),
+    ("1x1 C=8 3x3 p1", (1, 1, 1, 8), 3, 1),
+    ("2x3 C=8 5x5 p2", (2, 2, 3, 8), 5, 2),
+    ("10x10 C=8 3x3 p0 unread rows", (1, 10, 10, 8), 3, 0),
+    ("29x31 C=264 5x5 p2 tiles", (1, 29, 31, 264), 5, 2),
+    ("56x56 C=96 7x7 p3", (2, 56, 56, 96), 7, 3),
+    ("15x17 C=40 7x7 p6", (2, 15, 17, 40), 7, 6),
+    ("12x9 C=16 5x5 p1 odd pad", (2, 12, 9, 16), 5, 1),
+    ("6x5 C=4 3x3 (4-byte types only)", (2, 6, 5, 4), 3, 1),
+]
+
+
+def _nhwc_phase_case(case, dtype, rng):
+    _, x_shape, k, padding = case
+    c = x_shape[3]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), 2, padding, 1, layout="NHWC")
+    dy = random(rng, (g.batch, g.out_height, g.out_width, c), dtype)
+    w = random(rng, (c, 1, k, k), dtype)
+    want = reference.depthwise_conv2d_backward_input(dy, w, x_shape, stride=2, padding=padding, layout="NHWC")
+    return g, dy, w, want
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", NHWC_PHASE_CASES, ids=lambda c: c[0])
+def test_nhwc_phase_kernel_matches_reference(case, dtype, rng):
+    g, dy, w, want = _nhwc_phase_case(case, dtype, rng)
+    x_shape = case[1]
+    dy_gpu = cupy.asarray(dy)
+    dx = poisoned(x_shape, dtype)
+    index = _launch.index_type(dy_gpu.size, dx.size)
+    if g.channels % _depthwise_nhwc_phase.vec(dtype):
+        assert _depthwise_nhwc_phase.plan(g, numpy.dtype(dtype), index, True) is None
+        return
+    assert _depthwise_nhwc_phase.plan(g, numpy.dtype(dtype), index, False) is None  # misaligned: gather kernel
+    launch = _depthwise_nhwc_phase.plan(g, numpy.dtype(dtype), index, True)
+    assert launch is not None and launch.expression.startswith(_depthwise_nhwc_phase.KERNEL)
+    args = (dy_gpu, cupy.asarray(w), dx)
+    launch(*args)
+    error = relative_error(dx, want)
+    record_errors("depthwise NHWC stride-2 backward-input (phase)", str(numpy.dtype(dtype)),
+                  {f"{case[2]}x{case[2]}": error})
+    assert error <= TOLERANCE[dtype]
+    # Deterministic: a second launch over a fresh NaN buffer writes the same bits.
+    bits = f"u{dx.itemsize}"
+    first = dx.copy()
+    dx.fill(numpy.nan)
+    launch(*args)
+    assert bool((dx.view(bits) == first.view(bits)).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_nhwc_phase_dispatch(dtype, rng, monkeypatch):
+    # MODE "rule" (the default) and "always": the NHWC backward-input op launches the phase kernel for stride-2
+    # 3x3/5x5/7x7 (preferred() says so for every case it serves) and matches the reference; "never": the gather
+    # kernel.  Stride 1, dilation 2, a depth multiplier and a misaligned grad_out keep the other kernels.
+    assert _depthwise_nhwc_phase.MODE == "rule"
+    x_shape = (2, 21, 18, 32)
+    for mode in ("rule", "always", "never"):
+        monkeypatch.setattr(_depthwise_nhwc_phase, "MODE", mode)
+        monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
+        for k, padding in ((3, 1), (5, ((1, 3), (2, 2))), (7, 3)):
+            g = _validate.conv_geometry(x_shape, (32, 1, k, k), 2, padding, 1, layout="NHWC")
+            dy = random(rng, (2, g.out_height, g.out_width, 32), dtype)
+            w = random(rng, (32, 1, k, k), dtype)
+            dy_gpu = cupy.asarray(dy)
+            out = poisoned(x_shape, dtype)
+            steps = depthwise._backward_input_steps(g, "NHWC", dy_gpu, out)
+            taken = steps.launches[0].expression.startswith(_depthwise_nhwc_phase.KERNEL)
+            assert taken == (mode == "always" or (mode == "rule" and _depthwise_nhwc_phase.preferred(g, dtype)))
+            assert taken == (mode != "never")
+            assert steps.positions[0] == depthwise._NO_BIAS
+            conv = dict(stride=2, padding=padding, layout="NHWC")
+            dx = cupy_dwgn.depthwise_conv2d_backward_input(dy_gpu, cupy.asarray(w), x_shape, out=out, **conv)
+            want = reference.depthwise_conv2d_backward_input(dy, w, x_shape, **conv)
+            assert relative_error(dx, want) <= TOLERANCE[dtype], (mode, k)
+    monkeypatch.setattr(_depthwise_nhwc_phase, "MODE", "always")
+    for w_shape, stride, dilation in [((32, 1, 3, 3), 1, 1), ((32, 1, 3, 3), 2, 2), ((64, 1, 3, 3), 2, 1),
+                                      ((32, 1, 3, 3), (2, 1), 1), ((32, 1, 9, 9), 2, 1), ((32, 1, 3, 5), 2, 1)]:
+        g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation, layout="NHWC")
+        dy_gpu = cupy.zeros((2, g.out_height, g.out_width, w_shape[0]), dtype)
+        steps = depthwise._backward_input_steps(g, "NHWC", dy_gpu, cupy.zeros(x_shape, dtype))
+        assert not steps.launches[0].expression.startswith(_depthwise_nhwc_phase.KERNEL), (w_shape, stride)
+    g = _validate.conv_geometry(x_shape, (32, 1, 3, 3), 2, 1, 1, layout="NHWC")
+    dy_misaligned = _misaligned((2, g.out_height, g.out_width, 32), dtype)
+    steps = depthwise._backward_input_steps(g, "NHWC", dy_misaligned, cupy.zeros(x_shape, dtype))
+    assert not steps.launches[0].expression.startswith(_depthwise_nhwc_phase.KERNEL)
 
 
 # The NHWC large-filter path (_depthwise_nhwc_large): the NCHW large-filter
@@ -945,6 +1043,31 @@ def test_nhwc_wgrad_kernel_over_2_31_elements(stride):
         want = reference.depthwise_conv2d_backward_weight(dy_c, x_c, (1, 1, 3, 3), stride=stride,
                                                           padding=((1, 1), (1, 1)), layout="NHWC")
         assert relative_error(out[c : c + 1], want) <= TOLERANCE[numpy.dtype(numpy.float16)], c
+def test_nhwc_phase_kernel_over_2_31_elements():
+    # NHWC grad_in (1, 1040, 1024, 2048) float16 = 2**31 + 2**25 elements:
+    # element (h, w, c) is at (h*1024 + w)*2048 + c, so rows h >= 1024 of
+    # every channel lie past 2**31; stride 2, 3x3, padding 1 (grad_out (1,
+    # 520, 512, 2048)); the phase kernel with 64-bit offsets, launched
+    # directly.  Checked channels whole and on those rows alone.
+    shape = (1, 1040, 1024, 2048)
+    assert numpy.prod(shape) >= 2**31 and 1024 * 1024 * 2048 == 2**31
+    g = _validate.conv_geometry(shape, (2048, 1, 3, 3), 2, 1, 1, layout="NHWC")
+    dy = cupy.random.default_rng(12).standard_normal(
+        (1, g.out_height, g.out_width, 2048), dtype=cupy.float32).astype(cupy.float16)
+    w_host = random(numpy.random.default_rng(12), (2048, 1, 3, 3), numpy.float16)
+    dx = cupy.full(shape, numpy.nan, cupy.float16)
+    index = _launch.index_type(dy.size, dx.size)
+    assert index == "long long"
+    launch = _depthwise_nhwc_phase.plan(g, numpy.dtype(numpy.float16), index, True)
+    assert launch.expression.endswith("long long>")
+    launch(dy, cupy.asarray(w_host), dx)
+    for c in (0, 1000, 2047):
+        plane, wc = dy[..., c : c + 1].get(), w_host[c : c + 1]
+        want = reference.depthwise_conv2d_backward_input(plane, wc, shape[:3] + (1,), stride=2, padding=1,
+                                                          layout="NHWC")
+        got = dx[..., c : c + 1]
+        assert relative_error(got, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+        assert relative_error(got[:, 1024:], want[:, 1024:]) <= TOLERANCE[numpy.dtype(numpy.float16)]
 
 
 @pytest.mark.slow

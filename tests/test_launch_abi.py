@@ -29,7 +29,9 @@ cupy = pytest.importorskip("cupy")
 from cupy.cuda import memory  # noqa: E402
 
 from cupy_dwgn import _compile, _dtypes, _group_norm, _launch, _validate, depthwise  # noqa: E402
-from cupy_dwgn import _depthwise_nchw_large, _depthwise_nchw_window, _depthwise_nhwc_window  # noqa: E402
+from cupy_dwgn import (  # noqa: E402
+    _depthwise_nchw_large, _depthwise_nchw_window, _depthwise_nhwc_phase, _depthwise_nhwc_window,
+)
 
 DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float64)]
 #: (N, C, H, W, multiplier, KH, KW, stride, padding, dilation): every kernel family.
@@ -208,6 +210,8 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
     assert checked > 10000
     assert any(launch.cooperative for _, steps in all_steps for launch in steps.launches)  # fused and one-pass kernels
     assert any(launch.file == _depthwise_nhwc_window.KERNEL_FILE for _, steps in all_steps for launch in steps.launches)
+    # Stride-2 NHWC backward-input (the rule takes the phase kernel there).
+    assert any(launch.file == _depthwise_nhwc_phase.KERNEL_FILE for _, steps in all_steps for launch in steps.launches)
     _launch._CAPACITY.clear()  # stand-in occupancies
 
 

@@ -1,0 +1,64 @@
+// Channel-vector helpers of the NHWC kernels (depthwise_nhwc.cu,
+// depthwise_nhwc_phase.cu): 16-byte (VEC-element) loads and stores
+// converted to/from the accumulator type, shared-memory accumulator vectors,
+// zero-padded column loads, and a block's contiguous item range.
+// Inlined by cupy_dwgn._compile like dwgn_common.cuh; include it after that
+// header (it uses dwgn::to_acc / dwgn::from_acc and includes nothing itself).
+#pragma once
+
+namespace dwnhwc {
+
+// VEC elements loaded/stored as one 16-byte (or smaller, for VEC = 1) access.
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T v[VEC];
+};
+
+// VEC accumulators read from shared memory as 16-byte accesses.
+template <typename Acc, int VEC>
+struct alignas(sizeof(Acc) * VEC > 16 ? 16 : sizeof(Acc) * VEC) AccVec {
+  Acc v[VEC];
+};
+
+template <int VEC, typename T, typename Acc>
+__device__ __forceinline__ void load_vec(const T* p, Acc (&a)[VEC]) {
+  const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) a[v] = dwgn::to_acc(pk.v[v]);
+}
+
+template <int VEC, typename T, typename Acc>
+__device__ __forceinline__ void store_vec(T* p, const Acc (&a)[VEC]) {
+  Pack<T, VEC> pk;
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) pk.v[v] = dwgn::from_acc<T>(a[v]);
+  *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
+}
+
+template <int VEC, typename Acc>
+__device__ __forceinline__ AccVec<Acc, VEC> load_shared(const Acc* p) {
+  return *reinterpret_cast<const AccVec<Acc, VEC>*>(p);
+}
+
+// Column iw of an input row, or zeros outside [0, width) (padding).
+template <int VEC, typename T, typename Acc, typename IndexT>
+__device__ __forceinline__ void load_or_zero(Acc (&a)[VEC], const T* row, int iw, int width,
+                                             int channels) {
+  if (iw >= 0 && iw < width) {
+    load_vec<VEC>(row + static_cast<IndexT>(iw) * channels, a);
+  } else {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) a[v] = Acc(0);
+  }
+}
+
+// This block's contiguous range [begin, end) of `items`; blocks of equal
+// share (the last may be short or empty).
+template <typename IndexT>
+__device__ __forceinline__ void block_range(IndexT items, IndexT per_block, IndexT& begin,
+                                            IndexT& end) {
+  begin = static_cast<IndexT>(blockIdx.y) * per_block;
+  end = items - begin > per_block ? begin + per_block : items;
+}
+
+}  // namespace dwnhwc
