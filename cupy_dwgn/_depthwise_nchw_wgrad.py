@@ -18,7 +18,7 @@ Tiling rule of the small kernel (shape only, never the device, so results are
 bit-identical on every GPU):
 
 * A thread owns VW = 16 bytes of output columns (float32 4, float16/bfloat16
-  8, float64 2) x R output rows (_item_rows: 4, 2 for 7x7): one work item.
+  8, float64 2) x R output rows (_item_rows: 2 or 4): one work item.
 * A unit is one image's band of output rows.  The whole plane is one band when
   its staged input window fits the 32 KB staging budget; otherwise the plane is
   cut into the fewest equal bands of whole row groups (R rows) that fit (a
@@ -102,7 +102,8 @@ def specializations(dtypes=None, filter_sizes=None, large_index=(False, True)):
         ctype = _dtypes.ctype(dtype)
         for k in small:
             for stride in SMALL_STRIDES:
-                specs.append((KERNEL_FILE, _compile.name_expression(SMALL, ctype, k, stride)))
+                for rows in _compiled_item_rows(numpy.dtype(dtype).itemsize, k):
+                    specs.append((KERNEL_FILE, _compile.name_expression(SMALL, ctype, k, stride, rows)))
         if large:
             specs.append((KERNEL_FILE, _compile.name_expression(LARGE, ctype)))
     # The split sums run the shared finalize of depthwise_conv2d.cu.
@@ -171,9 +172,24 @@ def _stage_buffers(itemsize):
     return 2 if itemsize == 8 else 1
 
 
-def _item_rows(k):
-    """Output rows per work item: item_rows<K>() in the .cu."""
-    return 2 if k == 7 else 4
+def _item_rows(itemsize, k, out_height):
+    """Output rows per work item, the kernel's R.  Measured on an H200
+    (2026-12-01, N = 64, R = 4 against R = 2, us): float16 64x144x56 3x3
+    105.9 against 124.6, 64x96x112 3x3 s2 174.1 against 215.1, 64x240x28
+    5x5 98.4 against 112.7 (bfloat16 alike); but 64x384x28 3x3 123.7
+    against 121.0 and 64x960x7 31.5 against 27.1, and float32 64x96x112 s2
+    242.0 against 199.5 (64x144x56 124.5 / 125.5, 5x5 79.0 / 84.4).  So 4
+    for the 2-byte types at 5x5 and at 3x3 with 32 output rows or more, else
+    2 (7x7: its 49 accumulators leave no registers for more)."""
+    if itemsize == 2 and (k == 5 or (k == 3 and out_height >= 32)):
+        return 4
+    return 2
+
+
+def _compiled_item_rows(itemsize, k):
+    """The R values compiled per (itemsize, K): 4 only where _item_rows can
+    pick it."""
+    return (2, 4) if itemsize == 2 and k in (3, 5) else (2,)
 
 
 def _plan_small(g, dtype):
@@ -189,7 +205,7 @@ def _plan_small(g, dtype):
     # Shared bytes per staged row: the row plus its 8-byte row-table entry.
     row_cost = row_bytes + _ROW_TABLE_ENTRY
 
-    rows = _item_rows(k)
+    rows = _item_rows(itemsize, k, g.out_height)
 
     def staged_rows(groups):
         return (rows * groups - 1) * stride + k
@@ -221,7 +237,7 @@ def _plan_small(g, dtype):
     lanes_log2 = _staging_lanes(threads, per_stage * unit_rows, staged_width)
     partial = _launch.Launch(
         KERNEL_FILE,
-        _compile.name_expression(SMALL, _dtypes.ctype(dtype), k, stride),
+        _compile.name_expression(SMALL, _dtypes.ctype(dtype), k, stride, rows),
         (out_channels, splits),
         (threads,),
         _stage_buffers(itemsize) * _round16(per_stage * (unit_bytes + unit_rows * _ROW_TABLE_ENTRY)),

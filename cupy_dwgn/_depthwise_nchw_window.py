@@ -100,8 +100,7 @@ def _resident_blocks(expression, threads, shared_mem, device_id):
     from . import _compile
 
     kernel = _compile.get_kernel(KERNEL_FILE, expression)
-    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
-        kernel.max_dynamic_shared_size_bytes = shared_mem
+    _launch.opt_in_shared(kernel, shared_mem)
     sms, sm_shared, sm_threads = _device_limits(device_id)
     warps = -(-threads // 32)
     # Registers are allocated per warp in units of 256.

@@ -103,10 +103,17 @@ def tiles_per_block(channel_tiles, lanes):
 
 
 def preferred(g, dtype):
-    """Whether the ops take this kernel for ``g`` (where it serves the call).
-    Not yet measured: True for every case it serves, to be tightened by
-    benchmarks/depthwise_nhwc_wgrad.py on a GPU."""
-    return True
+    """Whether the ops take this kernel for ``g`` (where it serves the call):
+    float32 only.  Measured on an H200 (2026-12-01,
+    benchmarks/depthwise_nhwc_wgrad.py, N = 64, this kernel against the tiled
+    NHWC weight gradient, us): float32 64x144x56 3x3 102.3 / 120.7,
+    64x384x28 64.5 / 79.0, 64x96x112 3x3 s2 127.3 / 151.1, 64x240x28 5x5
+    70.6 / 90.5, 64x96x56 7x7 173.3 / 196.9, 64x384x14 7x7 57.3 / 57.5,
+    64x960x7 20.2 / 20.4; float16 lost everywhere (64x144x56 166.0 / 80.7,
+    64x96x112 s2 413.6 / 110.3, 7x7 350.9 / 203.9; bfloat16 alike): with one
+    channel pair per thread its 4-byte loads and unpacking issue far more
+    instructions per byte than the tiled kernel's 16-byte vectors."""
+    return numpy.dtype(dtype) == numpy.float32
 
 
 def select(g, dtype, index, grad_out_alignment, x_alignment):

@@ -50,8 +50,17 @@ def check_plane_size(name, plane_size):
         )
 
 
-#: Dynamic shared memory any kernel may use without opting in.
-_DEFAULT_SHARED = 48 * 1024
+def opt_in_shared(kernel, shared_mem):
+    """Let ``kernel`` (a cupy.RawKernel, on the current device) launch with
+    ``shared_mem`` bytes of dynamic shared memory.  Past 48 KB of static plus
+    dynamic shared memory a kernel must opt in, once per kernel and device;
+    the driver's default limit for the dynamic part is 48 KB less the
+    kernel's static shared memory (seen: a float64 7x7 weight gradient with
+    12.5 KB of static scratch and 43.5 KB dynamic failed to launch,
+    CUDA_ERROR_INVALID_VALUE, when only dynamic sizes above 48 KB opted in)."""
+    if kernel.max_dynamic_shared_size_bytes < shared_mem:
+        kernel.max_dynamic_shared_size_bytes = shared_mem
+
 
 class Launch:
     """One kernel launch, fully resolved for one call signature: the kernel
@@ -101,9 +110,7 @@ class Launch:
         address = self._kernels.get(device)
         if address is None:
             kernel = _compile.get_kernel(self.file, self.expression)
-            if self.shared_mem > _DEFAULT_SHARED and kernel.max_dynamic_shared_size_bytes < self.shared_mem:
-                # Above 48 KB a kernel must opt in, once per kernel and device.
-                kernel.max_dynamic_shared_size_bytes = self.shared_mem
+            opt_in_shared(kernel, self.shared_mem)
             # The memoized RawKernel keeps its module loaded for the life of the process.
             address = self._kernels[device] = kernel.kernel.ptr
         return address

@@ -6,8 +6,9 @@
 // Two partial kernels, each followed (when a channel's sum is split over
 // several blocks) by dwgn_dwconv2d_bwd_weight_finalize (depthwise_conv2d.cu), which adds the splits in split
 // order:
-//   dwgn_nchw_wgrad_small<T, K, S>  square K in {3, 5, 7}, stride S in {1, 2}
-//       (both axes), dilation 1.  Register accumulators for all K*K taps.
+//   dwgn_nchw_wgrad_small<T, K, S, R>  square K in {3, 5, 7}, stride S in {1, 2}
+//       (both axes), dilation 1, R output rows per work item (2 or 4).
+//       Register accumulators for all K*K taps.
 //   dwgn_nchw_wgrad_large<T>        any KH x KW at stride 1, dilation 1, when
 //       a padded plane fits in shared memory (e.g. 31x31 on 16x16 images).
 // Every other geometry is left to dwgn_dwconv2d_bwd_weight_partial
@@ -106,7 +107,7 @@ struct UnrollUnpack {
 // ow0*S.
 //
 // Work item (unit p, row group rg, column group cg): a thread takes the VW
-// output columns [VW*cg, VW*cg + VW) of the R = item_rows<K>() output rows
+// output columns [VW*cg, VW*cg + VW) of the R output rows
 // oh0 + R*rg + h, h < R (dy held in registers), and walks the (R - 1)*S + K
 // staged input rows those rows read, each window loaded once (NV 16-byte
 // shared loads) and used by every row that reads it: staged row R*rg*S + i
@@ -130,28 +131,23 @@ constexpr int kStageSlots = 8;
 // past the rows its unit's outputs read).
 constexpr long long kZeroRow = -0x7fffffffffffffffLL - 1;
 
-// Output rows per work item (R): 4 for 3x3 and 5x5, 2 for 7x7, whose 49
-// accumulators leave no registers for more.  ncu on an H200 (2026-12-01,
-// 64x144x56 3x3 float32, R = 2): 63.4M warp instructions for 8.1M warp FMAs,
-// half the issue slots used; the per-item work outside the FMAs (the item's
-// index decode with its divisions, its grad_out loads, the K + S staged rows
-// for 2 output rows) is paid once per R rows, and a staged row is loaded
-// once per R rows instead of (K + S) / 2 times per row.
-// _item_rows in _depthwise_nchw_wgrad.py mirrors this.
-template <int K>
-constexpr int item_rows() { return K == 7 ? 2 : 4; }
+// Output rows per work item: R, a template parameter (2 or 4; the host's
+// _item_rows picks it).  ncu on an H200 (2026-12-01, 64x144x56 3x3 float32,
+// R = 2): 63.4M warp instructions for 8.1M warp FMAs, half the issue slots
+// used; the per-item work outside the FMAs (the item's index decode with its
+// divisions, its grad_out loads, the (R - 1)*S + K staged rows it reads) is
+// paid once per R rows.
 
 // The R grad_out rows of work item `item` of the stage starting at unit0
 // (zero for a row past the band or a column past the image), and where the
 // item's staged window starts (element offset in the staging buffer).
-template <typename T, int K, int S>
+template <typename T, int K, int S, int R>
 __device__ __forceinline__ int load_item_dy(
-    const T* __restrict__ grad_out, typename AccType<T>::type (&dy)[item_rows<K>()][Vec16<T>::kCount], int item,
+    const T* __restrict__ grad_out, typename AccType<T>::type (&dy)[R][Vec16<T>::kCount], int item,
     int unit0, int oc, int out_channels, int out_height, int out_width, int band_rows,
     int num_bands, int groups, int col_groups, int unit_elems, int staged_width, bool dy_vector) {
   using Acc = typename AccType<T>::type;
   constexpr int VW = Vec16<T>::kCount;
-  constexpr int R = item_rows<K>();
   const int cg = item % col_groups;
   const int rest = item / col_groups;
   const int rg = rest % groups;
@@ -179,7 +175,7 @@ __device__ __forceinline__ int load_item_dy(
   return p * unit_elems + R * rg * S * staged_width + ow0 * S;
 }
 
-template <typename T, int K, int S>
+template <typename T, int K, int S, int R>
 __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad_small(
     const T* __restrict__ grad_out, const T* __restrict__ x,
     typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_weight,
@@ -190,7 +186,6 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
   constexpr int VW = Vec16<T>::kCount;          // output columns per thread
   constexpr int kWindow = (VW - 1) * S + K;     // input columns they read
   constexpr int NV = (kWindow + VW - 1) / VW;   // 16-byte loads per window
-  constexpr int R = item_rows<K>();             // output rows per item
   constexpr int kItemRows = (R - 1) * S + K;    // input rows they read
   __shared__ Acc scratch[K * K * 32];
   extern __shared__ __align__(16) unsigned char shared_raw[];
@@ -291,7 +286,7 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
     Acc dy[R][VW];
     int s_offset = 0;
     if (static_cast<int>(threadIdx.x) < items) {
-      s_offset = load_item_dy<T, K, S>(grad_out, dy, threadIdx.x, unit0, oc, out_channels, out_height,
+      s_offset = load_item_dy<T, K, S, R>(grad_out, dy, threadIdx.x, unit0, oc, out_channels, out_height,
                                        out_width, band_rows, num_bands, groups, col_groups, unit_elems,
                                        staged_width, dy_vector);
     }
@@ -349,7 +344,7 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
 
     for (int item = threadIdx.x; item < items; item += blockDim.x) {
       if (item != static_cast<int>(threadIdx.x)) {
-        s_offset = load_item_dy<T, K, S>(grad_out, dy, item, unit0, oc, out_channels, out_height,
+        s_offset = load_item_dy<T, K, S, R>(grad_out, dy, item, unit0, oc, out_channels, out_height,
                                          out_width, band_rows, num_bands, groups, col_groups, unit_elems,
                                          staged_width, dy_vector);
       }

@@ -528,7 +528,7 @@ def test_nhwc_wgrad_kernel_matches_reference(case, dtype, x_offset, rng):
 
 @pytest.mark.parametrize("dtype", NHWC_WGRAD_DTYPES, ids=str)
 def test_nhwc_wgrad_dispatch_follows_the_mode(dtype, rng, monkeypatch):
-    # MODE "always" / "rule" (preferred everywhere it serves, for now): the
+    # MODE "always" / "rule" (preferred: float32, measured): the
     # NHWC weight gradient launches this kernel for 3x3/5x5/7x7 at stride 1
     # and 2 and matches the reference, bit-identical on a second call;
     # "never" and the shapes it does not serve (dilation, C off the tile)
