@@ -30,15 +30,6 @@ SHAPES = [(64, 96, 112, 3), (64, 240, 56, 5), (64, 96, 56, 7), (64, 144, 56, 3),
 DTYPES = [numpy.float32, numpy.float16, bfloat16]
 
 
-def _steps(mode, g, dy, dx):
-    saved = phase.MODE
-    phase.MODE = mode
-    try:
-        return depthwise._backward_input_steps(g, "NHWC", dy, dx)
-    finally:
-        phase.MODE = saved
-
-
 def _torch_us(torch, n, c, hw, k, dt, g):
     """PyTorch channels_last backward-input (cuDNN), GPU time per call."""
     tdt = {numpy.dtype(numpy.float32): torch.float32, numpy.dtype(numpy.float16): torch.float16,
@@ -74,7 +65,7 @@ def main(quick=False, use_torch=True):
             floor = (numpy.prod(x_shape) + numpy.prod(dy_shape)) * dt.itemsize / bytes_per_us
             times, results = {}, {}
             for name, mode in (("phase", "always"), ("gather", "never")):
-                steps = _steps(mode, g, dys[0], dxs[0])
+                steps = harness.steps_with_mode(phase, mode, depthwise._backward_input_steps, g, "NHWC", dys[0], dxs[0])
                 expression = steps.launches[0].expression
                 assert (name == "phase") == expression.startswith(phase.KERNEL), expression
                 for dx in dxs:

@@ -28,16 +28,6 @@ SHAPES = [(64, 144, 56, 3, 1), (64, 384, 28, 3, 1), (64, 96, 112, 3, 2), (64, 24
 DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16]
 
 
-def _steps(g, mode, dy, x):
-    """The NHWC weight-gradient Steps the ops build under ``mode``."""
-    saved = wgrad.MODE
-    wgrad.MODE = mode
-    try:
-        return depthwise._backward_weight_steps(g, "NHWC", dy, x)
-    finally:
-        wgrad.MODE = saved
-
-
 def _torch_us(dys, xs, k, stride, c):
     import torch
 
@@ -70,7 +60,7 @@ def main(quick=False, with_torch=False):
             floor_us = (xs[0].nbytes + dys[0].nbytes) / bandwidth
             times, results, kernels = {}, {}, {}
             for name, mode in (("regs", "always"), ("tiled", "never")):
-                steps = _steps(g, mode, dys[0], xs[0])
+                steps = harness.steps_with_mode(wgrad, mode, depthwise._backward_weight_steps, g, "NHWC", dys[0], xs[0])
                 kernels[name] = steps.launches[0].expression
                 times[name] = harness.steps_time_us(steps, arrays)
                 results[name] = outs[0].astype(numpy.float32)

@@ -42,6 +42,18 @@ def time_us(fn, *, warmup=5, repeat=30, min_batch_us=2000.0):
     return statistics.median(times)
 
 
+def steps_with_mode(module, mode, build, *args):
+    """``build(*args)`` (e.g. depthwise._backward_input_steps) with
+    ``module.MODE`` set to ``mode`` meanwhile: the Steps the ops would run
+    under that mode, for the kernel comparisons."""
+    saved = module.MODE
+    module.MODE = mode
+    try:
+        return build(*args)
+    finally:
+        module.MODE = saved
+
+
 def steps_time_us(steps, arrays_list, reps=20):
     """Mean GPU time (us) of one run of ``steps`` (a cupy_dwgn._launch.Steps,
     built once by the caller) over ``reps`` runs cycling through
