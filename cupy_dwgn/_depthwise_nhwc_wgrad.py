@@ -13,9 +13,17 @@ Launch rule (no user tuning), from the shape only:
   ``CONFIGS``: LC channels per thread (2: a half-type pair, one 4-byte load;
   else 1), KR filter rows per thread (the K rows split into ceil(K / KR)
   "tap groups", the last masked where KR does not divide K), TW output
-  columns per thread.  Chosen so that acc[KR][K][LC] + the input-row ring
-  [KR][(TW-1)*S + K][LC] + grad_out[TW][LC] fit in 128 registers with no
-  spills (NVRTC, sm_80 and sm_90, both index widths).
+  columns per thread, PF (1: the next output row's loads are issued before
+  this row's FMAs).  Chosen so that acc[KR][K][LC] + the input-row ring
+  [KR][(TW-1)*S + K][LC] + grad_out[TW][LC] (+ with PF the next row's raw
+  values) fit in 128 registers with no spills (NVRTC, sm_80 and sm_90, both
+  index widths; ``LARGE_INDEX_CONFIGS`` where 64-bit indices need less),
+  then by measurement (H200, 2026-12-01, N = 64, us): PF for half-type 3x3
+  stride 1 (64x144x56 fp16 66.3 -> 60.7) and 5x5 (64.7 -> 60.1) and
+  float32 3x3 stride 2 (127.3 -> 125.5); not for float32 3x3 stride 1
+  (102.1 / 103.2 with TW = 7; TW = 4 or 5 with PF 111.7 / 100.8 but 77.2 /
+  70.4 at 64x384x28); 7x7 keeps TW = 4 without PF (TW = 2 with PF 232 us
+  against 179 fp16).
 * Channel tile CT = 32 bytes of channels (16 half / 8 float channels), L =
   CT / LC lanes per tile; C must be a multiple of CT and both arrays aligned
   to LC elements (else ``plan`` returns None and the tiled kernel serves the
@@ -52,16 +60,19 @@ DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat
 
 THREADS = 256  # kernel: kThreads
 TILE_BYTES = 32  # kernel: kTileBytes
-#: (K, stride, element size) -> (LC, KR, TW); registers per specialization
+#: (K, stride, element size) -> (LC, KR, TW, PF); registers per specialization
 #: in the module's REPORT (notes) and checked by tests/test_compile.py.
 CONFIGS = {
-    (3, 1, 2): (2, 3, 4), (3, 1, 4): (1, 3, 7),
-    (3, 2, 2): (2, 3, 4), (3, 2, 4): (1, 3, 4),
-    (5, 1, 2): (1, 5, 4), (5, 1, 4): (1, 5, 4),
-    (5, 2, 2): (1, 5, 2), (5, 2, 4): (1, 5, 2),
-    (7, 1, 2): (1, 4, 4), (7, 1, 4): (1, 4, 4),
-    (7, 2, 2): (1, 4, 2), (7, 2, 4): (1, 4, 2),
+    (3, 1, 2): (2, 3, 4, 1), (3, 1, 4): (1, 3, 7, 0),
+    (3, 2, 2): (2, 3, 3, 0), (3, 2, 4): (1, 3, 4, 1),
+    (5, 1, 2): (1, 5, 4, 1), (5, 1, 4): (1, 5, 4, 0),
+    (5, 2, 2): (1, 5, 2, 0), (5, 2, 4): (1, 5, 2, 0),
+    (7, 1, 2): (1, 4, 4, 0), (7, 1, 4): (1, 4, 4, 0),
+    (7, 2, 2): (1, 4, 2, 0), (7, 2, 4): (1, 4, 2, 0),
 }
+#: Where 64-bit indices need a narrower strip or no prefetch to stay in 128
+#: registers without spills: (K, stride, element size) -> (LC, KR, TW, PF).
+LARGE_INDEX_CONFIGS = {(7, 1, 2): (1, 4, 3, 0), (7, 1, 4): (1, 4, 3, 0), (5, 1, 2): (1, 5, 4, 0)}
 MAX_STRIP_ROWS = 16
 #: About this many blocks per launch (a constant, not the SM count: the
 #: split, hence the summation order, depends on the shape only).
@@ -75,13 +86,15 @@ def channel_tile(dtype):
     return TILE_BYTES // numpy.dtype(dtype).itemsize
 
 
-def config(k, stride, dtype):
-    """(LC, KR, TW) of the specialization for this filter, stride and dtype."""
-    return CONFIGS[(k, stride, numpy.dtype(dtype).itemsize)]
+def config(k, stride, dtype, index="int"):
+    """(LC, KR, TW, PF) of the specialization for this filter, stride, dtype
+    and index type ("int" or "long long")."""
+    key = (k, stride, numpy.dtype(dtype).itemsize)
+    return CONFIGS[key] if index == "int" else LARGE_INDEX_CONFIGS.get(key, CONFIGS[key])
 
 
 def _expression(dtype, k, stride, index):
-    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, *config(k, stride, dtype), index)
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, *config(k, stride, dtype, index), index)
 
 
 def specializations(dtypes=None, filter_sizes=None, large_index=(False, True)):
@@ -104,16 +117,17 @@ def tiles_per_block(channel_tiles, lanes):
 
 def preferred(g, dtype):
     """Whether the ops take this kernel for ``g`` (where it serves the call):
-    float32 only.  Measured on an H200 (2026-12-01,
-    benchmarks/depthwise_nhwc_wgrad.py, N = 64, this kernel against the tiled
-    NHWC weight gradient, us): float32 64x144x56 3x3 102.3 / 120.7,
-    64x384x28 64.5 / 79.0, 64x96x112 3x3 s2 127.3 / 151.1, 64x240x28 5x5
-    70.6 / 90.5, 64x96x56 7x7 173.3 / 196.9, 64x384x14 7x7 57.3 / 57.5,
-    64x960x7 20.2 / 20.4; float16 lost everywhere (64x144x56 166.0 / 80.7,
-    64x96x112 s2 413.6 / 110.3, 7x7 350.9 / 203.9; bfloat16 alike): with one
-    channel pair per thread its 4-byte loads and unpacking issue far more
-    instructions per byte than the tiled kernel's 16-byte vectors."""
-    return numpy.dtype(dtype) == numpy.float32
+    always.  Measured on an H200 (2026-12-01, benchmarks/depthwise_nhwc_wgrad.py
+    and an A/B of the configurations, N = 64, this kernel against the tiled
+    NHWC weight gradient, us): float32 64x144x56 3x3 102.1 / 120.4,
+    64x384x28 65.3 / 78.5, 64x96x112 3x3 s2 125.5 / 150.1, 64x240x28 5x5
+    70.5 / 89.8, 64x96x56 7x7 175.5 / 196.3, 64x384x14 7x7 57.9 / 57.1,
+    64x960x7 20.0 / 20.3; float16 64x144x56 60.7 / 79.5, 64x384x28 51.3 /
+    60.3, 64x96x112 s2 90.0 / 109.2, 5x5 60.1 / 80.3, 64x96x56 7x7 179.1 /
+    204.0, 64x384x14 7x7 58.5 / 57.1, 64x960x7 13.6 / 17.0 (bfloat16 alike).
+    Half types lost everywhere (0.27-0.8x) until each row's loads were all
+    issued before any was unpacked (see load_raw in the kernel)."""
+    return True
 
 
 def select(g, dtype, index, grad_out_alignment, x_alignment):
@@ -144,7 +158,7 @@ def plan(g, dtype, index, grad_out_alignment, x_alignment, ctb=None):
     ):
         return None
     k = size[0]
-    lc, kr, tw = config(k, stride, dtype)
+    lc, kr, tw, _ = config(k, stride, dtype, index)
     if grad_out_alignment % (lc * dtype.itemsize) or x_alignment % (lc * dtype.itemsize):
         return None
     if min(g.batch, g.height, g.width, g.out_height, g.out_width) <= 0:

@@ -33,7 +33,9 @@
 //   j*S + KR-1 are new (the others were loaded for row j-1; the first
 //   KR-S rows are loaded before the walk).  The walk is unrolled by
 //   P = KR / gcd(KR, S) rows so every slot index is a compile-time constant.
-//   grad_out's TW values of the row are loaded once per row.
+//   grad_out's TW values of the row are loaded once per row.  With PF = 1
+//   the next row's raw values (its new x rows and grad_out) are loaded
+//   before this row's FMAs, so one row of loads is always in flight.
 // * Borders: an input value outside the image (padding), or in a column no
 //   output reads (>= x_w_limit: past the last output's window), and a
 //   grad_out value in a column >= out_w load as zero (no product with a
@@ -52,7 +54,7 @@
 //   split count and every order depend on the shape only.
 //
 // Template parameters: T; K (3, 5, 7); S (1, 2); LC (1, 2); KR filter rows
-// per thread; TW output columns per thread; IndexT (int, or long long when a
+// per thread; TW output columns per thread; PF (0, 1: prefetch); IndexT (int, or long long when a
 // tensor has >= 2**31 elements: image, row and pixel offsets use it).  The
 // host (cupy_dwgn/_depthwise_nhwc_wgrad.py) picks the configuration and the
 // split; it requires C % CT == 0 and both arrays aligned to LC * sizeof(T).
@@ -65,43 +67,50 @@ constexpr int kTileBytes = 32;  // a channel tile: 32 bytes of one pixel
 constexpr int kThreads = 256;   // block size (host: THREADS)
 constexpr int kMinBlocks = 2;   // blocks per SM the register budget is set for (<= 128 registers)
 
+// A thread's LC channels of one pixel as one load ("raw": the storage
+// type, loaded before any of it is unpacked to float).
 template <typename T, int LC> struct Load;
 template <typename T> struct Load<T, 1> {
-  static __device__ __forceinline__ void get(const T* p, float (&v)[1]) { v[0] = dwgn::to_acc(*p); }
+  using Raw = T;
+  static __device__ __forceinline__ Raw zero() { return dwgn::from_acc<T>(0.0f); }
+  static __device__ __forceinline__ void unpack(Raw r, float (&v)[1]) { v[0] = dwgn::to_acc(r); }
 };
 template <> struct Load<__half, 2> {
-  static __device__ __forceinline__ void get(const __half* p, float (&v)[2]) {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(p));
+  using Raw = __half2;
+  static __device__ __forceinline__ Raw zero() { return __float2half2_rn(0.0f); }
+  static __device__ __forceinline__ void unpack(Raw r, float (&v)[2]) {
+    const float2 f = __half22float2(r);
     v[0] = f.x;
     v[1] = f.y;
   }
 };
 template <> struct Load<__nv_bfloat16, 2> {
-  static __device__ __forceinline__ void get(const __nv_bfloat16* p, float (&v)[2]) {
-    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+  using Raw = __nv_bfloat162;
+  static __device__ __forceinline__ Raw zero() { return __float2bfloat162_rn(0.0f); }
+  static __device__ __forceinline__ void unpack(Raw r, float (&v)[2]) {
+    const float2 f = __bfloat1622float2(r);
     v[0] = f.x;
     v[1] = f.y;
   }
 };
 
-// LC values at p, or zeros when !ok (p is then not read).  Callers pass a
-// safe address when !ok: without that select ptxas formed every address of a
-// row up front and spilled with 64-bit indices.
+// The LC values at p as raw storage, or +0.0 when !ok (p is then
+// not read).  Callers pass a safe address when !ok: without that select
+// ptxas formed every address of a row up front and spilled with 64-bit
+// indices.  A row's raw loads are all issued before any is unpacked: with
+// load and unpack in one branch per value, ptxas waited on each half-type
+// load before issuing the next (measured: 64x144x56 fp16 178 us, 20% issue
+// active, 15 long-scoreboard stall cycles per instruction).
 template <typename T, int LC>
-__device__ __forceinline__ void load_or_zero(const T* p, bool ok, float (&v)[LC]) {
-  if (ok) {
-    Load<T, LC>::get(p, v);
-  } else {
-#pragma unroll
-    for (int c = 0; c < LC; ++c) v[c] = 0.0f;
-  }
+__device__ __forceinline__ typename Load<T, LC>::Raw load_raw(const T* p, bool ok) {
+  return ok ? *reinterpret_cast<const typename Load<T, LC>::Raw*>(p) : Load<T, LC>::zero();
 }
 
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 
 }  // namespace dwgn_nhwc_wgrad
 
-template <typename T, int K, int S, int LC, int KR, int TW, typename IndexT>
+template <typename T, int K, int S, int LC, int KR, int TW, int PF, typename IndexT>
 __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kMinBlocks) dwgn_dwconv_nhwc_wgrad(
     const T* __restrict__ grad_out, const T* __restrict__ x, float* __restrict__ partial, int height, int width,
     int channels, int out_h, int out_w, int pad_top, int pad_left, int x_w_limit, int row_strip,
@@ -112,6 +121,7 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
   constexpr int IW = (TW - 1) * S + K;                           // ring columns
   constexpr int P = KR / gcd(KR, S);                             // walk unroll: slot period
   constexpr int NEW0 = KR > S ? KR - S : 0;                      // first new ring row per step
+  constexpr int NEW = KR - NEW0;                                 // new ring rows per step
   static_assert(IW <= 32, "column mask is 32 bits");
   extern __shared__ __align__(16) float red[];  // [W][KR][K][CTB * CT]
 
@@ -163,36 +173,69 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
     // Ring row r = input row ih_first + r.  Not masked by the tap group's
     // row count: a row loaded as filter row KR-1 is read as rows KR-1-S, ...
     // by the next output rows.
-    auto load_row = [&](float (&dst)[IW][LC], int r) {
+    using Raw = typename Load<T, LC>::Raw;
+    // Raw loads of ring row r (input row ih_first + r), all issued before
+    // any is unpacked.
+    auto load_row = [&](Raw (&raw)[IW], int r, bool live) {
       const int ih = ih_first + r;
-      const bool row_ok = ih >= 0 && ih < height;
+      const bool row_ok = live && ih >= 0 && ih < height;
       const T* row = x_img + (static_cast<IndexT>(row_ok ? ih : 0) * width + iw0) * channels;
 #pragma unroll
       for (int e = 0; e < IW; ++e) {
         const bool ok = row_ok && ((x_cols >> e) & 1u);
-        load_or_zero<T, LC>(ok ? row + e * channels : x, ok, dst[e]);
+        raw[e] = load_raw<T, LC>(ok ? row + e * channels : x, ok);
       }
     };
+    // Raw loads of the step of output row j (its NEW rows of x and its TW
+    // grad_out values); nothing is read for j >= rows (the prefetch past
+    // the last row).
+    const int rows = oh1 - oh0;
+    auto load_step = [&](Raw (&xr)[NEW][IW], Raw (&gr)[TW], int j) {
+      const bool live = j < rows;
 #pragma unroll
-    for (int r = 0; r < NEW0; ++r) load_row(ring[r], r);
+      for (int q = 0; q < NEW; ++q) load_row(xr[q], j * S + NEW0 + q, live);
+      const T* g_row = g_img + (static_cast<IndexT>(oh0 + (live ? j : 0)) * out_w + ow0) * channels;
+#pragma unroll
+      for (int t = 0; t < TW; ++t) {
+        const bool ok = live && ((g_cols >> t) & 1u);
+        gr[t] = load_raw<T, LC>(ok ? g_row + t * channels : grad_out, ok);
+      }
+    };
+    {
+      Raw first[NEW0 > 0 ? NEW0 : 1][IW];
+#pragma unroll
+      for (int r = 0; r < NEW0; ++r) load_row(first[r], r, true);
+#pragma unroll
+      for (int r = 0; r < NEW0; ++r)
+#pragma unroll
+        for (int e = 0; e < IW; ++e) Load<T, LC>::unpack(first[r][e], ring[r][e]);
+    }
 
+    // PF: the next step's raw values are loaded before this step's FMAs
+    // (one step of loads always in flight, IW * NEW + TW more registers).
+    Raw xr[NEW][IW], gr[TW];
+    if (PF) load_step(xr, gr, 0);
     // The break between rows keeps ptxas from hoisting the next row's loads
     // into this row's FMAs: a branch-free walk of whole P-row groups did
     // that and spilled in 26 of the 36 specializations at 128 registers.
-    for (int j0 = 0; j0 < oh1 - oh0; j0 += P) {
+    for (int j0 = 0; j0 < rows; j0 += P) {
 #pragma unroll
       for (int ph = 0; ph < P; ++ph) {
         const int j = j0 + ph;
-        if (j >= oh1 - oh0) break;
-#pragma unroll
-        for (int kh = NEW0; kh < KR; ++kh) load_row(ring[(ph * S + kh) % KR], j * S + kh);
-        float g[TW][LC];
-        const T* g_row = g_img + (static_cast<IndexT>(oh0 + j) * out_w + ow0) * channels;
-#pragma unroll
-        for (int t = 0; t < TW; ++t) {
-          const bool ok = (g_cols >> t) & 1u;
-          load_or_zero<T, LC>(ok ? g_row + t * channels : grad_out, ok, g[t]);
+        if (j >= rows) break;
+        Raw xn[NEW][IW], gn[TW];
+        if (PF) {
+          load_step(xn, gn, j + 1);
+        } else {
+          load_step(xr, gr, j);
         }
+#pragma unroll
+        for (int q = 0; q < NEW; ++q)
+#pragma unroll
+          for (int e = 0; e < IW; ++e) Load<T, LC>::unpack(xr[q][e], ring[(ph * S + NEW0 + q) % KR][e]);
+        float g[TW][LC];
+#pragma unroll
+        for (int t = 0; t < TW; ++t) Load<T, LC>::unpack(gr[t], g[t]);
 #pragma unroll
         for (int kh = 0; kh < KR; ++kh) {
           if (kh >= rows_here) break;  // block-uniform
@@ -203,6 +246,14 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
 #pragma unroll
               for (int l = 0; l < LC; ++l)
                 acc[kh][kw][l] = fmaf(g[t][l], ring[(ph * S + kh) % KR][t * S + kw][l], acc[kh][kw][l]);
+        }
+        if (PF) {
+#pragma unroll
+          for (int q = 0; q < NEW; ++q)
+#pragma unroll
+            for (int e = 0; e < IW; ++e) xr[q][e] = xn[q][e];
+#pragma unroll
+          for (int t = 0; t < TW; ++t) gr[t] = gn[t];
         }
       }
     }

@@ -527,6 +527,21 @@ def test_nhwc_wgrad_kernel_matches_reference(case, dtype, x_offset, rng):
 
 
 @pytest.mark.parametrize("dtype", NHWC_WGRAD_DTYPES, ids=str)
+@pytest.mark.parametrize("case", [c for c in NHWC_WGRAD_CASES if c[2] == 7 or c[0].startswith("13x11")],
+                         ids=lambda c: c[0])
+def test_nhwc_wgrad_kernel_with_64bit_indices(case, dtype, rng):
+    """The long long specializations on small tensors (7x7 stride 1 has a
+    narrower strip there, LARGE_INDEX_TW), against the reference."""
+    g, dy, x, want = _nhwc_wgrad_case(case, dtype, rng)
+    planned = _depthwise_nhwc_wgrad.plan(g, numpy.dtype(dtype), "long long", 16, 16)
+    assert planned is not None
+    assert planned[0][0].expression.endswith("long long>")
+    out, sums = _run_nhwc_wgrad(planned, cupy.asarray(dy), cupy.asarray(x), want.shape, dtype)
+    assert bool(cupy.isfinite(sums).all()), "a partial sum was not written"
+    assert relative_error(out, want) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", NHWC_WGRAD_DTYPES, ids=str)
 def test_nhwc_wgrad_dispatch_follows_the_mode(dtype, rng, monkeypatch):
     # MODE "always" / "rule" (preferred: float32, measured): the
     # NHWC weight gradient launches this kernel for 3x3/5x5/7x7 at stride 1
