@@ -281,27 +281,37 @@ struct LaneWelford {
     const Acc previous = seen;
     seen += Acc(RB);
     const Acc weight_b = Acc(RB) * reciprocal(seen);
+    const Acc merge_scale = previous * weight_b;  // Chan: n_a * n_b / (n_a + n_b)
+    // 2-byte types: the batch's float sum goes to the double sum once per
+    // batch.  It is exact whenever the batch's values span at most 13
+    // binades (11-bit significands in float's 24), and otherwise off by at
+    // most 2**-24 of the largest, far below the type's 2**-11 step; a
+    // float -> double conversion per element (16 per clock per SM on sm_90)
+    // cost the statistics kernel more than its loads.  float32 keeps the
+    // per-element double sum (its values do not fit float's significand).
+    constexpr bool kNarrow = sizeof(T) == 2;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       Acc batch_sum = Acc(0);
       double batch_sum_wide = 0.0;
+      Acc values[RB];
 #pragma unroll
       for (int r = 0; r < RB; ++r) {
-        const Acc value = to_acc(v[r].v[k]);
-        batch_sum += value;
-        batch_sum_wide += value;
+        values[r] = to_acc(v[r].v[k]);
+        batch_sum += values[r];
+        if (!kNarrow) batch_sum_wide += values[r];
       }
       const Acc batch_mean = batch_sum * Acc(1.0 / RB);  // exact scaling
       Acc batch_m2 = Acc(0);
 #pragma unroll
       for (int r = 0; r < RB; ++r) {
-        const Acc d = to_acc(v[r].v[k]) - batch_mean;
+        const Acc d = values[r] - batch_mean;
         batch_m2 += d * d;
       }
-      sum[k] += batch_sum_wide;
+      sum[k] += kNarrow ? static_cast<double>(batch_sum) : batch_sum_wide;
       const Acc delta = batch_mean - mean[k];
       mean[k] += delta * weight_b;
-      m2[k] += batch_m2 + delta * delta * previous * weight_b;
+      m2[k] += batch_m2 + delta * delta * merge_scale;
     }
   }
   // The lane's `count` rows, row k at column[k * row_step], RB rows per
@@ -448,6 +458,9 @@ __device__ __forceinline__ Vec<Acc, VEC> load_vec(const Acc* p) {
 
 // Grid-stride walk over the N*S*C/VEC vectors of a channels-last tensor:
 // calls body(i, n, c) with the vector index, its sample and its first channel.
+// Thread t starts at the end (vector num_vectors - 1 - t): the statistics
+// and reduce kernels read the tensor front to back, so for a tensor larger
+// than the L2 its tail is what the L2 still holds when this pass starts.
 template <int VEC, typename IndexT, typename Body>
 __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C, Body body) {
   const int cv = C / VEC;
