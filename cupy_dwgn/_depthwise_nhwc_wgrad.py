@@ -20,10 +20,13 @@ Launch rule (no user tuning), from the shape only:
   index widths; ``LARGE_INDEX_CONFIGS`` where 64-bit indices need less),
   then by measurement (H200, 2026-12-01, N = 64, us): PF for half-type 3x3
   stride 1 (64x144x56 fp16 66.3 -> 60.7) and 5x5 (64.7 -> 60.1) and
-  float32 3x3 stride 2 (127.3 -> 125.5); not for float32 3x3 stride 1
+  float32 3x3 stride 2 (127.3 -> 125.5); half-type 3x3 stride 2 with TW = 3
+  (64x96x112 fp16 91.8 -> 84.2); not for float32 3x3 stride 1
   (102.1 / 103.2 with TW = 7; TW = 4 or 5 with PF 111.7 / 100.8 but 77.2 /
   70.4 at 64x384x28); 7x7 keeps TW = 4 without PF (TW = 2 with PF 232 us
-  against 179 fp16).
+  against 179 fp16; half pairs, LC = 2, KR = 2: TW = 4 182.2, TW = 3 with
+  PF 179.8 against 176.4, 54.0 against 57.5 at 64x384x14); half-type 5x5
+  keeps LC = 1 (LC = 2 with KR = 2 or 3: 66.7 / 64.4 against 59.7).
 * Channel tile CT = 32 bytes of channels (16 half / 8 float channels), L =
   CT / LC lanes per tile; C must be a multiple of CT and both arrays aligned
   to LC elements (else ``plan`` returns None and the tiled kernel serves the
