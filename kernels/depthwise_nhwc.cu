@@ -163,6 +163,10 @@ __global__ void __launch_bounds__(256, 1) dwgn_dwconv_nhwc(
           }
         }
       } else if (active) {
+        // Strided or dilated: per filter tap, the TW output columns' input
+        // values are loaded together (zeros in the padding), then converted
+        // and applied (a load and its use in one branch per value kept one
+        // load in flight: NHWC stride-2 fp16 at 62% of the copy floor).
 #pragma unroll
         for (int j = 0; j < RH; ++j) {
 #pragma unroll 1
@@ -170,20 +174,22 @@ __global__ void __launch_bounds__(256, 1) dwgn_dwconv_nhwc(
             const int ih = (oh0 + j) * stride_h - offset_top + kh * dilation_h;
             if (ih < 0 || ih >= src_h) continue;
             const T* row = src_img + static_cast<IndexT>(ih) * src_w * src_channels;
+            // One tap's TW loads in flight at a time: unrolling the taps let
+            // ptxas hoist every tap's loads (up to 255 registers, spills).
+#pragma unroll 1
+            for (int kw = 0; kw < KW_; ++kw) {
+              dwnhwc::Pack<T, VEC> xp[TW];
 #pragma unroll
-            for (int t = 0; t < TW; ++t) {
-              const int iw0 = (ow0 + t) * stride_w - offset_left;
-#pragma unroll
-              for (int kw = 0; kw < KW_; ++kw) {
-                const int iw = iw0 + kw * dilation_w;
-                if (iw < 0 || iw >= src_w) continue;
-                Acc xv[VEC];
-                dwnhwc::load_vec<VEC>(row + static_cast<IndexT>(iw) * src_channels, xv);
-                const auto w = dwnhwc::load_shared<VEC>(
-                    w_s + (kh * KW_ + kw) * tile_channels + threadIdx.x * VEC);
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) acc[j][t][v] += w.v[v] * xv[v];
+              for (int t = 0; t < TW; ++t) {
+                const int iw = (ow0 + t) * stride_w - offset_left + kw * dilation_w;
+                const bool ok = iw >= 0 && iw < src_w;
+                xp[t] = dwnhwc::load_pack_or_zero<VEC>(row + static_cast<IndexT>(ok ? iw : 0) * src_channels, ok);
               }
+              const auto w = dwnhwc::load_shared<VEC>(w_s + (kh * KW_ + kw) * tile_channels + threadIdx.x * VEC);
+#pragma unroll
+              for (int t = 0; t < TW; ++t)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) acc[j][t][v] += w.v[v] * to_acc(xp[t].v[v]);
             }
           }
         }

@@ -40,6 +40,22 @@ __device__ __forceinline__ AccVec<Acc, VEC> load_shared(const Acc* p) {
   return *reinterpret_cast<const AccVec<Acc, VEC>*>(p);
 }
 
+// The VEC values at p as stored, or zero bits (+0.0 in every type) when !ok;
+// p is read only when ok.  Loading a batch of these before converting any
+// keeps the batch's loads in flight together (a load whose conversion sits
+// in the same branch is waited on before the next load issues).
+template <int VEC, typename T>
+__device__ __forceinline__ Pack<T, VEC> load_pack_or_zero(const T* p, bool ok) {
+  Pack<T, VEC> pk;
+  if (ok) {
+    pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
+  } else {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) pk.v[v] = dwgn::from_acc<T>(typename dwgn::AccType<T>::type(0));
+  }
+  return pk;
+}
+
 // Column iw of an input row, or zeros outside [0, width) (padding).
 template <int VEC, typename T, typename Acc, typename IndexT>
 __device__ __forceinline__ void load_or_zero(Acc (&a)[VEC], const T* row, int iw, int width,
