@@ -180,6 +180,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
     from cupy_dwgn import _depthwise_nchw as nchw
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
     from cupy_dwgn import _depthwise_nchw_wgrad as nchw_wgrad
+    from cupy_dwgn import _depthwise_nchw_wgrad_regs as nchw_wgrad_regs
     from cupy_dwgn import _depthwise_nhwc as nhwc
     from cupy_dwgn import _depthwise_nhwc_wgrad as nhwc_wgrad
     from cupy_dwgn import _depthwise_nhwc_window as nhwc_window
@@ -205,6 +206,8 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
                     launches.append(nchw_plane.plan(g, dtype, backward, index, alignment, alignment))
                     launches.append(nhwc_window.plan(g, dtype, backward, index, alignment, alignment))
                 planned = nhwc_wgrad.plan(g, dtype, index, alignment, alignment)
+                launches += planned[0] if planned else []
+                planned = nchw_wgrad_regs.plan(g, dtype, alignment, alignment)
                 launches += planned[0] if planned else []
             launches = [launch for launch in launches if launch is not None]
             for launch in launches:
