@@ -35,6 +35,7 @@ from . import (
     _depthwise_nchw_large,
     _depthwise_nchw_plane,
     _depthwise_nchw_wgrad,
+    _depthwise_nchw_wgrad_regs,
     _depthwise_nchw_window,
     _depthwise_nhwc,
     _depthwise_nhwc_large,
@@ -87,6 +88,7 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                 if large_filters:
                     specs += _depthwise_nchw_large.specializations(dtypes, large_index)
             else:
+                specs += _depthwise_nchw_wgrad_regs.specializations(dtypes, sizes, large_index)
                 specs += _depthwise_nchw_wgrad.specializations(dtypes, sizes, large_index)
         if "NHWC" in layouts:
             specs += _depthwise_nhwc.specializations(name, dtypes, sizes, large_index)
@@ -464,6 +466,10 @@ def _backward_weight_steps(g, layout, grad_out, x):
             return _launch.Steps(*routed)
         planned = (_depthwise_nhwc_wgrad.select(g, x.dtype, index, _alignment(grad_out), _alignment(x))
                    or _depthwise_nhwc.backward_weight_plan(g, x.dtype, index, _vector_aligned(grad_out, x)))
+        (partial, finalize), temporary = planned
+        return _launch.Steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
+    planned = _depthwise_nchw_wgrad_regs.select(g, x.dtype, _alignment(grad_out), _alignment(x))
+    if planned is not None:
         (partial, finalize), temporary = planned
         return _launch.Steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
     launches = _depthwise_nchw_wgrad.plan(g, x.dtype)

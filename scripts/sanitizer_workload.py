@@ -123,6 +123,35 @@ def nhwc_wgrad():
         _depthwise_nhwc_wgrad.MODE, dw._SIGNATURES = "rule", {}
 
 
+def nchw_wgrad_regs():
+    # The NCHW register weight gradient for every 3x3/5x5/7x7 NCHW call at
+    # stride 1 and 2 (MODE "always", the call-signature cache cleared): odd
+    # widths (VW = 1), per-side and oversized padding, a 1-row plane, rows
+    # wider than a warp (segments, dead lanes), an x view 4 bytes off 16.
+    from cupy_dwgn import _depthwise_nchw_wgrad_regs, _dtypes, depthwise as dw
+
+    _depthwise_nchw_wgrad_regs.MODE, dw._SIGNATURES = "always", {}
+    try:
+        for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
+            for x_shape, k, stride, padding in [
+                ((2, 3, 13, 11), 3, 1, 1), ((1, 2, 9, 10), 5, 1, ((0, 4), (3, 1))), ((2, 2, 7, 7), 7, 1, 3),
+                ((1, 2, 5, 9), 7, 1, ((8, 2), (0, 8))), ((2, 2, 1, 12), 3, 1, (1, 0)), ((2, 3, 13, 11), 3, 2, 1),
+                ((1, 2, 17, 16), 5, 2, ((4, 0), (1, 2))), ((1, 2, 15, 15), 7, 2, 3), ((3, 8, 40, 32), 3, 1, 1),
+                ((1, 2, 6, 272), 3, 1, 1), ((2, 4, 28, 28), 7, 1, 3),
+            ]:
+                c = x_shape[1]
+                conv = dict(stride=stride, padding=padding)
+                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+                y_shape = cupy_dwgn.depthwise_conv2d(x, cupy.zeros((c, 1, k, k), dtype), **conv).shape
+                dy = rng.standard_normal(y_shape, dtype=cupy.float32).astype(dtype)
+                cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), **conv)
+                offset = cupy.empty(x.size + 4 // x.itemsize, dtype)[4 // x.itemsize:].reshape(x.shape)
+                offset[...] = x
+                cupy_dwgn.depthwise_conv2d_backward_weight(dy, offset, (c, 1, k, k), **conv)
+    finally:
+        _depthwise_nchw_wgrad_regs.MODE, dw._SIGNATURES = "rule", {}
+
+
 def nhwc_phase():
     # The NHWC stride-2 backward-input kernel for every stride-2 3x3/5x5/7x7
     # NHWC call it serves (MODE "always", the call-signature cache cleared),
@@ -203,9 +232,10 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "nhwc_window", "nhwc_wgrad", "nhwc_phase", "group_norm"]
+    families = sys.argv[1:] or ["depthwise", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nhwc_phase", "group_norm"]
     for family in families:
-        {"depthwise": depthwise, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad, "nhwc_phase": nhwc_phase,
+        {"depthwise": depthwise, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
+         "nchw_wgrad_regs": nchw_wgrad_regs, "nhwc_phase": nhwc_phase,
          "group_norm": group_norm}[family]()
     cupy.cuda.Device().synchronize()
     print("sanitizer workload done")

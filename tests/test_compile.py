@@ -180,6 +180,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
     from cupy_dwgn import _depthwise_nchw as nchw
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
     from cupy_dwgn import _depthwise_nchw_wgrad as nchw_wgrad
+    from cupy_dwgn import _depthwise_nchw_wgrad_regs as nchw_wgrad_regs
     from cupy_dwgn import _depthwise_nhwc as nhwc
     from cupy_dwgn import _depthwise_nhwc_wgrad as nhwc_wgrad
     from cupy_dwgn import _depthwise_nhwc_window as nhwc_window
@@ -205,6 +206,8 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
                     launches.append(nchw_plane.plan(g, dtype, backward, index, alignment, alignment))
                     launches.append(nhwc_window.plan(g, dtype, backward, index, alignment, alignment))
                 planned = nhwc_wgrad.plan(g, dtype, index, alignment, alignment)
+                launches += planned[0] if planned else []
+                planned = nchw_wgrad_regs.plan(g, dtype, alignment, alignment)
                 launches += planned[0] if planned else []
             launches = [launch for launch in launches if launch is not None]
             for launch in launches:
@@ -1096,3 +1099,100 @@ def test_nhwc_phase_rule():
     assert phase.plan(g, numpy.dtype(numpy.float16), "int", True) is None  # 20 % 8
     assert phase.plan(g, f32, "int", True) is not None
     assert phase.plan(g, f32, "int", False) is None
+
+
+# The NCHW register weight gradient (_depthwise_nchw_wgrad_regs): its NumPy
+# emulation (tests/_nchw_wgrad_regs_emulation.py: unit ranges, worker
+# stride, lane groups and segments, own-vector and halo masks, the shuffle
+# sources, the grad_out ring slots, the FMA conditions, reduction order)
+# against the float64 reference, at the rule's VW and narrower ones
+# (alignment 2 bytes forces VW = 1 for half types).
+_NCHW_WGRAD_REGS_GEOMETRIES = [
+    # (NCHW x shape, K, stride, padding)
+    ((2, 3, 13, 11), 3, 1, 1), ((1, 2, 16, 16), 3, 1, 1), ((1, 1, 9, 10), 5, 1, ((0, 4), (3, 1))),
+    ((3, 2, 7, 7), 7, 1, 3), ((1, 1, 5, 9), 7, 1, ((6, 2), (0, 5))), ((1, 2, 5, 8), 7, 1, ((1, 1), (7, 7))),
+    ((2, 1, 1, 12), 3, 1, (1, 0)), ((1, 2, 1, 16), 3, 1, ((1, 1), (5, 3))), ((2, 3, 13, 11), 3, 2, 1),
+    ((1, 1, 17, 16), 5, 2, ((4, 0), (1, 2))), ((1, 2, 15, 15), 7, 2, 3), ((2, 1, 2, 5), 3, 2, 2),
+    ((1, 2, 12, 16), 3, 2, ((1, 1), (0, 1))), ((1, 1, 40, 8), 3, 1, 1), ((1, 1, 6, 272), 3, 1, 1),
+    ((1, 1, 3, 264), 5, 1, 2), ((1, 2, 8, 16), 7, 2, ((3, 3), (3, 7))), ((1, 1, 4, 8), 5, 1, ((2, 2), (6, 2))),
+]
+
+
+@pytest.mark.parametrize("case", _NCHW_WGRAD_REGS_GEOMETRIES,
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[2]}-p{c[3]}")
+def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case, monkeypatch):
+    import numpy
+
+    import _nchw_wgrad_regs_emulation as emulation
+    from cupy_dwgn import _depthwise_nchw_wgrad_regs as wg
+    from cupy_dwgn import _validate, reference
+
+    x_shape, k, stride, padding = case
+    n, c, h, w = x_shape
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
+    rng = numpy.random.default_rng(7)
+    x = rng.standard_normal(x_shape)
+    dy = rng.standard_normal((n, c, g.out_height, g.out_width))
+    want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), stride=stride, padding=padding)
+    shipped = set(ALL_SPECIALIZATIONS)
+    seen_widths = set()
+    for dtype in wg.DTYPES[:2]:
+        for alignment in (16, 4, 2):
+            # The rule's split, and one split per unit (idle workers).
+            for min_units in (wg.MIN_UNITS_PER_WORKER, 1 / 1024):
+                monkeypatch.setattr(wg, "MIN_UNITS_PER_WORKER", min_units)
+                monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min_units >= 1 else 10**6)
+                (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, alignment, alignment)
+                assert (launch.file, launch.expression) in shipped
+                assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
+                assert int(finalize.scalars[2]) == launch.grid[1]
+                seen_widths.add(int(launch.expression.split(", ")[3][:-1]))
+                partial, writes, visits = emulation.emulate(launch, dy, x)
+                assert (writes == 1).all() and (visits == 1).all()
+                numpy.testing.assert_allclose(emulation.finalize(partial), want, rtol=1e-12, atol=1e-12)
+    assert 1 in seen_widths
+
+
+def test_nchw_wgrad_regs_rule():
+    # The benchmark shapes: shipped expressions, a grid within limits, every
+    # split non-empty, the widest VW the row allows; the shapes it does not
+    # serve (float64, dilation, multiplier 2, unequal strides, other sizes).
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_wgrad_regs as wg
+    from cupy_dwgn import _validate
+
+    shipped = set(ALL_SPECIALIZATIONS)
+    assert wg.MODE == "rule"
+    half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    want_vw = {(56, 3, 1, 2): 8, (56, 3, 1, 4): 4, (28, 3, 1, 2): 4, (112, 3, 2, 2): 8, (28, 5, 1, 2): 4,
+               (56, 7, 1, 2): 4, (14, 7, 1, 2): 2, (7, 3, 1, 2): 1, (56, 7, 1, 4): 2}
+    for n, c, hw, k, stride in [(64, 144, 56, 3, 1), (64, 384, 28, 3, 1), (64, 96, 112, 3, 2), (64, 240, 28, 5, 1),
+                                (64, 96, 56, 7, 1), (64, 384, 14, 7, 1), (64, 960, 7, 3, 1), (1, 16, 1, 3, 2),
+                                (2, 3, 300, 3, 1)]:
+        g = _validate.conv_geometry((n, c, hw, hw), (c, 1, k, k), stride, k // 2, 1)
+        for dtype in wg.DTYPES:
+            (launch, finalize), (shape, _) = wg.plan(g, dtype, 16, 16)
+            assert wg.preferred(g, dtype)
+            assert wg.select(g, dtype, 16, 16)[0][0] is launch
+            assert (launch.file, launch.expression) in shipped and (finalize.file, finalize.expression) in shipped
+            assert launch.shared_mem == 0 and launch.block == (wg.THREADS, 1, 1)
+            assert launch.grid[0] == c and launch.grid[1] <= 65535
+            assert launch.grid[0] * launch.grid[1] <= max(4 * wg.TARGET_BLOCKS, c)
+            units, per_split = int(launch.scalars[11]), int(launch.scalars[12])
+            assert (launch.grid[1] - 1) * per_split < units <= launch.grid[1] * per_split
+            group_lanes = int(launch.scalars[10])
+            assert 1 <= group_lanes <= 32
+            key = (hw, k, stride, dtype.itemsize)
+            if key in want_vw:
+                assert launch.expression.endswith(f", {want_vw[key]}>"), (key, launch.expression)
+    g = _validate.conv_geometry((2, 24, 16, 16), (24, 1, 3, 3), 1, 1, 1)
+    assert wg.plan(g, half, 16, 16).__getitem__(0)[0].expression.endswith(", 8>")
+    assert wg.plan(g, half, 16, 4)[0][0].expression.endswith(", 2>")  # x 4-byte aligned
+    assert wg.plan(g, numpy.dtype(numpy.float64), 16, 16) is None
+    g = _validate.conv_geometry((2, 24, 16, 16), (24, 1, 3, 3), 1, ((1, 1), (0, 2)), 1)
+    assert wg.plan(g, half, 16, 16)[0][0].expression.endswith(", 1>")  # pad_left - 1 odd
+    for w_shape, stride, dilation in [((24, 1, 3, 3), 3, 1), ((24, 1, 3, 3), (1, 2), 1), ((24, 1, 3, 3), 1, 2),
+                                      ((48, 1, 3, 3), 1, 1), ((24, 1, 9, 9), 1, 1), ((24, 1, 3, 5), 1, 1)]:
+        g = _validate.conv_geometry((2, 24, 16, 16), w_shape, stride, 1, dilation)
+        assert wg.plan(g, single, 16, 16) is None, (w_shape, stride, dilation)

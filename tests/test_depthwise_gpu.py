@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_plane, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
+    _depthwise_nchw_plane, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
     _launch, _validate, depthwise, reference,
 )
 
@@ -575,6 +575,98 @@ def test_nhwc_wgrad_dispatch_follows_the_mode(dtype, rng, monkeypatch):
         steps = depthwise._backward_weight_steps(g, "NHWC", x_gpu, x_gpu)
         served = c % _depthwise_nhwc_wgrad.channel_tile(dtype) == 0 and dilation == 1
         assert steps.launches[0].expression.startswith(_depthwise_nhwc_wgrad.KERNEL) == served
+# The NCHW register weight gradient (_depthwise_nchw_wgrad_regs), launched
+# directly on NaN-poisoned partial sums and grad_weight: odd widths (VW = 1),
+# per-side and oversized padding (pad_left - K // 2 odd: VW = 1), 1-row
+# planes, stride 2 with odd sizes, 7x7 on 5x9, C = 1, N = 1, rows wider than
+# one warp (segments, dead lanes), the benchmark shapes at small N; x 4 bytes
+# off 16 (a narrower VW); a second run must be bit-identical.
+NCHW_WGRAD_REGS_CASES = [
+    # (label, NCHW x shape, filter size, stride, padding)
+    ("13x11 C=3 3x3 s1 p1", (2, 3, 13, 11), 3, 1, 1),
+    ("16x16 C=2 3x3 s1 p1", (1, 2, 16, 16), 3, 1, 1),
+    ("9x10 C=1 5x5 s1 per-side", (1, 1, 9, 10), 5, 1, ((0, 4), (3, 1))),
+    ("7x7 C=2 7x7 s1 p3", (3, 2, 7, 7), 7, 1, 3),
+    ("5x9 C=1 7x7 s1 padding > filter", (1, 1, 5, 9), 7, 1, ((8, 2), (0, 8))),
+    ("1x12 C=1 3x3 s1 (1, 0)", (2, 1, 1, 12), 3, 1, (1, 0)),
+    ("13x11 C=3 3x3 s2 p1", (2, 3, 13, 11), 3, 2, 1),
+    ("17x16 C=1 5x5 s2 per-side", (1, 1, 17, 16), 5, 2, ((4, 0), (1, 2))),
+    ("15x15 C=2 7x7 s2 p3", (1, 2, 15, 15), 7, 2, 3),
+    ("12x16 C=2 3x3 s2 TF same", (1, 2, 12, 16), 3, 2, ((1, 1), (0, 1))),
+    ("6x272 C=1 3x3 s1 segments", (1, 1, 6, 272), 3, 1, 1),
+    ("3x264 C=1 5x5 s1 segments", (1, 1, 3, 264), 5, 1, 2),
+    ("56x56 C=144 3x3 s1", (4, 144, 56, 56), 3, 1, 1),
+    ("28x28 C=384 3x3 s1", (4, 384, 28, 28), 3, 1, 1),
+    ("112x112 C=96 3x3 s2", (2, 96, 112, 112), 3, 2, 1),
+    ("28x28 C=240 5x5 s1", (4, 240, 28, 28), 5, 1, 2),
+    ("56x56 C=96 7x7 s1", (2, 96, 56, 56), 7, 1, 3),
+    ("14x14 C=384 7x7 s1", (4, 384, 14, 14), 7, 1, 3),
+    ("7x7 C=960 3x3 s1", (4, 960, 7, 7), 3, 1, 1),
+]
+NCHW_WGRAD_REGS_DTYPES = [d for d in DTYPES if numpy.dtype(d) in _depthwise_nchw_wgrad_regs.DTYPES]
+
+
+@pytest.mark.parametrize("x_offset", [0, 4], ids=["aligned", "x+4B"])
+@pytest.mark.parametrize("dtype", NCHW_WGRAD_REGS_DTYPES, ids=str)
+@pytest.mark.parametrize("case", NCHW_WGRAD_REGS_CASES, ids=lambda c: c[0])
+def test_nchw_wgrad_regs_kernel_matches_reference(case, dtype, x_offset, rng):
+    _, x_shape, k, stride, padding = case
+    c = x_shape[1]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
+    dy = random(rng, (g.batch, c, g.out_height, g.out_width), dtype)
+    x = random(rng, x_shape, dtype)
+    want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), stride=stride, padding=padding)
+    dy_gpu = _offset_view(dy.shape, dtype, 0, dy)
+    x_gpu = _offset_view(x.shape, dtype, x_offset, x)
+    alignments = (depthwise._alignment(dy_gpu), depthwise._alignment(x_gpu))
+    planned = _depthwise_nchw_wgrad_regs.plan(g, numpy.dtype(dtype), *alignments)
+    assert planned is not None
+    out, sums = _run_nhwc_wgrad(planned, dy_gpu, x_gpu, want.shape, dtype)  # same partial/finalize arguments
+    assert bool(cupy.isfinite(sums).all()), "a partial sum was not written"
+    error = relative_error(out, want)
+    record_errors("depthwise NCHW register weight gradient", str(numpy.dtype(dtype)), {f"s{stride}": error})
+    assert error <= TOLERANCE[dtype]
+    again, _ = _run_nhwc_wgrad(planned, dy_gpu, x_gpu, want.shape, dtype)
+    bits = f"u{numpy.dtype(dtype).itemsize}"
+    assert bool((again.view(bits) == out.view(bits)).all())  # deterministic
+
+
+@pytest.mark.parametrize("dtype", NCHW_WGRAD_REGS_DTYPES, ids=str)
+def test_nchw_wgrad_regs_dispatch_follows_the_mode(dtype, rng, monkeypatch):
+    # MODE "always" / "rule" / "never": the NCHW weight gradient launches
+    # this kernel where it serves (and the rule prefers it), else the staged
+    # kernel; results match the reference and repeat bit for bit.  Float64,
+    # dilation 2 and multiplier 2 keep the other kernels.
+    x_shape = (2, 6, 20, 23)
+    for mode in ("always", "rule", "never"):
+        monkeypatch.setattr(_depthwise_nchw_wgrad_regs, "MODE", mode)
+        monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
+        for k, stride, padding in ((3, 1, 1), (5, 2, ((1, 3), (2, 2))), (7, 1, 3), (3, 2, 0)):
+            w_shape = (6, 1, k, k)
+            g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
+            x = random(rng, x_shape, dtype)
+            dy = random(rng, (2, 6, g.out_height, g.out_width), dtype)
+            x_gpu, dy_gpu = cupy.asarray(x), cupy.asarray(dy)
+            steps = depthwise._backward_weight_steps(g, "NCHW", dy_gpu, x_gpu)
+            taken = steps.launches[0].expression.startswith(_depthwise_nchw_wgrad_regs.KERNEL)
+            assert taken == (mode == "always" or (mode == "rule" and _depthwise_nchw_wgrad_regs.preferred(g, dtype)))
+            conv = dict(stride=stride, padding=padding)
+            dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, out=poisoned(w_shape, dtype),
+                                                            **conv)
+            want = reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)
+            assert relative_error(dw, want) <= TOLERANCE[dtype], (mode, k, stride)
+            again = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, **conv)
+            bits = f"u{numpy.dtype(dtype).itemsize}"
+            assert bool((again.view(bits) == dw.view(bits)).all())
+    monkeypatch.setattr(_depthwise_nchw_wgrad_regs, "MODE", "always")
+    for w_shape, dilation in (((6, 1, 3, 3), 2), ((12, 1, 3, 3), 1)):
+        g = _validate.conv_geometry(x_shape, w_shape, 1, 1, dilation)
+        x_gpu = cupy.zeros(x_shape, dtype)
+        dy_gpu = cupy.zeros((2, w_shape[0], g.out_height, g.out_width), dtype)
+        steps = depthwise._backward_weight_steps(g, "NCHW", dy_gpu, x_gpu)
+        assert not steps.launches[0].expression.startswith(_depthwise_nchw_wgrad_regs.KERNEL)
+
+
 # The NHWC stride-2 backward-input kernel (_depthwise_nhwc_phase), launched
 # directly: every filter size, every padding 0..K-1 class (odd and even pad,
 # per-side, "valid", padding such that the last input rows are read by no

@@ -1,0 +1,164 @@
+"""NCHW weight gradient with the filter taps in registers and no shared-memory
+staging (kernels/depthwise_nchw_wgrad_regs.cu): square 3x3, 5x5 and 7x7
+filters, stride 1 or 2 (both axes), dilation 1, depth multiplier 1, any
+padding, float32, float16 and bfloat16 (float64 and everything else stay on
+_depthwise_nchw_wgrad).  It writes partial[split][tap][channel] in float32
+and the shared finalize (_depthwise_nhwc.with_finalize) adds the splits in a
+fixed order: deterministic, bit-identical run to run.  The ops take it where
+``preferred`` says so; ``MODE`` overrides that for tests and benchmarks.
+
+Launch rule (no user tuning), from the shape only:
+
+* VW output columns per thread: the widest power of two with VW * itemsize
+  <= 16 bytes and VW <= MAX_VECTOR[(K, itemsize)] (the register budget:
+  ptxas needs 110-198 registers at VW = 8 for 7x7 and 5x5) that divides OW,
+  W and pad_left - K // 2 and both arrays' byte alignment, so every row
+  start of x and grad_out is VW-aligned and each thread's x vectors start
+  at a multiple of VW (e.g. 56x56 fp16 3x3: 8; 28x28 fp16: 4; 14x14: 2;
+  7x7: 1; pad_left 0 with 3x3: 1).
+* Lane groups: L = OW / VW lanes per output row, cut into segments =
+  ceil(L / 32) segments of G = ceil(L / segments) lanes; a warp holds
+  32 // G groups.  Row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS))
+  output rows (balanced).  Units: (image, row strip, segment).
+* Block: THREADS = 128 threads, one channel (grid.x = C); grid.y = splits,
+  a contiguous range of units each, worker w (warp * groups per warp +
+  group) of a block taking every workers-th.  splits =
+  ceil(TARGET_BLOCKS / C), at most units / (workers * MIN_UNITS_PER_WORKER)
+  and 65535, then balanced so every split is non-empty.
+* Shared memory: the block reduction, 4 warps * K * K floats (static).
+"""
+
+import functools
+
+import numpy
+
+from . import _compile, _depthwise_nhwc, _dtypes, _launch
+from ._launch import i32
+
+#: "rule": the ops take this kernel where ``preferred`` says it wins;
+#: "always": wherever it serves the call (tests, the sanitizer workload,
+#: benchmarks); "never": not at all (_depthwise_nchw_wgrad).
+MODE = "rule"
+
+KERNEL_FILE = "depthwise_nchw_wgrad_regs.cu"
+KERNEL = "dwgn_nchw_wgrad_regs"
+FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
+STRIDES = (1, 2)
+DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16)
+
+THREADS = 128  # kernel: kThreads
+VECTOR_BYTES = 16
+#: (K, element size) -> the widest VW compiled (registers at the kernel's
+#: launch bounds, NVRTC sm_90, no spills: fp16 3x3 VW 8: 96, 5x5 VW 4: 111,
+#: 7x7 VW 4: 153; without the cap 5x5 VW 8 needed 145 and 7x7 VW 8 192).
+MAX_VECTOR = {(3, 2): 8, (3, 4): 4, (5, 2): 4, (5, 4): 2, (7, 2): 4, (7, 4): 2}
+MAX_STRIP_ROWS = 16
+#: About this many blocks per launch (a constant, not the SM count: the
+#: split, hence the summation order, depends on the shape only).
+TARGET_BLOCKS = 1024
+MIN_UNITS_PER_WORKER = 2
+#: In-plane offsets are int in the kernel.
+PLANE_LIMIT = 2**30
+
+
+def vector_widths(k, itemsize):
+    """Every VW compiled for this filter size and element size."""
+    top = min(MAX_VECTOR[(k, itemsize)], VECTOR_BYTES // itemsize)
+    return tuple(1 << i for i in range(top.bit_length()))
+
+
+def _expression(dtype, k, stride, vw):
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, vw)
+
+
+def specializations(dtypes=None, filter_sizes=None, large_index=(False, True)):
+    """``(file, name expression)`` of every specialization (both strides,
+    every VW).  large_index is accepted for symmetry: plane offsets are
+    64-bit in this kernel, in-plane offsets int, whatever the tensor size."""
+    del large_index
+    dtypes = DTYPES if dtypes is None else [numpy.dtype(d) for d in dtypes if numpy.dtype(d) in DTYPES]
+    sizes = FILTER_SIZES if filter_sizes is None else [tuple(s) for s in filter_sizes if tuple(s) in FILTER_SIZES]
+    return [
+        (KERNEL_FILE, _expression(dtype, size[0], stride, vw))
+        for dtype in dtypes for size in dict.fromkeys(sizes) for stride in STRIDES
+        for vw in vector_widths(size[0], dtype.itemsize)
+    ]
+
+
+def vector_width(g, dtype, grad_out_alignment, x_alignment):
+    """VW: the widest compiled width dividing OW, W, pad_left - K // 2 and
+    both alignments (in elements)."""
+    itemsize = numpy.dtype(dtype).itemsize
+    k = g.filter_height
+    for vw in reversed(vector_widths(k, itemsize)):
+        if (
+            g.out_width % vw == 0 and g.width % vw == 0 and (g.pad_left - k // 2) % vw == 0
+            and grad_out_alignment % (vw * itemsize) == 0 and x_alignment % (vw * itemsize) == 0
+        ):
+            return vw
+    return 1
+
+
+def preferred(g, dtype):
+    """Whether the ops take this kernel for ``g`` (where it serves the call):
+    always, until it is measured against dwgn_nchw_wgrad_small."""
+    return True
+
+
+def select(g, dtype, grad_out_alignment, x_alignment):
+    """``plan(...)`` when the ops take this kernel (per ``MODE``), else None."""
+    if MODE == "never" or (MODE == "rule" and not preferred(g, dtype)):
+        return None
+    return plan(g, dtype, grad_out_alignment, x_alignment)
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(g, dtype, grad_out_alignment, x_alignment):
+    """``((partial launch, finalize launch), (shape, dtype) of the partial
+    sums))`` (partial arguments: grad_out, x, partial; finalize: partial,
+    grad_weight), or None when this kernel does not serve the call.
+    ``*_alignment``: the largest of 16, 8, 4, 2, 1 dividing the address."""
+    dtype = numpy.dtype(dtype)
+    size = (g.filter_height, g.filter_width)
+    stride = g.stride_h
+    if (
+        size not in FILTER_SIZES
+        or g.stride_w != stride or stride not in STRIDES
+        or (g.dilation_h, g.dilation_w) != (1, 1)
+        or g.multiplier != 1
+        or dtype not in DTYPES
+    ):
+        return None
+    if min(g.batch, g.channels, g.height, g.width, g.out_height, g.out_width) <= 0:
+        return None
+    if (
+        g.height * g.width >= PLANE_LIMIT or g.out_height * g.out_width >= PLANE_LIMIT
+        or g.height + g.pad_top + g.pad_bottom >= PLANE_LIMIT or g.width + g.pad_left + g.pad_right >= PLANE_LIMIT
+    ):
+        return None
+    k = size[0]
+    vw = vector_width(g, dtype, grad_out_alignment, x_alignment)
+    lanes = g.out_width // vw
+    segments = -(-lanes // 32)
+    group_lanes = -(-lanes // segments)
+    groups_per_warp = 32 // group_lanes
+    workers = THREADS // 32 * groups_per_warp
+    row_strip = -(-g.out_height // -(-g.out_height // MAX_STRIP_ROWS))
+    row_strips = -(-g.out_height // row_strip)
+    units = g.batch * row_strips * segments
+    if units >= 2**31:
+        return None
+    splits = max(1, min(-(-TARGET_BLOCKS // g.channels), units // (workers * MIN_UNITS_PER_WORKER),
+                        _launch.MAX_GRID_Y))
+    per_split = -(-units // splits)
+    splits = -(-units // per_split)
+    if splits * per_split >= 2**31:  # the kernel's int unit counters
+        return None
+    scalars = (
+        i32(g.height), i32(g.width), i32(g.channels), i32(g.out_height), i32(g.out_width), i32(g.pad_top),
+        i32(g.pad_left), i32(row_strip), i32(row_strips), i32(segments), i32(group_lanes), i32(units),
+        i32(per_split),
+    )
+    partial = _launch.Launch(KERNEL_FILE, _expression(dtype, k, stride, vw), (g.channels, splits), (THREADS,), 0,
+                             scalars)
+    return _depthwise_nhwc.with_finalize(partial, dtype, g.channels, k * k, splits)

@@ -1,0 +1,309 @@
+// Depthwise 2-D convolution, NCHW: weight gradient with the filter taps in
+// registers and no shared-memory staging ("register" kernel), square 3x3,
+// 5x5 and 7x7 filters, stride S in {1, 2} (both axes), dilation 1, depth
+// multiplier 1, any padding, float32, float16 and bfloat16:
+//
+//   partial[split][tap][c] = sum over this split's (n, oh, ow) of
+//       grad_out[n, c, oh, ow] * x[n, c, oh*S - pad_top + kh, ow*S - pad_left + kw]
+//
+// then the shared finalize kernel (depthwise_conv2d.cu) adds the splits in a
+// fixed order: bit-identical results run to run, no atomics.
+//
+// Why a kernel of its own: dwgn_nchw_wgrad_small (depthwise_nchw_wgrad.cu)
+// stages x in shared memory and spends most of its instructions on staging,
+// index math and per-item divisions (64x144x56 fp16: 47M warp instructions
+// for 8.1M warp FMAs).  Here every x and grad_out value is loaded from
+// global memory once per thread, as a vector, and used for every tap:
+//
+// * Lanes.  A thread owns VW consecutive output columns ow0 .. ow0+VW-1 of one
+//   (n, c) plane (VW * sizeof(T) <= 16 bytes; the host picks the widest VW
+//   dividing OW, W and pad_left - K/2 that both arrays' alignment allows, so
+//   every vector below is aligned and lies wholly inside or outside a row).
+//   A lane group = G consecutive lanes covers one row segment of G * VW
+//   output columns (G = ceil(OW / VW) split into `segments` equal segments
+//   of <= 32 lanes); a warp holds 32 / G groups (idle lanes past them).
+//   Lane gl of the group owns ow0 = (segment * G + gl) * VW; a lane with
+//   ow0 >= OW (only in a last segment) is "dead": it loads its x columns for
+//   its neighbours but multiplies nothing.
+// * x columns.  Output column ow0 + t reads input columns
+//   (ow0 + t)*S - pad_left + kw, i.e. window column e = t*S + kw of the
+//   thread's window of IW = (VW-1)*S + K columns starting at input column
+//   ow0*S - pad_left.  The thread loads the VS = VW*S columns starting at
+//   ob = ow0*S - pad_left + SH (SH = K/2: window columns SH .. SH+VS-1) as S
+//   aligned vectors (ob is a multiple of VW: the host requires
+//   (pad_left - SH) % VW == 0).  Window column e = SH + d (halo: d < 0 or
+//   d >= VS) is own column d - delta*VS of lane gl + delta, delta =
+//   floor(d / VS), fetched by __shfl_sync within the group; when that lane
+//   is outside the group (a row or segment edge) the thread loads input
+//   column ob + d itself (a scalar load; zero outside [0, W)).
+// * Rows.  A work unit is (image n, row strip, segment): output rows
+//   oh0 .. oh0+rows-1 (row_strip rows, the last strip shorter).  The group
+//   walks the input rows ih = ih0 + j, ih0 = oh0*S - pad_top, j = 0 ..
+//   (rows-1)*S + K-1 (every input row a window of the strip reads), loading
+//   each once.  Input row j is filter row kh of output row m = (j - kh) / S
+//   (relative to oh0) for each kh = j mod S, kh < K with 0 <= j - kh <
+//   rows*S.  grad_out row m is loaded at step j = m*S (where its kh = 0
+//   pair is) into ring slot m % R, R = ceil(K / S): rows m - R + 1 .. m are
+//   the ones any later step still reads (kh <= K-1 < R*S).  The walk is
+//   unrolled by P = R*S steps so every slot index is a compile-time
+//   constant.  Step j + 1's raw loads are issued before step j's FMAs (one
+//   step of loads always in flight).
+// * Borders: an x row outside [0, H), x columns outside [0, W) and the rows
+//   past the walk load as zero and are never read from memory; FMAs are
+//   skipped (group-uniform branch) for x rows outside the image, for
+//   (kh, m) pairs outside the strip and in dead lanes, so no value that
+//   the convolution never reads is multiplied.
+// * Every raw load of a step is issued before any of them is unpacked:
+//   with the conversion next to each load ptxas waits on every load before
+//   issuing the next (measured on the NHWC sibling: 2.7x slower).
+// * Splits.  blockIdx.x = channel c, blockIdx.y = split: a contiguous range
+//   [split * units_per_split, ...) of the units (n-major, then row strip,
+//   then segment); worker (warp, group) w of the block takes units
+//   begin + w, begin + w + workers, ...
+// * Reduction: each tap's acc is summed over the warp by a fixed butterfly
+//   (dwgn::warp_sum; idle and dead lanes hold zero), lane 0 stores it to
+//   red[warp][tap]; after one barrier thread `tap` adds the warps in order
+//   and writes partial[split][tap][c] (float).  The split count and every
+//   order depend on the shape only.
+//
+// Offsets: a plane's base (n*C + c) * H * W in 64-bit; in-plane offsets in
+// int (the host rejects planes of >= 2**30 elements).
+//
+// Template parameters: T; K (3, 5, 7); S (1, 2); VW output columns per
+// thread (1, 2, 4, 8 for 2-byte types; 1, 2, 4 for float).  The host is
+// cupy_dwgn/_depthwise_nchw_wgrad_regs.py.
+
+#include "dwgn_common.cuh"
+
+namespace dwgn_nchw_regs {
+
+constexpr int kThreads = 128;  // block size (host: THREADS)
+constexpr int kWarps = kThreads / 32;
+
+// Blocks per SM the register budget is set for: 3x3 <= 96 registers, 5x5
+// <= 128, 7x7 <= 168 (no spills at the host's widest VW per filter size,
+// MAX_VECTOR; with 1 ptxas took 110 for fp16 3x3 VW = 8 and 192 for 7x7
+// VW = 8, hence that table).
+constexpr int min_blocks(int k) { return k == 3 ? 5 : k == 5 ? 4 : 3; }
+
+// Raw storage word(s) of BYTES bytes, loaded as one instruction.
+template <int BYTES> struct RawOf;
+template <> struct RawOf<2> { using type = unsigned short; };
+template <> struct RawOf<4> { using type = unsigned; };
+template <> struct RawOf<8> { using type = uint2; };
+template <> struct RawOf<16> { using type = uint4; };
+
+__device__ __forceinline__ unsigned word(unsigned short r, int) { return r; }
+__device__ __forceinline__ unsigned word(unsigned r, int) { return r; }
+__device__ __forceinline__ unsigned word(uint2 r, int w) { return w == 0 ? r.x : r.y; }
+__device__ __forceinline__ unsigned word(uint4 r, int w) { return w == 0 ? r.x : w == 1 ? r.y : w == 2 ? r.z : r.w; }
+
+// A 2-byte value's bits (in the low 16 bits) as float, exactly.
+__device__ __forceinline__ float from_bits(__half, unsigned bits) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+__device__ __forceinline__ float from_bits(__nv_bfloat16, unsigned bits) {
+  return __uint_as_float(bits << 16);  // bfloat16: the high half of a float
+}
+
+// Element i (a compile-time constant after unrolling) of a raw vector of T,
+// as float (exact).
+template <typename T, typename Raw>
+__device__ __forceinline__ float element(const Raw& r, int i) {
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(word(r, i));
+  } else {
+    const unsigned w = word(r, i / 2);
+    const unsigned bits = (i & 1) ? (w >> 16) : (w & 0xffffu);
+    return from_bits(T(), bits);
+  }
+}
+
+// The raw value at p, or zero when !ok (p is then not read; callers pass a
+// safe address then, so that ptxas does not form every address up front).
+template <typename Raw, typename T>
+__device__ __forceinline__ Raw load_raw(const T* p, bool ok) {
+  return ok ? *reinterpret_cast<const Raw*>(p) : Raw{};
+}
+
+constexpr int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+constexpr int pos_mod(int a, int b) { return ((a % b) + b) % b; }
+
+}  // namespace dwgn_nchw_regs
+
+template <typename T, int K, int S, int VW>
+__global__ void __launch_bounds__(dwgn_nchw_regs::kThreads, dwgn_nchw_regs::min_blocks(K))
+dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, float* __restrict__ partial,
+                     int height, int width, int channels, int out_h, int out_w, int pad_top, int pad_left,
+                     int row_strip, int row_strips, int segments, int group_lanes, int units,
+                     int units_per_split) {
+  using namespace dwgn_nchw_regs;
+  constexpr int VS = VW * S;            // own x columns per thread
+  constexpr int SH = K / 2;             // window column of the first own column
+  constexpr int IW = (VW - 1) * S + K;  // window columns
+  constexpr int NH = IW - VS;           // halo columns: SH left, NH - SH right
+  constexpr int R = (K + S - 1) / S;    // grad_out ring slots
+  constexpr int P = R * S;              // walk unroll
+  constexpr int KK = K * K;
+  using XRaw = typename RawOf<VW * static_cast<int>(sizeof(T))>::type;  // VW values of a row
+  using ERaw = typename RawOf<static_cast<int>(sizeof(T))>::type;       // one value
+  static_assert(NH >= 1 && VS <= 32, "halo bits");
+  __shared__ float red[kWarps][KK];
+
+  const int c = blockIdx.x;
+  const int split = blockIdx.y;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int groups_per_warp = 32 / group_lanes;
+  const int group = lane / group_lanes;
+  const int gl = lane - group * group_lanes;  // lane within the group
+  const int worker = warp * groups_per_warp + group;
+  const int workers = kWarps * groups_per_warp;
+  const unsigned group_mask =
+      (group_lanes == 32 ? 0xffffffffu : ((1u << group_lanes) - 1u)) << ((group * group_lanes) & 31);
+  const int begin = split * units_per_split;
+  const int end = min(units, begin + units_per_split);
+  const int per_image = row_strips * segments;
+
+  float acc[K][K];
+#pragma unroll
+  for (int kh = 0; kh < K; ++kh)
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw) acc[kh][kw] = 0.0f;
+
+  // Idle lanes (past the warp's groups) walk nothing; a group's lanes walk
+  // the same units, so the group mask of the shuffles is converged.
+  for (int u = begin + worker; group < groups_per_warp && u < end; u += workers) {
+    const int n = u / per_image;
+    const int rest = u - n * per_image;
+    const int rs = rest / segments;
+    const int seg = rest - rs * segments;
+    const int oh0 = rs * row_strip;
+    const int rows = min(row_strip, out_h - oh0);
+    const int steps = (rows - 1) * S + K;
+    const int ow0 = (seg * group_lanes + gl) * VW;
+    const bool live = ow0 < out_w;  // VW divides OW: all VW columns or none
+    const int ob = ow0 * S - pad_left + SH;  // first own x column
+    const int ih0 = oh0 * S - pad_top;       // input row of step 0
+    const long long plane = static_cast<long long>(n) * channels + c;
+    const T* x_plane = x + plane * height * width;
+    const T* g_plane = grad_out + plane * out_h * out_w;
+
+    // Own vector v covers columns ob + v*VW .. +VW-1: wholly inside or
+    // outside [0, W) (multiples of VW, VW divides W).
+    unsigned own_ok = 0;
+#pragma unroll
+    for (int v = 0; v < S; ++v)
+      if (static_cast<unsigned>(ob + v * VW) < static_cast<unsigned>(width)) own_ok |= 1u << v;
+    // Halo h is window column e = h (h < SH) or h + VS, own-relative d = e - SH.
+    unsigned from_lane = 0, direct = 0;
+#pragma unroll
+    for (int h = 0; h < NH; ++h) {
+      const int d = (h < SH ? h : h + VS) - SH;
+      const int src = gl + floor_div(d, VS);
+      if (src >= 0 && src < group_lanes) {
+        from_lane |= 1u << h;
+      } else if (static_cast<unsigned>(ob + d) < static_cast<unsigned>(width)) {
+        direct |= 1u << h;
+      }
+    }
+
+    // Raw loads of step j: the x row's own vectors and direct halo values,
+    // and (g_step: j % S == 0) grad_out row j / S.  Nothing is read for
+    // j >= steps (the prefetch past the walk).
+    auto load_step = [&](XRaw (&xr)[S], ERaw (&hr)[NH], XRaw& gr, int j, bool g_step) {
+      const int ih = ih0 + j;
+      const bool row_ok = j < steps && static_cast<unsigned>(ih) < static_cast<unsigned>(height);
+      const T* row = x_plane + (row_ok ? ih : 0) * width;
+#pragma unroll
+      for (int v = 0; v < S; ++v) {
+        const bool ok = row_ok && ((own_ok >> v) & 1u);
+        xr[v] = load_raw<XRaw>(ok ? row + ob + v * VW : x, ok);
+      }
+#pragma unroll
+      for (int h = 0; h < NH; ++h) {
+        const int d = (h < SH ? h : h + VS) - SH;
+        const bool ok = row_ok && ((direct >> h) & 1u);
+        hr[h] = load_raw<ERaw>(ok ? row + ob + d : x, ok);
+      }
+      if (g_step) {
+        const int m = j / S;
+        const bool ok = live && m < rows;
+        gr = load_raw<XRaw>(ok ? g_plane + (oh0 + m) * out_w + ow0 : grad_out, ok);
+      } else {
+        gr = XRaw{};
+      }
+    };
+
+    float g[R][VW];
+    XRaw xr[S], gr;
+    ERaw hr[NH];
+    load_step(xr, hr, gr, 0, true);
+    // The break between steps keeps ptxas from hoisting later steps' loads
+    // into this step's FMAs (as in the NHWC sibling).
+    for (int j0 = 0; j0 < steps; j0 += P) {
+#pragma unroll
+      for (int ph = 0; ph < P; ++ph) {
+        const int j = j0 + ph;
+        if (j >= steps) break;
+        XRaw xn[S], gn;
+        ERaw hn[NH];
+        load_step(xn, hn, gn, j + 1, (ph + 1) % S == 0);
+
+        // Unpack this step: own columns, then the halo (shuffle or direct).
+        float xw[IW];
+#pragma unroll
+        for (int v = 0; v < S; ++v)
+#pragma unroll
+          for (int i = 0; i < VW; ++i) xw[SH + v * VW + i] = element<T>(xr[v], i);
+#pragma unroll
+        for (int h = 0; h < NH; ++h) {
+          const int e = h < SH ? h : h + VS;
+          const int delta = floor_div(e - SH, VS);
+          const int se = e - SH - delta * VS;  // column within the source lane's own columns
+          const bool inside = (from_lane >> h) & 1u;
+          const float shuffled = __shfl_sync(group_mask, xw[SH + se], inside ? lane + delta : lane);
+          xw[e] = inside ? shuffled : element<T>(hr[h], 0);
+        }
+        if (ph % S == 0) {
+#pragma unroll
+          for (int t = 0; t < VW; ++t) g[(ph / S) % R][t] = element<T>(gr, t);
+        }
+
+        const bool row_in = static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
+#pragma unroll
+        for (int kh = 0; kh < K; ++kh) {
+          if (pos_mod(ph - kh, S) != 0) continue;  // input row j is filter row kh of no output row
+          const int slot = pos_mod((ph - kh) / S, R);  // ring slot of output row (j - kh) / S
+          if (live && row_in && j >= kh && j - kh < rows * S) {  // group-uniform but for dead lanes
+#pragma unroll
+            for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+              for (int t = 0; t < VW; ++t) acc[kh][kw] = fmaf(g[slot][t], xw[t * S + kw], acc[kh][kw]);
+          }
+        }
+#pragma unroll
+        for (int v = 0; v < S; ++v) xr[v] = xn[v];
+#pragma unroll
+        for (int h = 0; h < NH; ++h) hr[h] = hn[h];
+        gr = gn;
+      }
+    }
+  }
+
+  // Fixed-order reduction: a butterfly over the warp, then the warps in order.
+#pragma unroll
+  for (int kh = 0; kh < K; ++kh)
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw) {
+      const float v = dwgn::warp_sum(acc[kh][kw]);
+      if (lane == 0) red[warp][kh * K + kw] = v;
+    }
+  __syncthreads();  // every warp's sums are in shared memory
+  if (threadIdx.x < KK) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += red[w][threadIdx.x];
+    partial[(static_cast<long long>(split) * KK + threadIdx.x) * channels + c] = sum;
+  }
+}
