@@ -99,10 +99,24 @@ def vector_width(g, dtype, grad_out_alignment, x_alignment):
     return 1
 
 
+#: float32 5x5 and 7x7 with at least this many output columns stay on the
+#: staged kernel (their VW is capped at 2 by registers; see ``preferred``).
+STAGED_FLOAT32_MIN_OUT_WIDTH = 28
+
+
 def preferred(g, dtype):
     """Whether the ops take this kernel for ``g`` (where it serves the call):
-    always, until it is measured against dwgn_nchw_wgrad_small."""
-    return True
+    everywhere except float32 5x5 and 7x7 with >= 28 output columns.
+    Measured on an H200 (2026-12-01, benchmarks/depthwise_nchw_wgrad.py,
+    N = 64, this kernel against dwgn_nchw_wgrad_small, us): float32
+    64x144x56 3x3 86.7 / 123.5, 64x384x28 67.7 / 78.8, 64x96x112 s2 120.7 /
+    198.3, 64x384x14 7x7 60.9 / 72.1, 64x960x7 26.6 / 30.9, but 64x240x28
+    5x5 115.6 / 71.6 and 64x96x56 7x7 223.5 / 163.7 (VW = 2: a 16-byte
+    vector of 4 floats needs more registers than the 5x5/7x7 budget);
+    float16 54.2 / 103.4, 68.4 / 114.1, s2 87.0 / 169.5, 5x5 56.6 / 95.8,
+    7x7 150.7 / 160.3 and 57.5 / 68.8, 25.6 / 28.5 (bfloat16 alike)."""
+    return not (numpy.dtype(dtype) == numpy.float32 and g.filter_height >= 5
+                and g.out_width >= STAGED_FLOAT32_MIN_OUT_WIDTH)
 
 
 def select(g, dtype, grad_out_alignment, x_alignment):
