@@ -18,7 +18,7 @@ Launch rule (no user tuning), from the shape only:
   7x7: 1; pad_left 0 with 3x3: 1).
 * Lane groups: L = OW / VW lanes per output row, cut into segments =
   ceil(L / 32) segments of G = ceil(L / segments) lanes; a warp holds
-  32 // G groups.  Row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS))
+  32 // G groups.  Row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS[itemsize]))
   output rows (balanced).  Units: (image, row strip, segment).
 * Block: THREADS = 128 threads, one channel (grid.x = C); grid.y = splits,
   a contiguous range of units each, worker w (warp * groups per warp +
@@ -52,7 +52,11 @@ VECTOR_BYTES = 16
 #: launch bounds, NVRTC sm_90, no spills: fp16 3x3 VW 8: 96, 5x5 VW 4: 111,
 #: 7x7 VW 4: 153; without the cap 5x5 VW 8 needed 145 and 7x7 VW 8 192).
 MAX_VECTOR = {(3, 2): 8, (3, 4): 4, (5, 2): 4, (5, 4): 2, (7, 2): 4, (7, 4): 2}
-MAX_STRIP_ROWS = 16
+#: Output rows per strip at most, per element size: 32 for half types, 16
+#: for float32.  Measured on an H200 (2026-12-01, N = 64, us, 16 -> 32 rows):
+#: fp16 64x96x56 7x7 151.8 -> 127.0, 64x384x28 69.0 -> 52.0, 5x5 57.2 ->
+#: 53.0, s2 87.5 -> 83; float32 64x384x28 68.7 -> 80 (64x144x56 87.4 -> 85).
+MAX_STRIP_ROWS = {2: 32, 4: 16}
 #: About this many blocks per launch (a constant, not the SM count: the
 #: split, hence the summation order, depends on the shape only).
 TARGET_BLOCKS = 1024
@@ -157,7 +161,8 @@ def plan(g, dtype, grad_out_alignment, x_alignment):
     group_lanes = -(-lanes // segments)
     groups_per_warp = 32 // group_lanes
     workers = THREADS // 32 * groups_per_warp
-    row_strip = -(-g.out_height // -(-g.out_height // MAX_STRIP_ROWS))
+    max_rows = MAX_STRIP_ROWS[dtype.itemsize]
+    row_strip = -(-g.out_height // -(-g.out_height // max_rows))
     row_strips = -(-g.out_height // row_strip)
     units = g.batch * row_strips * segments
     if units >= 2**31:
