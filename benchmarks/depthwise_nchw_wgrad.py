@@ -7,7 +7,8 @@ their partial-sum workspace, are built once), the fraction of the memory
 floor (x + grad_out read once at the copy bandwidth measured in this run),
 the largest difference between the two relative to the largest output, and
 with --torch PyTorch's NCHW and channels_last weight gradients
-(aten.convolution_backward, weight only) on the same data.
+(aten.convolution_backward, weight only) on the same data.  The cases and the
+loop: depthwise_nhwc_wgrad.compare.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/depthwise_nchw_wgrad.py [--quick] [--torch]
 
@@ -15,17 +16,10 @@ with --torch PyTorch's NCHW and channels_last weight gradients
 """
 import sys
 
-import cupy
 import harness
-import numpy
+from depthwise_nhwc_wgrad import compare  # the shared comparison loop and the cases (SHAPES, DTYPES)
 
 from cupy_dwgn import _depthwise_nchw_wgrad_regs as wgrad
-from cupy_dwgn import _dtypes, _validate, depthwise
-
-# (N, C, H = W, filter size, stride); padding K // 2.
-SHAPES = [(64, 144, 56, 3, 1), (64, 384, 28, 3, 1), (64, 96, 112, 3, 2), (64, 240, 28, 5, 1), (64, 96, 56, 7, 1),
-          (64, 384, 14, 7, 1), (64, 960, 7, 3, 1)]
-DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16]
 
 
 def _torch_us(dys, xs, k, stride, c, channels_last):
@@ -47,35 +41,10 @@ def _torch_us(dys, xs, k, stride, c, channels_last):
 
 
 def main(quick=False, with_torch=False):
-    bandwidth = harness.copy_bandwidth_bytes_per_us()
-    print(f"copy bandwidth {bandwidth / 1e6:.2f} TB/s", flush=True)
-    for n, c, hw, k, stride in SHAPES:
-        x_shape = (n, c, hw, hw)
-        g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, k // 2, 1)
-        dy_shape = (n, c, g.out_height, g.out_width)
-        for dt in [numpy.dtype(numpy.float16)] if quick else DTYPES:
-            xs = [cupy.random.standard_normal(x_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
-            dys = [cupy.random.standard_normal(dy_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
-            outs = [cupy.empty((c, 1, k, k), dt) for _ in range(3)]
-            arrays = [(dy, x, 0, o) for dy, x, o in zip(dys, xs, outs)]
-            floor_us = (xs[0].nbytes + dys[0].nbytes) / bandwidth
-            times, results, kernels = {}, {}, {}
-            for name, mode in (("regs", "always"), ("staged", "never")):
-                steps = harness.steps_with_mode(wgrad, mode, depthwise._backward_weight_steps, g, "NCHW", dys[0], xs[0])
-                kernels[name] = steps.launches[0].expression
-                times[name] = harness.steps_time_us(steps, arrays)
-                results[name] = outs[0].astype(numpy.float32)
-            ref = results["staged"]
-            diff = float(cupy.max(cupy.abs(results["regs"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
-            line = (f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} regs {times['regs']:7.1f} us "
-                    f"({floor_us / times['regs']:4.0%} of floor)  staged {times['staged']:7.1f} us "
-                    f"({floor_us / times['staged']:4.0%})  x{times['staged'] / times['regs']:.2f}  "
-                    f"floor {floor_us:5.1f}  reldiff {diff:.1e}")
-            if with_torch:
-                line += (f"  torch NCHW {_torch_us(dys, xs, k, stride, c, False):7.1f} us"
-                         f"  channels_last {_torch_us(dys, xs, k, stride, c, True):7.1f} us")
-            print(line, f"[{kernels['regs']}]", flush=True)
-            del xs, dys, outs, arrays
+    def torch_columns(dys, xs, k, stride, c):
+        return {fmt: _torch_us(dys, xs, k, stride, c, fmt == "channels_last") for fmt in ("NCHW", "channels_last")}
+
+    compare(wgrad, "NCHW", "staged", torch_columns, quick, with_torch)
 
 
 if __name__ == "__main__":

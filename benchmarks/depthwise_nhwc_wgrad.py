@@ -45,13 +45,17 @@ def _torch_us(dys, xs, k, stride, c):
     return harness.time_us(harness.rotating(calls))
 
 
-def main(quick=False, with_torch=False):
+def compare(module, layout, other, torch_columns, quick=False, with_torch=False):
+    """Print one line per (case, dtype): ``module``'s register kernel (MODE
+    "always") against the layout's other weight-gradient kernel (MODE
+    "never", called ``other``), and with ``with_torch`` the columns
+    ``torch_columns(dys, xs, k, stride, c)`` returns (name -> us)."""
     bandwidth = harness.copy_bandwidth_bytes_per_us()
     print(f"copy bandwidth {bandwidth / 1e6:.2f} TB/s", flush=True)
     for n, c, hw, k, stride in SHAPES:
-        x_shape = (n, hw, hw, c)
-        g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
-        dy_shape = (n, g.out_height, g.out_width, c)
+        x_shape = (n, hw, hw, c) if layout == "NHWC" else (n, c, hw, hw)
+        g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, k // 2, 1, layout=layout)
+        dy_shape = (n, g.out_height, g.out_width, c) if layout == "NHWC" else (n, c, g.out_height, g.out_width)
         for dt in [numpy.dtype(numpy.float16)] if quick else DTYPES:
             xs = [cupy.random.standard_normal(x_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
             dys = [cupy.random.standard_normal(dy_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
@@ -59,21 +63,25 @@ def main(quick=False, with_torch=False):
             arrays = [(dy, x, 0, o) for dy, x, o in zip(dys, xs, outs)]
             floor_us = (xs[0].nbytes + dys[0].nbytes) / bandwidth
             times, results, kernels = {}, {}, {}
-            for name, mode in (("regs", "always"), ("tiled", "never")):
-                steps = harness.steps_with_mode(wgrad, mode, depthwise._backward_weight_steps, g, "NHWC", dys[0], xs[0])
+            for name, mode in (("regs", "always"), (other, "never")):
+                steps = harness.steps_with_mode(module, mode, depthwise._backward_weight_steps, g, layout, dys[0], xs[0])
                 kernels[name] = steps.launches[0].expression
                 times[name] = harness.steps_time_us(steps, arrays)
                 results[name] = outs[0].astype(numpy.float32)
-            ref = results["tiled"]
+            ref = results[other]
             diff = float(cupy.max(cupy.abs(results["regs"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
             line = (f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} regs {times['regs']:7.1f} us "
-                    f"({floor_us / times['regs']:4.0%} of floor)  tiled {times['tiled']:7.1f} us "
-                    f"({floor_us / times['tiled']:4.0%})  x{times['tiled'] / times['regs']:.2f}  "
+                    f"({floor_us / times['regs']:4.0%} of floor)  {other} {times[other]:7.1f} us "
+                    f"({floor_us / times[other]:4.0%})  x{times[other] / times['regs']:.2f}  "
                     f"floor {floor_us:5.1f}  reldiff {diff:.1e}")
             if with_torch:
-                line += f"  torch channels_last {_torch_us(dys, xs, k, stride, c):7.1f} us"
+                line += "".join(f"  torch {name} {us:7.1f} us" for name, us in torch_columns(dys, xs, k, stride, c).items())
             print(line, f"[{kernels['regs']}]", flush=True)
             del xs, dys, outs, arrays
+
+
+def main(quick=False, with_torch=False):
+    compare(wgrad, "NHWC", "tiled", lambda *a: {"channels_last": _torch_us(*a)}, quick, with_torch)
 
 
 if __name__ == "__main__":

@@ -165,14 +165,10 @@ def plan(g, dtype, grad_out_alignment, x_alignment):
     row_strip = -(-g.out_height // -(-g.out_height // max_rows))
     row_strips = -(-g.out_height // row_strip)
     units = g.batch * row_strips * segments
-    if units >= 2**31:
+    split = _launch.unit_splits(units, g.channels, workers, TARGET_BLOCKS, MIN_UNITS_PER_WORKER)
+    if split is None:
         return None
-    splits = max(1, min(-(-TARGET_BLOCKS // g.channels), units // (workers * MIN_UNITS_PER_WORKER),
-                        _launch.MAX_GRID_Y))
-    per_split = -(-units // splits)
-    splits = -(-units // per_split)
-    if splits * per_split >= 2**31:  # the kernel's int unit counters
-        return None
+    splits, per_split = split
     scalars = (
         i32(g.height), i32(g.width), i32(g.channels), i32(g.out_height), i32(g.out_width), i32(g.pad_top),
         i32(g.pad_left), i32(row_strip), i32(row_strips), i32(segments), i32(group_lanes), i32(units),

@@ -182,14 +182,11 @@ def plan(g, dtype, index, grad_out_alignment, x_alignment, ctb=None):
     row_strip = -(-g.out_height // -(-g.out_height // max_rows))
     row_strips = -(-g.out_height // row_strip)
     units = g.batch * row_strips * col_strips
-    if units >= 2**31:
-        return None
     grid_x = -(-channel_tiles // ctb) * groups
-    splits = max(1, min(-(-TARGET_BLOCKS // grid_x), int(units // (workers * MIN_UNITS_PER_WORKER)), _launch.MAX_GRID_Y))
-    per_split = -(-units // splits)
-    splits = -(-units // per_split)
-    if splits * per_split >= 2**31:  # the kernel's int unit counters
+    split = _launch.unit_splits(units, grid_x, workers, TARGET_BLOCKS, MIN_UNITS_PER_WORKER)
+    if split is None:
         return None
+    splits, per_split = split
     x_w_limit = min(g.width, (g.out_width - 1) * stride - g.pad_left + k)
     shared = workers * kr * k * ctb * ct * 4
     scalars = (

@@ -50,6 +50,23 @@ def check_plane_size(name, plane_size):
         )
 
 
+def unit_splits(units, grid_x, workers, target_blocks, min_units_per_worker):
+    """``(splits, units per split)`` for a kernel whose grid.y splits
+    ``units`` work units into contiguous ranges taken by ``workers`` workers
+    per block: about ``target_blocks`` blocks in all (grid.x = ``grid_x``),
+    at least ``min_units_per_worker`` units per worker, at most MAX_GRID_Y
+    splits, then balanced so every split is non-empty.  From the shape
+    only (never the device), so the summation order the split implies is
+    the same on every GPU.  None when a split's unit counters would pass
+    int range."""
+    splits = max(1, min(-(-target_blocks // grid_x), units // (workers * min_units_per_worker), MAX_GRID_Y))
+    per_split = -(-units // splits)
+    splits = -(-units // per_split)
+    if units >= 2**31 or splits * per_split >= 2**31:  # the kernels' int unit counters
+        return None
+    return splits, per_split
+
+
 def opt_in_shared(kernel, shared_mem):
     """Let ``kernel`` (a cupy.RawKernel, on the current device) launch with
     ``shared_mem`` bytes of dynamic shared memory.  Past 48 KB of static plus
