@@ -2,8 +2,10 @@
 with NVRTC for sm_80 and sm_90, with no stack frame and no spills."""
 
 import collections
+import concurrent.futures
 import functools
 import math
+import multiprocessing
 import pickle
 
 import pytest
@@ -16,9 +18,24 @@ ALL_SPECIALIZATIONS = _compile.specializations(large_index=(False, True))
 
 
 @functools.cache
-def _reports(filename, arch):
+def _file_reports(filename):
+    """{arch: ptxas reports, or the KernelCompileError} of every shipped
+    specialization in ``filename``, both archs compiled at once in spawned
+    processes: these whole-file compiles are most of the CPU test time (the
+    CI machine has 2 cores)."""
     expressions = [e for f, e in ALL_SPECIALIZATIONS if f == filename]
-    return _compile.nvrtc_compile(filename, expressions, arch)
+    context = multiprocessing.get_context("spawn")  # no CUDA state inherited on a GPU machine
+    with concurrent.futures.ProcessPoolExecutor(len(ARCHS), mp_context=context) as pool:
+        futures = {arch: pool.submit(_compile.nvrtc_compile, filename, expressions, arch) for arch in ARCHS}
+        concurrent.futures.wait(futures.values())
+    return {arch: future.exception() or future.result() for arch, future in futures.items()}
+
+
+def _reports(filename, arch):
+    reports = _file_reports(filename)[arch]
+    if isinstance(reports, Exception):
+        raise reports
+    return reports
 
 
 @pytest.mark.parametrize("arch", ARCHS)
