@@ -16,33 +16,25 @@ loop: depthwise_nhwc_wgrad.compare.
 """
 import sys
 
-import harness
-from depthwise_nhwc_wgrad import compare  # the shared comparison loop and the cases (SHAPES, DTYPES)
+from depthwise_nhwc_wgrad import compare, torch_us  # the shared loop, the cases (SHAPES, DTYPES), PyTorch's timing
 
 from cupy_dwgn import _depthwise_nchw_wgrad_regs as wgrad
 
 
-def _torch_us(dys, xs, k, stride, c, channels_last):
-    import torch
+def _view(channels_last):
+    """NCHW cupy array -> torch tensor (a channels_last copy when asked)."""
+    def view(a):
+        import torch
 
-    def view(a):  # NCHW cupy array -> torch tensor (a channels_last copy when asked)
         t = torch.from_dlpack(a)
         return t.contiguous(memory_format=torch.channels_last) if channels_last else t
 
-    w = torch.zeros((c, 1, k, k), dtype=view(xs[0]).dtype, device="cuda")
-    mask = [False, True, False]
-    pairs = [(view(dy), view(x)) for dy, x in zip(dys, xs)]
-    calls = [
-        (lambda dy=dy, x=x: torch.ops.aten.convolution_backward(
-            dy, x, w, None, [stride, stride], [k // 2, k // 2], [1, 1], False, [0, 0], c, mask))
-        for dy, x in pairs
-    ]
-    return harness.time_us(harness.rotating(calls))
+    return view
 
 
 def main(quick=False, with_torch=False):
     def torch_columns(dys, xs, k, stride, c):
-        return {fmt: _torch_us(dys, xs, k, stride, c, fmt == "channels_last") for fmt in ("NCHW", "channels_last")}
+        return {fmt: torch_us(dys, xs, k, stride, c, _view(fmt == "channels_last")) for fmt in ("NCHW", "channels_last")}
 
     compare(wgrad, "NCHW", "staged", torch_columns, quick, with_torch)
 

@@ -28,11 +28,11 @@ SHAPES = [(64, 144, 56, 3, 1), (64, 384, 28, 3, 1), (64, 96, 112, 3, 2), (64, 24
 DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16]
 
 
-def _torch_us(dys, xs, k, stride, c):
+def torch_us(dys, xs, k, stride, c, view):
+    """GPU time of PyTorch's weight gradient (aten.convolution_backward,
+    weight only) on ``view(a)`` of each rotating copy (a cupy array -> an
+    NCHW-shaped torch tensor in the memory format to time)."""
     import torch
-
-    def view(a):  # NHWC cupy array -> NCHW-shaped channels_last torch tensor, no copy
-        return torch.from_dlpack(a).permute(0, 3, 1, 2)
 
     w = torch.zeros((c, 1, k, k), dtype=view(xs[0]).dtype, device="cuda")
     mask = [False, True, False]
@@ -43,6 +43,12 @@ def _torch_us(dys, xs, k, stride, c):
         for dy, x in pairs
     ]
     return harness.time_us(harness.rotating(calls))
+
+
+def _channels_last_view(a):  # NHWC cupy array -> NCHW-shaped channels_last torch tensor, no copy
+    import torch
+
+    return torch.from_dlpack(a).permute(0, 3, 1, 2)
 
 
 def compare(module, layout, other, torch_columns, quick=False, with_torch=False):
@@ -81,7 +87,7 @@ def compare(module, layout, other, torch_columns, quick=False, with_torch=False)
 
 
 def main(quick=False, with_torch=False):
-    compare(wgrad, "NHWC", "tiled", lambda *a: {"channels_last": _torch_us(*a)}, quick, with_torch)
+    compare(wgrad, "NHWC", "tiled", lambda *a: {"channels_last": torch_us(*a, _channels_last_view)}, quick, with_torch)
 
 
 if __name__ == "__main__":
