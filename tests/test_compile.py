@@ -1217,3 +1217,26 @@ def test_nchw_wgrad_regs_rule():
                                       ((48, 1, 3, 3), 1, 1), ((24, 1, 9, 9), 1, 1), ((24, 1, 3, 5), 1, 1)]:
         g = _validate.conv_geometry((2, 24, 16, 16), w_shape, stride, 1, dilation)
         assert wg.plan(g, single, 16, 16) is None, (w_shape, stride, dilation)
+
+
+def test_serialized_load_scan_counts_loads_used_before_the_next_load():
+    # scripts/kernel_sass.py loads: a load whose register is read before the
+    # next global load issues counts as serialized; one whose use comes
+    # after the next load does not (an nvdisasm-shaped snippet).
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "kernel_sass.py"
+    spec = importlib.util.spec_from_file_location("kernel_sass", path)
+    kernel_sass = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_sass)
+    sass = """
+        /*0100*/               @P3 LDG.E.CONSTANT R72, desc[UR6][R72.64] ;
+        /*0110*/               @P3 HADD2.F32 R43, -RZ, R72.H0_H0 ;
+        /*0120*/                   LDG.E.CONSTANT R74, desc[UR6][R70.64] ;
+        /*0130*/                   LDG.E.CONSTANT R76, desc[UR6][R78.64] ;
+        /*0140*/                   FFMA.FTZ R20, R74, R76, R20 ;
+        /*0150*/                   IMAD.WIDE R74, R1, 0x2, R66 ;
+    """
+    assert kernel_sass.serialized_loads(sass) == (3, 2)
+    assert kernel_sass.serialized_loads("") == (0, 0)
