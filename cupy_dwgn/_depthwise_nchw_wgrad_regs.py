@@ -161,9 +161,7 @@ def plan(g, dtype, grad_out_alignment, x_alignment):
     group_lanes = -(-lanes // segments)
     groups_per_warp = 32 // group_lanes
     workers = THREADS // 32 * groups_per_warp
-    max_rows = MAX_STRIP_ROWS[dtype.itemsize]
-    row_strip = -(-g.out_height // -(-g.out_height // max_rows))
-    row_strips = -(-g.out_height // row_strip)
+    row_strip, row_strips = _launch.row_strips(g.out_height, MAX_STRIP_ROWS[dtype.itemsize])
     units = g.batch * row_strips * segments
     split = _launch.unit_splits(units, g.channels, workers, TARGET_BLOCKS, MIN_UNITS_PER_WORKER)
     if split is None:

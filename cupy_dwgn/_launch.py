@@ -50,6 +50,13 @@ def check_plane_size(name, plane_size):
         )
 
 
+def row_strips(rows, max_rows):
+    """``(rows per strip, strips)``: the fewest strips of at most
+    ``max_rows`` rows, as even as they can be."""
+    strip = -(-rows // -(-rows // max_rows))
+    return strip, -(-rows // strip)
+
+
 def unit_splits(units, grid_x, workers, target_blocks, min_units_per_worker):
     """``(splits, units per split)`` for a kernel whose grid.y splits
     ``units`` work units into contiguous ranges taken by ``workers`` workers

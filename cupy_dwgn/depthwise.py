@@ -11,7 +11,10 @@ kernel does not serve the geometry), in this order:
 * NCHW backward-input: large filter -> whole plane (where preferred) ->
                   register window (stride 1) -> tiled (stride 1) / direct
                   gather (any stride)
-* NCHW backward-weight: one-pass deterministic kernel -> two-pass kernel
+* NCHW backward-weight: register weight gradient (3x3/5x5/7x7, stride 1 or
+                  2, where _depthwise_nchw_wgrad_regs.preferred) -> staged
+                  small-filter / large-filter kernels (_depthwise_nchw_wgrad)
+                  -> two-pass kernel (_depthwise_nchw)
 * NHWC, all three ops: large filter (>= 9x9, stride 1: transposed to NCHW
                   around the NCHW large-filter kernels, _depthwise_nhwc_large)
 * NHWC forward and backward-input: -> register window (3x3/5x5/7x7, stride 1,
@@ -466,10 +469,9 @@ def _backward_weight_steps(g, layout, grad_out, x):
             return _launch.Steps(*routed)
         planned = (_depthwise_nhwc_wgrad.select(g, x.dtype, index, _alignment(grad_out), _alignment(x))
                    or _depthwise_nhwc.backward_weight_plan(g, x.dtype, index, _vector_aligned(grad_out, x)))
-        (partial, finalize), temporary = planned
-        return _launch.Steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
-    planned = _depthwise_nchw_wgrad_regs.select(g, x.dtype, _alignment(grad_out), _alignment(x))
-    if planned is not None:
+    else:
+        planned = _depthwise_nchw_wgrad_regs.select(g, x.dtype, _alignment(grad_out), _alignment(x))
+    if planned is not None:  # partial sums + the shared finalize
         (partial, finalize), temporary = planned
         return _launch.Steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))
     launches = _depthwise_nchw_wgrad.plan(g, x.dtype)
