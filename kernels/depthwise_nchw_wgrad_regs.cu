@@ -86,13 +86,6 @@ constexpr int kWarps = kThreads / 32;
 // VW = 8, hence that table).
 constexpr int min_blocks(int k) { return k == 3 ? 5 : k == 5 ? 4 : 3; }
 
-// Raw storage word(s) of BYTES bytes, loaded as one instruction.
-template <int BYTES> struct RawOf;
-template <> struct RawOf<2> { using type = unsigned short; };
-template <> struct RawOf<4> { using type = unsigned; };
-template <> struct RawOf<8> { using type = uint2; };
-template <> struct RawOf<16> { using type = uint4; };
-
 __device__ __forceinline__ unsigned word(unsigned short r, int) { return r; }
 __device__ __forceinline__ unsigned word(unsigned r, int) { return r; }
 __device__ __forceinline__ unsigned word(uint2 r, int w) { return w == 0 ? r.x : r.y; }
@@ -145,8 +138,8 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   constexpr int R = (K + S - 1) / S;    // grad_out ring slots
   constexpr int P = R * S;              // walk unroll
   constexpr int KK = K * K;
-  using XRaw = typename RawOf<VW * static_cast<int>(sizeof(T))>::type;  // VW values of a row
-  using ERaw = typename RawOf<static_cast<int>(sizeof(T))>::type;       // one value
+  using XRaw = typename dwgn::Bits<VW * static_cast<int>(sizeof(T))>::type;  // VW values of a row
+  using ERaw = typename dwgn::Bits<static_cast<int>(sizeof(T))>::type;       // one value
   static_assert(NH >= 1 && VS <= 32, "halo bits");
   __shared__ float red[kWarps][KK];
 

@@ -73,11 +73,6 @@ template <typename T, int KH> constexpr int kMinBlocks = sizeof(T) == 8 && KH > 
 // (host: _lead()).
 template <typename T, int KW> constexpr int kLead = (kVec<T> - (KW / 2) % kVec<T>) % kVec<T>;
 
-template <int BYTES> struct Bytes;
-template <> struct Bytes<16> { using type = uint4; };
-template <> struct Bytes<8> { using type = uint2; };
-template <> struct Bytes<4> { using type = unsigned int; };
-template <> struct Bytes<2> { using type = unsigned short; };
 
 constexpr int cmax(int a, int b) { return a > b ? a : b; }
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
@@ -95,7 +90,7 @@ struct RowReader {
     constexpr int hi = cmin(LEAD + SPAN, (Q + 1) * VEC) - Q * VEC;
     constexpr int C = piece(lo, hi);
     constexpr int S = lo / C * C;
-    using V = typename Bytes<C * static_cast<int>(sizeof(T))>::type;
+    using V = typename dwgn::Bits<C * static_cast<int>(sizeof(T))>::type;
     const V v = *reinterpret_cast<const V*>(base + Q * VEC + S);
     const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
@@ -145,7 +140,7 @@ __device__ __forceinline__ const T* staged_source_row(const StagingArgs<T>& a, i
 // outside the image are zeroed with plain stores.  The caller commits.
 template <typename T, int BYTES, bool BACKWARD, typename IndexT>
 __device__ __forceinline__ void stage_rows_async(const StagingArgs<T>& a) {
-  using V = typename dwgn_window::Bytes<BYTES>::type;
+  using V = typename dwgn::Bits<BYTES>::type;
   constexpr int E = BYTES / static_cast<int>(sizeof(T));
   const int row_vectors = a.src_width / E;
   const float inv_row_vectors = __frcp_rn(static_cast<float>(row_vectors));
