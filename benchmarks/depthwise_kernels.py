@@ -1,11 +1,13 @@
-"""The NCHW stride-1 kernels that serve one geometry, side by side: the
-whole-plane kernel (_depthwise_nchw_plane), the register window kernel
-(_depthwise_nchw_window) and the shared-memory tiled kernel, forward and
-backward-input, GPU time per launch (CUDA events around 20 launches over 3
-rotating copies, after a warm-up pass; the smallest shapes stay in L2) and the
-plane kernel's largest difference from the window (or tiled) kernel, relative
-to the largest output.  The figures behind _depthwise_nchw_plane.preferred()
-come from it (about 10 s on an H200).
+"""The NCHW forward and backward-input kernels that serve one geometry, side
+by side: the row kernel (_depthwise_nchw_rows), the whole-plane kernel
+(_depthwise_nchw_plane), the register window kernel (_depthwise_nchw_window)
+and the shared-memory tiled kernel; GPU time per launch (CUDA events around
+20 launches over 3 rotating copies, after a warm-up pass; the smallest shapes
+stay in L2) and the largest difference of the row and plane kernels from the
+window (or tiled) kernel, relative to the largest output.  Stride 1 both
+directions, stride 2 forward.  The figures behind
+_depthwise_nchw_rows.preferred() and _depthwise_nchw_plane.preferred() come
+from it (about 20 s on an H200).
 
     PYTHONPATH=. python benchmarks/depthwise_kernels.py
 """
@@ -14,11 +16,16 @@ import harness
 import numpy
 
 from cupy_dwgn import _validate, _launch, _depthwise_nchw_plane as plane, _depthwise_nchw_window as window
+from cupy_dwgn import _depthwise_nchw_rows as rows
 from cupy_dwgn import _depthwise_nchw as generic
 from cupy_dwgn._dtypes import bfloat16
 
-SHAPES = [(64, 384, 28, 3), (64, 240, 28, 5), (64, 384, 14, 7), (64, 960, 7, 3), (64, 144, 56, 3), (64, 96, 56, 7),
-          (64, 256, 32, 3), (64, 512, 16, 3), (16, 64, 64, 3), (64, 672, 14, 5), (64, 192, 28, 7), (8, 32, 112, 3)]
+# (N, C, H = W, filter size, stride); padding K // 2.
+SHAPES = [(64, 384, 28, 3, 1), (64, 240, 28, 5, 1), (64, 384, 14, 7, 1), (64, 960, 7, 3, 1), (64, 144, 56, 3, 1),
+          (64, 96, 56, 7, 1), (64, 256, 32, 3, 1), (64, 512, 16, 3, 1), (16, 64, 64, 3, 1), (64, 672, 14, 5, 1),
+          (64, 192, 28, 7, 1), (8, 32, 112, 3, 1), (64, 960, 7, 5, 1), (64, 384, 14, 3, 1), (64, 1152, 7, 5, 1),
+          (256, 960, 7, 3, 1), (8, 960, 7, 3, 1), (64, 512, 8, 3, 1), (64, 672, 14, 5, 2), (64, 576, 14, 3, 2),
+          (64, 240, 28, 3, 2), (64, 768, 12, 3, 1), (64, 320, 10, 3, 1)]
 DTYPES = [numpy.float16, bfloat16, numpy.float32]
 
 
@@ -33,20 +40,24 @@ COPY_BYTES_PER_US = 4.2e6
 
 
 def main():
-    for n, c, hw, k in SHAPES:
-        g = _validate.conv_geometry((n, c, hw, hw), (c, 1, k, k), 1, k // 2, 1)
+    for n, c, hw, k, stride in SHAPES:
+        g = _validate.conv_geometry((n, c, hw, hw), (c, 1, k, k), stride, k // 2, 1)
+        out_shape = (n, c, g.out_height, g.out_width)
         for dtype in DTYPES:
             dt = numpy.dtype(dtype)
-            for backward in (False, True):
+            for backward in (False, True) if stride == 1 else (False,):
                 copies = 3
-                xs = [cupy.random.standard_normal((n, c, hw, hw), dtype=cupy.float32).astype(dt) for _ in range(copies)]
+                src_shape, dst_shape = ((n, c, hw, hw), out_shape)[::-1 if backward else 1]
+                xs = [cupy.random.standard_normal(src_shape, dtype=cupy.float32).astype(dt) for _ in range(copies)]
                 w = cupy.random.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dt)
                 b = None if backward else cupy.random.standard_normal((c,), dtype=cupy.float32).astype(dt)
-                ys = [cupy.full((n, c, hw, hw), numpy.nan, dtype=dt) for _ in range(copies)]
+                ys = [cupy.full(dst_shape, numpy.nan, dtype=dt) for _ in range(copies)]
                 index = _launch.index_type(xs[0].size, ys[0].size)
-                cands = {"plane": plane.plan(g, dt, backward, index, 16, 16),
+                cands = {"rows": rows.plan(g, dt, backward, index),
+                         "plane": plane.plan(g, dt, backward, index, 16, 16),
                          "window": window.plan(g, dt, backward, index, 16, True, cupy.cuda.runtime.getDevice()),
-                         "tiled": generic._tiled_plan(g, dt, index, backward) if generic._use_tiled(g, dt) else None}
+                         "tiled": (generic._tiled_plan(g, dt, index, backward)
+                                   if stride == 1 and generic._use_tiled(g, dt) else None)}
                 res, outs = {}, {}
                 for name, launch in cands.items():
                     if launch is None:
@@ -56,13 +67,16 @@ def main():
                     res[name] = time_launch(launch, arrays)
                     outs[name] = ys[0].astype(numpy.float32).copy()
                 ref = outs.get("window", outs.get("tiled"))
-                diff = float(cupy.max(cupy.abs(outs["plane"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)) if "plane" in outs and ref is not None else float("nan")
-                nans = int(cupy.isnan(outs["plane"]).sum()) if "plane" in outs else -1
-                floor = 2 * xs[0].nbytes / COPY_BYTES_PER_US
-                shape = f"block {cands['plane'].block[0]}, {cands['plane'].shared_mem} B shared" if cands["plane"] else "plane: n/a"
-                print(f"{n}x{c}x{hw} {k}x{k} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
+                checks = []
+                for name in ("rows", "plane"):
+                    if name in outs and ref is not None:
+                        diff = float(cupy.max(cupy.abs(outs[name] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
+                        checks.append(f"{name} reldiff {diff:.1e} unwritten {int(cupy.isnan(outs[name]).sum())}")
+                floor = (xs[0].nbytes + ys[0].nbytes) / COPY_BYTES_PER_US
+                best = min(res, key=res.get)
+                print(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
                       + " ".join(f"{kname} {v:6.1f}" for kname, v in res.items())
-                      + f"  reldiff {diff:.1e} unwritten {nans}  ({shape})", flush=True)
+                      + f"  best {best}  " + "; ".join(checks), flush=True)
                 del xs, ys
 
 

@@ -5,12 +5,14 @@ Each public function validates its arguments, then takes the first kernel
 family that serves the call (a plan function returns None / False when its
 kernel does not serve the geometry), in this order:
 
-* NCHW forward:   large filter (>= 9x9, stride 1) -> whole plane (where
-                  _depthwise_nchw_plane.preferred) -> register window
-                  (3x3/5x5/7x7, dilation 1, stride 1 or 2) -> tiled / direct
-* NCHW backward-input: large filter -> whole plane (where preferred) ->
-                  register window (stride 1) -> tiled (stride 1) / direct
-                  gather (any stride)
+* NCHW forward:   large filter (>= 9x9, stride 1) -> rows (destination
+                  rows of <= 16 values, where _depthwise_nchw_rows.preferred)
+                  -> whole plane (where _depthwise_nchw_plane.preferred) ->
+                  register window (3x3/5x5/7x7, dilation 1, stride 1 or 2) ->
+                  tiled / direct
+* NCHW backward-input: large filter -> rows (stride 1, where preferred) ->
+                  whole plane (where preferred) -> register window (stride 1)
+                  -> tiled (stride 1) / direct gather (any stride)
 * NCHW backward-weight: register weight gradient (3x3/5x5/7x7, stride 1 or
                   2, where _depthwise_nchw_wgrad_regs.preferred) -> staged
                   small-filter / large-filter kernels (_depthwise_nchw_wgrad)
@@ -37,6 +39,7 @@ from . import (
     _depthwise_nchw,
     _depthwise_nchw_large,
     _depthwise_nchw_plane,
+    _depthwise_nchw_rows,
     _depthwise_nchw_wgrad,
     _depthwise_nchw_wgrad_regs,
     _depthwise_nchw_window,
@@ -86,6 +89,7 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
             specs += _depthwise_nchw.specializations(name, dtypes, sizes, large_index)
             if name != "depthwise_conv2d_backward_weight":
                 backward = name == "depthwise_conv2d_backward_input"
+                specs += _depthwise_nchw_rows.specializations(dtypes, sizes, backward, large_index)
                 specs += _depthwise_nchw_plane.specializations(dtypes, sizes, backward, large_index)
                 specs += _depthwise_nchw_window.specializations(dtypes, sizes, backward, large_index)
                 if large_filters:
@@ -420,6 +424,7 @@ def _forward_steps(g, layout, x, out):
     else:
         launch = (
             _depthwise_nchw_large.plan(g, x.dtype, False)
+            or _depthwise_nchw_rows.select(g, x.dtype, False, index)
             or (_depthwise_nchw_plane.preferred(g, x.dtype, False)
                 and _depthwise_nchw_plane.plan(g, x.dtype, False, index, _alignment(x), _alignment(out)))
             or _depthwise_nchw_window.plan(g, x.dtype, False, index, _alignment(x), _alignment(out) == 16,
@@ -450,6 +455,7 @@ def _backward_input_steps(g, layout, grad_out, out):
     else:
         launch = (
             _depthwise_nchw_large.plan(g, grad_out.dtype, True)
+            or _depthwise_nchw_rows.select(g, grad_out.dtype, True, index)
             or (_depthwise_nchw_plane.preferred(g, grad_out.dtype, True)
                 and _depthwise_nchw_plane.plan(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out)))
             or _depthwise_nchw_window.plan(g, grad_out.dtype, True, index, _alignment(grad_out),

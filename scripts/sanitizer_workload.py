@@ -152,6 +152,35 @@ def nchw_wgrad_regs():
         _depthwise_nchw_wgrad_regs.MODE, dw._SIGNATURES = "rule", {}
 
 
+def nchw_rows():
+    # The NCHW row kernel for every narrow-row 3x3/5x5/7x7 NCHW forward and
+    # backward-input call (MODE "always", the call-signature cache cleared):
+    # both row widths, stride 2, padding past the filter, per-side padding,
+    # a 1x1 image, a misaligned view, a partial last block.
+    from cupy_dwgn import _depthwise_nchw_rows, _dtypes, depthwise as dw
+
+    _depthwise_nchw_rows.MODE, dw._SIGNATURES = "always", {}
+    try:
+        for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
+            for x_shape, k, stride, padding in [
+                ((3, 37, 7, 7), 3, 1, 1), ((2, 9, 14, 14), 7, 1, 3), ((1, 6, 5, 3), 7, 1, 8),
+                ((2, 5, 11, 13), 5, 1, ((0, 4), (3, 1))), ((4, 7, 1, 1), 3, 1, 1), ((2, 21, 14, 14), 3, 2, 1),
+                ((1, 6, 13, 16), 7, 2, 3), ((2, 13, 16, 16), 5, 1, 2),
+            ]:
+                c = x_shape[1]
+                conv = dict(stride=stride, padding=padding)
+                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+                w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
+                b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
+                y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
+                cupy_dwgn.depthwise_conv2d(_misaligned(x), w, **conv)
+                if stride == 1:
+                    cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
+                    cupy_dwgn.depthwise_conv2d_backward_input(_misaligned(y), w, x_shape, **conv)
+    finally:
+        _depthwise_nchw_rows.MODE, dw._SIGNATURES = "rule", {}
+
+
 def nhwc_phase():
     # The NHWC stride-2 backward-input kernel for every stride-2 3x3/5x5/7x7
     # NHWC call it serves (MODE "always", the call-signature cache cleared),
@@ -232,10 +261,11 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nhwc_phase", "group_norm"]
+    families = sys.argv[1:] or ["depthwise", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_rows", "nhwc_phase",
+                                "group_norm"]
     for family in families:
         {"depthwise": depthwise, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
-         "nchw_wgrad_regs": nchw_wgrad_regs, "nhwc_phase": nhwc_phase,
+         "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_rows": nchw_rows, "nhwc_phase": nhwc_phase,
          "group_norm": group_norm}[family]()
     cupy.cuda.Device().synchronize()
     print("sanitizer workload done")

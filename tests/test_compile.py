@@ -219,6 +219,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
             launches += nchw.backward_weight_plan(g, dtype, index)[:2]
             launches += nchw_wgrad.plan(g, dtype) or []
             for backward in (False, True):
+                launches.append(nchw_rows.plan(g, dtype, backward, index))
                 for alignment in (16, 2):
                     launches.append(nchw_plane.plan(g, dtype, backward, index, alignment, alignment))
                     launches.append(nhwc_window.plan(g, dtype, backward, index, alignment, alignment))
@@ -231,6 +232,48 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
                 assert (launch.file, launch.expression) in shipped, launch
                 assert all(v > 0 for v in launch.grid + launch.block), launch
 
+
+def test_nchw_rows_rule():
+    # Where the ops take the row kernel (preferred's docstring), the W it
+    # compiles, the grid (one thread per destination row), and what it does
+    # not serve: wider rows, stride-2 backward-input, dilation, multiplier 2,
+    # float64, other filter sizes.
+    import types
+
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_rows as rows
+    from cupy_dwgn import _validate, depthwise
+
+    shipped = set(ALL_SPECIALIZATIONS)
+    half, single, double = (numpy.dtype(t) for t in (numpy.float16, numpy.float32, numpy.float64))
+    for hw, k, stride, dtype, backward, want_w, taken in [
+        (7, 3, 1, single, False, 8, True), (7, 3, 1, half, True, 8, True), (8, 5, 1, half, False, 8, True),
+        (10, 3, 1, single, True, 16, True), (14, 7, 1, half, False, 16, True), (14, 7, 1, single, False, 16, False),
+        (14, 3, 1, half, False, 16, False), (16, 7, 1, half, True, 16, True), (14, 5, 2, half, False, 8, True),
+        (16, 3, 2, single, False, 8, True), (18, 3, 1, half, False, None, False), (18, 3, 2, half, False, None, False),
+        (14, 3, 2, half, True, None, False), (7, 3, 1, double, False, None, False),
+    ]:
+        g = _validate.conv_geometry((4, 24, hw, hw), (24, 1, k, k), stride, k // 2, 1)
+        launch = rows.plan(g, dtype, backward, "int")
+        if want_w is None:
+            assert launch is None, (hw, k, stride, dtype, backward)
+            continue
+        assert (launch.file, launch.expression) in shipped
+        assert launch.expression.split(", ")[4] == str(want_w) and launch.shared_mem == 0
+        dst_h = g.height if backward else g.out_height
+        assert int(launch.scalars[-1]) == 4 * 24 * dst_h and launch.grid[0] == -(-4 * 24 * dst_h // rows.THREADS)
+        assert rows.preferred(g, dtype, backward) == taken, (hw, k, stride, dtype, backward)
+        assert (rows.select(g, dtype, backward, "int") is launch) == taken
+        if taken:  # the op launches it (other kernels' plans need a device)
+            # The dispatch reads sizes and addresses only: a stand-in array at a 256-byte address.
+            x = types.SimpleNamespace(size=4 * 24 * hw * hw, dtype=dtype, data=types.SimpleNamespace(ptr=256))
+            steps = (depthwise._backward_input_steps if backward else depthwise._forward_steps)(g, "NCHW", x, x)
+            assert steps.launches[0].expression == launch.expression
+    for x_shape, w_shape, stride, dilation in [((2, 4, 7, 7), (4, 1, 3, 3), 1, 2), ((2, 4, 7, 7), (8, 1, 3, 3), 1, 1),
+                                               ((2, 4, 7, 7), (4, 1, 3, 5), 1, 1), ((2, 4, 7, 7), (4, 1, 3, 3), (1, 2), 1)]:
+        g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation)
+        assert rows.plan(g, single, False, "int") is None
 
 def _plane_kernel_emulation(launch, src, weight, bias, backward, grid):
     """What kernels/depthwise_nchw_plane.cu computes for ``launch`` (a

@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_plane, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
+    _depthwise_nchw_plane, _depthwise_nchw_rows, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
     _launch, _validate, depthwise, reference,
 )
 
@@ -296,6 +296,94 @@ def test_plane_kernel_rule_and_dispatch():
     steps = depthwise._forward_steps(g, "NCHW", x, x)
     assert steps.launches[0].expression.startswith(_depthwise_nchw_plane.KERNEL)
 
+
+
+# The NCHW row kernel (_depthwise_nchw_rows), launched directly on poisoned
+# outputs: (name, x shape, filter size, stride, padding).  Rows of 1 to 16
+# values (both compiled widths, the 8 -> 16 boundary), padding larger than
+# the filter, per-side padding, planes taller than wide, stride 2 with odd
+# sizes, a single row, and enough rows for several blocks with a partial
+# last one.
+ROWS_CASES = [
+    ("7x7 3x3 p1", (3, 37, 7, 7), 3, 1, 1),
+    ("7x7 5x5 p2", (2, 19, 7, 7), 5, 1, 2),
+    ("7x7 7x7 p3", (2, 11, 7, 7), 7, 1, 3),
+    ("8x8 3x3 p1", (2, 13, 8, 8), 3, 1, 1),
+    ("9x9 3x3 p1 (W 16)", (2, 13, 9, 9), 3, 1, 1),
+    ("14x14 7x7 p3", (2, 24, 14, 14), 7, 1, 3),
+    ("16x16 5x5 p2", (1, 9, 16, 16), 5, 1, 2),
+    ("20x18 3x3 valid (backward: 18 wide, not served)", (2, 5, 20, 18), 3, 1, "valid"),
+    ("1x1 image 3x3 p1", (4, 7, 1, 1), 3, 1, 1),
+    ("5x3 7x7 padding > filter", (1, 6, 5, 3), 7, 1, 8),
+    ("11x13 5x5 per-side padding", (2, 5, 11, 13), 5, 1, ((0, 4), (3, 1))),
+    ("14x14 3x3 s2 p1", (2, 21, 14, 14), 3, 2, 1),
+    ("15x15 5x5 s2 p2", (2, 9, 15, 15), 5, 2, 2),
+    ("13x16 7x7 s2 p3", (1, 6, 13, 16), 7, 2, 3),
+    ("7x7 3x3 s2 valid", (3, 5, 7, 7), 3, 2, "valid"),
+]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nchw_rows.DTYPES], ids=str)
+@pytest.mark.parametrize("case", ROWS_CASES, ids=lambda c: c[0])
+def test_rows_kernel_matches_reference(case, dtype, backward, rng):
+    _, x_shape, k, stride, padding = case
+    w_shape = (x_shape[1], 1, k, k)
+    g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
+    y_shape = (g.batch, g.channels, g.out_height, g.out_width)
+    src_shape, dst_shape = (y_shape, x_shape) if backward else (x_shape, y_shape)
+    conv = dict(stride=stride, padding=padding)
+    src = random(rng, src_shape, dtype)
+    w = random(rng, w_shape, dtype)
+    b = None if backward else random(rng, w_shape[0], dtype)
+    launch = _depthwise_nchw_rows.plan(g, numpy.dtype(dtype), backward, "int")
+    dst_width = dst_shape[3]
+    if (backward and stride != 1) or dst_width > (8 if stride == 2 else 16):
+        assert launch is None  # not served: the plane / window kernels take it
+        return
+    assert launch is not None
+    if backward:
+        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, **conv)
+    else:
+        want = reference.depthwise_conv2d(src, w, b, **conv)
+    dst = poisoned(dst_shape, dtype)
+    launch(cupy.asarray(src), cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
+    error = relative_error(dst, want)
+    record_errors("depthwise NCHW row kernel", str(numpy.dtype(dtype)), {("backward_input" if backward else "forward"): error})
+    assert error <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+def test_rows_kernel_with_64bit_indices(backward, rng):
+    # The long long specialization on a small tensor (the >= 2**31-element
+    # run is test_rows_kernel_over_2_31_elements).
+    x_shape, k = (2, 7, 7, 7), 3
+    g = _validate.conv_geometry(x_shape, (7, 1, k, k), 1, 1, 1)
+    src = random(rng, x_shape, numpy.float32)
+    w = random(rng, (7, 1, k, k), numpy.float32)
+    launch = _depthwise_nchw_rows.plan(g, numpy.dtype(numpy.float32), backward, "long long")
+    assert "long long" in launch.expression
+    dst = poisoned(x_shape, numpy.float32)
+    launch(cupy.asarray(src), cupy.asarray(w), 0, dst)
+    if backward:
+        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, padding=1)
+    else:
+        want = reference.depthwise_conv2d(src, w, None, padding=1)
+    assert relative_error(dst, want) <= TOLERANCE[numpy.float32]
+
+
+def test_rows_kernel_dispatch_follows_the_mode(rng, monkeypatch):
+    x = cupy.asarray(random(rng, (2, 8, 7, 7), numpy.float16))
+    w = cupy.asarray(random(rng, (8, 1, 3, 3), numpy.float16))
+    g = _validate.conv_geometry(x.shape, w.shape, 1, 1, 1)
+    for mode, taken in (("always", True), ("never", False)):
+        monkeypatch.setattr(_depthwise_nchw_rows, "MODE", mode)
+        forward = depthwise._forward_steps(g, "NCHW", x, x).launches[0].expression
+        backward = depthwise._backward_input_steps(g, "NCHW", x, x).launches[0].expression
+        assert forward.startswith(_depthwise_nchw_rows.KERNEL) == taken
+        assert backward.startswith(_depthwise_nchw_rows.KERNEL) == taken
+        y = cupy_dwgn.depthwise_conv2d(x, w, padding=1)
+        assert relative_error(y, reference.depthwise_conv2d(x.get(), w.get(), None, padding=1)) <= TOLERANCE[numpy.float16]
 
 # The NHWC register-window kernel (_depthwise_nhwc_window), launched
 # directly: odd sizes, every padding form (asymmetric, "valid", larger than
@@ -1084,6 +1172,36 @@ def test_plane_kernel_over_2_31_elements(backward):
     else:
         out = cupy_dwgn.depthwise_conv2d(src, w, padding=1)
     for c in (0, 2739136, 2739137, 2739138, 2739199):
+        plane, wc = src[:, c : c + 1].get(), w_host[c : c + 1]
+        if backward:
+            want = reference.depthwise_conv2d_backward_input(plane, wc, plane.shape, padding=1)
+        else:
+            want = reference.depthwise_conv2d(plane, wc, padding=1)
+        assert relative_error(out[:, c : c + 1], want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+def test_rows_kernel_over_2_31_elements(backward):
+    # 1 x 43827300 x 7 x 7 float16 = 2**31 + 54052 elements: the row kernel
+    # (through the op, with the rule) with 64-bit plane offsets; plane
+    # 43826196 straddles 2**31.  Checked planes: the first, the last wholly
+    # below, the straddling one, the first and the last past.
+    shape = (1, 43827300, 7, 7)
+    assert numpy.prod(shape) >= 2**31 and 43826197 * 49 > 2**31 > 43826196 * 49
+    g = _validate.conv_geometry(shape, (shape[1], 1, 3, 3), 1, 1, 1)
+    src = cupy.random.default_rng(12).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
+    w_host = random(numpy.random.default_rng(12), (shape[1], 1, 3, 3), numpy.float16)
+    w = cupy.asarray(w_host)
+    if backward:
+        out = cupy_dwgn.depthwise_conv2d_backward_input(src, w, shape, padding=1)
+        steps = depthwise._backward_input_steps(g, "NCHW", src, out)
+    else:
+        out = cupy_dwgn.depthwise_conv2d(src, w, padding=1)
+        steps = depthwise._forward_steps(g, "NCHW", src, out)
+    assert steps.launches[0].expression == _depthwise_nchw_rows.plan(
+        g, numpy.dtype(numpy.float16), backward, "long long").expression
+    for c in (0, 43826195, 43826196, 43826197, 43827299):
         plane, wc = src[:, c : c + 1].get(), w_host[c : c + 1]
         if backward:
             want = reference.depthwise_conv2d_backward_input(plane, wc, plane.shape, padding=1)

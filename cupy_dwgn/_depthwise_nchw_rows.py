@@ -1,0 +1,144 @@
+"""NCHW row kernel (kernels/depthwise_nchw_rows.cu): one thread per
+destination row of at most 16 values, for 3x3, 5x5 and 7x7 filters at
+dilation 1 and depth multiplier 1: forward at stride 1 (rows of up to 16) or
+stride 2 (up to 8), backward-input at stride 1 (the forward correlation with
+the rotated filter), in float32, float16 and bfloat16.
+
+Launch rule (no user tuning), from the destination width:
+
+* W, the row width compiled: 8 for destination rows of at most 8 values,
+  else 16 (stride 1 only).  Columns past the row are computed from masked
+  zeros and not stored.
+* One thread per destination row (N * C * dst_height rows), blocks of
+  THREADS; no shared memory.
+
+The ops take it where ``preferred`` says so (rows of at most 10 values, and
+half-type 7x7 on rows of at most 16); ``MODE`` overrides that for tests and
+benchmarks.
+"""
+
+import functools
+
+import numpy
+
+from . import _compile, _dtypes, _launch
+from ._launch import i32
+
+#: "rule": the ops take this kernel where ``preferred`` says it wins;
+#: "always": wherever it serves the call (tests, the sanitizer workload,
+#: benchmarks); "never": not at all.
+MODE = "rule"
+
+KERNEL_FILE = "depthwise_nchw_rows.cu"
+KERNEL = "dwgn_dwconv2d_rows"
+FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
+DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16)
+#: (stride, backward, row width W) compiled per filter size and dtype.
+VARIANTS = ((1, False, 8), (1, False, 16), (2, False, 8), (1, True, 8), (1, True, 16))
+THREADS = 256
+
+
+def width(dst_width, stride):
+    """W for a destination row of ``dst_width`` values, or None when wider
+    than the kernel serves."""
+    widest = 8 if stride == 2 else 16
+    if dst_width > widest:
+        return None
+    return 8 if dst_width <= 8 else 16
+
+
+def _expression(dtype, size, stride, backward, w, index):
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), size[0], size[1], stride, w,
+                                    "true" if backward else "false", index)
+
+
+def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True)):
+    """``(file, name expression)`` of every row-kernel specialization.
+
+    backward: None (both), False (forward) or True (backward-input)."""
+    dtypes = DTYPES if dtypes is None else [numpy.dtype(d) for d in dtypes if numpy.dtype(d) in DTYPES]
+    sizes = FILTER_SIZES if filter_sizes is None else [tuple(s) for s in filter_sizes if tuple(s) in FILTER_SIZES]
+    large_index = (large_index,) if isinstance(large_index, bool) else tuple(large_index)
+    return [
+        (KERNEL_FILE, _expression(dtype, size, stride, is_backward, w, "long long" if large else "int"))
+        for dtype in dtypes for size in dict.fromkeys(sizes) for stride, is_backward, w in VARIANTS
+        if backward is None or is_backward == backward for large in large_index
+    ]
+
+
+def preferred(g, dtype, backward):
+    """Whether the ops take the row kernel for ``g`` (where it serves the
+    call): destination rows of at most 10 values, and half-type 7x7 filters
+    on rows of at most 16.  Measured on an H200 (2026-12-01,
+    benchmarks/depthwise_kernels.py, GPU time per launch, us, rows against
+    the best of the whole-plane and window kernels):
+
+    * 7-wide planes: 64x960x7 3x3 fp32 forward 12.0 / 24.4, backward-input
+      12.4 / 24.3, fp16 10.2 / 16.2 and 9.8 / 18.4; 5x5 fp32 15.2 / 27.8;
+      256x960x7 fp16 29.7 / 48.1; 8x960x7 fp16 7.8 / 8.1; 8-wide 64x512x8
+      fp16 8.9 / 9.4 (float32 14.1 / 13.9); 10-wide 64x320x10 fp16 11.0 /
+      15.0 (float32 13.7 / 13.5).  Stride 2 onto 7-wide rows: 64x672x14 5x5
+      fp16 19.4 / 68.8, 64x576x14 3x3 fp32 19.4 / 37.8.
+    * 14-wide 7x7: fp16 64x384x14 38.8 / 42.8, bf16 38.1 / 45.3, but float32
+      40.8 / 38.3.  Wider rows with smaller filters lose: each lane reads
+      its own row, so a warp's load touches up to 32 sectors and L1
+      wavefronts bound the kernel (64x512x16 3x3 fp16 76.8 / 25.6,
+      64x768x12 30.3 / 16.9, 64x384x14 3x3 36.0 / 25.2; 64x672x14 5x5
+      49.2 / 50.5 even).
+    """
+    dst_width = g.width if backward else g.out_width
+    if dst_width <= 10:
+        return True
+    return numpy.dtype(dtype).itemsize == 2 and g.filter_height == 7 and dst_width <= 16
+
+
+def select(g, dtype, backward, index):
+    """``plan(...)`` when the ops take this kernel (per ``MODE``), else None."""
+    if MODE == "never" or (MODE == "rule" and not preferred(g, dtype, backward)):
+        return None
+    return plan(g, dtype, backward, index)
+
+
+@functools.lru_cache(maxsize=512)
+def plan(g, dtype, backward, index):
+    """The Launch for this signature (arguments: src, weight, bias or the
+    null pointer, dst), or None when the row kernel does not serve it."""
+    dtype = numpy.dtype(dtype)
+    size = (g.filter_height, g.filter_width)
+    stride = g.stride_h
+    if (
+        size not in FILTER_SIZES
+        or g.stride_w != stride
+        or stride not in ((1,) if backward else (1, 2))
+        or (g.dilation_h, g.dilation_w) != (1, 1)
+        or g.multiplier != 1
+        or dtype not in DTYPES
+    ):
+        return None
+    if backward:
+        src_h, src_w, dst_h, dst_w = g.out_height, g.out_width, g.height, g.width
+        # Backward-input = correlation with the rotated filter, shifted by
+        # (filter - 1 - pad); negative when the padding exceeds the filter.
+        offset_top = g.filter_height - 1 - g.pad_top
+        offset_left = g.filter_width - 1 - g.pad_left
+    else:
+        src_h, src_w, dst_h, dst_w = g.height, g.width, g.out_height, g.out_width
+        offset_top, offset_left = g.pad_top, g.pad_left
+    w = width(dst_w, stride)
+    if w is None or min(src_h, src_w, dst_h, dst_w) <= 0:
+        return None
+    num_rows = g.batch * g.channels * dst_h
+    blocks = -(-num_rows // THREADS)
+    if blocks >= 2**31:
+        return None
+    return _launch.Launch(
+        KERNEL_FILE,
+        _expression(dtype, size, stride, backward, w, index),
+        (blocks,),
+        (THREADS,),
+        0,
+        (
+            i32(g.channels), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top), i32(offset_left),
+            _launch.index_scalar(index, num_rows),
+        ),
+    )
