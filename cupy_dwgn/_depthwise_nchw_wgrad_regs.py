@@ -18,13 +18,14 @@ Launch rule (no user tuning), from the shape only:
   7x7: 1; pad_left 0 with 3x3: 1).
 * Lane groups: L = OW / VW lanes per output row, cut into segments =
   ceil(L / 32) segments of G = ceil(L / segments) lanes; a warp holds
-  32 // G groups.  Row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS[itemsize]))
+  32 // G groups.  Row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS[K, itemsize]))
   output rows (balanced).  Units: (image, row strip, segment).
 * Block: THREADS = 128 threads, one channel (grid.x = C); grid.y = splits,
   a contiguous range of units each, worker w (warp * groups per warp +
   group) of a block taking every workers-th.  splits =
-  ceil(TARGET_BLOCKS / C), at most units / (workers * MIN_UNITS_PER_WORKER)
-  and 65535, then balanced so every split is non-empty.
+  ceil(TARGET_BLOCKS / C), at most units / (workers *
+  MIN_UNITS_PER_WORKER[itemsize]) and 65535, then balanced so every split
+  is non-empty.
 * Shared memory: the block reduction, 4 warps * K * K floats (static).
 """
 
@@ -52,15 +53,24 @@ VECTOR_BYTES = 16
 #: launch bounds, NVRTC sm_90, no spills: fp16 3x3 VW 8: 96, 5x5 VW 4: 111,
 #: 7x7 VW 4: 153; without the cap 5x5 VW 8 needed 145 and 7x7 VW 8 192).
 MAX_VECTOR = {(3, 2): 8, (3, 4): 4, (5, 2): 4, (5, 4): 2, (7, 2): 4, (7, 4): 2}
-#: Output rows per strip at most, per element size: 32 for half types, 16
-#: for float32.  Measured on an H200 (2026-12-01, N = 64, us, 16 -> 32 rows):
-#: fp16 64x96x56 7x7 151.8 -> 127.0, 64x384x28 69.0 -> 52.0, 5x5 57.2 ->
-#: 53.0, s2 87.5 -> 83; float32 64x384x28 68.7 -> 80 (64x144x56 87.4 -> 85).
-MAX_STRIP_ROWS = {2: 32, 4: 16}
-#: About this many blocks per launch (a constant, not the SM count: the
-#: split, hence the summation order, depends on the shape only).
-TARGET_BLOCKS = 1024
-MIN_UNITS_PER_WORKER = 2
+#: Output rows per strip at most, per (K, element size), and work units per
+#: worker at least, per element size; about TARGET_BLOCKS blocks (a
+#: constant, not the SM count: the split, hence the summation order,
+#: depends on the shape only; 4096 leaves the units-per-worker floor in
+#: charge).  From a sweep on an H200 (2026-12-01, scratch sweep of strip
+#: rows {4..56} x units per worker {1, 2, 4} x target blocks {256..4096}
+#: over 15 shapes x 3 dtypes: the 7 benchmark shapes and 32x144x56 3x3,
+#: 16x240x28 5x5, 128x672x14 5x5, 32x192x28 7x7, 64x576x14 3x3 s2,
+#: 16x32x112, 256x960x7, 8x64x128): time over the best of the sweep,
+#: geometric mean (worst) 1.04 (1.30) for half types, 1.05 (1.17) for
+#: float32, against 1.24 (2.37) and 1.11 (1.36) for the former rule (32 /
+#: 16 rows, 2 units per worker, 1024 blocks); e.g. fp16 8x64x128 41.8 ->
+#: 17.7 us, 32x192x28 7x7 57.5 -> 41.6, 64x96x112 s2 82.4 -> 73.4,
+#: 64x96x56 7x7 126.8 -> 118.9, float32 s2 120.5 -> 103.3.  7x7 keeps
+#: whole planes (a strip re-reads K - S rows).
+MAX_STRIP_ROWS = {(3, 2): 14, (3, 4): 14, (5, 2): 14, (5, 4): 14, (7, 2): 56, (7, 4): 56}
+MIN_UNITS_PER_WORKER = {2: 1, 4: 2}
+TARGET_BLOCKS = 4096
 #: In-plane offsets are int in the kernel.
 PLANE_LIMIT = 2**30
 
@@ -161,9 +171,9 @@ def plan(g, dtype, grad_out_alignment, x_alignment):
     group_lanes = -(-lanes // segments)
     groups_per_warp = 32 // group_lanes
     workers = THREADS // 32 * groups_per_warp
-    row_strip, row_strips = _launch.row_strips(g.out_height, MAX_STRIP_ROWS[dtype.itemsize])
+    row_strip, row_strips = _launch.row_strips(g.out_height, MAX_STRIP_ROWS[k, dtype.itemsize])
     units = g.batch * row_strips * segments
-    split = _launch.unit_splits(units, g.channels, workers, TARGET_BLOCKS, MIN_UNITS_PER_WORKER)
+    split = _launch.unit_splits(units, g.channels, workers, TARGET_BLOCKS, MIN_UNITS_PER_WORKER[dtype.itemsize])
     if split is None:
         return None
     splits, per_split = split

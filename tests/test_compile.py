@@ -196,6 +196,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
     from _helpers import DTYPES
     from cupy_dwgn import _depthwise_nchw as nchw
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
+    from cupy_dwgn import _depthwise_nchw_rows as nchw_rows
     from cupy_dwgn import _depthwise_nchw_wgrad as nchw_wgrad
     from cupy_dwgn import _depthwise_nchw_wgrad_regs as nchw_wgrad_regs
     from cupy_dwgn import _depthwise_nhwc as nhwc
@@ -888,9 +889,9 @@ def test_nhwc_wgrad_kernel_index_math_matches_the_reference(case, monkeypatch):
         if ctb is not None and lanes * ctb > 32:
             continue
         # The rule's split, and one split per unit (idle workers).
-        for min_units in (wg.MIN_UNITS_PER_WORKER, 1 / 256):
+        for min_units in (wg.MIN_UNITS_PER_WORKER, {2: 1 / 256, 4: 1 / 256}):
             monkeypatch.setattr(wg, "MIN_UNITS_PER_WORKER", min_units)
-            monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min_units >= 1 else 10**6)
+            monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min_units[2] >= 1 else 10**6)
             (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, "int", 16, 16, ctb)
             assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
             assert int(finalize.scalars[2]) == launch.grid[1]
@@ -1199,9 +1200,9 @@ def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case, monkeypat
     for dtype in wg.DTYPES[:2]:
         for alignment in (16, 4, 2):
             # The rule's split, and one split per unit (idle workers).
-            for min_units in (wg.MIN_UNITS_PER_WORKER, 1 / 1024):
+            for min_units in (wg.MIN_UNITS_PER_WORKER, {2: 1 / 1024, 4: 1 / 1024}):
                 monkeypatch.setattr(wg, "MIN_UNITS_PER_WORKER", min_units)
-                monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min_units >= 1 else 10**6)
+                monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min_units[2] >= 1 else 10**6)
                 (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, alignment, alignment)
                 assert (launch.file, launch.expression) in shipped
                 assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
