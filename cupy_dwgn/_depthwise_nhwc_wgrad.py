@@ -34,10 +34,12 @@ Launch rule (no user tuning), from the shape only:
   L * CTB <= 32: the one leaving the fewest idle tiles in the last channel
   block, then the largest) and W = 256 / (L * CTB) spatial workers.
 * Work units: (image, row strip, column strip): column strips of TW output
-  columns; row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS[K, itemsize])) rows
+  columns; row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS[K, itemsize]))
+  rows (TALL_STRIP_ROWS[itemsize] for 3x3/5x5 when OH > TALL_ROWS)
   (balanced).  Grid: x = channel blocks * tap groups, y = splits; a split is
   a contiguous range of units, worker w of the block takes every W-th.
-  splits = ceil(TARGET_BLOCKS / grid.x), capped so every worker gets at
+  splits = ceil(TARGET_BLOCKS / grid.x) (TALL_TARGET_BLOCKS when OH >
+  TALL_ROWS), capped so every worker gets at
   least MIN_UNITS_PER_WORKER[itemsize] units, then balanced (every split
   non-empty).
 * Shared memory: the block reduction, W * KR * K * CTB * CT floats
@@ -77,25 +79,29 @@ CONFIGS = {
 #: Where 64-bit indices need a narrower strip or no prefetch to stay in 128
 #: registers without spills: (K, stride, element size) -> (LC, KR, TW, PF).
 LARGE_INDEX_CONFIGS = {(7, 1, 2): (1, 4, 3, 0), (7, 1, 4): (1, 4, 3, 0), (5, 1, 2): (1, 5, 4, 0)}
-#: Output rows per strip at most, per (K, element size), and work units per
-#: worker at least, per element size; about TARGET_BLOCKS blocks (a
+#: Output rows per strip at most, per (K, element size), work units per
+#: worker at least, per element size, and about TARGET_BLOCKS blocks (a
 #: constant, not the SM count: the split, hence the summation order,
 #: depends on the shape only; 4096 leaves the units-per-worker floor in
-#: charge).  From a sweep on an H200 (2026-12-01, strip rows {4..56} x
-#: units per worker {1, 2, 4} x target blocks {256..4096} over 15 shapes x
-#: 3 dtypes: the 7 benchmark shapes and 32x144x56 3x3, 16x240x28 5x5,
-#: 128x672x14 5x5, 32x192x28 7x7, 64x576x14 3x3 s2, 16x32x112,
+#: charge).  Outputs taller than TALL_ROWS rows have units enough for one
+#: wave of long walks instead: TALL_STRIP_ROWS (3x3, 5x5) and
+#: TALL_TARGET_BLOCKS.  From a sweep on an H200 (2026-12-01, strip rows
+#: {4..56} x units per worker {1, 2, 4} x target blocks {256..4096} over 15
+#: shapes x 3 dtypes: the 7 benchmark shapes and 32x144x56 3x3, 16x240x28
+#: 5x5, 128x672x14 5x5, 32x192x28 7x7, 64x576x14 3x3 s2, 16x32x112,
 #: 256x960x7, 8x64x128): time over the best of the sweep, geometric mean
-#: (worst) 1.08 (1.21) for half types, 1.09 (1.22) for float32, against
+#: (worst) 1.05 (1.18) for half types and 1.05 (1.15) for float32, against
 #: 1.29 (2.72) and 1.17 (1.46) for the former rule (32 / 16 rows, 2 units
 #: per worker, 1024 blocks); e.g. fp16 16x240x28 5x5 49.8 -> 19.0 us,
-#: 64x384x28 52.4 -> 48.5, 64x384x14 7x7 57.4 -> 53.2, float32 64x144x56
-#: 103.9 -> 96.3; but fp16 64x144x56 57.3 -> 64.9 and 64x96x112 s2 78.1 ->
-#: 93.0 (their best: one wave of blocks, 56-row strips).  7x7 keeps whole
-#: planes (a strip re-reads K - S rows).
+#: 8x64x128 49.6 -> 27.0, 64x384x28 52.4 -> 48.5, 64x96x56 7x7 168.6 ->
+#: 155.8, float32 64x144x56 103.9 -> 90.6, 64x96x112 s2 127.3 -> 115.4.
+#: 7x7 keeps whole planes (a strip re-reads K - S rows).
 MAX_STRIP_ROWS = {(3, 2): 16, (3, 4): 14, (5, 2): 16, (5, 4): 14, (7, 2): 56, (7, 4): 56}
 MIN_UNITS_PER_WORKER = {2: 1, 4: 1}
 TARGET_BLOCKS = 4096
+TALL_ROWS = 28
+TALL_STRIP_ROWS = {2: 16, 4: 7}
+TALL_TARGET_BLOCKS = 256
 _TILES_PER_BLOCK = (4, 2, 1)
 
 
@@ -189,10 +195,13 @@ def plan(g, dtype, index, grad_out_alignment, x_alignment, ctb=None):
     workers = THREADS // (lanes * ctb)
     groups = -(-k // kr)
     col_strips = -(-g.out_width // tw)
-    row_strip, row_strips = _launch.row_strips(g.out_height, MAX_STRIP_ROWS[k, dtype.itemsize])
+    tall = g.out_height > TALL_ROWS
+    max_rows = TALL_STRIP_ROWS[dtype.itemsize] if tall and k < 7 else MAX_STRIP_ROWS[k, dtype.itemsize]
+    row_strip, row_strips = _launch.row_strips(g.out_height, max_rows)
     units = g.batch * row_strips * col_strips
     grid_x = -(-channel_tiles // ctb) * groups
-    split = _launch.unit_splits(units, grid_x, workers, TARGET_BLOCKS, MIN_UNITS_PER_WORKER[dtype.itemsize])
+    target_blocks = TALL_TARGET_BLOCKS if tall else TARGET_BLOCKS
+    split = _launch.unit_splits(units, grid_x, workers, target_blocks, MIN_UNITS_PER_WORKER[dtype.itemsize])
     if split is None:
         return None
     splits, per_split = split

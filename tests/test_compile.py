@@ -892,6 +892,7 @@ def test_nhwc_wgrad_kernel_index_math_matches_the_reference(case, monkeypatch):
         for min_units in (wg.MIN_UNITS_PER_WORKER, {2: 1 / 256, 4: 1 / 256}):
             monkeypatch.setattr(wg, "MIN_UNITS_PER_WORKER", min_units)
             monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min_units[2] >= 1 else 10**6)
+            monkeypatch.setattr(wg, "TALL_TARGET_BLOCKS", wg.TALL_TARGET_BLOCKS if min_units[2] >= 1 else 10**6)
             (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, "int", 16, 16, ctb)
             assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
             assert int(finalize.scalars[2]) == launch.grid[1]
