@@ -369,7 +369,7 @@ def test_rows_kernel_with_64bit_indices(backward, rng):
         want = reference.depthwise_conv2d_backward_input(src, w, x_shape, padding=1)
     else:
         want = reference.depthwise_conv2d(src, w, None, padding=1)
-    assert relative_error(dst, want) <= TOLERANCE[numpy.float32]
+    assert relative_error(dst, want) <= TOLERANCE[numpy.dtype(numpy.float32)]
 
 
 def test_rows_kernel_dispatch_follows_the_mode(rng, monkeypatch):
@@ -383,7 +383,7 @@ def test_rows_kernel_dispatch_follows_the_mode(rng, monkeypatch):
         assert forward.startswith(_depthwise_nchw_rows.KERNEL) == taken
         assert backward.startswith(_depthwise_nchw_rows.KERNEL) == taken
         y = cupy_dwgn.depthwise_conv2d(x, w, padding=1)
-        assert relative_error(y, reference.depthwise_conv2d(x.get(), w.get(), None, padding=1)) <= TOLERANCE[numpy.float16]
+        assert relative_error(y, reference.depthwise_conv2d(x.get(), w.get(), None, padding=1)) <= TOLERANCE[numpy.dtype(numpy.float16)]
 
 # The NHWC register-window kernel (_depthwise_nhwc_window), launched
 # directly: odd sizes, every padding form (asymmetric, "valid", larger than
