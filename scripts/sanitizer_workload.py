@@ -181,6 +181,33 @@ def nchw_rows():
         _depthwise_nchw_rows.MODE, dw._SIGNATURES = "rule", {}
 
 
+def nhwc_direct():
+    # The NHWC direct kernel for every 3x3/5x5 NHWC forward (stride 1 and 2)
+    # and stride-1 backward-input call it serves (MODE "always", the
+    # call-signature cache cleared): strips cut by the right edge, padding
+    # past the filter, per-side padding, uneven channel tiles, a 1x1 image.
+    from cupy_dwgn import _depthwise_nhwc_direct, _dtypes, depthwise as dw
+
+    _depthwise_nhwc_direct.MODE, dw._SIGNATURES = "always", {}
+    try:
+        for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
+            for x_shape, k, stride, padding in [
+                ((2, 13, 11, 32), 3, 1, 1), ((1, 9, 10, 16), 5, 1, ((0, 4), (3, 1))), ((1, 5, 3, 8), 3, 1, 4),
+                ((3, 1, 1, 24), 3, 1, 1), ((2, 7, 7, 296), 5, 1, 2), ((2, 15, 13, 40), 3, 2, 1),
+                ((1, 17, 16, 16), 5, 2, ((4, 0), (1, 2))),
+            ]:
+                c = x_shape[3]
+                conv = dict(stride=stride, padding=padding, layout="NHWC")
+                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+                w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
+                b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
+                y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
+                if stride == 1:
+                    cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
+    finally:
+        _depthwise_nhwc_direct.MODE, dw._SIGNATURES = "rule", {}
+
+
 def nhwc_phase():
     # The NHWC stride-2 backward-input kernel for every stride-2 3x3/5x5/7x7
     # NHWC call it serves (MODE "always", the call-signature cache cleared),
@@ -261,11 +288,12 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_rows", "nhwc_phase",
-                                "group_norm"]
+    families = sys.argv[1:] or ["depthwise", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_rows", "nhwc_direct",
+                                "nhwc_phase", "group_norm"]
     for family in families:
         {"depthwise": depthwise, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
-         "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_rows": nchw_rows, "nhwc_phase": nhwc_phase,
+         "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_rows": nchw_rows, "nhwc_direct": nhwc_direct,
+         "nhwc_phase": nhwc_phase,
          "group_norm": group_norm}[family]()
     cupy.cuda.Device().synchronize()
     print("sanitizer workload done")

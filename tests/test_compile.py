@@ -200,6 +200,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
     from cupy_dwgn import _depthwise_nchw_wgrad as nchw_wgrad
     from cupy_dwgn import _depthwise_nchw_wgrad_regs as nchw_wgrad_regs
     from cupy_dwgn import _depthwise_nhwc as nhwc
+    from cupy_dwgn import _depthwise_nhwc_direct as nhwc_direct
     from cupy_dwgn import _depthwise_nhwc_wgrad as nhwc_wgrad
     from cupy_dwgn import _depthwise_nhwc_window as nhwc_window
     from cupy_dwgn import _validate
@@ -221,6 +222,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
             launches += nchw_wgrad.plan(g, dtype) or []
             for backward in (False, True):
                 launches.append(nchw_rows.plan(g, dtype, backward, index))
+                launches.append(nhwc_direct.plan(g, dtype, backward, index, 16, 16))
                 for alignment in (16, 2):
                     launches.append(nchw_plane.plan(g, dtype, backward, index, alignment, alignment))
                     launches.append(nhwc_window.plan(g, dtype, backward, index, alignment, alignment))
@@ -275,6 +277,49 @@ def test_nchw_rows_rule():
                                                ((2, 4, 7, 7), (4, 1, 3, 5), 1, 1), ((2, 4, 7, 7), (4, 1, 3, 3), (1, 2), 1)]:
         g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation)
         assert rows.plan(g, single, False, "int") is None
+
+def test_nhwc_direct_rule():
+    # Where the ops take the NHWC direct kernel (preferred's docstring), its
+    # TW, grid and shared memory, and what it does not serve: misaligned
+    # arrays, C not a multiple of the vector, stride-2 backward-input, 7x7,
+    # dilation, multiplier 2, float64.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_direct as direct
+    from cupy_dwgn import _validate
+
+    shipped = set(ALL_SPECIALIZATIONS)
+    half, bf16, single, double = (numpy.dtype(t) for t in (numpy.float16, "bfloat16", numpy.float32, numpy.float64))
+    for c, hw, k, stride, dtype, backward, served, taken in [
+        (384, 28, 3, 1, single, False, True, True), (384, 28, 3, 1, single, True, True, True),
+        (144, 56, 3, 1, single, False, True, False), (144, 56, 3, 2, single, False, True, True),
+        (96, 112, 3, 2, single, False, True, False), (1152, 7, 5, 1, single, False, True, True),
+        (480, 14, 5, 1, single, False, True, False), (672, 28, 5, 2, single, False, True, True),
+        (96, 112, 3, 2, half, False, True, True), (96, 112, 3, 2, bf16, False, True, False),
+        (144, 56, 3, 1, half, False, True, False), (240, 56, 5, 2, half, False, True, False),
+        (96, 112, 3, 2, half, True, False, False), (96, 56, 7, 1, single, False, False, False),
+        (20, 28, 3, 1, half, False, False, False), (384, 28, 3, 1, double, False, False, False),
+    ]:
+        g = _validate.conv_geometry((4, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
+        launch = direct.plan(g, dtype, backward, "int", 16, 16)
+        assert (launch is not None) == served, (c, hw, k, stride, dtype, backward)
+        assert direct.select(g, dtype, backward, "int", 16, 16) is (launch if taken else None)
+        if launch is None:
+            continue
+        vec = 16 // dtype.itemsize
+        tw = direct.COLUMNS[k, stride, dtype.itemsize]
+        assert (launch.file, launch.expression) in shipped and f", {tw}, " in launch.expression
+        dst_h, dst_w = (hw, hw) if backward else (g.out_height, g.out_width)
+        items = 4 * dst_h * -(-dst_w // tw)
+        tiles, bx, by = launch.grid[0], launch.block[0], launch.block[1]
+        assert tiles * bx * vec >= c > (tiles * bx - 1) * vec and bx <= 32 and bx * by <= 256
+        assert int(launch.scalars[-1]) == items and launch.grid[1] == min(-(-items // by), 65535)
+        assert launch.shared_mem == k * k * bx * vec * 4
+        assert direct.plan(g, dtype, backward, "int", 8, 16) is None and direct.plan(g, dtype, backward, "int", 16, 4) is None
+    for x_shape, w_shape, stride, dilation in [((2, 7, 7, 16), (16, 1, 3, 3), 1, 2), ((2, 7, 7, 16), (32, 1, 3, 3), 1, 1),
+                                               ((2, 7, 7, 16), (16, 1, 3, 3), (1, 2), 1)]:
+        g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation, layout="NHWC")
+        assert direct.plan(g, single, False, "int", 16, 16) is None
 
 def _plane_kernel_emulation(launch, src, weight, bias, backward, grid):
     """What kernels/depthwise_nchw_plane.cu computes for ``launch`` (a

@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_plane, _depthwise_nchw_rows, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
+    _depthwise_nchw_plane, _depthwise_nchw_rows, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
     _launch, _validate, depthwise, reference,
 )
 
@@ -384,6 +384,75 @@ def test_rows_kernel_dispatch_follows_the_mode(rng, monkeypatch):
         assert backward.startswith(_depthwise_nchw_rows.KERNEL) == taken
         y = cupy_dwgn.depthwise_conv2d(x, w, padding=1)
         assert relative_error(y, reference.depthwise_conv2d(x.get(), w.get(), None, padding=1)) <= TOLERANCE[numpy.dtype(numpy.float16)]
+
+
+# The NHWC direct kernel (_depthwise_nhwc_direct), launched directly on
+# poisoned outputs: (name, x shape (N, H, W, C), filter size, stride,
+# padding).  Strips cut by the right edge (widths not a multiple of TW),
+# padding larger than the filter, per-side padding, one channel vector, a
+# channel count that splits into uneven tiles, a 1x1 image, stride 2 with odd
+# sizes.
+NHWC_DIRECT_CASES = [
+    ("13x11 C=32 3x3 p1", (2, 13, 11, 32), 3, 1, 1),
+    ("9x10 C=16 5x5 per-side", (1, 9, 10, 16), 5, 1, ((0, 4), (3, 1))),
+    ("5x3 C=8 3x3 padding > filter", (1, 5, 3, 8), 3, 1, 4),
+    ("1x1 C=24 3x3 p1", (3, 1, 1, 24), 3, 1, 1),
+    ("7x7 C=296 5x5 p2 (uneven tiles)", (2, 7, 7, 296), 5, 1, 2),
+    ("12x12 C=16 3x3 valid", (2, 12, 12, 16), 3, 1, "valid"),
+    ("15x13 C=40 3x3 s2 p1", (2, 15, 13, 40), 3, 2, 1),
+    ("17x16 C=16 5x5 s2 per-side", (1, 17, 16, 16), 5, 2, ((4, 0), (1, 2))),
+    ("9x9 C=24 5x5 s2 p2", (2, 9, 9, 24), 5, 2, 2),
+]
+
+
+@pytest.mark.parametrize("index", ["int", "long long"])
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nhwc_direct.DTYPES], ids=str)
+@pytest.mark.parametrize("case", NHWC_DIRECT_CASES, ids=lambda c: c[0])
+def test_nhwc_direct_kernel_matches_reference(case, dtype, backward, index, rng):
+    _, x_shape, k, stride, padding = case
+    n, c = x_shape[0], x_shape[3]
+    w_shape = (c, 1, k, k)
+    g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1, layout="NHWC")
+    y_shape = (n, g.out_height, g.out_width, c)
+    launch = _depthwise_nhwc_direct.plan(g, numpy.dtype(dtype), backward, index, 16, 16)
+    if backward and stride != 1:
+        assert launch is None
+        return
+    assert launch is not None and launch.expression.endswith(f"{index}>")
+    conv = dict(stride=stride, padding=padding, layout="NHWC")
+    w = random(rng, w_shape, dtype)
+    if backward:
+        src = random(rng, y_shape, dtype)
+        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, **conv)
+        b, dst = None, poisoned(x_shape, dtype)
+    else:
+        src = random(rng, x_shape, dtype)
+        b = random(rng, c, dtype)
+        want = reference.depthwise_conv2d(src, w, b, **conv)
+        dst = poisoned(y_shape, dtype)
+    launch(cupy.asarray(src), cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
+    error = relative_error(dst, want)
+    record_errors("depthwise NHWC direct kernel", str(numpy.dtype(dtype)),
+                  {("backward_input" if backward else f"forward s{stride}"): error})
+    assert error <= TOLERANCE[numpy.dtype(dtype)]
+
+
+def test_nhwc_direct_kernel_dispatch_follows_the_mode(rng, monkeypatch):
+    x = cupy.asarray(random(rng, (2, 9, 9, 16), numpy.float16))
+    w = cupy.asarray(random(rng, (16, 1, 3, 3), numpy.float16))
+    for stride in (1, 2):
+        g = _validate.conv_geometry(x.shape, w.shape, stride, 1, 1, layout="NHWC")
+        for mode, taken in (("always", True), ("never", False)):
+            monkeypatch.setattr(_depthwise_nhwc_direct, "MODE", mode)
+            forward = depthwise._forward_steps(g, "NHWC", x, x).launches[0].expression
+            assert forward.startswith(_depthwise_nhwc_direct.KERNEL) == taken
+            if stride == 1:
+                backward = depthwise._backward_input_steps(g, "NHWC", x, x).launches[0].expression
+                assert backward.startswith(_depthwise_nhwc_direct.KERNEL) == taken
+            y = cupy_dwgn.depthwise_conv2d(x, w, stride=stride, padding=1, layout="NHWC")
+            want = reference.depthwise_conv2d(x.get(), w.get(), None, stride=stride, padding=1, layout="NHWC")
+            assert relative_error(y, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
 
 # The NHWC register-window kernel (_depthwise_nhwc_window), launched
 # directly: odd sizes, every padding form (asymmetric, "valid", larger than

@@ -1,0 +1,81 @@
+"""The NHWC direct kernel (_depthwise_nhwc_direct) against the kernel the ops
+launch without it (the register-window or tiled kernel, whichever the rule
+picks), forward at stride 1 and 2 and backward-input at stride 1, for each
+TW (output columns per thread) in --columns; GPU time per launch (CUDA
+events around 20 launches over 3 rotating copies, after a warm-up pass), the
+memory floor (source + destination bytes at COPY_BYTES_PER_US), and the
+direct kernel's largest difference from the other relative to the largest
+output, plus its unwritten (NaN) outputs.  The figures behind
+_depthwise_nhwc_direct.preferred() and COLUMNS come from it.
+
+    PYTHONPATH=. python benchmarks/depthwise_nhwc_direct.py [--quick] [--columns 2 4 8]
+
+--quick: float16 only.
+"""
+import argparse
+
+import cupy
+import harness
+import numpy
+
+from cupy_dwgn import _depthwise_nhwc_direct as direct
+from cupy_dwgn import _launch, _validate, depthwise
+from cupy_dwgn._dtypes import bfloat16
+
+# (N, C, H = W, filter size, stride); padding K // 2.  The depthwise table's
+# NHWC 3x3/5x5 cells and MobileNet/EfficientNet layers.
+SHAPES = [(64, 144, 56, 3, 1), (64, 384, 28, 3, 1), (64, 96, 112, 3, 2), (64, 240, 28, 5, 1), (64, 960, 7, 3, 1),
+          (64, 32, 112, 3, 1), (64, 192, 56, 3, 1), (64, 576, 14, 3, 1), (64, 144, 56, 3, 2), (64, 240, 56, 5, 2),
+          (64, 672, 28, 5, 2), (64, 480, 14, 5, 1), (64, 1152, 7, 5, 1), (8, 256, 64, 3, 1)]
+DTYPES = [numpy.float16, bfloat16, numpy.float32]
+COPY_BYTES_PER_US = 4.2e6
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--columns", type=int, nargs="+", default=[2, 4, 8])
+    args = parser.parse_args()
+    for n, c, hw, k, stride in SHAPES:
+        g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
+        out_shape = (n, g.out_height, g.out_width, c)
+        for dtype in [numpy.float16] if args.quick else DTYPES:
+            dt = numpy.dtype(dtype)
+            for backward in (False, True) if stride == 1 else (False,):
+                src_shape, dst_shape = (out_shape, (n, hw, hw, c)) if backward else ((n, hw, hw, c), out_shape)
+                srcs = [cupy.random.standard_normal(src_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
+                w = cupy.random.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dt)
+                b = None if backward else cupy.random.standard_normal((c,), dtype=cupy.float32).astype(dt)
+                dsts = [cupy.full(dst_shape, numpy.nan, dtype=dt) for _ in range(3)]
+                arrays = [(s, w, 0 if b is None else b, d) for s, d in zip(srcs, dsts)]
+                build = depthwise._backward_input_steps if backward else depthwise._forward_steps
+                steps = harness.steps_with_mode(direct, "never", build, g, "NHWC", srcs[0], dsts[0])
+                other = steps.launches[0].expression.split("<")[0].replace("dwgn_dwconv_nhwc_", "")
+                times = {other: harness.steps_time_us(steps, arrays)}
+                ref = dsts[0].astype(numpy.float32)
+                diff, nans = 0.0, 0
+                saved = dict(direct.COLUMNS)
+                for tw in args.columns:
+                    direct.COLUMNS[k, stride, dt.itemsize] = tw
+                    direct.plan.cache_clear()
+                    for d in dsts:
+                        d.fill(numpy.nan)
+                    launch = direct.plan(g, dt, backward, _launch.index_type(srcs[0].size, dsts[0].size), 16, 16)
+                    times[f"direct{tw}"] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
+                    got = dsts[0].astype(numpy.float32)
+                    diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))
+                    nans += int(cupy.isnan(got).sum())
+                direct.COLUMNS.clear()
+                direct.COLUMNS.update(saved)
+                direct.plan.cache_clear()
+                floor = (srcs[0].nbytes + dsts[0].nbytes) / COPY_BYTES_PER_US
+                best = min((v, name) for name, v in times.items() if name.startswith("direct"))
+                print(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
+                      + " ".join(f"{name} {v:6.1f}" for name, v in times.items())
+                      + f"  best {best[1]} x{times[other] / best[0]:.2f}  reldiff {diff:.1e} unwritten {nans}",
+                      flush=True)
+                del srcs, dsts, arrays
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Channels-last (NHWC) direct kernel (kernels/depthwise_nhwc_direct.cu):
+3x3 and 5x5 filters, forward at stride 1 or 2 and backward-input at stride 1
+(the forward correlation with the rotated filter), dilation 1, depth
+multiplier 1, 16-byte channel vectors, float32, float16 and bfloat16.  No
+input staging: each thread loads its inputs straight from global memory.
+
+Launch rule (no user tuning), from the shape only:
+
+* TW output columns per thread, per (filter, stride, element size): ``COLUMNS``.
+* Block: BX channel vectors (16 bytes each; the channel vectors split into
+  nearly equal tiles of at most 32, as _depthwise_nhwc._block) x BY items,
+  at most 256 threads; grid.x = channel tiles, grid.y = the items (image,
+  output row, strip of TW columns) over BY, at most 65535 (the kernel walks
+  the rest grid-stride).
+* Shared memory: the channel tile's K * K taps as float, BX * 16 / itemsize
+  * K * K * 4 bytes.
+
+The ops take it where ``preferred`` says so (float32 on destinations up to
+28 columns wide, float16 3x3 at stride 2); ``MODE`` overrides that for tests
+and benchmarks.
+"""
+
+import functools
+
+import numpy
+
+from . import _compile, _depthwise_nhwc, _dtypes, _launch
+from ._launch import i32
+
+#: "rule": the ops take this kernel where ``preferred`` says it wins;
+#: "always": wherever it serves the call (tests, the sanitizer workload,
+#: benchmarks); "never": not at all.
+MODE = "rule"
+
+KERNEL_FILE = "depthwise_nhwc_direct.cu"
+KERNEL = "dwgn_dwconv_nhwc_direct"
+FILTER_SIZES = ((3, 3), (5, 5))
+DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16)
+#: (stride, backward) compiled per filter size and dtype.
+VARIANTS = ((1, False), (2, False), (1, True))
+#: (K, stride, element size) -> TW output columns per thread, the fastest of
+#: 2 / 4 / 8 on the H200 (benchmarks/depthwise_nhwc_direct.py, 2026-12-01):
+#: float32 8 (4 for 5x5 stride 2: 64x672x28 73.9 against 83.4 with 8),
+#: float16 stride 2 two (64x96x112 66.9 against 90.8 with 4), else 4.
+COLUMNS = {(3, 1, 2): 4, (3, 1, 4): 8, (3, 2, 2): 2, (3, 2, 4): 8,
+           (5, 1, 2): 4, (5, 1, 4): 8, (5, 2, 2): 4, (5, 2, 4): 4}
+VECTOR_BYTES = 16
+
+
+def _expression(dtype, k, stride, backward, index):
+    tw = COLUMNS[k, stride, numpy.dtype(dtype).itemsize]
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, tw, "true" if backward else "false", index)
+
+
+def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True)):
+    """``(file, name expression)`` of every direct-kernel specialization.
+
+    backward: None (both), False (forward) or True (backward-input)."""
+    dtypes = DTYPES if dtypes is None else [numpy.dtype(d) for d in dtypes if numpy.dtype(d) in DTYPES]
+    sizes = FILTER_SIZES if filter_sizes is None else [tuple(s) for s in filter_sizes if tuple(s) in FILTER_SIZES]
+    large_index = (large_index,) if isinstance(large_index, bool) else tuple(large_index)
+    return [
+        (KERNEL_FILE, _expression(dtype, size[0], stride, is_backward, "long long" if large else "int"))
+        for dtype in dtypes for size in dict.fromkeys(sizes) for stride, is_backward in VARIANTS
+        if backward is None or is_backward == backward for large in large_index
+    ]
+
+
+def preferred(g, dtype, backward):
+    """Whether the ops take the direct kernel for ``g`` (where it serves the
+    call): float32 on destinations at most 28 columns wide (3x3, and 5x5 at
+    stride 2 or on rows under 14), and float16 3x3 at stride 2.  Measured on
+    an H200 (2026-12-01, benchmarks/depthwise_nhwc_direct.py, GPU time per
+    launch, us, direct against the kernel the ops took before: the tiled
+    kernel, or the window kernel where its rule takes it):
+
+    * float32: 64x384x28 3x3 forward 52.6 / 57.8, backward-input 51.8 /
+      57.3; 64x960x7 12.7 / 13.1; 64x576x14 25.4 / 25.7; 64x1152x7 5x5 19.4 /
+      24.0; stride 2: 64x144x56 3x3 45.0 / 53.0, 64x240x56 5x5 96.1 / 128.5,
+      64x672x28 5x5 73.9 / 89.6.  Wider destinations about even or slower
+      (64x144x56 3x3 78.9 / 80.9, 64x192x56 102.0 / 100.6, 64x32x112 66.6 /
+      65.0, 64x96x112 stride 2 105.1 / 102.4), as is 5x5 where the window
+      kernel's rule takes it (64x480x14 30.7 / 26.9, 64x240x28 56.2 / 57.7).
+    * float16 3x3 stride 2: 64x96x112 66.9 / 73.5, 64x144x56 31.1 / 34.2.
+      Not bfloat16 (77.2 / 74.0, 34.1 / 34.0), nor 5x5 stride 2 (91.9 /
+      92.8, 73.4 / 73.2), nor half types at stride 1, where the window
+      kernel wins but on 56x56 with 144 channels (64x384x28 48.8 / 36.2,
+      64x192x56 90.0 / 79.2, 64x144x56 66.4 / 72.8).
+    """
+    dtype = numpy.dtype(dtype)
+    k, stride = g.filter_height, g.stride_h
+    dst_width = g.width if backward else g.out_width
+    if dtype == numpy.float32:
+        return dst_width <= 28 and (k == 3 or stride == 2 or dst_width < 14)
+    return dtype == numpy.float16 and k == 3 and stride == 2
+
+
+def select(g, dtype, backward, index, src_alignment, dst_alignment):
+    """``plan(...)`` when the ops take this kernel (per ``MODE``), else None."""
+    if MODE == "never" or (MODE == "rule" and not preferred(g, dtype, backward)):
+        return None
+    return plan(g, dtype, backward, index, src_alignment, dst_alignment)
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(g, dtype, backward, index, src_alignment, dst_alignment):
+    """The Launch for this signature (arrays: src, weight, bias or NULL,
+    dst), or None when this kernel does not serve it.  ``*_alignment``: the
+    largest of 16, 8, 4, 2, 1 dividing the address."""
+    dtype = numpy.dtype(dtype)
+    size = (g.filter_height, g.filter_width)
+    stride = g.stride_h
+    vec = VECTOR_BYTES // dtype.itemsize
+    if (
+        size not in FILTER_SIZES
+        or g.stride_w != stride
+        or stride not in ((1,) if backward else (1, 2))
+        or (g.dilation_h, g.dilation_w) != (1, 1)
+        or g.multiplier != 1
+        or dtype not in DTYPES
+        or g.channels % vec != 0
+        or src_alignment % VECTOR_BYTES != 0
+        or dst_alignment % VECTOR_BYTES != 0
+    ):
+        return None
+    k = size[0]
+    if backward:
+        src_h, src_w, dst_h, dst_w = g.out_height, g.out_width, g.height, g.width
+        # Backward-input = correlation with the rotated filter, shifted by
+        # (filter - 1 - pad); negative when the padding exceeds the filter.
+        offset_top, offset_left = k - 1 - g.pad_top, k - 1 - g.pad_left
+    else:
+        src_h, src_w, dst_h, dst_w = g.height, g.width, g.out_height, g.out_width
+        offset_top, offset_left = g.pad_top, g.pad_left
+    if min(g.batch, src_h, src_w, dst_h, dst_w) <= 0:
+        return None
+    tw = COLUMNS[k, stride, dtype.itemsize]
+    strips = -(-dst_w // tw)
+    items = g.batch * dst_h * strips
+    tiles, bx, by = _depthwise_nhwc._block(g.channels // vec)
+    blocks_y = max(1, min(-(-items // by), _launch.MAX_GRID_Y))
+    shared = k * k * bx * vec * 4
+    scalars = (
+        i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(g.channels), i32(offset_top), i32(offset_left),
+        i32(strips), _launch.index_scalar(index, items),
+    )
+    return _launch.Launch(KERNEL_FILE, _expression(dtype, k, stride, backward, index), (tiles, blocks_y), (bx, by),
+                          shared, scalars)
