@@ -62,9 +62,10 @@ def nhwc_window():
     # oversized padding (negative backward offsets), several channel tiles
     # and spatial tiles, a 4-byte offset destination, and channel-tile groups
     # of 1, 2 and 4 (launched directly).
-    from cupy_dwgn import _depthwise_nhwc_window, _validate, depthwise as dw
+    from cupy_dwgn import _depthwise_nhwc_direct, _depthwise_nhwc_window, _validate, depthwise as dw
 
-    _depthwise_nhwc_window.MODE, dw._SIGNATURES = "always", {}
+    # The direct kernel, ahead of the window kernel in the dispatch, is off.
+    _depthwise_nhwc_window.MODE, _depthwise_nhwc_direct.MODE, dw._SIGNATURES = "always", "never", {}
     try:
         for dtype in (cupy.float32, cupy.float16):
             for x_shape, k, padding in [
@@ -82,7 +83,7 @@ def nhwc_window():
                 for group in (2, 4):
                     _depthwise_nhwc_window.plan(g, x.dtype, False, "int", 16, 16, group)(x, w, b, y)
     finally:
-        _depthwise_nhwc_window.MODE, dw._SIGNATURES = "rule", {}
+        _depthwise_nhwc_window.MODE, _depthwise_nhwc_direct.MODE, dw._SIGNATURES = "rule", "rule", {}
 
 
 def nhwc_wgrad():

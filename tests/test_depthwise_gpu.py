@@ -556,8 +556,9 @@ def test_nhwc_window_kernel_matches_reference(case, dtype, backward, dst_offset,
 def test_nhwc_window_dispatch_when_forced(dtype, rng, monkeypatch):
     # With MODE "always", the NHWC ops launch the window kernel for every stride-1 3x3/5x5/7x7 forward and
     # backward-input (also where the rule prefers the tiled kernels), and match the reference; the other shapes keep
-    # their kernels.
+    # their kernels.  (The direct kernel, ahead of it in the dispatch, is off.)
     monkeypatch.setattr(_depthwise_nhwc_window, "MODE", "always")
+    monkeypatch.setattr(_depthwise_nhwc_direct, "MODE", "never")
     monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under the rule
     x_shape = (2, 20, 23, 32)  # NHWC
     for k, padding in ((3, 1), (5, ((1, 3), (2, 2))), (7, 3)):
