@@ -25,7 +25,7 @@ import math
 
 import numpy
 
-from . import _compile, _dtypes, _launch
+from . import _compile, _dtypes, _launch, _validate
 from ._launch import i32
 
 KERNEL_FILE = "depthwise_nchw_plane.cu"
@@ -107,15 +107,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         or numpy.dtype(dtype) not in DTYPES
     ):
         return None
-    if backward:
-        src_h, src_w, dst_h, dst_w = g.out_height, g.out_width, g.height, g.width
-        # Backward-input = correlation with the rotated filter, shifted by
-        # (filter - 1 - pad); negative when the padding exceeds the filter.
-        offset_top = g.filter_height - 1 - g.pad_top
-        offset_left = g.filter_width - 1 - g.pad_left
-    else:
-        src_h, src_w, dst_h, dst_w = g.height, g.width, g.out_height, g.out_width
-        offset_top, offset_left = g.pad_top, g.pad_left
+    src_h, src_w, dst_h, dst_w, offset_top, offset_left = _validate.correlation_frame(g, backward)
     planes = g.batch * g.channels
     if min(src_h, src_w, dst_h, dst_w) <= 0 or planes >= 2**31 - _MAX_GRID:
         return None

@@ -30,7 +30,7 @@ import functools
 
 import numpy
 
-from . import _compile, _dtypes, _launch
+from . import _compile, _dtypes, _launch, _validate
 from ._launch import i32
 
 KERNEL_FILE = "depthwise_nchw_window.cu"
@@ -137,17 +137,8 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
     itemsize = numpy.dtype(dtype).itemsize
     vec = 16 // itemsize
     columns, rows = _tile(itemsize, g.filter_height)
-    if backward:
-        src_h, src_w, dst_h, dst_w = g.out_height, g.out_width, g.height, g.width
-        # Backward-input = correlation with the rotated filter, shifted by
-        # (filter - 1 - pad); negative when the padding exceeds the filter.
-        offset_top = g.filter_height - 1 - g.pad_top
-        offset_left = g.filter_width - 1 - g.pad_left
-        planes = g.batch * g.channels
-    else:
-        src_h, src_w, dst_h, dst_w = g.height, g.width, g.out_height, g.out_width
-        offset_top, offset_left = g.pad_top, g.pad_left
-        planes = g.batch * g.channels * g.multiplier
+    src_h, src_w, dst_h, dst_w, offset_top, offset_left = _validate.correlation_frame(g, backward)
+    planes = g.batch * g.channels * (1 if backward else g.multiplier)
     strips = -(-dst_w // columns)
     groups = -(-dst_h // rows)
     if strips > _MAX_STRIPS:

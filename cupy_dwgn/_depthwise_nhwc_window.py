@@ -37,7 +37,7 @@ import functools
 
 import numpy
 
-from . import _compile, _dtypes, _launch
+from . import _compile, _dtypes, _launch, _validate
 from ._launch import i32
 
 #: "rule": the ops take this kernel where ``preferred`` says it wins;
@@ -191,14 +191,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, group=GROUP):
     ):
         return None
     k = size[0]
-    if backward:
-        src_h, src_w, dst_h, dst_w = g.out_height, g.out_width, g.height, g.width
-        # Correlation with the rotated filter, shifted by (filter - 1 - pad);
-        # negative when the padding exceeds the filter.
-        offset_top, offset_left = k - 1 - g.pad_top, k - 1 - g.pad_left
-    else:
-        src_h, src_w, dst_h, dst_w = g.height, g.width, g.out_height, g.out_width
-        offset_top, offset_left = g.pad_top, g.pad_left
+    src_h, src_w, dst_h, dst_w, offset_top, offset_left = _validate.correlation_frame(g, backward)
     if min(g.batch, src_h, src_w, dst_h, dst_w) <= 0:
         return None
     tile = _tile(dst_h, dst_w, k)

@@ -223,6 +223,20 @@ ConvGeometry = collections.namedtuple(
 ConvGeometry.__doc__ = "Every size of one depthwise convolution, normalized."
 
 
+def correlation_frame(g, backward):
+    """``(src_h, src_w, dst_h, dst_w, offset_top, offset_left)`` of the
+    correlation a stride-1 kernel computes for ``g``: the forward pass (x ->
+    y, offsets = the padding), or the backward-input pass as the forward
+    correlation of grad_out with the filter rotated by 180 degrees (grad_out
+    -> grad_in, offsets = dilated filter - 1 - padding: negative when the
+    padding exceeds the filter).  Destination value (y, x) reads source
+    (y * stride - offset_top + kh * dilation, likewise x)."""
+    if backward:
+        return (g.out_height, g.out_width, g.height, g.width,
+                (g.filter_height - 1) * g.dilation_h - g.pad_top, (g.filter_width - 1) * g.dilation_w - g.pad_left)
+    return g.height, g.width, g.out_height, g.out_width, g.pad_top, g.pad_left
+
+
 def _padding(padding, filter_size, dilation, stride):
     """int | (h, w) | ((top, bottom), (left, right)) | 'same' | 'valid' -> 4 ints."""
     # Fast paths: plain in-range ints as an int, (h, w) or ((top, bottom), (left, right)).

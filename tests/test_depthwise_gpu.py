@@ -1222,46 +1222,30 @@ def test_seed_bug_backward_input_overwrites_instead_of_accumulating(layout, rng)
 # --- 64-bit indexing ----------------------------------------------------------
 
 
+# (module, NCHW float16 shape, planes checked): just over 2**31 elements
+# with planes straddling it, for the plane-kernel families the rule takes.
+# 1 x 2739200 x 28 x 28 = 2**31 + 49152 (plane 2739137 straddles 2**31);
+# 1 x 43827300 x 7 x 7 = 2**31 + 54052 (plane 43826196 straddles it).
+# Checked planes: the first, the last wholly below, the straddling one, the
+# first and the last past.
+_OVER_2_31_PLANES = [
+    (_depthwise_nchw_plane, (1, 2739200, 28, 28), (0, 2739136, 2739137, 2739138, 2739199)),
+    (_depthwise_nchw_rows, (1, 43827300, 7, 7), (0, 43826195, 43826196, 43826197, 43827299)),
+]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
-def test_plane_kernel_over_2_31_elements(backward):
-    # 1 x 2739200 x 28 x 28 float16 = 2**31 + 49152 elements: the plane kernel
-    # (preferred for 28x28 half) with 64-bit plane offsets; plane 2739137
-    # straddles 2**31, planes 2739138+ start past it.  Checked planes: the
-    # first, the last wholly below, the straddling one, the first and the
-    # last past.
-    shape = (1, 2739200, 28, 28)
-    assert numpy.prod(shape) >= 2**31 and 2739138 * 784 > 2**31 > 2739137 * 784
+@pytest.mark.parametrize("case", _OVER_2_31_PLANES, ids=lambda c: c[0].__name__.split("_", 3)[-1])
+def test_nchw_plane_kernels_over_2_31_elements(case, backward):
+    # The op (with the rule) launches the family's 64-bit-index kernel.
+    module, shape, planes = case
+    plane_size = shape[2] * shape[3]
+    straddling = planes[2]
+    assert numpy.prod(shape) >= 2**31 and (straddling + 1) * plane_size > 2**31 > straddling * plane_size
     g = _validate.conv_geometry(shape, (shape[1], 1, 3, 3), 1, 1, 1)
-    assert _depthwise_nchw_plane.preferred(g, numpy.dtype(numpy.float16), backward)
     src = cupy.random.default_rng(9).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
     w_host = random(numpy.random.default_rng(9), (shape[1], 1, 3, 3), numpy.float16)
-    w = cupy.asarray(w_host)
-    if backward:
-        out = cupy_dwgn.depthwise_conv2d_backward_input(src, w, shape, padding=1)
-    else:
-        out = cupy_dwgn.depthwise_conv2d(src, w, padding=1)
-    for c in (0, 2739136, 2739137, 2739138, 2739199):
-        plane, wc = src[:, c : c + 1].get(), w_host[c : c + 1]
-        if backward:
-            want = reference.depthwise_conv2d_backward_input(plane, wc, plane.shape, padding=1)
-        else:
-            want = reference.depthwise_conv2d(plane, wc, padding=1)
-        assert relative_error(out[:, c : c + 1], want) <= TOLERANCE[numpy.dtype(numpy.float16)]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
-def test_rows_kernel_over_2_31_elements(backward):
-    # 1 x 43827300 x 7 x 7 float16 = 2**31 + 54052 elements: the row kernel
-    # (through the op, with the rule) with 64-bit plane offsets; plane
-    # 43826196 straddles 2**31.  Checked planes: the first, the last wholly
-    # below, the straddling one, the first and the last past.
-    shape = (1, 43827300, 7, 7)
-    assert numpy.prod(shape) >= 2**31 and 43826197 * 49 > 2**31 > 43826196 * 49
-    g = _validate.conv_geometry(shape, (shape[1], 1, 3, 3), 1, 1, 1)
-    src = cupy.random.default_rng(12).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
-    w_host = random(numpy.random.default_rng(12), (shape[1], 1, 3, 3), numpy.float16)
     w = cupy.asarray(w_host)
     if backward:
         out = cupy_dwgn.depthwise_conv2d_backward_input(src, w, shape, padding=1)
@@ -1269,9 +1253,9 @@ def test_rows_kernel_over_2_31_elements(backward):
     else:
         out = cupy_dwgn.depthwise_conv2d(src, w, padding=1)
         steps = depthwise._forward_steps(g, "NCHW", src, out)
-    assert steps.launches[0].expression == _depthwise_nchw_rows.plan(
-        g, numpy.dtype(numpy.float16), backward, "long long").expression
-    for c in (0, 43826195, 43826196, 43826197, 43827299):
+    expression = steps.launches[0].expression
+    assert expression.startswith(module.KERNEL) and expression.endswith("long long>")
+    for c in planes:
         plane, wc = src[:, c : c + 1].get(), w_host[c : c + 1]
         if backward:
             want = reference.depthwise_conv2d_backward_input(plane, wc, plane.shape, padding=1)
