@@ -356,7 +356,7 @@ def test_rows_kernel_matches_reference(case, dtype, backward, rng):
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 def test_rows_kernel_with_64bit_indices(backward, rng):
     # The long long specialization on a small tensor (the >= 2**31-element
-    # run is test_rows_kernel_over_2_31_elements).
+    # run is test_nchw_plane_kernels_over_2_31_elements).
     x_shape, k = (2, 7, 7, 7), 3
     g = _validate.conv_geometry(x_shape, (7, 1, k, k), 1, 1, 1)
     src = random(rng, x_shape, numpy.float32)
