@@ -94,21 +94,10 @@ template <> struct Load<__nv_bfloat16, 2> {
   }
 };
 
-// The LC values at p as raw storage, or +0.0 when !ok (p is then
-// not read).  Callers pass a safe address when !ok: without that select
-// ptxas formed every address of a row up front and spilled with 64-bit
-// indices.  A row's raw loads are all issued before any is unpacked: with
-// load and unpack in one branch per value, ptxas waited on each half-type
-// load before issuing the next (measured: 64x144x56 fp16 178 us, 20% issue
-// active, 15 long-scoreboard stall cycles per instruction).
-template <typename T, int LC>
-__device__ __forceinline__ typename Load<T, LC>::Raw load_raw(const T* p, bool ok) {
-  return ok ? *reinterpret_cast<const typename Load<T, LC>::Raw*>(p) : Load<T, LC>::zero();
-}
-
-// A raw word of zeros in global memory: the loads of a row outside the
-// image read it (address step 0), so a whole row is zeroed by three
-// selects per row instead of one select or predicate per value.
+// A raw word of zeros in global memory.  The loads of a row outside the
+// image (and of the prefetch past a strip's last row) read it with address
+// step 0, so zeroing a row costs three selects per row, not a test per
+// value; the edge walk also points masked columns at it.  Never written.
 __device__ unsigned int zero_word;
 
 template <typename T>
@@ -189,10 +178,16 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
     int ih = ih_first;
     const T* x_row = x + ((static_cast<long long>(n) * height + ih_first) * width + iw0) * channels + c;
     const T* g_row = grad_out + ((static_cast<IndexT>(n) * out_h + oh0) * out_w + ow0) * channels + c;
-    // Raw loads of the next x row / grad_out row, all issued before any is
-    // unpacked.  A row outside the image, and the prefetch past the strip's
-    // last row (!live), read the zero word with address step 0; col_ok(e)
-    // masks columns (the edge walk; always true in the interior walk).
+    // Raw loads of the next x row / grad_out row.  A row's raw loads are all
+    // issued before any is unpacked: with load and unpack in one branch per
+    // value, ptxas waited on each half-type load before issuing the next
+    // (measured: 64x144x56 fp16 178 us, 20% issue active, 15 long-scoreboard
+    // stall cycles per instruction; 2.7x slower).  A row outside the image,
+    // and the prefetch past the strip's last row (!live), read the zero word
+    // with step 0.  col_ok(e) masks a column by pointing its load at the zero
+    // word (the edge walk; a 64-bit select per value, fewer instructions
+    // than a predicated load and a zero move, which ptxas spread over saved
+    // predicates); the interior walk passes a constant true.
     auto next_x_row = [&](Raw (&raw)[IW], bool live, auto col_ok) {
       const bool ok = live && ih >= 0 && ih < height;
       const T* p = ok ? x_row : zero_row<T>();
