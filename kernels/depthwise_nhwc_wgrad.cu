@@ -234,29 +234,36 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
 
       // PF: the next step's raw values are loaded before this step's FMAs
       // (one step of loads always in flight, IW * NEW + TW more registers).
-      Raw xr[NEW][IW], gr[TW];
-      if (PF) load_step(xr, gr, 0);
+      // With an even unroll U the two buffers alternate (compile-time
+      // indices); with an odd one the next step's values are copied into
+      // buffer 0 after the FMAs.  An odd slot period P is unrolled twice
+      // where that fits (3 -> 6: ptxas no longer moves the 10-16 raw
+      // registers every P steps; 5 -> 10 spilled).
+      constexpr int U = PF && P % 2 && 2 * P <= 6 ? 2 * P : P;
+      constexpr bool alternate = U % 2 == 0;
+      Raw xb[PF ? 2 : 1][NEW][IW], gb[PF ? 2 : 1][TW];
+      if (PF) load_step(xb[0], gb[0], 0);
       // The break between rows keeps ptxas from hoisting the next row's loads
       // into this row's FMAs: a branch-free walk of whole P-row groups did
       // that and spilled in 26 of the 36 specializations at 128 registers.
-      for (int j0 = 0; j0 < rows; j0 += P) {
+      for (int j0 = 0; j0 < rows; j0 += U) {
 #pragma unroll
-        for (int ph = 0; ph < P; ++ph) {
+        for (int ph = 0; ph < U; ++ph) {
           const int j = j0 + ph;
           if (j >= rows) break;
-          Raw xn[NEW][IW], gn[TW];
+          const int cur = PF && alternate ? ph % 2 : 0;
           if (PF) {
-            load_step(xn, gn, j + 1);
+            load_step(xb[alternate ? cur ^ 1 : 1], gb[alternate ? cur ^ 1 : 1], j + 1);
           } else {
-            load_step(xr, gr, j);
+            load_step(xb[0], gb[0], j);
           }
 #pragma unroll
           for (int q = 0; q < NEW; ++q)
 #pragma unroll
-            for (int e = 0; e < IW; ++e) Load<T, LC>::unpack(xr[q][e], ring[(ph * S + NEW0 + q) % KR][e]);
+            for (int e = 0; e < IW; ++e) Load<T, LC>::unpack(xb[cur][q][e], ring[(ph * S + NEW0 + q) % KR][e]);
           float g[TW][LC];
 #pragma unroll
-          for (int t = 0; t < TW; ++t) Load<T, LC>::unpack(gr[t], g[t]);
+          for (int t = 0; t < TW; ++t) Load<T, LC>::unpack(gb[cur][t], g[t]);
 #pragma unroll
           for (int kh = 0; kh < KR; ++kh) {
             // Block-uniform: only the last group of a K not divisible by
@@ -270,13 +277,13 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
                 for (int l = 0; l < LC; ++l)
                   acc[kh][kw][l] = fmaf(g[t][l], ring[(ph * S + kh) % KR][t * S + kw][l], acc[kh][kw][l]);
           }
-          if (PF) {
+          if (PF && !alternate) {
 #pragma unroll
             for (int q = 0; q < NEW; ++q)
 #pragma unroll
-              for (int e = 0; e < IW; ++e) xr[q][e] = xn[q][e];
+              for (int e = 0; e < IW; ++e) xb[0][q][e] = xb[1][q][e];
 #pragma unroll
-            for (int t = 0; t < TW; ++t) gr[t] = gn[t];
+            for (int t = 0; t < TW; ++t) gb[0][t] = gb[1][t];
           }
         }
       }
