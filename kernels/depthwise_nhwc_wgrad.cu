@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
     // than a predicated load and a zero move, which ptxas spread over saved
     // predicates); the interior walk passes a constant true.
     auto next_x_row = [&](Raw (&raw)[IW], bool live, auto col_ok) {
-      const bool ok = live && ih >= 0 && ih < height;
+      const bool ok = live && static_cast<unsigned>(ih) < static_cast<unsigned>(height);
       const T* p = ok ? x_row : zero_row<T>();
       const int step = ok ? channels : 0;
 #pragma unroll
