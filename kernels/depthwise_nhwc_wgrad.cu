@@ -288,8 +288,13 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
         }
       }
     };
-    // Interior unit (thread-uniform): every column valid, no masks.
-    if (x_cols == (1u << IW) - 1 && g_cols == (1u << TW) - 1) {
+    // Interior unit (thread-uniform): every column valid, no masks.  A warp
+    // holds 32 / (L * CTB) workers, each on its own unit (neighbouring
+    // column strips): the interior walk only where all of the warp's units
+    // are interior, else the edge walk for all (both walks give the same
+    // values), so that a warp never runs both walks one after the other.
+    const bool interior = x_cols == (1u << IW) - 1 && g_cols == (1u << TW) - 1;
+    if (__all_sync(__activemask(), interior)) {
       walk([](int) { return true; }, [](int) { return true; });
     } else {
       walk([&](int e) { return ((x_cols >> e) & 1u) != 0; }, [&](int t) { return ((g_cols >> t) & 1u) != 0; });
