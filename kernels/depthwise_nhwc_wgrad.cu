@@ -43,6 +43,14 @@
 //   never walked.  No other bounds checks in the walk.  The rows of a tap
 //   group past K are never multiplied (the FMAs of filter rows >= K - kh0
 //   are skipped, block-uniform).
+// * Addresses: a row is loaded from a running row pointer as p + e * step,
+//   one IMAD.WIDE per value.  A row outside the image reads a zero word in
+//   global memory with step 0 (three selects per row).  A unit whose IW
+//   input columns are all in [0, x_w_limit) and TW grad_out columns all
+//   < out_w is interior; where every unit of a warp is (a vote), the warp
+//   walks without column masks, else with a mask per value (its load
+//   pointed at the zero word).  Both walks are one lambda, instantiated
+//   twice; they load the same values.
 // * Splits.  blockIdx.x = channel block * groups + tap group; blockIdx.y = the
 //   split: a contiguous range [split * units_per_split, ...) of the units
 //   (n-major, then row strip, then column strip), worker w taking units
@@ -55,7 +63,8 @@
 //
 // Template parameters: T; K (3, 5, 7); S (1, 2); LC (1, 2); KR filter rows
 // per thread; TW output columns per thread; PF (0, 1: prefetch); IndexT (int, or long long when a
-// tensor has >= 2**31 elements: image, row and pixel offsets use it).  The
+// tensor has >= 2**31 elements: image and row offsets use it; a strip's
+// first x row pointer is formed in 64 bits either way).  The
 // host (cupy_dwgn/_depthwise_nhwc_wgrad.py) picks the configuration and the
 // split; it requires C % CT == 0 and both arrays aligned to LC * sizeof(T).
 
@@ -185,9 +194,10 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
     // stall cycles per instruction; 2.7x slower).  A row outside the image,
     // and the prefetch past the strip's last row (!live), read the zero word
     // with step 0.  col_ok(e) masks a column by pointing its load at the zero
-    // word (the edge walk; a 64-bit select per value, fewer instructions
-    // than a predicated load and a zero move, which ptxas spread over saved
-    // predicates); the interior walk passes a constant true.
+    // word (the edge walk: a bit test and a 64-bit select per value; a
+    // predicated load into a zeroed word saved 0-15% of the edge walk's
+    // instructions, with predicates spilled to registers, and spilled one
+    // specialization); the interior walk passes a constant true.
     auto next_x_row = [&](Raw (&raw)[IW], bool live, auto col_ok) {
       const bool ok = live && static_cast<unsigned>(ih) < static_cast<unsigned>(height);
       const T* p = ok ? x_row : zero_row<T>();
