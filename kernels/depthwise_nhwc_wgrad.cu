@@ -107,7 +107,7 @@ template <> struct Load<__nv_bfloat16, 2> {
 // image (and of the prefetch past a strip's last row) read it with address
 // step 0, so zeroing a row costs three selects per row, not a test per
 // value; the edge walk also points masked columns at it.  Never written.
-__device__ unsigned int zero_word;
+__device__ unsigned int zero_word = 0;
 
 template <typename T>
 __device__ __forceinline__ const T* zero_row() {
