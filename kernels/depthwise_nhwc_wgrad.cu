@@ -43,6 +43,14 @@
 //   never walked.  No other bounds checks in the walk.  The rows of a tap
 //   group past K are never multiplied (the FMAs of filter rows >= K - kh0
 //   are skipped, block-uniform).
+// * Addresses: a row is loaded from a running row pointer as p + e * step,
+//   one IMAD.WIDE per value.  A row outside the image reads a zero word in
+//   global memory with step 0 (three selects per row).  A unit whose IW
+//   input columns are all in [0, x_w_limit) and TW grad_out columns all
+//   < out_w is interior; where every unit of a warp is (a vote), the warp
+//   walks without column masks, else with a mask per value (its load
+//   pointed at the zero word).  Both walks are one lambda, instantiated
+//   twice; they load the same values.
 // * Splits.  blockIdx.x = channel block * groups + tap group; blockIdx.y = the
 //   split: a contiguous range [split * units_per_split, ...) of the units
 //   (n-major, then row strip, then column strip), worker w taking units
@@ -55,7 +63,8 @@
 //
 // Template parameters: T; K (3, 5, 7); S (1, 2); LC (1, 2); KR filter rows
 // per thread; TW output columns per thread; PF (0, 1: prefetch); IndexT (int, or long long when a
-// tensor has >= 2**31 elements: image, row and pixel offsets use it).  The
+// tensor has >= 2**31 elements: image and row offsets use it; a strip's
+// first x row pointer is formed in 64 bits either way).  The
 // host (cupy_dwgn/_depthwise_nhwc_wgrad.py) picks the configuration and the
 // split; it requires C % CT == 0 and both arrays aligned to LC * sizeof(T).
 
@@ -94,16 +103,15 @@ template <> struct Load<__nv_bfloat16, 2> {
   }
 };
 
-// The LC values at p as raw storage, or +0.0 when !ok (p is then
-// not read).  Callers pass a safe address when !ok: without that select
-// ptxas formed every address of a row up front and spilled with 64-bit
-// indices.  A row's raw loads are all issued before any is unpacked: with
-// load and unpack in one branch per value, ptxas waited on each half-type
-// load before issuing the next (measured: 64x144x56 fp16 178 us, 20% issue
-// active, 15 long-scoreboard stall cycles per instruction).
-template <typename T, int LC>
-__device__ __forceinline__ typename Load<T, LC>::Raw load_raw(const T* p, bool ok) {
-  return ok ? *reinterpret_cast<const typename Load<T, LC>::Raw*>(p) : Load<T, LC>::zero();
+// A raw word of zeros in global memory.  The loads of a row outside the
+// image (and of the prefetch past a strip's last row) read it with address
+// step 0, so zeroing a row costs three selects per row, not a test per
+// value; the edge walk also points masked columns at it.  Never written.
+__device__ unsigned int zero_word = 0;
+
+template <typename T>
+__device__ __forceinline__ const T* zero_row() {
+  return reinterpret_cast<const T*>(&zero_word);
 }
 
 constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
@@ -123,6 +131,7 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
   constexpr int NEW0 = KR > S ? KR - S : 0;                      // first new ring row per step
   constexpr int NEW = KR - NEW0;                                 // new ring rows per step
   static_assert(IW <= 32, "column mask is 32 bits");
+  static_assert(KR >= S, "the steps load consecutive input rows");
   extern __shared__ __align__(16) float red[];  // [W][KR][K][CTB * CT]
 
   const int chb = tiles_per_block * CT;  // channels per block
@@ -149,6 +158,8 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
       for (int l = 0; l < LC; ++l) acc[kh][kw][l] = 0.0f;
 
   const int per_image = row_strips * col_strips;
+  const IndexT x_pitch = static_cast<IndexT>(width) * channels;  // elements per row
+  const IndexT g_pitch = static_cast<IndexT>(out_w) * channels;
   for (int u = begin + worker; active && u < end; u += workers) {
     const int n = u / per_image;
     const int rest = u - n * per_image;
@@ -166,96 +177,137 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
 #pragma unroll
     for (int t = 0; t < TW; ++t)
       if (ow0 + t < out_w) g_cols |= 1u << t;
-    const T* x_img = x + static_cast<IndexT>(n) * height * width * channels + c;
-    const T* g_img = grad_out + static_cast<IndexT>(n) * out_h * out_w * channels + c;
-
-    float ring[KR][IW][LC];
-    // Ring row r = input row ih_first + r.  Not masked by the tap group's
-    // row count: a row loaded as filter row KR-1 is read as rows KR-1-S, ...
-    // by the next output rows.
-    using Raw = typename Load<T, LC>::Raw;
-    // Raw loads of ring row r (input row ih_first + r), all issued before
-    // any is unpacked.
-    auto load_row = [&](Raw (&raw)[IW], int r, bool live) {
-      const int ih = ih_first + r;
-      const bool row_ok = live && ih >= 0 && ih < height;
-      const T* row = x_img + (static_cast<IndexT>(row_ok ? ih : 0) * width + iw0) * channels;
-#pragma unroll
-      for (int e = 0; e < IW; ++e) {
-        const bool ok = row_ok && ((x_cols >> e) & 1u);
-        raw[e] = load_raw<T, LC>(ok ? row + e * channels : x, ok);
-      }
-    };
-    // Raw loads of the step of output row j (its NEW rows of x and its TW
-    // grad_out values); nothing is read for j >= rows (the prefetch past
-    // the last row).
     const int rows = oh1 - oh0;
-    auto load_step = [&](Raw (&xr)[NEW][IW], Raw (&gr)[TW], int j) {
-      const bool live = j < rows;
-#pragma unroll
-      for (int q = 0; q < NEW; ++q) load_row(xr[q], j * S + NEW0 + q, live);
-      const T* g_row = g_img + (static_cast<IndexT>(oh0 + (live ? j : 0)) * out_w + ow0) * channels;
-#pragma unroll
-      for (int t = 0; t < TW; ++t) {
-        const bool ok = live && ((g_cols >> t) & 1u);
-        gr[t] = load_raw<T, LC>(ok ? g_row + t * channels : grad_out, ok);
-      }
-    };
-    {
-      Raw first[NEW0 > 0 ? NEW0 : 1][IW];
-#pragma unroll
-      for (int r = 0; r < NEW0; ++r) load_row(first[r], r, true);
-#pragma unroll
-      for (int r = 0; r < NEW0; ++r)
-#pragma unroll
-        for (int e = 0; e < IW; ++e) Load<T, LC>::unpack(first[r][e], ring[r][e]);
-    }
+    using Raw = typename Load<T, LC>::Raw;
 
-    // PF: the next step's raw values are loaded before this step's FMAs
-    // (one step of loads always in flight, IW * NEW + TW more registers).
-    Raw xr[NEW][IW], gr[TW];
-    if (PF) load_step(xr, gr, 0);
-    // The break between rows keeps ptxas from hoisting the next row's loads
-    // into this row's FMAs: a branch-free walk of whole P-row groups did
-    // that and spilled in 26 of the 36 specializations at 128 registers.
-    for (int j0 = 0; j0 < rows; j0 += P) {
+    // Row cursors: the next x row to load (input row ih at column iw0; the
+    // pointer may lie outside x and is read only while 0 <= ih < height)
+    // and the next grad_out row (output row oh0, oh0 + 1, ... at column ow0).
+    // (64-bit: ih_first may lie past the last image's last row.)
+    int ih = ih_first;
+    const T* x_row = x + ((static_cast<long long>(n) * height + ih_first) * width + iw0) * channels + c;
+    const T* g_row = grad_out + ((static_cast<IndexT>(n) * out_h + oh0) * out_w + ow0) * channels + c;
+    // Raw loads of the next x row / grad_out row.  A row's raw loads are all
+    // issued before any is unpacked: with load and unpack in one branch per
+    // value, ptxas waited on each half-type load before issuing the next
+    // (measured: 64x144x56 fp16 178 us, 20% issue active, 15 long-scoreboard
+    // stall cycles per instruction; 2.7x slower).  A row outside the image,
+    // and the prefetch past the strip's last row (!live), read the zero word
+    // with step 0.  col_ok(e) masks a column by pointing its load at the zero
+    // word (the edge walk: a bit test and a 64-bit select per value; a
+    // predicated load into a zeroed word saved 0-15% of the edge walk's
+    // instructions, with predicates spilled to registers, and spilled one
+    // specialization); the interior walk passes a constant true.
+    auto next_x_row = [&](Raw (&raw)[IW], bool live, auto col_ok) {
+      const bool ok = live && static_cast<unsigned>(ih) < static_cast<unsigned>(height);
+      const T* p = ok ? x_row : zero_row<T>();
+      const int step = ok ? channels : 0;
 #pragma unroll
-      for (int ph = 0; ph < P; ++ph) {
-        const int j = j0 + ph;
-        if (j >= rows) break;
-        Raw xn[NEW][IW], gn[TW];
-        if (PF) {
-          load_step(xn, gn, j + 1);
-        } else {
-          load_step(xr, gr, j);
-        }
+      for (int e = 0; e < IW; ++e)
+        raw[e] = *reinterpret_cast<const Raw*>(col_ok(e) ? p + e * step : zero_row<T>());
+      ++ih;
+      x_row += x_pitch;
+    };
+    auto next_g_row = [&](Raw (&raw)[TW], bool live, auto col_ok) {
+      const T* p = live ? g_row : zero_row<T>();
+      const int step = live ? channels : 0;
 #pragma unroll
-        for (int q = 0; q < NEW; ++q)
+      for (int t = 0; t < TW; ++t)
+        raw[t] = *reinterpret_cast<const Raw*>(col_ok(t) ? p + t * step : zero_row<T>());
+      g_row += g_pitch;
+    };
+
+    // The walk of the unit's rows, for column masks x_ok / g_ok.
+    auto walk = [&](auto x_ok, auto g_ok) {
+      float ring[KR][IW][LC];
+      // Ring row r = input row ih_first + r.  Not masked by the tap group's
+      // row count: a row loaded as filter row KR-1 is read as rows KR-1-S,
+      // ... by the next output rows.
+      {
+        Raw first[NEW0 > 0 ? NEW0 : 1][IW];
 #pragma unroll
-          for (int e = 0; e < IW; ++e) Load<T, LC>::unpack(xr[q][e], ring[(ph * S + NEW0 + q) % KR][e]);
-        float g[TW][LC];
+        for (int r = 0; r < NEW0; ++r) next_x_row(first[r], true, x_ok);
 #pragma unroll
-        for (int t = 0; t < TW; ++t) Load<T, LC>::unpack(gr[t], g[t]);
+        for (int r = 0; r < NEW0; ++r)
 #pragma unroll
-        for (int kh = 0; kh < KR; ++kh) {
-          if (kh >= rows_here) break;  // block-uniform
+          for (int e = 0; e < IW; ++e) Load<T, LC>::unpack(first[r][e], ring[r][e]);
+      }
+      // Raw loads of the step of output row j (its NEW rows of x and its TW
+      // grad_out values); nothing is read for j >= rows (the prefetch past
+      // the last row).
+      auto load_step = [&](Raw (&xr)[NEW][IW], Raw (&gr)[TW], int j) {
+        const bool live = j < rows;
 #pragma unroll
-          for (int kw = 0; kw < K; ++kw)
+        for (int q = 0; q < NEW; ++q) next_x_row(xr[q], live, x_ok);
+        next_g_row(gr, live, g_ok);
+      };
+
+      // PF: the next step's raw values are loaded before this step's FMAs
+      // (one step of loads always in flight, IW * NEW + TW more registers).
+      // With an even unroll U the two buffers alternate (compile-time
+      // indices); with an odd one the next step's values are copied into
+      // buffer 0 after the FMAs.  An odd slot period P is unrolled twice
+      // where that fits (3 -> 6: ptxas no longer moves the 10-16 raw
+      // registers every P steps; 5 -> 10 spilled).
+      constexpr int U = PF && P % 2 && 2 * P <= 6 ? 2 * P : P;
+      constexpr bool alternate = U % 2 == 0;
+      Raw xb[PF ? 2 : 1][NEW][IW], gb[PF ? 2 : 1][TW];
+      if (PF) load_step(xb[0], gb[0], 0);
+      // The break between rows keeps ptxas from hoisting the next row's loads
+      // into this row's FMAs: a branch-free walk of whole P-row groups did
+      // that and spilled in 26 of the 36 specializations at 128 registers.
+      for (int j0 = 0; j0 < rows; j0 += U) {
 #pragma unroll
-            for (int t = 0; t < TW; ++t)
-#pragma unroll
-              for (int l = 0; l < LC; ++l)
-                acc[kh][kw][l] = fmaf(g[t][l], ring[(ph * S + kh) % KR][t * S + kw][l], acc[kh][kw][l]);
-        }
-        if (PF) {
+        for (int ph = 0; ph < U; ++ph) {
+          const int j = j0 + ph;
+          if (j >= rows) break;
+          const int cur = PF && alternate ? ph % 2 : 0;
+          if (PF) {
+            load_step(xb[alternate ? cur ^ 1 : 1], gb[alternate ? cur ^ 1 : 1], j + 1);
+          } else {
+            load_step(xb[0], gb[0], j);
+          }
 #pragma unroll
           for (int q = 0; q < NEW; ++q)
 #pragma unroll
-            for (int e = 0; e < IW; ++e) xr[q][e] = xn[q][e];
+            for (int e = 0; e < IW; ++e) Load<T, LC>::unpack(xb[cur][q][e], ring[(ph * S + NEW0 + q) % KR][e]);
+          float g[TW][LC];
 #pragma unroll
-          for (int t = 0; t < TW; ++t) gr[t] = gn[t];
+          for (int t = 0; t < TW; ++t) Load<T, LC>::unpack(gb[cur][t], g[t]);
+#pragma unroll
+          for (int kh = 0; kh < KR; ++kh) {
+            // Block-uniform: only the last group of a K not divisible by
+            // KR has fewer rows (K % KR), so only rows >= K % KR test it.
+            if (K % KR != 0 && kh >= K % KR && kh >= rows_here) break;
+#pragma unroll
+            for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+              for (int t = 0; t < TW; ++t)
+#pragma unroll
+                for (int l = 0; l < LC; ++l)
+                  acc[kh][kw][l] = fmaf(g[t][l], ring[(ph * S + kh) % KR][t * S + kw][l], acc[kh][kw][l]);
+          }
+          if (PF && !alternate) {
+#pragma unroll
+            for (int q = 0; q < NEW; ++q)
+#pragma unroll
+              for (int e = 0; e < IW; ++e) xb[0][q][e] = xb[1][q][e];
+#pragma unroll
+            for (int t = 0; t < TW; ++t) gb[0][t] = gb[1][t];
+          }
         }
       }
+    };
+    // Interior unit (thread-uniform): every column valid, no masks.  A warp
+    // holds 32 / (L * CTB) workers, each on its own unit (neighbouring
+    // column strips): the interior walk only where all of the warp's units
+    // are interior, else the edge walk for all (both walks give the same
+    // values), so that a warp never runs both walks one after the other.
+    const bool interior = x_cols == (1u << IW) - 1 && g_cols == (1u << TW) - 1;
+    if (__all_sync(__activemask(), interior)) {
+      walk([](int) { return true; }, [](int) { return true; });
+    } else {
+      walk([&](int e) { return ((x_cols >> e) & 1u) != 0; }, [&](int t) { return ((g_cols >> t) & 1u) != 0; });
     }
   }
 

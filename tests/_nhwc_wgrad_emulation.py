@@ -5,12 +5,18 @@ the notes.  Per block (blockIdx.x = channel block * groups + tap group,
 blockIdx.y = split) and spatial worker, the threads' channels are one
 vector (ctl * CT + lane * LC + l covers the block's CTB * CT channels in
 order); everything else follows the kernel loop by loop: the unit range and
-the worker stride, the unit decode, the column masks, the ring rows with
-their slots ((ph*S + kh) % KR, the walk unrolled by P), the zero fill, the
+the worker stride, the unit decode, the column masks, the row cursors (the
+next x row and grad_out row, advanced one row per load whether read or not:
+the flat offsets the kernel's pointers hold), the prefetch order (PF: step
+j + 1 loaded in step j), the ring rows with their slots ((ph*S + kh) % KR,
+the walk unrolled by P, or 2P with PF where P = 3), the zero fill (rows
+outside the image, the prefetch past the last row, masked columns), the
 tap-group mask, the reduction red[w][kh][kw][channel] summed over w in
 order, the partial stores.  float64 throughout; a ring slot read before it
 is written is NaN and poisons the result; every global read asserts that
-its (n, row, column, channel) lies inside the array."""
+its flat offset is the (n, row, column, channel) element and lies inside
+the array.  The kernel's interior walk (no column masks, taken per warp)
+reads the same values as the masked one, so only the latter is here."""
 
 import math
 
@@ -21,7 +27,7 @@ def _template(expression):
     args = expression[expression.index("<") + 1 : -1].split(", ")
     itemsize = {"float": 4, "__half": 2, "__nv_bfloat16": 2, "double": 8}[args[0]]
     k, s, lc, kr, tw = (int(v) for v in args[1:6])
-    return itemsize, k, s, lc, kr, tw, args[6]
+    return itemsize, k, s, lc, kr, tw, int(args[6])
 
 
 def emulate(launch, grad_out, x):
@@ -30,12 +36,14 @@ def emulate(launch, grad_out, x):
     was walked.  ``grad_out``: (N, OH, OW, C), ``x``: (N, H, W, C)."""
     (height, width, channels, out_h, out_w, pad_top, pad_left, x_w_limit, row_strip, row_strips, col_strips, units,
      per_split, ctb, groups) = (int(v) for v in launch.scalars)
-    itemsize, k, s, lc, kr, tw, _ = _template(launch.expression)
+    itemsize, k, s, lc, kr, tw, prefetch = _template(launch.expression)
     ct = 32 // itemsize
     lanes = ct // lc
     iw_cols = (tw - 1) * s + k
     period = kr // math.gcd(kr, s)
     new0 = kr - s if kr > s else 0
+    # The walk's unroll: the slot period, doubled where odd and 3 with the prefetch.
+    unroll = 2 * period if prefetch and period % 2 and 2 * period <= 6 else period
     grid_x, splits = launch.grid[0], launch.grid[1]
     threads = launch.block[0]
     chb = ctb * ct
@@ -48,6 +56,7 @@ def emulate(launch, grad_out, x):
     assert col_strips * tw >= out_w > (col_strips - 1) * tw
     assert grid_x == -(-channels // chb) * groups and groups * kr >= k > (groups - 1) * kr
     x64, g64 = x.astype(numpy.float64), grad_out.astype(numpy.float64)
+    xf, gf = x64.reshape(-1), g64.reshape(-1)  # flat, as the kernel's pointers see them
     partial = numpy.full((splits, k * k, channels), numpy.nan)
     writes = numpy.zeros(partial.shape, numpy.int64)
     visits = numpy.zeros((grid_x, units), numpy.int64)
@@ -79,42 +88,77 @@ def emulate(launch, grad_out, x):
                     ih_first = oh0 * s - pad_top + kh0
                     x_cols = [0 <= iw0 + e < x_w_limit for e in range(iw_cols)]
                     g_cols = [ow0 + t < out_w for t in range(tw)]
+                    rows = oh1 - oh0
                     ring = numpy.full((kr, iw_cols, chb), numpy.nan)
+                    # The row cursors: next x row (input row, flat element
+                    # offset of its column iw0 less the channel) and next
+                    # grad_out row (flat offset); the kernel's pointers.
+                    x_cur = [ih_first, ((n * height + ih_first) * width + iw0) * channels]
+                    g_cur = [oh0, ((n * out_h + oh0) * out_w + ow0) * channels]
 
-                    def load_row(slot, r):
-                        ih = ih_first + r
-                        row_ok = 0 <= ih < height
+                    def next_x_row(r, live):
+                        """Raw values of ring row r from the x cursor (a row
+                        outside the image, not live, or a masked column:
+                        the zero word)."""
+                        ih, off = x_cur
+                        assert ih == ih_first + r, "the steps load consecutive rows"
+                        ok = live and 0 <= ih < height
+                        raw = numpy.zeros((iw_cols, chb))
                         for e in range(iw_cols):
-                            if row_ok and x_cols[e]:
-                                assert 0 <= iw0 + e < width
-                                ring[slot, e, active] = x64[n, ih, iw0 + e, c]
-                                ring[slot, e, ~active] = numpy.nan  # never loaded (inactive threads)
-                            else:
-                                ring[slot, e] = 0.0
+                            if ok and x_cols[e]:  # p + e * step
+                                flat = off + e * channels + c
+                                assert 0 <= iw0 + e < width and flat.min() >= 0 and flat.max() < xf.size
+                                assert (flat == ((n * height + ih) * width + iw0 + e) * channels + c).all()
+                                raw[e, active] = xf[flat]
+                                raw[e, ~active] = numpy.nan  # never loaded (inactive threads)
+                        x_cur[0] += 1
+                        x_cur[1] += width * channels
+                        return raw
 
+                    def next_g_row(j, live):
+                        oh, off = g_cur
+                        assert oh == oh0 + j
+                        raw = numpy.zeros((tw, chb))
+                        for t in range(tw):
+                            if live and g_cols[t]:
+                                assert oh < out_h
+                                flat = off + t * channels + c
+                                assert flat.min() >= 0 and flat.max() < gf.size
+                                raw[t, active] = gf[flat]
+                        g_cur[0] += 1
+                        g_cur[1] += out_w * channels
+                        return raw
+
+                    def load_step(j):
+                        live = j < rows
+                        return [next_x_row(j * s + new0 + q, live) for q in range(kr - new0)], next_g_row(j, live)
+
+                    # The interior walk (every column valid) and the edge
+                    # walk read the same values; the kernel picks one per
+                    # warp, so both are the masked reads here.
                     for r in range(new0):
-                        load_row(r, r)
+                        ring[r] = next_x_row(r, True)
+                    following = load_step(0) if prefetch else None
                     j0 = 0
-                    while j0 < oh1 - oh0:
-                        for ph in range(period):
+                    while j0 < rows:
+                        for ph in range(unroll):
                             j = j0 + ph
-                            if j >= oh1 - oh0:
+                            if j >= rows:
                                 break
-                            for kh in range(new0, kr):
-                                load_row((ph * s + kh) % kr, j * s + kh)
-                            oh = oh0 + j
-                            assert 0 <= oh < out_h
-                            g = numpy.zeros((tw, chb))
-                            for t in range(tw):
-                                if g_cols[t]:
-                                    g[t, active] = g64[n, oh, ow0 + t, c]
+                            if prefetch:
+                                (xr, g), following = following, load_step(j + 1)
+                            else:
+                                xr, g = load_step(j)
+                            for q, raw in enumerate(xr):
+                                ring[(ph * s + new0 + q) % kr] = raw
+                            assert 0 <= oh0 + j < out_h
                             for kh in range(kr):
                                 if kh >= rows_here:
                                     break
                                 window = ring[(ph * s + kh) % kr][kw_t]  # [kw][t][channel]
                                 for t in range(tw):  # the kernel's order: t innermost per (kh, kw)
                                     acc[kh] += g[t] * window[:, t]
-                        j0 += period
+                        j0 += unroll
                     u += workers
                 red[worker] = acc
             # One thread per (tap, channel) entry sums the workers in order.
