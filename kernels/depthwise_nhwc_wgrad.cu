@@ -193,32 +193,32 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
     // (measured: 64x144x56 fp16 178 us, 20% issue active, 15 long-scoreboard
     // stall cycles per instruction; 2.7x slower).  A row outside the image,
     // and the prefetch past the strip's last row (!live), read the zero word
-    // with step 0.  col_ok(e) masks a column by pointing its load at the zero
+    // with step 0.  Bit e of col_mask clear masks a column by pointing its load at the zero
     // word (the edge walk: a bit test and a 64-bit select per value; a
     // predicated load into a zeroed word saved 0-15% of the edge walk's
     // instructions, with predicates spilled to registers, and spilled one
-    // specialization); the interior walk passes a constant true.
-    auto next_x_row = [&](Raw (&raw)[IW], bool live, auto col_ok) {
+    // specialization); the interior walk passes constant all-ones masks.
+    auto next_x_row = [&](Raw (&raw)[IW], bool live, unsigned col_mask) {
       const bool ok = live && static_cast<unsigned>(ih) < static_cast<unsigned>(height);
       const T* p = ok ? x_row : zero_row<T>();
       const int step = ok ? channels : 0;
 #pragma unroll
       for (int e = 0; e < IW; ++e)
-        raw[e] = *reinterpret_cast<const Raw*>(col_ok(e) ? p + e * step : zero_row<T>());
+        raw[e] = *reinterpret_cast<const Raw*>((col_mask >> e) & 1u ? p + e * step : zero_row<T>());
       ++ih;
       x_row += x_pitch;
     };
-    auto next_g_row = [&](Raw (&raw)[TW], bool live, auto col_ok) {
+    auto next_g_row = [&](Raw (&raw)[TW], bool live, unsigned col_mask) {
       const T* p = live ? g_row : zero_row<T>();
       const int step = live ? channels : 0;
 #pragma unroll
       for (int t = 0; t < TW; ++t)
-        raw[t] = *reinterpret_cast<const Raw*>(col_ok(t) ? p + t * step : zero_row<T>());
+        raw[t] = *reinterpret_cast<const Raw*>((col_mask >> t) & 1u ? p + t * step : zero_row<T>());
       g_row += g_pitch;
     };
 
     // The walk of the unit's rows, for column masks x_ok / g_ok.
-    auto walk = [&](auto x_ok, auto g_ok) {
+    auto walk = [&](unsigned x_ok, unsigned g_ok) {
       float ring[KR][IW][LC];
       // Ring row r = input row ih_first + r.  Not masked by the tap group's
       // row count: a row loaded as filter row KR-1 is read as rows KR-1-S,
@@ -304,10 +304,13 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kM
     // are interior, else the edge walk for all (both walks give the same
     // values), so that a warp never runs both walks one after the other.
     const bool interior = x_cols == (1u << IW) - 1 && g_cols == (1u << TW) - 1;
+    // The masks are lambda arguments, not generic-lambda functors: NVRTC
+    // 13.0 (the GPU image's, and CI's) crashes compiling generic lambdas
+    // here; the inlined walk folds the interior call's constant masks.
     if (__all_sync(__activemask(), interior)) {
-      walk([](int) { return true; }, [](int) { return true; });
+      walk((1u << IW) - 1, (1u << TW) - 1);
     } else {
-      walk([&](int e) { return ((x_cols >> e) & 1u) != 0; }, [&](int t) { return ((g_cols >> t) & 1u) != 0; });
+      walk(x_cols, g_cols);
     }
   }
 
