@@ -317,12 +317,13 @@ def _cccl_include_options():
 
 
 def filter_size_specializations(file, expression, supported_dtypes, supported_sizes, dtypes=None,
-                                filter_sizes=None, large_index=(False, True)):
-    """``(file, expression(dtype, filter size, index type))`` for every
-    supported dtype and filter size among those asked for (None: all) and
-    every index width in ``large_index`` (False: int, True: long long): the
-    specializations() of the kernel modules compiled per dtype, filter size
-    and index width."""
+                                filter_sizes=None, large_index=(False, True), variants=((),)):
+    """``(file, expression(dtype, filter size, index type, *variant))`` for
+    every supported dtype and filter size among those asked for (None: all),
+    every tuple in ``variants`` (a kernel's other template choices, e.g.
+    (stride, backward)) and every index width in ``large_index`` (False:
+    int, True: long long): the specializations() of the kernel modules
+    compiled per dtype, filter size and index width."""
     import numpy
 
     dtypes = supported_dtypes if dtypes is None else [
@@ -331,8 +332,8 @@ def filter_size_specializations(file, expression, supported_dtypes, supported_si
         tuple(s) for s in filter_sizes if tuple(s) in supported_sizes]
     large_index = (large_index,) if isinstance(large_index, bool) else tuple(large_index)
     return [
-        (file, expression(dtype, size, "long long" if large else "int"))
-        for dtype in dtypes for size in dict.fromkeys(sizes) for large in large_index
+        (file, expression(dtype, size, "long long" if large else "int", *variant))
+        for dtype in dtypes for size in dict.fromkeys(sizes) for variant in variants for large in large_index
     ]
 
 

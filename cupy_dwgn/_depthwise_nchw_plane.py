@@ -84,14 +84,10 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
     """``(file, name expression)`` of every plane-kernel specialization.
 
     backward: None (both), False (forward) or True (backward-input)."""
-    dtypes = DTYPES if dtypes is None else [d for d in dtypes if numpy.dtype(d) in DTYPES]
-    sizes = FILTER_SIZES if filter_sizes is None else [tuple(s) for s in filter_sizes if tuple(s) in FILTER_SIZES]
-    directions = (False, True) if backward is None else (backward,)
-    large_index = (large_index,) if isinstance(large_index, bool) else large_index
-    return [
-        (KERNEL_FILE, _expression(dtype, size, is_backward, "long long" if large else "int"))
-        for dtype in dtypes for size in sizes for is_backward in directions for large in large_index
-    ]
+    return _compile.filter_size_specializations(
+        KERNEL_FILE, lambda dtype, size, index, is_backward: _expression(dtype, size, is_backward, index),
+        DTYPES, FILTER_SIZES, dtypes, filter_sizes, large_index,
+        [(False,), (True,)] if backward is None else [(backward,)])
 
 
 @functools.lru_cache(maxsize=512)

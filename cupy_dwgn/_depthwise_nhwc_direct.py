@@ -56,14 +56,10 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
     """``(file, name expression)`` of every direct-kernel specialization.
 
     backward: None (both), False (forward) or True (backward-input)."""
-    dtypes = DTYPES if dtypes is None else [numpy.dtype(d) for d in dtypes if numpy.dtype(d) in DTYPES]
-    sizes = FILTER_SIZES if filter_sizes is None else [tuple(s) for s in filter_sizes if tuple(s) in FILTER_SIZES]
-    large_index = (large_index,) if isinstance(large_index, bool) else tuple(large_index)
-    return [
-        (KERNEL_FILE, _expression(dtype, size[0], stride, is_backward, "long long" if large else "int"))
-        for dtype in dtypes for size in dict.fromkeys(sizes) for stride, is_backward in VARIANTS
-        if backward is None or is_backward == backward for large in large_index
-    ]
+    return _compile.filter_size_specializations(
+        KERNEL_FILE, lambda dtype, size, index, stride, is_backward: _expression(dtype, size[0], stride, is_backward, index),
+        DTYPES, FILTER_SIZES, dtypes, filter_sizes, large_index,
+        [v for v in VARIANTS if backward is None or v[1] == backward])
 
 
 def preferred(g, dtype, backward):

@@ -123,13 +123,9 @@ def _expression(dtype, k, stride, index):
 
 def specializations(dtypes=None, filter_sizes=None, large_index=(False, True)):
     """``(file, name expression)`` of every specialization (both strides)."""
-    dtypes = DTYPES if dtypes is None else [numpy.dtype(d) for d in dtypes if numpy.dtype(d) in DTYPES]
-    sizes = FILTER_SIZES if filter_sizes is None else [tuple(s) for s in filter_sizes if tuple(s) in FILTER_SIZES]
-    large_index = (large_index,) if isinstance(large_index, bool) else tuple(large_index)
-    return [
-        (KERNEL_FILE, _expression(dtype, size[0], stride, "long long" if large else "int"))
-        for dtype in dtypes for size in dict.fromkeys(sizes) for stride in STRIDES for large in large_index
-    ]
+    return _compile.filter_size_specializations(
+        KERNEL_FILE, lambda dtype, size, index, stride: _expression(dtype, size[0], stride, index),
+        DTYPES, FILTER_SIZES, dtypes, filter_sizes, large_index, [(stride,) for stride in STRIDES])
 
 
 def tiles_per_block(channel_tiles, lanes):
