@@ -278,6 +278,92 @@ def test_nchw_rows_rule():
         g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation)
         assert rows.plan(g, single, False, "int") is None
 
+def _emulate_nhwc_direct(launch, src, weight, bias, backward):
+    """What kernels/depthwise_nhwc_direct.cu computes for ``launch``, in
+    float64, following its index math (channel tile x vector lane, items
+    grid-stride along y, strips of TW columns, the rotated filter for
+    backward-input); returns the destination and how often each value was
+    written."""
+    import numpy
+
+    src_h, src_w, dst_h, dst_w, channels, off_top, off_left, strips, items = (int(v) for v in launch.scalars)
+    k, stride, tw = (int(v) for v in launch.expression.split("<")[1].split(", ")[1:4])
+    vec = 16 // src.dtype.itemsize
+    tiles, blocks_y = launch.grid[0], launch.grid[1]
+    bx, by = launch.block[0], launch.block[1]
+    n = src.shape[0]
+    x = src.astype(numpy.float64)
+    w = weight.astype(numpy.float64).reshape(channels, k, k)
+    if backward:
+        w = w[:, ::-1, ::-1]
+    b = numpy.zeros(channels) if bias is None else bias.astype(numpy.float64)
+    out = numpy.full((n, dst_h, dst_w, channels), numpy.nan)
+    writes = numpy.zeros(out.shape, numpy.int64)
+    for tile in range(tiles):
+        for lane in range(bx):
+            c = (tile * bx + lane) * vec
+            if c >= channels:
+                continue
+            cs = slice(c, c + vec)
+            for start in range(by * blocks_y):  # thread (y) of block (blockIdx.y): first item
+                for item in range(start, items, by * blocks_y):
+                    row_item, strip = divmod(item, strips)
+                    img, oh = divmod(row_item, dst_h)
+                    ow0 = strip * tw
+                    acc = numpy.tile(b[cs], (tw, 1))
+                    for kh in range(k):
+                        ih = oh * stride - off_top + kh
+                        if not 0 <= ih < src_h:
+                            continue
+                        for t in range(tw):
+                            for kw in range(k):
+                                iw = ow0 * stride - off_left + t * stride + kw
+                                if 0 <= iw < src_w:
+                                    acc[t] += w[cs, kh, kw] * x[img, ih, iw, cs]
+                    for t in range(tw):
+                        if ow0 + t < dst_w:
+                            out[img, oh, ow0 + t, cs] = acc[t]
+                            writes[img, oh, ow0 + t, cs] += 1
+    return out, writes
+
+
+@pytest.mark.parametrize("case", [((2, 9, 11, 16), 3, 1, 1), ((1, 7, 10, 24), 5, 1, ((0, 4), (3, 1))),
+                                  ((2, 5, 3, 8), 3, 1, 4), ((1, 9, 13, 40), 3, 2, 1), ((1, 11, 8, 16), 5, 2, 2)],
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[2]}")
+def test_nhwc_direct_kernel_index_math_matches_the_reference(case, monkeypatch):
+    # Every destination value written once and equal to the float64
+    # reference, for both directions, float32 and float16 (4 and 8 channels
+    # a vector: uneven channel tiles), with the plan's grid and with grid.y
+    # capped at 2 blocks (the kernel's grid-stride walk over items).
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_direct as direct
+    from cupy_dwgn import _launch, _validate, reference
+
+    x_shape, k, stride, padding = case
+    c = x_shape[3]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
+    rng = numpy.random.default_rng(11)
+    conv = dict(stride=stride, padding=padding, layout="NHWC")
+    for dtype in (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16)):
+        weight = rng.standard_normal((c, 1, k, k)).astype(dtype)
+        for backward in (False, True) if stride == 1 else (False,):
+            y_shape = (x_shape[0], g.out_height, g.out_width, c)
+            src = rng.standard_normal(y_shape if backward else x_shape).astype(dtype)
+            bias = None if backward else rng.standard_normal(c).astype(dtype)
+            w64, src64 = weight.astype(numpy.float64), src.astype(numpy.float64)
+            if backward:
+                want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, **conv)
+            else:
+                want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64), **conv)
+            for max_grid_y in (_launch.MAX_GRID_Y, 2):
+                monkeypatch.setattr(_launch, "MAX_GRID_Y", max_grid_y)
+                launch = direct.plan.__wrapped__(g, dtype, backward, "int", 16, 16)
+                assert launch.grid[1] <= max_grid_y
+                got, writes = _emulate_nhwc_direct(launch, src, weight, bias, backward)
+                assert (writes == 1).all()
+                numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
 def test_nhwc_direct_rule():
     # Where the ops take the NHWC direct kernel (preferred's docstring), its
     # TW, grid and shared memory, and what it does not serve: misaligned
