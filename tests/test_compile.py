@@ -236,6 +236,73 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
                 assert all(v > 0 for v in launch.grid + launch.block), launch
 
 
+def _emulate_nchw_rows(launch, src, weight, bias, backward):
+    """What kernels/depthwise_nchw_rows.cu computes for ``launch``, in
+    float64, following its index math (thread t: destination row t % dst_h
+    of plane t / dst_h; W columns, those past dst_w not stored; the rotated
+    filter for backward-input); returns the destination and how often each
+    value was written."""
+    import numpy
+
+    channels, src_h, src_w, dst_h, dst_w, off_top, off_left, num_rows = (int(v) for v in launch.scalars)
+    k, _, stride, width = (int(v) for v in launch.expression.split("<")[1].split(", ")[1:5])
+    assert launch.grid[0] * launch.block[0] >= num_rows
+    planes = src.shape[0] * src.shape[1]
+    x = src.astype(numpy.float64).reshape(planes, src_h, src_w)
+    w = weight.astype(numpy.float64).reshape(channels, k, k)
+    if backward:
+        w = w[:, ::-1, ::-1]
+    out = numpy.full((planes, dst_h, dst_w), numpy.nan)
+    writes = numpy.zeros(out.shape, numpy.int64)
+    for t in range(num_rows):
+        plane, y = divmod(t, dst_h)
+        channel = plane % channels
+        acc = numpy.full(width, 0.0 if bias is None else float(bias[channel]))
+        for kh in range(k):
+            row = y * stride - off_top + kh
+            if not 0 <= row < src_h:
+                continue
+            for j in range(width):
+                for kw in range(k):
+                    col = j * stride + kw - off_left
+                    if 0 <= col < src_w:
+                        acc[j] += w[channel, kh, kw] * x[plane, row, col]
+        out[plane, y, :] = acc[:dst_w]
+        writes[plane, y, :] += 1
+    return out.reshape((src.shape[0], src.shape[1], dst_h, dst_w)), writes
+
+
+@pytest.mark.parametrize("case", [((2, 3, 7, 7), 3, 1, 1), ((1, 2, 9, 12), 5, 1, ((0, 4), (3, 1))),
+                                  ((1, 2, 5, 3), 7, 1, 8), ((2, 3, 13, 16), 7, 1, 3), ((1, 3, 14, 15), 3, 2, 1),
+                                  ((1, 2, 9, 9), 5, 2, "valid")],
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[2]}")
+def test_nchw_rows_kernel_index_math_matches_the_reference(case):
+    # Every destination value written once and equal to the float64
+    # reference, both directions (backward at stride 1), both row widths.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_rows as rows
+    from cupy_dwgn import _validate, reference
+
+    x_shape, k, stride, padding = case
+    c = x_shape[1]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
+    rng = numpy.random.default_rng(13)
+    conv = dict(stride=stride, padding=padding)
+    weight = rng.standard_normal((c, 1, k, k))
+    for backward in (False, True) if stride == 1 else (False,):
+        y_shape = (x_shape[0], c, g.out_height, g.out_width)
+        src = rng.standard_normal(y_shape if backward else x_shape)
+        bias = None if backward else rng.standard_normal(c)
+        if backward:
+            want = reference.depthwise_conv2d_backward_input(src, weight, x_shape, **conv)
+        else:
+            want = reference.depthwise_conv2d(src, weight, bias, **conv)
+        launch = rows.plan(g, numpy.dtype(numpy.float32), backward, "int")
+        got, writes = _emulate_nchw_rows(launch, src, weight, bias, backward)
+        assert (writes == 1).all()
+        numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
 def test_nchw_rows_rule():
     # Where the ops take the row kernel (preferred's docstring), the W it
     # compiles, the grid (one thread per destination row), and what it does
