@@ -5,7 +5,7 @@ as benchmarks/group_norm.py measures it) of SD-size and large shapes, SiLU,
 G = 32, one column per setting.  The figures behind the constants'
 comments come from it.
 
-    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward]   # about 30 s on an H200
+    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward | --shipped] [NxHxWxC:dtype ...]   # about 30 s on an H200
 """
 
 import sys
@@ -39,20 +39,24 @@ def clear():
 
 def main():
     backward = "--forward" not in sys.argv[1:]  # --forward: forward only (the statistics split's settings)
+    # --shipped: the shipped rule alone (an A/B of a kernel change across runs)
+    settings = SETTINGS[:1] if "--shipped" in sys.argv[1:] else SETTINGS
+    only = [a for a in sys.argv[1:] if "x" in a]  # e.g. 2x64x64x320:float16 (default: every case)
+    cases = [(tuple(int(v) for v in a.split(":")[0].split("x")), a.split(":")[1]) for a in only] or CASES
     run_facts(torch)  # prints the device, date and copy bandwidth
-    print("case | " + " | ".join(s[0] for s in SETTINGS) + "   (forward/backward GPU us, rotating copies, SiLU)", flush=True)
-    for shape, dtype in CASES:
-        sweep(shape, dtype, backward)
+    print("case | " + " | ".join(s[0] for s in settings) + "   (forward/backward GPU us, rotating copies, SiLU)", flush=True)
+    for shape, dtype in cases:
+        sweep(shape, dtype, backward, settings)
     for k, v in DEFAULT.items():
         setattr(gn, k, v)
     gn.FORWARD_PATH = gn.BACKWARD_PATH = "auto"
     clear()
 
 
-def sweep(shape, dtype, backward):
+def sweep(shape, dtype, backward, settings):
     case = bench.Case(torch, shape, dtype, "silu")
     cells = []
-    for name, knobs, path in SETTINGS:
+    for name, knobs, path in settings:
         for k, v in {**DEFAULT, **knobs}.items():
             setattr(gn, k, v)
         gn.FORWARD_PATH = gn.BACKWARD_PATH = path

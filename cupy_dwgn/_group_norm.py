@@ -15,7 +15,7 @@ import cupy
 import numpy
 from cupy import ndarray as _ndarray
 
-from . import _checks, _compile, _dtypes, _interop, _launch
+from . import _checks, _compile, _dtypes, _interop, _launch, _workspace
 from ._launch import i32
 
 KERNEL_FILE = "group_norm.cu"
@@ -379,29 +379,35 @@ def _column_launch(expression, items, finalize_items, fused, scalars):
 # Argument tuples of the launches (positions the Steps refer to; the
 # workspace temporaries follow them):
 #   forward:  (x, weight or NULL, bias or NULL, y, mean, rstd), then the
-#             partial sums (6), coefficients (7), and mean / rstd (8, 9) when
-#             the caller did not ask for them
+#             partial sums (6), coefficients (7), mean / rstd (8, 9) when
+#             the caller did not ask for them, and last the grid-barrier
+#             words (_workspace.GRID_BARRIER) of the cooperative kernels
 #   backward: (grad_out, x, mean, rstd, weight or NULL, bias or NULL, grad_x,
 #             grad_weight or NULL, grad_bias or NULL), then the partial sums
-#             (9) and coefficients (10)
+#             (9), coefficients (10) and the grid-barrier words (11)
 
 def _forward_steps(plan, mean_temporary, rstd_temporary):
     mean = 8 if mean_temporary else 4
     rstd = 8 + mean_temporary if rstd_temporary else 5
-    temporaries = plan.temporaries + (plan.statistics,) * (mean_temporary + rstd_temporary)
-    if plan.onepass is not None:  # (x, partial, weight, bias, mean, rstd, coefficients, y)
-        return _launch.Steps(((plan.onepass, (0, 6, 1, 2, mean, rstd, 7, 3)),), temporaries)
-    statistics = (plan.first, (0, 6, 1, 2, mean, rstd, 7))  # (x, partial, weight, bias, mean, rstd, coefficients)
+    barrier = 8 + mean_temporary + rstd_temporary
+    temporaries = plan.temporaries + (plan.statistics,) * (mean_temporary + rstd_temporary) + (
+        _workspace.GRID_BARRIER,)
+    if plan.onepass is not None:  # (x, partial, weight, bias, mean, rstd, coefficients, y, barrier)
+        return _launch.Steps(((plan.onepass, (0, 6, 1, 2, mean, rstd, 7, 3, barrier)),), temporaries)
+    # (x, partial, weight, bias, mean, rstd, coefficients, barrier)
+    statistics = (plan.first, (0, 6, 1, 2, mean, rstd, 7, barrier))
     finalize = () if plan.finalize is None else ((plan.finalize, (6, 1, 2, mean, rstd, 7)),)
     return _launch.Steps((statistics, *finalize, (plan.elementwise, (0, 7, 3))), temporaries)
 
 
 def _backward_steps(plan):
-    if plan.onepass is not None:  # (grad_out, x, mean, rstd, w, b, partial, coefficients, dw, db, grad_x)
-        return _launch.Steps(((plan.onepass, (0, 1, 2, 3, 4, 5, 9, 10, 7, 8, 6)),), plan.temporaries)
-    reduce = (plan.first, (0, 1, 2, 3, 4, 5, 9, 10, 7, 8))  # (grad_out, x, mean, rstd, w, b, partial, coefficients, dw, db)
+    temporaries = plan.temporaries + (_workspace.GRID_BARRIER,)
+    if plan.onepass is not None:  # (grad_out, x, mean, rstd, w, b, partial, coefficients, dw, db, grad_x, barrier)
+        return _launch.Steps(((plan.onepass, (0, 1, 2, 3, 4, 5, 9, 10, 7, 8, 6, 11)),), temporaries)
+    # (grad_out, x, mean, rstd, w, b, partial, coefficients, dw, db, barrier)
+    reduce = (plan.first, (0, 1, 2, 3, 4, 5, 9, 10, 7, 8, 11))
     finalize = () if plan.finalize is None else ((plan.finalize, (9, 2, 3, 4, 5, 10, 7, 8)),)
-    return _launch.Steps((reduce, *finalize, (plan.elementwise, (0, 1, 10, 6))), plan.temporaries)
+    return _launch.Steps((reduce, *finalize, (plan.elementwise, (0, 1, 10, 6))), temporaries)
 
 
 class _Entry(typing.NamedTuple):

@@ -27,6 +27,13 @@ except ImportError:  # the references import nothing from here, but stay importa
 #: Every temporary starts on this boundary (cudaMalloc's own alignment).
 ALIGNMENT = 256
 
+#: A request for the buffer's grid-barrier word (dwgn::grid_barrier in
+#: kernels/dwgn_common.cuh): in the first ALIGNMENT bytes of every buffer,
+#: zeroed when it is made (every barrier flips its top bit and leaves the
+#: rest zero), never handed out as a temporary.  Calls on one stream run in
+#: order, so one word per stream serves every cooperative launch on it.
+GRID_BARRIER = "grid barrier"
+
 _BUFFERS = {}  # (device id, stream address) -> cupy uint8 array
 _RETIRED = []
 
@@ -60,9 +67,14 @@ def addresses_on(device, stream, workspace_layout):
 
 @functools.lru_cache(maxsize=1024)
 def layout(requests):
-    """(offset of each request, total bytes), each start ALIGNMENT-aligned."""
-    offsets, total = [], 0
-    for shape, dtype in requests:
+    """(offset of each request, total bytes), each start ALIGNMENT-aligned,
+    after the grid-barrier words (GRID_BARRIER requests get offset 0)."""
+    offsets, total = [], ALIGNMENT
+    for request in requests:
+        if request == GRID_BARRIER:
+            offsets.append(0)
+            continue
+        shape, dtype = request
         offsets.append(total)
         count = 1
         for extent in shape:
@@ -75,10 +87,17 @@ def _grow(key, buffer, total):
     if buffer is not None:
         _RETIRED.append(buffer)
     size = max(total, 2 * buffer.nbytes if buffer is not None else 0, 64 * 1024)
-    buffer = _BUFFERS[key] = _cupy.empty(size, dtype=numpy.uint8)
+    buffer = _cupy.empty(size, dtype=numpy.uint8)
+    _clear_grid_barrier(buffer)
+    _BUFFERS[key] = buffer
     global generation
     generation += 1
     return buffer
+
+
+def _clear_grid_barrier(buffer):
+    """Zero a new buffer's grid-barrier word, on its stream (the current one)."""
+    buffer[:ALIGNMENT].fill(0)
 
 
 def release():

@@ -69,6 +69,37 @@ __device__ __forceinline__ int small_div(int n, float inv_d) {
   return __float2int_rz(__fmaf_rn(static_cast<float>(n), inv_d, 0.5f * inv_d));
 }
 
+// A barrier across every block of a cooperative launch (all blocks resident:
+// cuLaunchCooperativeKernel refuses a grid that does not fit), in place of
+// cooperative_groups::this_grid().sync(): <cooperative_groups.h> costs NVRTC
+// about 2.4 s per program (a GroupNorm kernel compiled in 2.7 s with it,
+// 0.6 s without).  The grid group's own scheme on a word of ours (the
+// per-(device, stream) workspace keeps it: _workspace.GRID_BARRIER; zero
+// when made): every block adds 1 but block 0, which adds 2**31 - (blocks -
+// 1), so the word's top bit flips exactly when the last block arrives and
+// its lower bits are back where they were (zero) for the next barrier; each
+// block waits for the flip.  (A count reset by the last block plus a
+// separate generation word measured ~1 us slower per barrier at 128 blocks:
+// one more dependent round trip to L2.)  Memory: every thread's writes
+// before the barrier are visible to every thread of the grid after it
+// (bar.sync, then thread 0's fence and atomic; its acquire loads and fence).
+__device__ __forceinline__ void grid_barrier(unsigned int* barrier) {
+  __syncthreads();  // the block's writes are ordered before thread 0's arrival
+  if (threadIdx.x == 0) {
+    const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
+    const bool first = blockIdx.x + blockIdx.y + blockIdx.z == 0;
+    const unsigned int add = first ? 0x80000000u - (blocks - 1) : 1u;
+    __threadfence();
+    unsigned int before, now;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(before) : "l"(barrier), "r"(add) : "memory");
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(barrier) : "memory");
+    } while (((before ^ now) & 0x80000000u) == 0);
+    __threadfence();
+  }
+  __syncthreads();  // the whole block waits for thread 0
+}
+
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
 // The order of additions is fixed, so the result is deterministic.
 template <typename Acc>

@@ -18,7 +18,7 @@
 //           is not a multiple of the vector width or a pointer is misaligned)
 //   IndexT  int, or long long when a tensor has >= 2**31 elements
 //
-// Launches (no atomics, no host synchronization; the reduction order depends
+// Launches (no atomics but the grid barrier's counter, no host synchronization; the reduction order depends
 // on the shapes, the vector path (C a multiple of the 16-byte vector and
 // every pointer 16-byte aligned) and the path (fused or split: the
 // finalize's block size) only, never on the grid, so results are
@@ -45,7 +45,6 @@
 // offset_c, never x * scale + shift, for the same reason.
 
 #include "dwgn_common.cuh"
-#include <cooperative_groups.h>
 
 using dwgn::AccType;
 using dwgn::from_acc;
@@ -635,8 +634,9 @@ __device__ __forceinline__ void apply_vector(const T* x, const typename AccType<
 // kernel also does forward pass 2 after a grid barrier: items (n, g), the
 // code of dwgn_gn_fwd_finalize (gn::finalize_group), so the forward takes
 // two launches.  partial is written before the barrier and read after it
-// (the barrier fences memory; no SM read it earlier in this kernel, so no
-// cached copy can be stale), as in the one-pass kernels.  With finalize == 0
+// (dwgn::grid_barrier fences memory; no SM read it earlier in this kernel,
+// so no cached copy can be stale), as in the one-pass kernels.  barrier: the
+// workspace's grid-barrier words (_workspace.GRID_BARRIER).  With finalize == 0
 // (any launch) mean_out, rstd_out, ws, weight and bias are not touched and
 // dwgn_gn_fwd_finalize follows.
 template <typename T, typename W, int VEC, typename IndexT>
@@ -644,9 +644,9 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
                               const W* __restrict__ weight, const W* __restrict__ bias,
                               typename AccType<T>::type* __restrict__ mean_out,
                               typename AccType<T>::type* __restrict__ rstd_out,
-                              typename AccType<T>::type* __restrict__ ws, int N, int S, int C, int G,
-                              int num_chunks, int rows_per_chunk, int cols, int grouped,
-                              typename AccType<T>::type eps, int finalize) {
+                              typename AccType<T>::type* __restrict__ ws, unsigned int* __restrict__ barrier,
+                              int N, int S, int C, int G, int num_chunks, int rows_per_chunk, int cols,
+                              int grouped, typename AccType<T>::type eps, int finalize) {
   using V = gn::Vec<T, VEC>;
   constexpr int RB = gn::row_batch<VEC>();
   using Acc = typename AccType<T>::type;
@@ -693,7 +693,7 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
     __syncthreads();  // the slots are rewritten by the next item
   }
   if (finalize == 0) return;  // grid-uniform
-  cooperative_groups::this_grid().sync();
+  dwgn::grid_barrier(barrier);
   const long long groups = static_cast<long long>(N) * G;
   for (long long item = blockIdx.x; item < groups; item += gridDim.x) {
     const int n = static_cast<int>(item / G);
@@ -974,7 +974,8 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_redu
     const typename AccType<T>::type* __restrict__ rstd, const W* __restrict__ weight,
     const W* __restrict__ bias, typename AccType<T>::type* __restrict__ partial,
     typename AccType<T>::type* __restrict__ ws, W* __restrict__ grad_weight, W* __restrict__ grad_bias,
-    int N, int S, int C, int G, int num_chunks, int rows_per_chunk, int cols, int finalize) {
+    unsigned int* __restrict__ barrier, int N, int S, int C, int G, int num_chunks, int rows_per_chunk, int cols,
+    int finalize) {
   using Acc = typename AccType<T>::type;
   using V = gn::Vec<T, VEC>;
   constexpr int RB = gn::bwd_row_batch<T, VEC>();
@@ -1010,7 +1011,7 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_redu
     __syncthreads();  // the slots are rewritten by the next item
   }
   if (finalize == 0) return;  // grid-uniform
-  cooperative_groups::this_grid().sync();
+  dwgn::grid_barrier(barrier);
   const long long finalize_items = static_cast<long long>(G) * (N + 1LL);
   for (long long item = blockIdx.x; item < finalize_items; item += gridDim.x) {
     const long long y = item / G;
@@ -1051,8 +1052,8 @@ __global__ void dwgn_gn_bwd_dx(
 // ---------------------------------------------------------------------------
 // One-pass forward (one cooperative launch): the three forward passes above
 // in one persistent kernel, separated by two grid-wide barriers
-// (cooperative_groups::this_grid().sync(); the launch must be cooperative,
-// so every block is resident).  Host rule and grid size: _group_norm.py
+// (dwgn::grid_barrier; the launch must be cooperative, so every block is
+// resident).  Host rule and grid size: _group_norm.py
 // (_onepass_plan).
 //
 //   phase 1  items (n, chunk), N * num_chunks of them, blocks stride over
@@ -1135,7 +1136,7 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
     const T* x, double* __restrict__ partial, const W* __restrict__ weight,
     const W* __restrict__ bias, typename AccType<T>::type* __restrict__ mean_out,
     typename AccType<T>::type* __restrict__ rstd_out, typename AccType<T>::type* __restrict__ ws,
-    T* y, int N, int S, int C, int G, int num_chunks, int rows_per_chunk,
+    T* y, unsigned int* __restrict__ barrier, int N, int S, int C, int G, int num_chunks, int rows_per_chunk,
     typename AccType<T>::type eps) {
   using Acc = typename AccType<T>::type;
   using V = gn::Vec<T, VEC>;
@@ -1144,7 +1145,6 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
   __shared__ Acc lane_m2[gn::kOnePassSlots];
   __shared__ double scratch[64];
   __shared__ double broadcast[2];
-  cooperative_groups::grid_group grid = cooperative_groups::this_grid();
 
   // ---- phase 1: per (n, chunk, c) sum and M2.
   const gn::OnePassRows rows_of(C, VEC);
@@ -1170,7 +1170,7 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
     }
     __syncthreads();  // lane_sum / lane_m2 are rewritten by the next item
   }
-  grid.sync();
+  dwgn::grid_barrier(barrier);
 
   // ---- phase 2: per (n, g) statistics and coefficients.
   const int groups = N * G;  // < 2**31: the host checks it
@@ -1180,7 +1180,7 @@ __global__ void __launch_bounds__(gn::onepass_max_block<VEC>()) dwgn_gn_fwd_onep
                        n, item - n * G, S, C, G, num_chunks, rows_per_chunk, false, eps, scratch,
                        broadcast);
   }
-  grid.sync();
+  dwgn::grid_barrier(barrier);
 
   // ---- phase 3: apply.
   const IndexT num_vectors = static_cast<IndexT>(N) * S * cols;
@@ -1225,7 +1225,8 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_onep
     const typename AccType<T>::type* __restrict__ mean, const typename AccType<T>::type* __restrict__ rstd,
     const W* __restrict__ weight, const W* __restrict__ bias, typename AccType<T>::type* __restrict__ partial,
     typename AccType<T>::type* __restrict__ ws, W* __restrict__ grad_weight, W* __restrict__ grad_bias,
-    T* __restrict__ grad_in, int N, int S, int C, int G, int num_chunks, int rows_per_chunk) {
+    T* __restrict__ grad_in, unsigned int* __restrict__ barrier, int N, int S, int C, int G, int num_chunks,
+    int rows_per_chunk) {
   using Acc = typename AccType<T>::type;
   using V = gn::Vec<T, VEC>;
   constexpr int RB = gn::bwd_row_batch<T, VEC>();
@@ -1233,7 +1234,6 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_onep
   __shared__ Acc lane_b[gn::kOnePassSlots];
   __shared__ Acc scratch[2 * 256];
   __shared__ Acc broadcast[2];
-  cooperative_groups::grid_group grid = cooperative_groups::this_grid();
 
   // ---- phase 1: per (n, chunk, c) sums of dz and dz * xhat.
   const gn::OnePassRows rows_of(C, VEC);
@@ -1257,7 +1257,7 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_onep
     }
     __syncthreads();  // lane_a / lane_b are rewritten by the next item
   }
-  grid.sync();
+  dwgn::grid_barrier(barrier);
 
   // ---- phase 2: coefficients (y < N) and weight/bias gradients (y == N).
   const int finalize_items = G * (N + 1);  // < 2**31: the host checks it
@@ -1266,7 +1266,7 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_onep
     gn::bwd_finalize_item(static_cast<const Acc*>(partial), mean, rstd, weight, bias, ws, grad_weight,
                           grad_bias, N, S, C, G, num_chunks, item - y * G, y, scratch, broadcast);
   }
-  grid.sync();
+  dwgn::grid_barrier(barrier);
 
   // ---- phase 3: grad_in.
   const IndexT num_vectors = static_cast<IndexT>(N) * S * cols;

@@ -293,6 +293,36 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
         assert _launch_counts(path) == {{"onepass": 1, "fused": 2, "split": 3}[path]}, path
 
 
+def test_grid_barrier_word_flips_once_per_barrier(rng, set_paths):
+    # The cooperative kernels' grid barrier (dwgn::grid_barrier) uses a word
+    # at the start of the stream's workspace: each barrier flips its top bit
+    # and leaves its lower bits zero for the next one.  One forward and one
+    # backward call per path: one barrier each on the fused path, two on the
+    # one-pass path, none on the split path.
+    import cupy
+
+    from cupy_dwgn import _workspace
+
+    x = cupy.asarray(random(rng, (2, 16, 16, 64), F32, offset=3.0))
+    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr)
+    for path, barriers in (("fused", 1), ("onepass", 2), ("split", 0)):
+        set_paths(path)
+        y, mean, rstd = gn.group_norm(x, 8, return_stats=True)  # sizes the buffer
+        gn.group_norm_backward(x, x, mean, rstd, 8)
+        buffer = _workspace._BUFFERS[key]
+
+        def word():
+            return int(buffer[:4].view(cupy.uint32).get()[0])
+
+        for call in (lambda: gn.group_norm(x, 8, return_stats=True),
+                     lambda: gn.group_norm_backward(x, x, mean, rstd, 8)):
+            before = word()
+            assert before & 0x7FFFFFFF == 0, (path, hex(before))
+            call()
+            assert _workspace._BUFFERS[key] is buffer
+            assert word() == before ^ (0x80000000 * (barriers % 2)), (path, hex(before), hex(word()))
+
+
 @pytest.mark.parametrize("aligned", [True, False], ids=["vectors", "elements"])
 @pytest.mark.parametrize(
     "shape, groups, dtype",
