@@ -144,7 +144,7 @@ def load_specializations(specializations, *, progress=True, stream=None, jobs=1)
 def cache_in_processes(specializations, jobs, *, progress=True, stream=None):
     """Compile ``specializations`` into CuPy's disk cache from ``jobs``
     spawned processes at once, each on the current device (NVRTC runs on the
-    host, one kernel per process at a time: about 1.5 s each on an H200
+    host, one kernel per process at a time: about 0.3-0.8 s each on an H200
     host).  Each goes through the same loader as a later call (the same
     source, options and name expression), so the later lookups hit the
     cache; CUPY_CACHE_DIR reaches the processes through the environment.
