@@ -272,10 +272,36 @@ __device__ __forceinline__ void block_2x2(const T* __restrict__ g_planes, const 
     }
   }
 }
+
+// Blocks per SM the kernel's register budget is set for (the launch bounds'
+// second argument; 0 = none).  With none, ptxas picks its own register
+// target, and NVRTC 13.0's picks left 4-12 bytes of the loop state (the
+// plane index, the plane count of the in-plane loop, a plane offset) in local
+// memory for the four specializations below: float32 5x5 with 32-bit indices
+// on sm_90 at 40 registers, and with 64-bit indices on sm_80 float32 5x5 at
+// 48, float64 5x5 at 64 and bfloat16 3x3 at 40.  Each states the blocks per
+// SM of that same register count (6 = 40, 5 = 48, 4 = 64 at 256 threads):
+// ptxas then allocates the same count without spilling, so occupancy is as
+// before.  Every other specialization, and every other arch, keeps ptxas's
+// choice (NVRTC 13.5 compiles them all without spills either way).
+template <typename T> constexpr bool kBfloat16 = false;
+template <> constexpr bool kBfloat16<__nv_bfloat16> = true;
+
+template <typename T, int K, typename IndexT>
+constexpr int min_blocks() {
+  constexpr bool wide = sizeof(IndexT) == 8;
+#if __CUDA_ARCH__ == 900
+  return sizeof(T) == 4 && K == 5 && !wide ? 6 : 0;
+#elif __CUDA_ARCH__ == 800
+  return !wide ? 0 : sizeof(T) == 4 && K == 5 ? 5 : sizeof(T) == 8 && K == 5 ? 4 : kBfloat16<T> && K == 3 ? 6 : 0;
+#else
+  return 0;
+#endif
+}
 }  // namespace dwgn_phase
 
 template <typename T, int KH, int KW, typename IndexT>
-__global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_input_stride2(
+__global__ void __launch_bounds__(256, dwgn_phase::min_blocks<T, KH, IndexT>()) dwgn_dwconv2d_bwd_input_stride2(
     const T* __restrict__ grad_out, const T* __restrict__ weight, T* __restrict__ grad_in,
     int batch, int channels, int height, int width, int multiplier, int out_height,
     int out_width, int filter_height_rt, int filter_width_rt, int stride_h, int stride_w,

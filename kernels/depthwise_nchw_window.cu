@@ -104,6 +104,54 @@ struct RowReader<T, LEAD, SPAN, NV, NV> {
   static __device__ __forceinline__ void read(const T*, Acc*) {}
 };
 
+// n / d by dwgn::small_div with __fdividef's reciprocal (within 2 ulp):
+// exact for 0 <= n < 4096 and 1 <= d <= 4096 (checked exhaustively in
+// float32 with the reciprocal 0, 1 and 2 ulp off either way; here n < 256),
+// in 5 instructions against about 20 for an integer division.
+__device__ __forceinline__ int small_quotient(int n, int d) {
+  return dwgn::small_div(n, __fdividef(1.0f, static_cast<float>(d)));
+}
+
+// A thread's item (the same in every unit): destination plane, row group and
+// strip within the unit, whether the unit has it, and the aligned shared
+// column of its reads (its first source value is LEAD further).  item <
+// blockDim.x <= 256; FLOAT_DIV divides with small_quotient.
+struct Item {
+  int plane, group, strip, offset;
+  bool valid;
+};
+template <int RH, int VW, int STRIDE, bool FLOAT_DIV>
+__device__ __forceinline__ Item item_of(int item, int items_per_plane, int strips, int planes_per_unit,
+                                        int plane_rows, int staged_width, int read_base) {
+  Item it;
+  it.plane = FLOAT_DIV ? small_quotient(item, items_per_plane) : item / items_per_plane;
+  const int rest = item - it.plane * items_per_plane;
+  it.group = FLOAT_DIV ? small_quotient(rest, strips) : rest / strips;
+  it.strip = rest - it.group * strips;
+  it.valid = item < planes_per_unit * items_per_plane;
+  it.offset = (it.plane * plane_rows + it.group * RH * STRIDE) * staged_width + it.strip * VW * STRIDE + read_base;
+  return it;
+}
+
+// Whether the item is recomputed at every step rather than held in registers
+// across the step loop: half types 7x7 backward-input, whose weights (49),
+// accumulators (32) and source row (14 floats) fill the 128-register budget;
+// NVRTC 13.0 kept the item's shared offset in local memory there (4-8 bytes,
+// one local load per step; sm_90, and sm_80 with 64-bit indices).  The
+// recomputation (two float-reciprocal divisions, a few multiply-adds) is
+// about 20 instructions per step against ~1600 FMAs.
+template <typename T, int KH, bool BACKWARD>
+constexpr bool kItemPerStep = sizeof(T) == 2 && KH == 7 && BACKWARD;
+
+// threadIdx.x read through asm volatile: the compiler can neither hoist it
+// out of a loop nor merge it with another read, so what is computed from it
+// is computed where it stands.
+__device__ __forceinline__ int thread_x_here() {
+  int x;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(x));
+  return x;
+}
+
 }  // namespace dwgn_window
 
 template <typename V> __device__ __forceinline__ V zero_value() { return V(0.0f); }
@@ -280,16 +328,9 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
   }
   }
 
-  // This thread's item (the same in every unit).
-  const int item = threadIdx.x;
-  const int item_plane = item / items_per_plane;
-  const int item_rest = item - item_plane * items_per_plane;
-  const int item_group = item_rest / strips;
-  const int item_strip = item_rest - item_group * strips;
-  const bool has_item = item < planes_per_unit * items_per_plane;
-  // Aligned shared column of this item's reads (its first source value is LEAD further).
-  const int item_offset = (item_plane * plane_rows + item_group * RH * STRIDE) * staged_width +
-                          item_strip * VW * STRIDE + read_base;
+  // This thread's item (the same in every unit; unused when kItemPerStep).
+  const dwgn_window::Item item_once = dwgn_window::item_of<RH, VW, STRIDE, false>(
+      threadIdx.x, items_per_plane, strips, planes_per_unit, plane_rows, staged_width, read_base);
 
   const float inv_plane_rows = __frcp_rn(static_cast<float>(plane_rows));
   auto stage = [&](int unit, int source, int buffer) {
@@ -329,11 +370,16 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
       else dwgn::cp_async_commit();  // an empty group keeps wait_group<1> counting right
     }
 
+    const dwgn_window::Item item =
+        dwgn_window::kItemPerStep<T, KH, BACKWARD>
+            ? dwgn_window::item_of<RH, VW, STRIDE, true>(dwgn_window::thread_x_here(), items_per_plane, strips,
+                                                         planes_per_unit, plane_rows, staged_width, read_base)
+            : item_once;
     const int first_plane = unit / num_bands * planes_per_unit;
     const int band_row0 = (unit - unit / num_bands * num_bands) * band_height;
-    const int dst_plane = first_plane + item_plane;
-    const int dst_row0 = band_row0 + item_group * RH;
-    const bool active = has_item && dst_plane < num_dst_planes && dst_row0 < dst_height;
+    const int dst_plane = first_plane + item.plane;
+    const int dst_row0 = band_row0 + item.group * RH;
+    const bool active = item.valid && dst_plane < num_dst_planes && dst_row0 < dst_height;
     const int filter = BACKWARD ? (dst_plane % channels) * multiplier + source : dst_plane % out_channels;
     // Weights are read before the wait so their latency overlaps it.
     Acc w[KH * KW];
@@ -381,7 +427,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
     }
 
     if (active) {
-      const T* item_src = buffers + (flat ? 0 : (step & 1) * buffer_elems) + item_offset;
+      const T* item_src = buffers + (flat ? 0 : (step & 1) * buffer_elems) + item.offset;
 #pragma unroll
       for (int r = 0; r < ROWS_IN; ++r) {
         Acc row[SPAN];
@@ -401,7 +447,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
     }
     if (source == sources - 1) {  // block-uniform: the barriers below are safe
       const Acc bias_value = (!BACKWARD && bias != nullptr && active) ? to_acc(bias[filter]) : Acc(0);
-      const int col0 = item_strip * VW;
+      const int col0 = item.strip * VW;
       if (direct_stores) {
         // dst_width % VEC == 0 and dst is 16-byte aligned (host checked):
         // every strip is whole and aligned; streaming store, y is not re-read.
@@ -437,7 +483,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
         T* const flat_out = flat ? raw_buffers + (step & 1) * flat_elems : buffers + (step & 1) * buffer_elems;
         if (!flat) __syncthreads();  // every item has finished reading this buffer
         if (active) {
-          const int item_base = shift + (item_plane * unit_rows + dst_row0 - band_row0) * dst_width + col0;
+          const int item_base = shift + (item.plane * unit_rows + dst_row0 - band_row0) * dst_width + col0;
 #pragma unroll
           for (int j = 0; j < RH; ++j) {
             if (dst_row0 + j >= dst_height) break;

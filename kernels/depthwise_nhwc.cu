@@ -29,7 +29,7 @@ using dwgn::AccType;
 using dwgn::from_acc;
 using dwgn::to_acc;
 
-// dwnhwc:: Pack, load_vec, store_vec, load_shared, load_or_zero, block_range.
+// dwnhwc:: Pack, load_vec, load_vec_bits, store_vec, load_shared, load_or_zero, block_range.
 #include "dwgn_nhwc_vector.cuh"
 
 // Direct convolution dst = src (*) filter, one launch, used for
@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(256, 3) dwgn_dwconv_nhwc_tiled(
 #pragma unroll
     for (int r = 0; r < kInRows; ++r) {
       Acc xv[VEC];
-      dwnhwc::load_vec<VEC>(x_thread + (r * in_w + kw) * slice_channels, xv);
+      dwnhwc::load_vec_bits<VEC>(x_thread + (r * in_w + kw) * slice_channels, xv);
 #pragma unroll
       for (int j = 0; j < RO; ++j) {
         const int kh = r - j * STRIDE;

@@ -48,7 +48,7 @@
 // elements: items and element offsets use it).
 
 #include "dwgn_common.cuh"
-// dwnhwc:: load_vec, store_vec, load_or_zero, block_range (used here).
+// dwnhwc:: load_vec_bits, store_vec, load_or_zero, block_range (used here).
 #include "dwgn_nhwc_vector.cuh"
 
 template <typename T, int K, int TW, typename IndexT>
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(256, 2) dwgn_dwconv_nhwc_bwd_input_s2(
       Acc x[IN_C][VEC];
 #pragma unroll
       for (int e = 0; e < IN_C; ++e)
-        dwnhwc::load_or_zero<VEC, T, Acc, IndexT>(x[e], g_row, b0 - (R - 1) + e, out_w, channels);
+        dwnhwc::load_or_zero<VEC, T, Acc, IndexT, true>(x[e], g_row, b0 - (R - 1) + e, out_w, channels);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int kh = i + 2 * m;
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(256, 2) dwgn_dwconv_nhwc_bwd_input_s2(
           const int j = kw & 1;
           const int nn = kw >> 1;  // pixel pair b = b0 + t reads column b - nn = x[t - nn + R - 1]
           Acc w[VEC];  // one 16-byte shared load, converted (exact: the weights are T)
-          dwnhwc::load_vec<VEC>(w_thread + (kh * K + kw) * tile_channels, w);
+          dwnhwc::load_vec_bits<VEC>(w_thread + (kh * K + kw) * tile_channels, w);
 #pragma unroll
           for (int t = 0; t < TW; ++t)
 #pragma unroll

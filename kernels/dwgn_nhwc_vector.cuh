@@ -27,6 +27,34 @@ __device__ __forceinline__ void load_vec(const T* p, Acc (&a)[VEC]) {
   for (int v = 0; v < VEC; ++v) a[v] = dwgn::to_acc(pk.v[v]);
 }
 
+// load_vec, with bfloat16 widened by bit operations: the low element of each
+// 32-bit pair is its bits << 16, the high one its bits with the low 16
+// cleared (the float __bfloat162float gives), one instruction per element
+// where the conversion spends two on the high one (extract, then shift) and
+// a register to hold it.  The tiled conv and the phase kernel use it: NVRTC
+// 13.0 left 8 bytes in local memory in their bfloat16 7x7 stride-2 (64-bit
+// indices, sm_90) and 5x5 (64-bit indices, sm_80) specializations, which sit
+// at their register caps (80 and 128).  Elsewhere load_vec stays: there the
+// change moved ptxas's register counts both ways, across occupancy steps.
+template <int VEC, typename T, typename Acc>
+__device__ __forceinline__ void load_vec_bits(const T* p, Acc (&a)[VEC]) {
+  load_vec<VEC>(p, a);
+}
+
+template <int VEC>
+__device__ __forceinline__ void load_vec_bits(const __nv_bfloat16* p, float (&a)[VEC]) {
+  if constexpr (VEC % 2 == 0) {
+    const Pack<unsigned int, VEC / 2> pk = *reinterpret_cast<const Pack<unsigned int, VEC / 2>*>(p);
+#pragma unroll
+    for (int v = 0; v < VEC / 2; ++v) {
+      a[2 * v] = __uint_as_float(pk.v[v] << 16);
+      a[2 * v + 1] = __uint_as_float(pk.v[v] & 0xffff0000u);
+    }
+  } else {
+    load_vec<VEC>(p, a);
+  }
+}
+
 template <int VEC, typename T, typename Acc>
 __device__ __forceinline__ void store_vec(T* p, const Acc (&a)[VEC]) {
   Pack<T, VEC> pk;
@@ -56,12 +84,17 @@ __device__ __forceinline__ Pack<T, VEC> load_pack_or_zero(const T* p, bool ok) {
   return pk;
 }
 
-// Column iw of an input row, or zeros outside [0, width) (padding).
-template <int VEC, typename T, typename Acc, typename IndexT>
+// Column iw of an input row, or zeros outside [0, width) (padding); BITS:
+// loaded with load_vec_bits.
+template <int VEC, typename T, typename Acc, typename IndexT, bool BITS = false>
 __device__ __forceinline__ void load_or_zero(Acc (&a)[VEC], const T* row, int iw, int width,
                                              int channels) {
   if (iw >= 0 && iw < width) {
-    load_vec<VEC>(row + static_cast<IndexT>(iw) * channels, a);
+    if constexpr (BITS) {
+      load_vec_bits<VEC>(row + static_cast<IndexT>(iw) * channels, a);
+    } else {
+      load_vec<VEC>(row + static_cast<IndexT>(iw) * channels, a);
+    }
   } else {
 #pragma unroll
     for (int v = 0; v < VEC; ++v) a[v] = Acc(0);
