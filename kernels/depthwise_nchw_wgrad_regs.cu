@@ -80,11 +80,21 @@ namespace dwgn_nchw_regs {
 constexpr int kThreads = 128;  // block size (host: THREADS)
 constexpr int kWarps = kThreads / 32;
 
-// Blocks per SM the register budget is set for: 3x3 <= 96 registers, 5x5
-// <= 128, 7x7 <= 168 (no spills at the host's widest VW per filter size,
-// MAX_VECTOR; with 1 ptxas took 110 for fp16 3x3 VW = 8 and 192 for 7x7
-// VW = 8, hence that table).
-constexpr int min_blocks(int k) { return k == 3 ? 5 : k == 5 ? 4 : 3; }
+// Blocks per SM the register budget is set for, per element size, K, S
+// and VW: the occupancy each specialization reached under the former
+// per-K budget (3x3 5 blocks, <= 102 registers; 5x5 4, <= 128; 7x7 3, <=
+// 168; NVRTC 13.0, sm_90), so that changes to the walk cannot trade
+// occupancy for registers unnoticed (ptxas takes registers up to the
+// budget: e.g. fp16 3x3 VW 4 used 76, 6 blocks).  The host's widest VW
+// per filter size (MAX_VECTOR) keeps 7x7 within 168 (VW 8 took 192).
+constexpr int min_blocks(int bytes, int k, int s, int vw) {
+  return k == 3   ? (vw == 1   ? 8
+                     : vw == 2 ? (bytes == 2 ? 8 : 7)
+                     : vw == 4 ? (bytes == 2 ? (s == 1 ? 6 : 7) : (s == 1 ? 5 : 6))
+                               : 5)
+         : k == 5 ? (vw == 4 || (bytes == 4 && vw == 2) ? 4 : 5)
+                  : (vw == 1 ? 4 : 3);
+}
 
 __device__ __forceinline__ unsigned word(unsigned short r, int) { return r; }
 __device__ __forceinline__ unsigned word(unsigned r, int) { return r; }
@@ -125,7 +135,8 @@ constexpr int pos_mod(int a, int b) { return ((a % b) + b) % b; }
 }  // namespace dwgn_nchw_regs
 
 template <typename T, int K, int S, int VW>
-__global__ void __launch_bounds__(dwgn_nchw_regs::kThreads, dwgn_nchw_regs::min_blocks(K))
+__global__ void __launch_bounds__(dwgn_nchw_regs::kThreads,
+                                  dwgn_nchw_regs::min_blocks(sizeof(T), K, S, VW))
 dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, float* __restrict__ partial,
                      int height, int width, int channels, int out_h, int out_w, int pad_top, int pad_left,
                      int row_strip, int row_strips, int segments, int group_lanes, int units,
