@@ -122,11 +122,16 @@ __device__ __forceinline__ float element(const Raw& r, int i) {
   }
 }
 
-// The raw value at p, or zero when !ok (p is then not read; callers pass a
-// safe address then, so that ptxas does not form every address up front).
+// r = the raw value at p when ok (else p is not read): for 2-byte types r
+// keeps its value (no instruction), for float it is zeroed (its register
+// is the unpacked value itself: keeping it would copy it first).
 template <typename Raw, typename T>
-__device__ __forceinline__ Raw load_raw(const T* p, bool ok) {
-  return ok ? *reinterpret_cast<const Raw*>(p) : Raw{};
+__device__ __forceinline__ void load_if(Raw& r, const T* p, bool ok) {
+  if constexpr (sizeof(T) == 4) {
+    r = ok ? *reinterpret_cast<const Raw*>(p) : Raw{};
+  } else if (ok) {
+    r = *reinterpret_cast<const Raw*>(p);
+  }
 }
 
 constexpr int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
@@ -148,6 +153,11 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   constexpr int NH = IW - VS;           // halo columns: SH left, NH - SH right
   constexpr int R = (K + S - 1) / S;    // grad_out ring slots
   constexpr int P = R * S;              // walk unroll
+  // Raw buffers: one (the next step is loaded into the registers just
+  // unpacked), two for float with an even P (its unpacked values are the
+  // raw registers themselves, still read by the FMAs while the next step
+  // loads; the buffers alternate by step).
+  constexpr int NB = sizeof(T) == 4 && P % 2 == 0 ? 2 : 1;
   constexpr int KK = K * K;
   using XRaw = typename dwgn::Bits<VW * static_cast<int>(sizeof(T))>::type;  // VW values of a row
   using ERaw = typename dwgn::Bits<static_cast<int>(sizeof(T))>::type;       // one value
@@ -212,37 +222,48 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
       }
     }
 
+    // Row cursors: x_at is the input row of the next step to load (ih0 + j)
+    // at the thread's first own column ob, g_at the next grad_out row (oh0 +
+    // j / S) at column ow0; each load advances one row, read or not.  x_at
+    // may lie outside x (its offset is formed in 64 bits) and is read only
+    // for a row inside the image.
+    const T* x_at = x_plane + (static_cast<long long>(ih0) * width + ob);
+    const T* g_at = g_plane + (static_cast<long long>(oh0) * out_w + ow0);
     // Raw loads of step j: the x row's own vectors and direct halo values,
     // and (g_step: j % S == 0) grad_out row j / S.  Nothing is read for
-    // j >= steps (the prefetch past the walk).
+    // j >= steps (the prefetch past the walk).  A load not issued leaves
+    // its register as it was (float: zero): a column outside [0, W) is never
+    // loaded in the unit and keeps the zero set at the unit's start; a row
+    // outside the image or past the walk and a grad_out row past the strip
+    // or of a dead lane are never multiplied.
     auto load_step = [&](XRaw (&xr)[S], ERaw (&hr)[NH], XRaw& gr, int j, bool g_step) {
-      const int ih = ih0 + j;
-      const bool row_ok = j < steps && static_cast<unsigned>(ih) < static_cast<unsigned>(height);
-      const T* row = x_plane + (row_ok ? ih : 0) * width;
+      const bool row_ok = j < steps && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
 #pragma unroll
-      for (int v = 0; v < S; ++v) {
-        const bool ok = row_ok && ((own_ok >> v) & 1u);
-        xr[v] = load_raw<XRaw>(ok ? row + ob + v * VW : x, ok);
-      }
+      for (int v = 0; v < S; ++v) load_if(xr[v], x_at + v * VW, row_ok && ((own_ok >> v) & 1u));
 #pragma unroll
       for (int h = 0; h < NH; ++h) {
         const int d = (h < SH ? h : h + VS) - SH;
-        const bool ok = row_ok && ((direct >> h) & 1u);
-        hr[h] = load_raw<ERaw>(ok ? row + ob + d : x, ok);
+        load_if(hr[h], x_at + d, row_ok && ((direct >> h) & 1u));
       }
+      x_at += width;
       if (g_step) {
-        const int m = j / S;
-        const bool ok = live && m < rows;
-        gr = load_raw<XRaw>(ok ? g_plane + (oh0 + m) * out_w + ow0 : grad_out, ok);
-      } else {
-        gr = XRaw{};
+        load_if(gr, g_at, live && j < rows * S);  // grad_out row j / S < rows
+        g_at += out_w;
       }
     };
 
     float g[R][VW];
-    XRaw xr[S], gr;
-    ERaw hr[NH];
-    load_step(xr, hr, gr, 0, true);
+    XRaw xr[NB][S], gr[NB];
+    ERaw hr[NB][NH];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+      for (int v = 0; v < S; ++v) xr[b][v] = XRaw{};
+#pragma unroll
+      for (int h = 0; h < NH; ++h) hr[b][h] = ERaw{};
+      gr[b] = XRaw{};
+    }
+    load_step(xr[0], hr[0], gr[0], 0, true);
     // The break between steps keeps ptxas from hoisting later steps' loads
     // into this step's FMAs (as in the NHWC sibling).
     for (int j0 = 0; j0 < steps; j0 += P) {
@@ -250,16 +271,25 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
       for (int ph = 0; ph < P; ++ph) {
         const int j = j0 + ph;
         if (j >= steps) break;
-        XRaw xn[S], gn;
-        ERaw hn[NH];
-        load_step(xn, hn, gn, j + 1, (ph + 1) % S == 0);
+        const int cur = ph % NB, nxt = (ph + 1) % NB;
 
-        // Unpack this step: own columns, then the halo (shuffle or direct).
+        // Unpack this step (own columns, direct halo values, the grad_out
+        // row), then load the next step into the raw registers (one step of
+        // loads in flight during this step's FMAs, no copies), then the
+        // shuffled halo.
         float xw[IW];
 #pragma unroll
         for (int v = 0; v < S; ++v)
 #pragma unroll
-          for (int i = 0; i < VW; ++i) xw[SH + v * VW + i] = element<T>(xr[v], i);
+          for (int i = 0; i < VW; ++i) xw[SH + v * VW + i] = element<T>(xr[cur][v], i);
+        float direct_value[NH];
+#pragma unroll
+        for (int h = 0; h < NH; ++h) direct_value[h] = element<T>(hr[cur][h], 0);
+        if (ph % S == 0) {
+#pragma unroll
+          for (int t = 0; t < VW; ++t) g[(ph / S) % R][t] = element<T>(gr[cur], t);
+        }
+        load_step(xr[nxt], hr[nxt], gr[nxt], j + 1, (ph + 1) % S == 0);
 #pragma unroll
         for (int h = 0; h < NH; ++h) {
           const int e = h < SH ? h : h + VS;
@@ -267,11 +297,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
           const int se = e - SH - delta * VS;  // column within the source lane's own columns
           const bool inside = (from_lane >> h) & 1u;
           const float shuffled = __shfl_sync(group_mask, xw[SH + se], inside ? lane + delta : lane);
-          xw[e] = inside ? shuffled : element<T>(hr[h], 0);
-        }
-        if (ph % S == 0) {
-#pragma unroll
-          for (int t = 0; t < VW; ++t) g[(ph / S) % R][t] = element<T>(gr, t);
+          xw[e] = inside ? shuffled : direct_value[h];
         }
 
         const bool row_in = static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
@@ -286,11 +312,6 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
               for (int t = 0; t < VW; ++t) acc[kh][kw] = fmaf(g[slot][t], xw[t * S + kw], acc[kh][kw]);
           }
         }
-#pragma unroll
-        for (int v = 0; v < S; ++v) xr[v] = xn[v];
-#pragma unroll
-        for (int h = 0; h < NH; ++h) hr[h] = hn[h];
-        gr = gn;
       }
     }
   }
