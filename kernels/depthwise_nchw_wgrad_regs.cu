@@ -173,8 +173,23 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   const int gl = lane - group * group_lanes;  // lane within the group
   const int worker = warp * groups_per_warp + group;
   const int workers = kWarps * groups_per_warp;
-  const unsigned group_mask =
+  // The lane constants of the shuffles: the group's lane mask and which
+  // halo columns come from a lane of the group (from_lane bit h: halo h is
+  // own column se of lane gl + delta, inside the group; else it is loaded).
+  // Passed through an identity shuffle (every lane of the warp gets here)
+  // so that ptxas keeps them in registers: it recomputed them in the walk
+  // (about 20 instructions) to save the two registers.
+  unsigned group_mask =
       (group_lanes == 32 ? 0xffffffffu : ((1u << group_lanes) - 1u)) << ((group * group_lanes) & 31);
+  unsigned from_lane = 0;
+#pragma unroll
+  for (int h = 0; h < NH; ++h) {
+    const int d = (h < SH ? h : h + VS) - SH;
+    const int src = gl + floor_div(d, VS);
+    if (src >= 0 && src < group_lanes) from_lane |= 1u << h;
+  }
+  group_mask = __shfl_sync(0xffffffffu, group_mask, lane);
+  from_lane = __shfl_sync(0xffffffffu, from_lane, lane);
   const int begin = split * units_per_split;
   const int end = min(units, begin + units_per_split);
   const int per_image = row_strips * segments;
@@ -210,16 +225,11 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
     for (int v = 0; v < S; ++v)
       if (static_cast<unsigned>(ob + v * VW) < static_cast<unsigned>(width)) own_ok |= 1u << v;
     // Halo h is window column e = h (h < SH) or h + VS, own-relative d = e - SH.
-    unsigned from_lane = 0, direct = 0;
+    unsigned direct = 0;
 #pragma unroll
     for (int h = 0; h < NH; ++h) {
       const int d = (h < SH ? h : h + VS) - SH;
-      const int src = gl + floor_div(d, VS);
-      if (src >= 0 && src < group_lanes) {
-        from_lane |= 1u << h;
-      } else if (static_cast<unsigned>(ob + d) < static_cast<unsigned>(width)) {
-        direct |= 1u << h;
-      }
+      if (!((from_lane >> h) & 1u) && static_cast<unsigned>(ob + d) < static_cast<unsigned>(width)) direct |= 1u << h;
     }
 
     // Row cursors: x_at is the input row of the next step to load (ih0 + j)
@@ -296,7 +306,11 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
           const int delta = floor_div(e - SH, VS);
           const int se = e - SH - delta * VS;  // column within the source lane's own columns
           const bool inside = (from_lane >> h) & 1u;
-          const float shuffled = __shfl_sync(group_mask, xw[SH + se], inside ? lane + delta : lane);
+          // From lane + delta (delta != 0; no lane index to compute): where
+          // that lane is outside the group (another group's lane, or this
+          // lane's own value past the warp's edge) the value is not used.
+          const float shuffled = delta < 0 ? __shfl_up_sync(group_mask, xw[SH + se], -delta)
+                                           : __shfl_down_sync(group_mask, xw[SH + se], delta);
           xw[e] = inside ? shuffled : direct_value[h];
         }
 
