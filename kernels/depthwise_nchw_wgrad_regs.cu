@@ -152,7 +152,8 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   constexpr int IW = (VW - 1) * S + K;  // window columns
   constexpr int NH = IW - VS;           // halo columns: SH left, NH - SH right
   constexpr int R = (K + S - 1) / S;    // grad_out ring slots
-  constexpr int P = R * S;              // walk unroll
+  constexpr int P = R * S;              // walk unroll (steps per block)
+  constexpr int SHIFT = pos_mod(1 - K, P);  // the walk starts at step -SHIFT
   // Raw buffers: one (the next step is loaded into the registers just
   // unpacked), two for float with an even P (its unpacked values are the
   // raw registers themselves, still read by the FMAs while the next step
@@ -240,24 +241,33 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
     const T* x_at = x_plane + (static_cast<long long>(ih0) * width + ob);
     const T* g_at = g_plane + (static_cast<long long>(oh0) * out_w + ow0);
     // Raw loads of step j: the x row's own vectors and direct halo values,
-    // and (g_step: j % S == 0) grad_out row j / S.  Nothing is read for
-    // j >= steps (the prefetch past the walk).  A load not issued leaves
-    // its register as it was (float: zero): a column outside [0, W) is never
-    // loaded in the unit and keeps the zero set at the unit's start; a row
-    // outside the image or past the walk and a grad_out row past the strip
-    // or of a dead lane are never multiplied.
-    auto load_step = [&](XRaw (&xr)[S], ERaw (&hr)[NH], XRaw& gr, int j, bool g_step) {
-      const bool row_ok = j < steps && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
+    // and (g_step: j % S == 0) grad_out row j / S; the cursors advance.
+    // mode 0 tests everything: nothing is read for j >= steps (the prefetch
+    // past the walk), for a row outside the image, a column outside [0, W),
+    // a grad_out row past the strip or in a dead lane.  A load not issued
+    // leaves its register as it was (float: zero): a column outside [0, W)
+    // is never loaded in the unit and keeps the zero set at the unit's
+    // start; the other values are never multiplied.  In a clean block
+    // (below: every lane live, all own vectors inside [0, W), no direct
+    // halo) mode 1 (a step before the block's last: the next row is inside
+    // the image and its grad_out row inside the strip) tests nothing and
+    // mode 2 (the block's last step) only the row and the grad_out row:
+    // each reads what mode 0 would.
+    auto load_step = [&](XRaw (&xr)[S], ERaw (&hr)[NH], XRaw& gr, int j, bool g_step, int mode) {
+      const bool row_ok =
+          mode == 1 || ((mode == 2 || j < steps) && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height));
 #pragma unroll
-      for (int v = 0; v < S; ++v) load_if(xr[v], x_at + v * VW, row_ok && ((own_ok >> v) & 1u));
+      for (int v = 0; v < S; ++v) load_if(xr[v], x_at + v * VW, row_ok && (mode != 0 || ((own_ok >> v) & 1u)));
+      if (mode == 0) {
 #pragma unroll
-      for (int h = 0; h < NH; ++h) {
-        const int d = (h < SH ? h : h + VS) - SH;
-        load_if(hr[h], x_at + d, row_ok && ((direct >> h) & 1u));
+        for (int h = 0; h < NH; ++h) {
+          const int d = (h < SH ? h : h + VS) - SH;
+          load_if(hr[h], x_at + d, row_ok && ((direct >> h) & 1u));
+        }
       }
       x_at += width;
       if (g_step) {
-        load_if(gr, g_at, live && j < rows * S);  // grad_out row j / S < rows
+        load_if(gr, g_at, mode == 1 || ((mode == 2 || live) && j < rows * S));  // grad_out row j / S < rows
         g_at += out_w;
       }
     };
@@ -271,17 +281,38 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
       for (int v = 0; v < S; ++v) xr[b][v] = XRaw{};
 #pragma unroll
       for (int h = 0; h < NH; ++h) hr[b][h] = ERaw{};
-      gr[b] = XRaw{};
+      if (sizeof(T) == 2) gr[b] = XRaw{};  // (float: every load_if writes it)
     }
-    load_step(xr[0], hr[0], gr[0], 0, true);
-    // The break between steps keeps ptxas from hoisting later steps' loads
-    // into this step's FMAs (as in the NHWC sibling).
-    for (int j0 = 0; j0 < steps; j0 += P) {
+    load_step(xr[0], hr[0], gr[0], 0, true, 0);
+
+    // Clean steps: j in [jc0, jc1), where the x row is inside the image
+    // (0 <= ih0 + j < H) and every (filter row, output row) pair of the
+    // step inside the strip (K - 1 <= j < rows * S), in a lane that is
+    // live, has all own vectors inside [0, W) and no direct halo column
+    // (else jc0 = steps: none).  The walk goes in blocks of P steps from
+    // step -SHIFT (the first block's steps before 0 are skipped), so that a
+    // block starts at step K - 1, a strip's first clean step (but at the
+    // image's top edge).
+    const bool plain = live && own_ok == (1u << S) - 1 && direct == 0;
+    const int jc0 = plain ? max(K - 1, -ih0) : steps;
+    const int jc1 = min(rows * S, height - ih0);
+    // The block of steps jb .. jb + P - 1 (step j = jb + ph, ring phase
+    // q = ph - SHIFT = j mod P).  test: steps outside [0, steps) are
+    // skipped and each filter row's FMAs are tested (a live lane, the x row
+    // inside the image, the pair inside the strip); !test (a clean block):
+    // nothing is tested.  Both multiply the same pairs in the same order.
+    auto walk_block = [&](int jb, bool test) {
 #pragma unroll
       for (int ph = 0; ph < P; ++ph) {
-        const int j = j0 + ph;
+        const int j = jb + ph;
+        if (test && ph < SHIFT && j < 0) continue;
+        // The break between steps (never taken in a clean block) keeps
+        // ptxas from hoisting later steps' loads into this step's FMAs (as
+        // in the NHWC sibling; without it in clean blocks 3 of the 54
+        // specializations spilled, NVRTC 13.0 sm_90).
         if (j >= steps) break;
-        const int cur = ph % NB, nxt = (ph + 1) % NB;
+        const int q = ph - SHIFT;
+        const int cur = pos_mod(q, NB), nxt = pos_mod(q + 1, NB);
 
         // Unpack this step (own columns, direct halo values, the grad_out
         // row), then load the next step into the raw registers (one step of
@@ -292,14 +323,14 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
         for (int v = 0; v < S; ++v)
 #pragma unroll
           for (int i = 0; i < VW; ++i) xw[SH + v * VW + i] = element<T>(xr[cur][v], i);
-        float direct_value[NH];
+        float direct_value[NH];  // zero in a clean block (no direct halo)
 #pragma unroll
-        for (int h = 0; h < NH; ++h) direct_value[h] = element<T>(hr[cur][h], 0);
-        if (ph % S == 0) {
+        for (int h = 0; h < NH; ++h) direct_value[h] = test ? element<T>(hr[cur][h], 0) : 0.0f;
+        if (pos_mod(q, S) == 0) {
 #pragma unroll
-          for (int t = 0; t < VW; ++t) g[(ph / S) % R][t] = element<T>(gr[cur], t);
+          for (int t = 0; t < VW; ++t) g[pos_mod(floor_div(q, S), R)][t] = element<T>(gr[cur], t);
         }
-        load_step(xr[nxt], hr[nxt], gr[nxt], j + 1, (ph + 1) % S == 0);
+        load_step(xr[nxt], hr[nxt], gr[nxt], j + 1, pos_mod(q + 1, S) == 0, test ? 0 : ph < P - 1 ? 1 : 2);
 #pragma unroll
         for (int h = 0; h < NH; ++h) {
           const int e = h < SH ? h : h + VS;
@@ -317,15 +348,27 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
         const bool row_in = static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
 #pragma unroll
         for (int kh = 0; kh < K; ++kh) {
-          if (pos_mod(ph - kh, S) != 0) continue;  // input row j is filter row kh of no output row
-          const int slot = pos_mod((ph - kh) / S, R);  // ring slot of output row (j - kh) / S
-          if (live && row_in && j >= kh && j - kh < rows * S) {  // group-uniform but for dead lanes
+          if (pos_mod(q - kh, S) != 0) continue;              // input row j is filter row kh of no output row
+          const int slot = pos_mod(floor_div(q - kh, S), R);  // ring slot of output row (j - kh) / S
+          if (!test || (live && row_in && j >= kh && j - kh < rows * S)) {  // group-uniform but for dead lanes
 #pragma unroll
             for (int kw = 0; kw < K; ++kw)
 #pragma unroll
               for (int t = 0; t < VW; ++t) acc[kh][kw] = fmaf(g[slot][t], xw[t * S + kw], acc[kh][kw]);
           }
         }
+      }
+    };
+    for (int jb = -SHIFT; jb < steps; jb += P) {
+      // A clean block where every unit of the warp is in one (a vote: the
+      // branch is warp-uniform, the block's code runs once per warp).
+      // (live is implied by jc0; spelled out, ptxas fits float 3x3 s2 VW 4
+      // in its 80 registers without a spill.)
+      const bool clean = live && jb >= jc0 && jb + P <= jc1;
+      if (__all_sync(__activemask(), clean)) {
+        walk_block(jb, false);
+      } else {
+        walk_block(jb, true);
       }
     }
   }
