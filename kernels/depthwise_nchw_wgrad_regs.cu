@@ -33,9 +33,10 @@
 //   aligned vectors (ob is a multiple of VW: the host requires
 //   (pad_left - SH) % VW == 0).  Window column e = SH + d (halo: d < 0 or
 //   d >= VS) is own column d - delta*VS of lane gl + delta, delta =
-//   floor(d / VS), fetched by __shfl_sync within the group; when that lane
-//   is outside the group (a row or segment edge) the thread loads input
-//   column ob + d itself (a scalar load; zero outside [0, W)).
+//   floor(d / VS), fetched by a shuffle (up or down by delta) within the
+//   group; when that lane is outside the group (a row or segment edge) the
+//   thread loads input column ob + d itself (a scalar load; zero outside
+//   [0, W)).
 // * Rows.  A work unit is (image n, row strip, segment): output rows
 //   oh0 .. oh0+rows-1 (row_strip rows, the last strip shorter).  The group
 //   walks the input rows ih = ih0 + j, ih0 = oh0*S - pad_top, j = 0 ..
@@ -46,13 +47,33 @@
 //   pair is) into ring slot m % R, R = ceil(K / S): rows m - R + 1 .. m are
 //   the ones any later step still reads (kh <= K-1 < R*S).  The walk is
 //   unrolled by P = R*S steps so every slot index is a compile-time
-//   constant.  Step j + 1's raw loads are issued before step j's FMAs (one
-//   step of loads always in flight).
-// * Borders: an x row outside [0, H), x columns outside [0, W) and the rows
-//   past the walk load as zero and are never read from memory; FMAs are
-//   skipped (group-uniform branch) for x rows outside the image, for
+//   constant.  Step j + 1's raw loads are issued after step j is unpacked,
+//   into the same registers, and before its FMAs (one step of loads always
+//   in flight, no copies).
+// * Addresses: row cursors, the x row of the next step to load at the
+//   thread's first own column and the next grad_out row, advanced one row
+//   per load (one IMAD.WIDE each); every load of a row is at a constant
+//   offset from its cursor.
+// * Borders: an x row outside [0, H), x columns outside [0, W), the rows
+//   past the walk and grad_out rows past the strip or of dead lanes are
+//   never read from memory: a column outside [0, W) keeps the zero its
+//   register got at the unit's start, the others are never multiplied (the
+//   register keeps a stale value; float: zero).  FMAs are skipped (a
+//   group-uniform branch per filter row) for x rows outside the image, for
 //   (kh, m) pairs outside the strip and in dead lanes, so no value that
 //   the convolution never reads is multiplied.
+// * Clean blocks.  The walk goes in blocks of P steps from step -SHIFT
+//   (the steps before 0 skipped) so that a block starts at step K - 1.  A
+//   block is clean where all its steps have the x row inside the image and
+//   every pair inside the strip (K - 1 <= j < rows*S), in a lane that is
+//   live, has all own vectors inside [0, W) and no direct halo column:
+//   where every unit of a warp is in a clean block (a vote: warp-uniform)
+//   the block runs without the per-filter-row branches, the direct halo
+//   loads and the load tests (but for its last step's prefetch); else the
+//   tested block.  Both are one lambda instantiated twice; they multiply
+//   the same pairs in the same order (fp16 7x7 VW 4, NVRTC 13.0: 318
+//   non-FFMA instructions per 1372 FFMA in a clean block, 787 in a tested
+//   one, 995 before this walk).
 // * Every raw load of a step is issued before any of them is unpacked:
 //   with the conversion next to each load ptxas waits on every load before
 //   issuing the next (measured on the NHWC sibling: 2.7x slower).
@@ -66,8 +87,9 @@
 //   and writes partial[split][tap][c] (float).  The split count and every
 //   order depend on the shape only.
 //
-// Offsets: a plane's base (n*C + c) * H * W in 64-bit; in-plane offsets in
-// int (the host rejects planes of >= 2**30 elements).
+// Offsets: a plane's base (n*C + c) * H * W and a unit's first row cursor
+// in 64-bit; in-plane offsets in int (the host rejects planes of >= 2**30
+// elements).
 //
 // Template parameters: T; K (3, 5, 7); S (1, 2); VW output columns per
 // thread (1, 2, 4, 8 for 2-byte types; 1, 2, 4 for float).  The host is
@@ -80,11 +102,21 @@ namespace dwgn_nchw_regs {
 constexpr int kThreads = 128;  // block size (host: THREADS)
 constexpr int kWarps = kThreads / 32;
 
-// Blocks per SM the register budget is set for: 3x3 <= 96 registers, 5x5
-// <= 128, 7x7 <= 168 (no spills at the host's widest VW per filter size,
-// MAX_VECTOR; with 1 ptxas took 110 for fp16 3x3 VW = 8 and 192 for 7x7
-// VW = 8, hence that table).
-constexpr int min_blocks(int k) { return k == 3 ? 5 : k == 5 ? 4 : 3; }
+// Blocks per SM the register budget is set for, per element size, K, S
+// and VW: the occupancy each specialization reached under the former
+// per-K budget (3x3 5 blocks, <= 102 registers; 5x5 4, <= 128; 7x7 3, <=
+// 168; NVRTC 13.0, sm_90), so that changes to the walk cannot trade
+// occupancy for registers unnoticed (ptxas takes registers up to the
+// budget: e.g. fp16 3x3 VW 4 used 76, 6 blocks).  The host's widest VW
+// per filter size (MAX_VECTOR) keeps 7x7 within 168 (VW 8 took 192).
+constexpr int min_blocks(int bytes, int k, int s, int vw) {
+  return k == 3   ? (vw == 1   ? 8
+                     : vw == 2 ? (bytes == 2 ? 8 : 7)
+                     : vw == 4 ? (bytes == 2 ? (s == 1 ? 6 : 7) : (s == 1 ? 5 : 6))
+                               : 5)
+         : k == 5 ? (vw == 4 || (bytes == 4 && vw == 2) ? 4 : 5)
+                  : (vw == 1 ? 4 : 3);
+}
 
 __device__ __forceinline__ unsigned word(unsigned short r, int) { return r; }
 __device__ __forceinline__ unsigned word(unsigned r, int) { return r; }
@@ -112,11 +144,16 @@ __device__ __forceinline__ float element(const Raw& r, int i) {
   }
 }
 
-// The raw value at p, or zero when !ok (p is then not read; callers pass a
-// safe address then, so that ptxas does not form every address up front).
+// r = the raw value at p when ok (else p is not read): for 2-byte types r
+// keeps its value (no instruction), for float it is zeroed (its register
+// is the unpacked value itself: keeping it would copy it first).
 template <typename Raw, typename T>
-__device__ __forceinline__ Raw load_raw(const T* p, bool ok) {
-  return ok ? *reinterpret_cast<const Raw*>(p) : Raw{};
+__device__ __forceinline__ void load_if(Raw& r, const T* p, bool ok) {
+  if constexpr (sizeof(T) == 4) {
+    r = ok ? *reinterpret_cast<const Raw*>(p) : Raw{};
+  } else if (ok) {
+    r = *reinterpret_cast<const Raw*>(p);
+  }
 }
 
 constexpr int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
@@ -125,7 +162,8 @@ constexpr int pos_mod(int a, int b) { return ((a % b) + b) % b; }
 }  // namespace dwgn_nchw_regs
 
 template <typename T, int K, int S, int VW>
-__global__ void __launch_bounds__(dwgn_nchw_regs::kThreads, dwgn_nchw_regs::min_blocks(K))
+__global__ void __launch_bounds__(dwgn_nchw_regs::kThreads,
+                                  dwgn_nchw_regs::min_blocks(sizeof(T), K, S, VW))
 dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, float* __restrict__ partial,
                      int height, int width, int channels, int out_h, int out_w, int pad_top, int pad_left,
                      int row_strip, int row_strips, int segments, int group_lanes, int units,
@@ -136,7 +174,13 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   constexpr int IW = (VW - 1) * S + K;  // window columns
   constexpr int NH = IW - VS;           // halo columns: SH left, NH - SH right
   constexpr int R = (K + S - 1) / S;    // grad_out ring slots
-  constexpr int P = R * S;              // walk unroll
+  constexpr int P = R * S;              // walk unroll (steps per block)
+  constexpr int SHIFT = pos_mod(1 - K, P);  // the walk starts at step -SHIFT
+  // Raw buffers: one (the next step is loaded into the registers just
+  // unpacked), two for float with an even P (its unpacked values are the
+  // raw registers themselves, still read by the FMAs while the next step
+  // loads; the buffers alternate by step).
+  constexpr int NB = sizeof(T) == 4 && P % 2 == 0 ? 2 : 1;
   constexpr int KK = K * K;
   using XRaw = typename dwgn::Bits<VW * static_cast<int>(sizeof(T))>::type;  // VW values of a row
   using ERaw = typename dwgn::Bits<static_cast<int>(sizeof(T))>::type;       // one value
@@ -152,8 +196,23 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   const int gl = lane - group * group_lanes;  // lane within the group
   const int worker = warp * groups_per_warp + group;
   const int workers = kWarps * groups_per_warp;
-  const unsigned group_mask =
+  // The lane constants of the shuffles: the group's lane mask and which
+  // halo columns come from a lane of the group (from_lane bit h: halo h is
+  // own column se of lane gl + delta, inside the group; else it is loaded).
+  // Passed through an identity shuffle (every lane of the warp gets here)
+  // so that ptxas keeps them in registers: it recomputed them in the walk
+  // (about 20 instructions) to save the two registers.
+  unsigned group_mask =
       (group_lanes == 32 ? 0xffffffffu : ((1u << group_lanes) - 1u)) << ((group * group_lanes) & 31);
+  unsigned from_lane = 0;
+#pragma unroll
+  for (int h = 0; h < NH; ++h) {
+    const int d = (h < SH ? h : h + VS) - SH;
+    const int src = gl + floor_div(d, VS);
+    if (src >= 0 && src < group_lanes) from_lane |= 1u << h;
+  }
+  group_mask = __shfl_sync(0xffffffffu, group_mask, lane);
+  from_lane = __shfl_sync(0xffffffffu, from_lane, lane);
   const int begin = split * units_per_split;
   const int end = min(units, begin + units_per_split);
   const int per_image = row_strips * segments;
@@ -189,97 +248,149 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
     for (int v = 0; v < S; ++v)
       if (static_cast<unsigned>(ob + v * VW) < static_cast<unsigned>(width)) own_ok |= 1u << v;
     // Halo h is window column e = h (h < SH) or h + VS, own-relative d = e - SH.
-    unsigned from_lane = 0, direct = 0;
+    unsigned direct = 0;
 #pragma unroll
     for (int h = 0; h < NH; ++h) {
       const int d = (h < SH ? h : h + VS) - SH;
-      const int src = gl + floor_div(d, VS);
-      if (src >= 0 && src < group_lanes) {
-        from_lane |= 1u << h;
-      } else if (static_cast<unsigned>(ob + d) < static_cast<unsigned>(width)) {
-        direct |= 1u << h;
-      }
+      if (!((from_lane >> h) & 1u) && static_cast<unsigned>(ob + d) < static_cast<unsigned>(width)) direct |= 1u << h;
     }
 
+    // Row cursors: x_at is the input row of the next step to load (ih0 + j)
+    // at the thread's first own column ob, g_at the next grad_out row (oh0 +
+    // j / S) at column ow0; each load advances one row, read or not.  x_at
+    // may lie outside x (its offset is formed in 64 bits) and is read only
+    // for a row inside the image.
+    const T* x_at = x_plane + (static_cast<long long>(ih0) * width + ob);
+    const T* g_at = g_plane + (static_cast<long long>(oh0) * out_w + ow0);
     // Raw loads of step j: the x row's own vectors and direct halo values,
-    // and (g_step: j % S == 0) grad_out row j / S.  Nothing is read for
-    // j >= steps (the prefetch past the walk).
-    auto load_step = [&](XRaw (&xr)[S], ERaw (&hr)[NH], XRaw& gr, int j, bool g_step) {
-      const int ih = ih0 + j;
-      const bool row_ok = j < steps && static_cast<unsigned>(ih) < static_cast<unsigned>(height);
-      const T* row = x_plane + (row_ok ? ih : 0) * width;
+    // and (g_step: j % S == 0) grad_out row j / S; the cursors advance.
+    // mode 0 tests everything: nothing is read for j >= steps (the prefetch
+    // past the walk), for a row outside the image, a column outside [0, W),
+    // a grad_out row past the strip or in a dead lane.  A load not issued
+    // leaves its register as it was (float: zero): a column outside [0, W)
+    // is never loaded in the unit and keeps the zero set at the unit's
+    // start; the other values are never multiplied.  In a clean block
+    // (below: every lane live, all own vectors inside [0, W), no direct
+    // halo) mode 1 (a step before the block's last: the next row is inside
+    // the image and its grad_out row inside the strip) tests nothing and
+    // mode 2 (the block's last step) only the row and the grad_out row:
+    // each reads what mode 0 would.
+    auto load_step = [&](XRaw (&xr)[S], ERaw (&hr)[NH], XRaw& gr, int j, bool g_step, int mode) {
+      const bool row_ok =
+          mode == 1 || ((mode == 2 || j < steps) && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height));
 #pragma unroll
-      for (int v = 0; v < S; ++v) {
-        const bool ok = row_ok && ((own_ok >> v) & 1u);
-        xr[v] = load_raw<XRaw>(ok ? row + ob + v * VW : x, ok);
-      }
+      for (int v = 0; v < S; ++v) load_if(xr[v], x_at + v * VW, row_ok && (mode != 0 || ((own_ok >> v) & 1u)));
+      if (mode == 0) {
 #pragma unroll
-      for (int h = 0; h < NH; ++h) {
-        const int d = (h < SH ? h : h + VS) - SH;
-        const bool ok = row_ok && ((direct >> h) & 1u);
-        hr[h] = load_raw<ERaw>(ok ? row + ob + d : x, ok);
+        for (int h = 0; h < NH; ++h) {
+          const int d = (h < SH ? h : h + VS) - SH;
+          load_if(hr[h], x_at + d, row_ok && ((direct >> h) & 1u));
+        }
       }
+      x_at += width;
       if (g_step) {
-        const int m = j / S;
-        const bool ok = live && m < rows;
-        gr = load_raw<XRaw>(ok ? g_plane + (oh0 + m) * out_w + ow0 : grad_out, ok);
-      } else {
-        gr = XRaw{};
+        load_if(gr, g_at, mode == 1 || ((mode == 2 || live) && j < rows * S));  // grad_out row j / S < rows
+        g_at += out_w;
       }
     };
 
     float g[R][VW];
-    XRaw xr[S], gr;
-    ERaw hr[NH];
-    load_step(xr, hr, gr, 0, true);
-    // The break between steps keeps ptxas from hoisting later steps' loads
-    // into this step's FMAs (as in the NHWC sibling).
-    for (int j0 = 0; j0 < steps; j0 += P) {
+    XRaw xr[NB][S], gr[NB];
+    ERaw hr[NB][NH];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+      for (int v = 0; v < S; ++v) xr[b][v] = XRaw{};
+#pragma unroll
+      for (int h = 0; h < NH; ++h) hr[b][h] = ERaw{};
+      if (sizeof(T) == 2) gr[b] = XRaw{};  // (float: every load_if writes it)
+    }
+    load_step(xr[0], hr[0], gr[0], 0, true, 0);
+
+    // Clean steps: j in [jc0, jc1), where the x row is inside the image
+    // (0 <= ih0 + j < H) and every (filter row, output row) pair of the
+    // step inside the strip (K - 1 <= j < rows * S), in a lane that is
+    // live, has all own vectors inside [0, W) and no direct halo column
+    // (else jc0 = steps: none).  The walk goes in blocks of P steps from
+    // step -SHIFT (the first block's steps before 0 are skipped), so that a
+    // block starts at step K - 1, a strip's first clean step (but at the
+    // image's top edge).
+    const bool plain = live && own_ok == (1u << S) - 1 && direct == 0;
+    const int jc0 = plain ? max(K - 1, -ih0) : steps;
+    const int jc1 = min(rows * S, height - ih0);
+    // The block of steps jb .. jb + P - 1 (step j = jb + ph, ring phase
+    // q = ph - SHIFT = j mod P).  test: steps outside [0, steps) are
+    // skipped and each filter row's FMAs are tested (a live lane, the x row
+    // inside the image, the pair inside the strip); !test (a clean block):
+    // nothing is tested.  Both multiply the same pairs in the same order.
+    auto walk_block = [&](int jb, bool test) {
 #pragma unroll
       for (int ph = 0; ph < P; ++ph) {
-        const int j = j0 + ph;
+        const int j = jb + ph;
+        if (test && ph < SHIFT && j < 0) continue;
+        // The break between steps (never taken in a clean block) keeps
+        // ptxas from hoisting later steps' loads into this step's FMAs (as
+        // in the NHWC sibling; without it in clean blocks 3 of the 54
+        // specializations spilled, NVRTC 13.0 sm_90).
         if (j >= steps) break;
-        XRaw xn[S], gn;
-        ERaw hn[NH];
-        load_step(xn, hn, gn, j + 1, (ph + 1) % S == 0);
+        const int q = ph - SHIFT;
+        const int cur = pos_mod(q, NB), nxt = pos_mod(q + 1, NB);
 
-        // Unpack this step: own columns, then the halo (shuffle or direct).
+        // Unpack this step (own columns, direct halo values, the grad_out
+        // row), then load the next step into the raw registers (one step of
+        // loads in flight during this step's FMAs, no copies), then the
+        // shuffled halo.
         float xw[IW];
 #pragma unroll
         for (int v = 0; v < S; ++v)
 #pragma unroll
-          for (int i = 0; i < VW; ++i) xw[SH + v * VW + i] = element<T>(xr[v], i);
+          for (int i = 0; i < VW; ++i) xw[SH + v * VW + i] = element<T>(xr[cur][v], i);
+        float direct_value[NH];  // zero in a clean block (no direct halo)
+#pragma unroll
+        for (int h = 0; h < NH; ++h) direct_value[h] = test ? element<T>(hr[cur][h], 0) : 0.0f;
+        if (pos_mod(q, S) == 0) {
+#pragma unroll
+          for (int t = 0; t < VW; ++t) g[pos_mod(floor_div(q, S), R)][t] = element<T>(gr[cur], t);
+        }
+        load_step(xr[nxt], hr[nxt], gr[nxt], j + 1, pos_mod(q + 1, S) == 0, test ? 0 : ph < P - 1 ? 1 : 2);
 #pragma unroll
         for (int h = 0; h < NH; ++h) {
           const int e = h < SH ? h : h + VS;
           const int delta = floor_div(e - SH, VS);
           const int se = e - SH - delta * VS;  // column within the source lane's own columns
           const bool inside = (from_lane >> h) & 1u;
-          const float shuffled = __shfl_sync(group_mask, xw[SH + se], inside ? lane + delta : lane);
-          xw[e] = inside ? shuffled : element<T>(hr[h], 0);
-        }
-        if (ph % S == 0) {
-#pragma unroll
-          for (int t = 0; t < VW; ++t) g[(ph / S) % R][t] = element<T>(gr, t);
+          // From lane + delta (delta != 0; no lane index to compute): where
+          // that lane is outside the group (another group's lane, or this
+          // lane's own value past the warp's edge) the value is not used.
+          const float shuffled = delta < 0 ? __shfl_up_sync(group_mask, xw[SH + se], -delta)
+                                           : __shfl_down_sync(group_mask, xw[SH + se], delta);
+          xw[e] = inside ? shuffled : direct_value[h];
         }
 
         const bool row_in = static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
 #pragma unroll
         for (int kh = 0; kh < K; ++kh) {
-          if (pos_mod(ph - kh, S) != 0) continue;  // input row j is filter row kh of no output row
-          const int slot = pos_mod((ph - kh) / S, R);  // ring slot of output row (j - kh) / S
-          if (live && row_in && j >= kh && j - kh < rows * S) {  // group-uniform but for dead lanes
+          if (pos_mod(q - kh, S) != 0) continue;              // input row j is filter row kh of no output row
+          const int slot = pos_mod(floor_div(q - kh, S), R);  // ring slot of output row (j - kh) / S
+          if (!test || (live && row_in && j >= kh && j - kh < rows * S)) {  // group-uniform but for dead lanes
 #pragma unroll
             for (int kw = 0; kw < K; ++kw)
 #pragma unroll
               for (int t = 0; t < VW; ++t) acc[kh][kw] = fmaf(g[slot][t], xw[t * S + kw], acc[kh][kw]);
           }
         }
-#pragma unroll
-        for (int v = 0; v < S; ++v) xr[v] = xn[v];
-#pragma unroll
-        for (int h = 0; h < NH; ++h) hr[h] = hn[h];
-        gr = gn;
+      }
+    };
+    for (int jb = -SHIFT; jb < steps; jb += P) {
+      // A clean block where every unit of the warp is in one (a vote: the
+      // branch is warp-uniform, the block's code runs once per warp).
+      // (live is implied by jc0; spelled out, ptxas fits float 3x3 s2 VW 4
+      // in its 80 registers without a spill.)
+      const bool clean = live && jb >= jc0 && jb + P <= jc1;
+      if (__all_sync(__activemask(), clean)) {
+        walk_block(jb, false);
+      } else {
+        walk_block(jb, true);
       }
     }
   }

@@ -5,14 +5,24 @@ blockIdx.y = split), warp and lane group, the lanes of the group are a
 vector axis; everything else follows the kernel loop by loop: the unit
 range and the worker stride, the unit decode (n, row strip, segment), each
 lane's ow0 / live / own x column base ob, the own-vector and halo masks
-(from_lane / direct), the walk over input rows j with the grad_out ring
-(slot ((ph - kh) / S) mod R, ph = j mod P), the halo taken from lane
-gl + floor(d / VS) of the group (asserted to be inside it) or loaded
-directly, the FMA conditions (live, x row inside the image, 0 <= j - kh <
-rows * S), the warp then block reduction and the partial stores.  float64
-throughout; a ring slot read before it is written is NaN and poisons the
-result; every global read asserts that its (row, column) lies inside the
-plane."""
+(from_lane / direct), the row cursors (the flat offsets the kernel's x and
+grad_out pointers hold, advanced one row per load whether read or not,
+asserted against the element each read should be), the walk in blocks of
+P steps from step -SHIFT with the clean blocks (no tests; the kernel takes
+one where every lane of the warp is clean, here where every lane of the
+group is, or per ``clean_blocks``) and their load modes (the conditions
+they skip are asserted to hold), the raw buffers (NB) and the prefetch
+order, the grad_out ring (slot ((q - kh) / S) mod R, q = j mod P), the halo
+taken from lane gl + floor(d / VS) of the group (asserted to be inside it)
+or loaded directly, the FMA conditions (live, x row inside the image,
+0 <= j - kh < rows * S), the warp then block reduction and the partial
+stores.  float64 throughout.  A raw value the kernel leaves unspecified
+(a load skipped for a row outside the image or past the walk, or a
+grad_out row past the strip or of a dead lane: the kernel keeps the
+register's old value, or zero for float) is NaN here, as is a ring slot
+read before it is written, so using one poisons the result; a load never
+issued in the unit (a column outside [0, W)) leaves the zero the kernel
+set at the unit's start."""
 
 import math
 
@@ -26,10 +36,12 @@ def _template(expression):
     return itemsize, k, s, vw
 
 
-def emulate(launch, grad_out, x):
+def emulate(launch, grad_out, x, clean_blocks="group"):
     """(partial, writes, visits): partial[split][tap][c] (NaN where never
     written), how often each was written, and how often each (channel,
-    unit) was walked.  ``grad_out``: (N, C, OH, OW), ``x``: (N, C, H, W)."""
+    unit) was walked.  ``grad_out``: (N, C, OH, OW), ``x``: (N, C, H, W).
+    ``clean_blocks``: "group" (a block is clean where every lane of the
+    group is), "never", or "alternate" (every other block that could be)."""
     (height, width, channels, out_h, out_w, pad_top, pad_left, row_strip, row_strips, segments, group_lanes, units,
      per_split) = (int(v) for v in launch.scalars)
     itemsize, k, s, vw = _template(launch.expression)
@@ -38,7 +50,9 @@ def emulate(launch, grad_out, x):
     iw_cols = (vw - 1) * s + k
     nh = iw_cols - vs
     slots = -(-k // s)
-    period = slots * s
+    period = slots * s  # P: steps per block
+    buffers = 2 if itemsize == 4 and period % 2 == 0 else 1  # NB
+    shift = (1 - k) % period  # SHIFT: the walk starts at step -shift
     threads = launch.block[0]
     warps = threads // 32
     groups_per_warp = 32 // group_lanes
@@ -51,12 +65,21 @@ def emulate(launch, grad_out, x):
     assert out_w % vw == 0 and width % vw == 0 and (pad_left - sh) % vw == 0
     assert units == batch * row_strips * segments and row_strips * row_strip >= out_h > (row_strips - 1) * row_strip
     assert segments * group_lanes * vw >= out_w > (segments - 1) * group_lanes * vw  # dead lanes: last segment
-    x64, g64 = x.astype(numpy.float64), grad_out.astype(numpy.float64)
+    assert clean_blocks in ("group", "never", "alternate")
+    xf = x.astype(numpy.float64).reshape(-1)  # flat, as the kernel's pointers see them
+    gf = grad_out.astype(numpy.float64).reshape(-1)
     partial = numpy.full((splits, k * k, channels), numpy.nan)
     writes = numpy.zeros(partial.shape, numpy.int64)
     visits = numpy.zeros((channels, units), numpy.int64)
     gl = numpy.arange(group_lanes)
     halo_e = [h if h < sh else h + vs for h in range(nh)]
+    # Lane constants: halo h comes from lane gl + floor(d / VS) where that
+    # lane is in the group (from_lane).
+    from_lane = [((gl + (e - sh) // vs) >= 0) & ((gl + (e - sh) // vs) < group_lanes) for e in halo_e]
+    # What the walks did: clean and tested blocks, and a clean block's last
+    # prefetch finding the next x row outside the image or the next
+    # grad_out row past the strip.
+    blocks_seen = {"clean": 0, "tested": 0, "last_row_outside": 0, "last_g_past": 0}
 
     for c in range(channels):
         for split in range(splits):
@@ -80,63 +103,124 @@ def emulate(launch, grad_out, x):
                         live = ow0 < out_w
                         ob = ow0 * s - pad_left + sh
                         ih0 = oh0 * s - pad_top
+                        plane = n * channels + c
+                        x_base, g_base = plane * height * width, plane * out_h * out_w
                         own_ok = [(0 <= ob + v * vw) & (ob + v * vw < width) for v in range(s)]
-                        from_lane, direct, src = [], [], []
-                        for e in halo_e:
-                            d = e - sh
-                            lane_src = gl + d // vs  # Python floor division: the kernel's floor_div
-                            inside = (lane_src >= 0) & (lane_src < group_lanes)
-                            from_lane.append(inside)
-                            direct.append(~inside & (ob + d >= 0) & (ob + d < width))
-                            src.append(lane_src)
+                        direct = [~from_lane[h] & (ob + e - sh >= 0) & (ob + e - sh < width)
+                                  for h, e in enumerate(halo_e)]
+                        plain = live & numpy.logical_and.reduce(own_ok) & ~numpy.logical_or.reduce(direct)
+                        jc0 = numpy.where(plain, max(k - 1, -ih0), steps)
+                        jc1 = min(rows * s, height - ih0)
+                        # Row cursors: x_at (flat offset of input row ih0 + j,
+                        # column ob, for the next step j to load) and g_at
+                        # (grad_out row oh0 + j / S, column ow0).
+                        cursor = {"x": x_base + ih0 * width + ob, "g": g_base + oh0 * out_w + ow0}
+                        xr = numpy.zeros((buffers, s, group_lanes, vw))  # zeroed at the unit's start
+                        hr = numpy.zeros((buffers, nh, group_lanes))
+                        gr = numpy.full((buffers, group_lanes, vw), numpy.nan)
                         ring = numpy.full((slots, group_lanes, vw), numpy.nan)
-                        for j in range(steps):
-                            ph = j % period
-                            ih = ih0 + j
-                            row_ok = 0 <= ih < height
-                            # Own columns, as loaded (zero where not loaded).
-                            own = numpy.zeros((group_lanes, vs))
+
+                        def load_step(b, j, g_step, mode):
+                            """The raw loads of step j into buffer b (the
+                            kernel's load_step)."""
+                            row_in = 0 <= ih0 + j < height
+                            if mode:  # a clean block: what it does not test holds
+                                assert plain.all() and j < steps and (mode == 2 or row_in)
+                            row_ok = mode == 1 or ((mode == 2 or j < steps) and row_in)
+                            blocks_seen["last_row_outside"] += mode == 2 and not row_in
+                            blocks_seen["last_g_past"] += mode == 2 and g_step and j >= rows * s
                             for v in range(s):
-                                for lane in gl[own_ok[v]] if row_ok else []:
-                                    cols = ob[lane] + v * vw + numpy.arange(vw)
-                                    assert 0 <= cols[0] and cols[-1] < width
-                                    own[lane, v * vw:(v + 1) * vw] = x64[n, c, ih, cols]
-                            window = numpy.full((group_lanes, iw_cols), numpy.nan)
-                            window[:, sh:sh + vs] = own
-                            for h, e in enumerate(halo_e):
-                                d = e - sh
-                                se = d - (d // vs) * vs
-                                for lane in gl:
-                                    if from_lane[h][lane]:
-                                        window[lane, e] = own[src[h][lane], se]  # __shfl_sync from that lane
-                                    elif direct[h][lane] and row_ok:
-                                        col = ob[lane] + d
-                                        assert 0 <= col < width
-                                        window[lane, e] = x64[n, c, ih, col]
+                                ok = row_ok & (own_ok[v] if mode == 0 else True) & numpy.ones(group_lanes, bool)
+                                cols = ob[:, None] + v * vw + numpy.arange(vw)
+                                flat = cursor["x"][:, None] + v * vw + numpy.arange(vw)
+                                for lane in gl[ok]:
+                                    assert 0 <= ih0 + j < height and 0 <= cols[lane, 0] and cols[lane, -1] < width
+                                    assert (flat[lane] == x_base + (ih0 + j) * width + cols[lane]).all()
+                                    xr[b, v, lane] = xf[flat[lane]]
+                                xr[b, v, ~ok & own_ok[v]] = numpy.nan  # skipped for the row: unspecified
+                            if mode == 0:
+                                for h, e in enumerate(halo_e):
+                                    ok = row_ok & direct[h]
+                                    for lane in gl[ok]:
+                                        col = ob[lane] + e - sh
+                                        assert 0 <= ih0 + j < height and 0 <= col < width
+                                        assert cursor["x"][lane] + e - sh == x_base + (ih0 + j) * width + col
+                                        hr[b, h, lane] = xf[cursor["x"][lane] + e - sh]
+                                    hr[b, h, ~ok & direct[h]] = numpy.nan
+                            cursor["x"] = cursor["x"] + width
+                            if g_step:
+                                assert j % s == 0
+                                if mode == 1:
+                                    assert live.all() and j < rows * s
+                                every = numpy.ones(group_lanes, bool)
+                                ok = every if mode == 1 else (every if mode == 2 else live) & (j < rows * s)
+                                for lane in gl[ok]:
+                                    assert j // s < rows and ow0[lane] + vw <= out_w
+                                    flat = cursor["g"][lane] + numpy.arange(vw)
+                                    assert (flat == g_base + (oh0 + j // s) * out_w + ow0[lane] + numpy.arange(vw)).all()
+                                    gr[b, lane] = gf[flat]
+                                gr[b, ~ok] = numpy.nan
+                                cursor["g"] = cursor["g"] + out_w
+
+                        load_step(0, 0, True, 0)
+                        jb, block = -shift, 0
+                        while jb < steps:
+                            clean = bool(((jb >= jc0) & (jb + period <= jc1)).all())
+                            if clean_blocks == "never" or (clean_blocks == "alternate" and block % 2):
+                                clean = False
+                            blocks_seen["clean" if clean else "tested"] += 1
+                            for ph in range(period):
+                                j = jb + ph
+                                if not clean and ph < shift and j < 0:
+                                    continue
+                                if j >= steps:
+                                    break
+                                q = ph - shift  # j = q (mod P)
+                                assert (j - q) % period == 0
+                                cur, nxt = q % buffers, (q + 1) % buffers
+                                # Unpack, then the next step's loads (into
+                                # buffer nxt: with one buffer, the same).
+                                own = xr[cur].transpose(1, 0, 2).reshape(group_lanes, vs).copy()
+                                direct_value = hr[cur].copy() if not clean else numpy.zeros((nh, group_lanes))
+                                if q % s == 0:
+                                    ring[(q // s) % slots] = gr[cur]
+                                load_step(nxt, j + 1, (q + 1) % s == 0, 0 if not clean else 1 if ph < period - 1 else 2)
+                                window = numpy.full((group_lanes, iw_cols), numpy.nan)
+                                window[:, sh:sh + vs] = own
+                                for h, e in enumerate(halo_e):
+                                    d = e - sh
+                                    delta = d // vs  # Python floor division: the kernel's floor_div
+                                    se = d - delta * vs
+                                    for lane in gl:
+                                        if from_lane[h][lane]:
+                                            assert 0 <= lane + delta < group_lanes
+                                            window[lane, e] = own[lane + delta, se]  # shuffled from lane + delta
+                                        else:
+                                            window[lane, e] = direct_value[h][lane]
+                                row_in = 0 <= ih0 + j < height
+                                for kh in range(k):
+                                    if (q - kh) % s:
+                                        continue
+                                    slot = ((q - kh) // s) % slots
+                                    if clean:
+                                        assert live.all() and row_in and j >= kh and j - kh < rows * s
+                                        lanes = live
+                                    elif row_in and j >= kh and j - kh < rows * s:
+                                        lanes = live
                                     else:
-                                        window[lane, e] = 0.0
-                            if ph % s == 0:
-                                m = j // s
-                                ring[(ph // s) % slots] = 0.0
-                                if m < rows:
-                                    for lane in gl[live]:
-                                        assert oh0 + m < out_h and ow0[lane] + vw <= out_w
-                                        ring[(ph // s) % slots, lane] = g64[n, c, oh0 + m, ow0[lane]:ow0[lane] + vw]
-                            for kh in range(k):
-                                if (ph - kh) % s:
-                                    continue
-                                slot = ((ph - kh) // s) % slots
-                                if not (row_ok and j >= kh and j - kh < rows * s):
-                                    continue
-                                assert (j - kh) // s < rows
-                                for kw in range(k):
-                                    xs = window[:, kw:kw + (vw - 1) * s + 1:s]  # [lane][t]
-                                    products = (ring[slot] * xs).sum(axis=1)
-                                    acc[live, kh, kw] += products[live]
+                                        continue
+                                    assert (j - kh) // s < rows
+                                    for kw in range(k):
+                                        xs = window[:, kw:kw + (vw - 1) * s + 1:s]  # [lane][t]
+                                        products = (ring[slot] * xs).sum(axis=1)
+                                        acc[lanes, kh, kw] += products[lanes]
+                            jb += period
+                            block += 1
                     warp_acc += acc.sum(axis=0)
                 red[warp] = warp_acc
             partial[split, :, c] = red.sum(axis=0).reshape(k * k)
             writes[split, :, c] += 1
+    emulate.blocks_seen = blocks_seen
     return partial, writes, visits
 
 

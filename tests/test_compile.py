@@ -1363,10 +1363,11 @@ def test_nhwc_phase_rule():
 
 # The NCHW register weight gradient (_depthwise_nchw_wgrad_regs): its NumPy
 # emulation (tests/_nchw_wgrad_regs_emulation.py: unit ranges, worker
-# stride, lane groups and segments, own-vector and halo masks, the shuffle
-# sources, the grad_out ring slots, the FMA conditions, reduction order)
-# against the float64 reference, at the rule's VW and narrower ones
-# (alignment 2 bytes forces VW = 1 for half types).
+# stride, lane groups and segments, own-vector and halo masks, the row
+# cursors, the blocks of the walk and their clean and tested paths, the
+# loads each issues, the shuffle sources, the grad_out ring slots, the FMA
+# conditions, reduction order) against the float64 reference, at the rule's
+# VW and narrower ones (alignment 2 bytes forces VW = 1 for half types).
 _NCHW_WGRAD_REGS_GEOMETRIES = [
     # (NCHW x shape, K, stride, padding)
     ((2, 3, 13, 11), 3, 1, 1), ((1, 2, 16, 16), 3, 1, 1), ((1, 1, 9, 10), 5, 1, ((0, 4), (3, 1))),
@@ -1375,7 +1376,17 @@ _NCHW_WGRAD_REGS_GEOMETRIES = [
     ((1, 1, 17, 16), 5, 2, ((4, 0), (1, 2))), ((1, 2, 15, 15), 7, 2, 3), ((2, 1, 2, 5), 3, 2, 2),
     ((1, 2, 12, 16), 3, 2, ((1, 1), (0, 1))), ((1, 1, 40, 8), 3, 1, 1), ((1, 1, 6, 272), 3, 1, 1),
     ((1, 1, 3, 264), 5, 1, 2), ((1, 2, 8, 16), 7, 2, ((3, 3), (3, 7))), ((1, 1, 4, 8), 5, 1, ((2, 2), (6, 2))),
+    ((1, 2, 30, 16), 5, 1, 2), ((1, 1, 24, 8), 7, 1, 3), ((1, 1, 40, 16), 3, 2, 1), ((1, 1, 33, 8), 5, 2, 2),
+    ((1, 1, 30, 8), 7, 2, 3), ((1, 1, 17, 8), 5, 1, ((2, 5), (2, 2))),
 ]
+# Cases whose walks must include clean blocks (the kernel's untested path),
+# and what else they must reach there: a clean block's last prefetch with
+# the next x row outside the image, or the next grad_out row past the strip.
+_NCHW_WGRAD_REGS_CLEAN_WALKS = {
+    ((1, 2, 16, 16), 3, 1, 1): (), ((1, 1, 40, 8), 3, 1, 1): ("last_g_past",), ((1, 2, 30, 16), 5, 1, 2): (),
+    ((1, 1, 24, 8), 7, 1, 3): (), ((1, 1, 40, 16), 3, 2, 1): (), ((1, 1, 33, 8), 5, 2, 2): ("last_g_past",),
+    ((1, 1, 30, 8), 7, 2, 3): ("last_g_past",), ((1, 1, 17, 8), 5, 1, ((2, 5), (2, 2))): ("last_row_outside",),
+}
 
 
 @pytest.mark.parametrize("case", _NCHW_WGRAD_REGS_GEOMETRIES,
@@ -1396,6 +1407,7 @@ def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case, monkeypat
     want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), stride=stride, padding=padding)
     shipped = set(ALL_SPECIALIZATIONS)
     seen_widths = set()
+    walks = {}
     for dtype in wg.DTYPES[:2]:
         for alignment in (16, 4, 2):
             # The rule's split, and one split per unit (idle workers).
@@ -1407,10 +1419,17 @@ def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case, monkeypat
                 assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
                 assert int(finalize.scalars[2]) == launch.grid[1]
                 seen_widths.add(int(launch.expression.split(", ")[3][:-1]))
-                partial, writes, visits = emulation.emulate(launch, dy, x)
-                assert (writes == 1).all() and (visits == 1).all()
-                numpy.testing.assert_allclose(emulation.finalize(partial), want, rtol=1e-12, atol=1e-12)
+                # The kernel's clean blocks where the group is clean, none,
+                # and every other one (the warp's vote decides on the GPU).
+                for clean_blocks in ("group", "never", "alternate"):
+                    partial, writes, visits = emulation.emulate(launch, dy, x, clean_blocks)
+                    assert (writes == 1).all() and (visits == 1).all()
+                    numpy.testing.assert_allclose(emulation.finalize(partial), want, rtol=1e-12, atol=1e-12)
+                    for key, count in emulation.emulate.blocks_seen.items():
+                        walks[key] = walks.get(key, 0) + count
     assert 1 in seen_widths
+    if case in _NCHW_WGRAD_REGS_CLEAN_WALKS:
+        assert walks["clean"] and all(walks[key] for key in _NCHW_WGRAD_REGS_CLEAN_WALKS[case]), walks
 
 
 def test_nchw_wgrad_regs_rule():
