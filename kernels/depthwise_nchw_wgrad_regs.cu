@@ -123,12 +123,22 @@ __device__ __forceinline__ unsigned word(unsigned r, int) { return r; }
 __device__ __forceinline__ unsigned word(uint2 r, int w) { return w == 0 ? r.x : r.y; }
 __device__ __forceinline__ unsigned word(uint4 r, int w) { return w == 0 ? r.x : w == 1 ? r.y : w == 2 ? r.z : r.w; }
 
-// A 2-byte value's bits (in the low 16 bits) as float, exactly.
-__device__ __forceinline__ float from_bits(__half, unsigned bits) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+// Half h (0: low, 1: high 16 bits) of a word of two 2-byte values, as
+// float, exactly.  bfloat16 is the high half of a float: a shift or a mask,
+// written as inline PTX because NVVM otherwise sinks it to the FMAs, which
+// keeps the raw registers live across the next step's loads (8 register
+// copies a step in a bfloat16 3x3 VW 8 walk).
+__device__ __forceinline__ float from_half_word(__half, unsigned w, int h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h ? w >> 16 : w & 0xffffu)));
 }
-__device__ __forceinline__ float from_bits(__nv_bfloat16, unsigned bits) {
-  return __uint_as_float(bits << 16);  // bfloat16: the high half of a float
+__device__ __forceinline__ float from_half_word(__nv_bfloat16, unsigned w, int h) {
+  unsigned f;
+  if (h) {
+    asm("and.b32 %0, %1, 0xffff0000;" : "=r"(f) : "r"(w));
+  } else {
+    asm("shl.b32 %0, %1, 16;" : "=r"(f) : "r"(w));
+  }
+  return __uint_as_float(f);
 }
 
 // Element i (a compile-time constant after unrolling) of a raw vector of T,
@@ -138,9 +148,7 @@ __device__ __forceinline__ float element(const Raw& r, int i) {
   if constexpr (sizeof(T) == 4) {
     return __uint_as_float(word(r, i));
   } else {
-    const unsigned w = word(r, i / 2);
-    const unsigned bits = (i & 1) ? (w >> 16) : (w & 0xffffu);
-    return from_bits(T(), bits);
+    return from_half_word(T(), word(r, i / 2), i & 1);
   }
 }
 
