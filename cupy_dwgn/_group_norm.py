@@ -381,10 +381,10 @@ def _column_launch(expression, items, finalize_items, fused, scalars):
 #   forward:  (x, weight or NULL, bias or NULL, y, mean, rstd), then the
 #             partial sums (6), coefficients (7), mean / rstd (8, 9) when
 #             the caller did not ask for them, and last the grid-barrier
-#             words (_workspace.GRID_BARRIER) of the cooperative kernels
+#             word (_workspace.GRID_BARRIER) of the cooperative kernels
 #   backward: (grad_out, x, mean, rstd, weight or NULL, bias or NULL, grad_x,
 #             grad_weight or NULL, grad_bias or NULL), then the partial sums
-#             (9), coefficients (10) and the grid-barrier words (11)
+#             (9), coefficients (10) and the grid-barrier word (11)
 
 def _forward_steps(plan, mean_temporary, rstd_temporary):
     mean = 8 if mean_temporary else 4

@@ -68,7 +68,8 @@ def addresses_on(device, stream, workspace_layout):
 @functools.lru_cache(maxsize=1024)
 def layout(requests):
     """(offset of each request, total bytes), each start ALIGNMENT-aligned,
-    after the grid-barrier words (GRID_BARRIER requests get offset 0)."""
+    after the grid-barrier word's ALIGNMENT bytes (GRID_BARRIER requests get
+    offset 0)."""
     offsets, total = [], ALIGNMENT
     for request in requests:
         if request == GRID_BARRIER:

@@ -181,7 +181,7 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
     for argument_dtypes, steps in all_steps:
         arguments = tuple(0x5000_0000_0000 + 0x100 * k for k in range(len(argument_dtypes)))
         expected_addresses = arguments + tuple(temporary_base + offset for offset in steps.workspace[0])
-        # The grid-barrier words (_workspace.GRID_BARRIER) are unsigned ints.
+        # The grid-barrier word (_workspace.GRID_BARRIER) is an unsigned int.
         dtypes = argument_dtypes + tuple(
             numpy.dtype(numpy.uint32) if temporary == _workspace.GRID_BARRIER else numpy.dtype(temporary[1])
             for temporary in steps.temporaries)
@@ -247,7 +247,7 @@ def test_steps_rebind_on_a_new_device_stream_or_workspace_buffer(monkeypatch):
         empty=lambda size, dtype: _array((size,), numpy.uint8, next(next_buffer) - 0x7F00_0000_0000)))
     monkeypatch.setattr(_workspace, "_BUFFERS", {})
     monkeypatch.setattr(_workspace, "_RETIRED", [])
-    cleared = []  # buffers whose grid-barrier words were zeroed
+    cleared = []  # buffers whose grid-barrier word was zeroed
     monkeypatch.setattr(_workspace, "_clear_grid_barrier", lambda buffer: cleared.append(buffer.data.ptr))
 
     small = _launch.Steps(((_launch.Launch("f.cu", "k", (1,), (32,)), (0, 1)),), (((256,), numpy.float32),))
@@ -262,7 +262,7 @@ def test_steps_rebind_on_a_new_device_stream_or_workspace_buffer(monkeypatch):
         return temporary
 
     def buffer(device, stream):
-        """Where a buffer's first temporary starts: after its grid-barrier words."""
+        """Where a buffer's first temporary starts: after its grid-barrier word's bytes."""
         return _workspace._BUFFERS[device, stream].data.ptr + _workspace.ALIGNMENT
 
     lookups = []  # workspace lookups: one per (re)binding, none when a binding is reused
@@ -285,13 +285,13 @@ def test_steps_rebind_on_a_new_device_stream_or_workspace_buffer(monkeypatch):
     _workspace.release()
     assert temporary_of(small, 0, 7) == buffer(0, 7)
     assert temporary_of(small, 0, 0) == buffer(0, 0)
-    # Every buffer made had its grid-barrier words zeroed, once.
+    # Every buffer made had its grid-barrier word zeroed, once.
     made = [b.data.ptr for b in _workspace._BUFFERS.values()]
     assert set(made) <= set(cleared) and len(cleared) == len(set(cleared)) == 6
 
 
 def test_workspace_layout_keeps_the_grid_barrier_words_apart():
-    # The grid-barrier words (the first ALIGNMENT bytes of a buffer, zeroed
+    # The grid-barrier word (in the first ALIGNMENT bytes of a buffer, zeroed
     # when it is made) are never handed out as a temporary: a GRID_BARRIER
     # request gets offset 0, every other request starts after them.
     from cupy_dwgn import _workspace
