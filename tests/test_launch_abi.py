@@ -290,8 +290,8 @@ def test_steps_rebind_on_a_new_device_stream_or_workspace_buffer(monkeypatch):
     assert set(made) <= set(cleared) and len(cleared) == len(set(cleared)) == 6
 
 
-def test_workspace_layout_keeps_the_grid_barrier_words_apart():
-    # The grid-barrier word (in the first ALIGNMENT bytes of a buffer, zeroed
+def test_workspace_layout_keeps_the_grid_barrier_word_apart():
+    # The grid-barrier word's bytes (the first ALIGNMENT of a buffer, zeroed
     # when it is made) are never handed out as a temporary: a GRID_BARRIER
     # request gets offset 0, every other request starts after them.
     from cupy_dwgn import _workspace
