@@ -47,9 +47,11 @@
 //   pair is) into ring slot m % R, R = ceil(K / S): rows m - R + 1 .. m are
 //   the ones any later step still reads (kh <= K-1 < R*S).  The walk is
 //   unrolled by P = R*S steps so every slot index is a compile-time
-//   constant.  Step j + 1's raw loads are issued after step j is unpacked,
-//   into the same registers, and before its FMAs (one step of loads always
-//   in flight, no copies).
+//   constant.  Step j + 1's raw loads are issued after step j is unpacked
+//   and before its FMAs (one step of loads always in flight): for 2-byte
+//   types into the registers just unpacked, for float into a second
+//   buffer (its raw registers are the FMA operands), the two alternating
+//   by step (no copies, but at the end of a block when P is odd).
 // * Addresses: row cursors, the x row of the next step to load at the
 //   thread's first own column and the next grad_out row, advanced one row
 //   per load (one IMAD.WIDE each); every load of a row is at a constant
@@ -69,11 +71,11 @@
 //   live, has all own vectors inside [0, W) and no direct halo column:
 //   where every unit of a warp is in a clean block (a vote: warp-uniform)
 //   the block runs without the per-filter-row branches, the direct halo
-//   loads and the load tests (but for its last step's prefetch); else the
-//   tested block.  Both are one lambda instantiated twice; they multiply
-//   the same pairs in the same order (fp16 7x7 VW 4, NVRTC 13.0: 318
-//   non-FFMA instructions per 1372 FFMA in a clean block, 787 in a tested
-//   one, 995 before this walk).
+//   loads and the column tests (the row and grad_out-row tests stay: see
+//   load_step); else the tested block.  Both are one lambda instantiated
+//   twice; they multiply the same pairs in the same order (fp16 7x7 VW 4,
+//   NVRTC 13.0: 304 non-FFMA instructions per 1372 FFMA in a clean block,
+//   795 in a tested one, 995 before this walk).
 // * Every raw load of a step is issued before any of them is unpacked:
 //   with the conversion next to each load ptxas waits on every load before
 //   issuing the next (measured on the NHWC sibling: 2.7x slower).
