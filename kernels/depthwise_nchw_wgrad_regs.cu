@@ -47,9 +47,11 @@
 //   pair is) into ring slot m % R, R = ceil(K / S): rows m - R + 1 .. m are
 //   the ones any later step still reads (kh <= K-1 < R*S).  The walk is
 //   unrolled by P = R*S steps so every slot index is a compile-time
-//   constant.  Step j + 1's raw loads are issued after step j is unpacked,
-//   into the same registers, and before its FMAs (one step of loads always
-//   in flight, no copies).
+//   constant.  Step j + 1's raw loads are issued after step j is unpacked
+//   and before its FMAs (one step of loads always in flight): for 2-byte
+//   types into the registers just unpacked, for float into a second
+//   buffer (its raw registers are the FMA operands), the two alternating
+//   by step (no copies, but at the end of a block when P is odd).
 // * Addresses: row cursors, the x row of the next step to load at the
 //   thread's first own column and the next grad_out row, advanced one row
 //   per load (one IMAD.WIDE each); every load of a row is at a constant
@@ -69,11 +71,11 @@
 //   live, has all own vectors inside [0, W) and no direct halo column:
 //   where every unit of a warp is in a clean block (a vote: warp-uniform)
 //   the block runs without the per-filter-row branches, the direct halo
-//   loads and the load tests (but for its last step's prefetch); else the
-//   tested block.  Both are one lambda instantiated twice; they multiply
-//   the same pairs in the same order (fp16 7x7 VW 4, NVRTC 13.0: 318
-//   non-FFMA instructions per 1372 FFMA in a clean block, 787 in a tested
-//   one, 995 before this walk).
+//   loads and the column tests (the row and grad_out-row tests stay: see
+//   load_step); else the tested block.  Both are one lambda instantiated
+//   twice; they multiply the same pairs in the same order (fp16 7x7 VW 4,
+//   NVRTC 13.0: 304 non-FFMA instructions per 1372 FFMA in a clean block,
+//   795 in a tested one, 995 before this walk).
 // * Every raw load of a step is issued before any of them is unpacked:
 //   with the conversion next to each load ptxas waits on every load before
 //   issuing the next (measured on the NHWC sibling: 2.7x slower).
@@ -184,11 +186,12 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   constexpr int R = (K + S - 1) / S;    // grad_out ring slots
   constexpr int P = R * S;              // walk unroll (steps per block)
   constexpr int SHIFT = pos_mod(1 - K, P);  // the walk starts at step -SHIFT
-  // Raw buffers: one (the next step is loaded into the registers just
-  // unpacked), two for float with an even P (its unpacked values are the
-  // raw registers themselves, still read by the FMAs while the next step
-  // loads; the buffers alternate by step).
-  constexpr int NB = sizeof(T) == 4 && P % 2 == 0 ? 2 : 1;
+  // Raw buffers: for 2-byte types one (the next step is loaded into the
+  // registers just unpacked); for float two, alternating by step (its
+  // unpacked values are the raw registers themselves, still read by the
+  // FMAs while the next step loads; with an odd P the last step's buffer
+  // is copied to the first at the end of a block).
+  constexpr int NB = sizeof(T) == 4 ? 2 : 1;
   constexpr int KK = K * K;
   using XRaw = typename dwgn::Bits<VW * static_cast<int>(sizeof(T))>::type;  // VW values of a row
   using ERaw = typename dwgn::Bits<static_cast<int>(sizeof(T))>::type;       // one value
@@ -272,23 +275,25 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
     const T* g_at = g_plane + (static_cast<long long>(oh0) * out_w + ow0);
     // Raw loads of step j: the x row's own vectors and direct halo values,
     // and (g_step: j % S == 0) grad_out row j / S; the cursors advance.
-    // mode 0 tests everything: nothing is read for j >= steps (the prefetch
-    // past the walk), for a row outside the image, a column outside [0, W),
-    // a grad_out row past the strip or in a dead lane.  A load not issued
-    // leaves its register as it was (float: zero): a column outside [0, W)
-    // is never loaded in the unit and keeps the zero set at the unit's
-    // start; the other values are never multiplied.  In a clean block
-    // (below: every lane live, all own vectors inside [0, W), no direct
-    // halo) mode 1 (a step before the block's last: the next row is inside
-    // the image and its grad_out row inside the strip) tests nothing and
-    // mode 2 (the block's last step) only the row and the grad_out row:
-    // each reads what mode 0 would.
-    auto load_step = [&](XRaw (&xr)[S], ERaw (&hr)[NH], XRaw& gr, int j, bool g_step, int mode) {
-      const bool row_ok =
-          mode == 1 || ((mode == 2 || j < steps) && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height));
+    // Nothing is read for j >= steps (the prefetch past the walk), for a
+    // row outside the image, a column outside [0, W), a grad_out row past
+    // the strip or in a dead lane.  A load not issued leaves its register
+    // as it was (float: zero): a column outside [0, W) is never loaded in
+    // the unit and keeps the zero set at the unit's start; the other values
+    // are never multiplied.  In a clean block (below: every lane live, all
+    // own vectors inside [0, W), no direct halo) only the row and the
+    // grad_out row are tested (j < steps holds): the same loads.  The tests
+    // stay even where they are known to hold (all but a block's last
+    // step): ptxas moved untested loads ahead of the unpacking of the
+    // registers they reuse, into other registers, and copied them back at
+    // once, waiting for the load (fp16 7x7 VW 4: 12 of a clean block's 14
+    // loads read 16-22 instructions after they issue; with the tests all
+    // 223-232, a step's FMAs).
+    auto load_step = [&](XRaw (&xr)[S], ERaw (&hr)[NH], XRaw& gr, int j, bool g_step, bool clean) {
+      const bool row_ok = (clean || j < steps) && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
 #pragma unroll
-      for (int v = 0; v < S; ++v) load_if(xr[v], x_at + v * VW, row_ok && (mode != 0 || ((own_ok >> v) & 1u)));
-      if (mode == 0) {
+      for (int v = 0; v < S; ++v) load_if(xr[v], x_at + v * VW, row_ok && (clean || ((own_ok >> v) & 1u)));
+      if (!clean) {
 #pragma unroll
         for (int h = 0; h < NH; ++h) {
           const int d = (h < SH ? h : h + VS) - SH;
@@ -297,7 +302,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
       }
       x_at += width;
       if (g_step) {
-        load_if(gr, g_at, mode == 1 || ((mode == 2 || live) && j < rows * S));  // grad_out row j / S < rows
+        load_if(gr, g_at, (clean || live) && j < rows * S);  // grad_out row j / S < rows
         g_at += out_w;
       }
     };
@@ -313,7 +318,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
       for (int h = 0; h < NH; ++h) hr[b][h] = ERaw{};
       if (sizeof(T) == 2) gr[b] = XRaw{};  // (float: every load_if writes it)
     }
-    load_step(xr[0], hr[0], gr[0], 0, true, 0);
+    load_step(xr[SHIFT % NB], hr[SHIFT % NB], gr[SHIFT % NB], 0, true, false);  // step 0: phase SHIFT of its block
 
     // Clean steps: j in [jc0, jc1), where the x row is inside the image
     // (0 <= ih0 + j < H) and every (filter row, output row) pair of the
@@ -338,16 +343,15 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
         if (test && ph < SHIFT && j < 0) continue;
         // The break between steps (never taken in a clean block) keeps
         // ptxas from hoisting later steps' loads into this step's FMAs (as
-        // in the NHWC sibling; without it in clean blocks 3 of the 54
-        // specializations spilled, NVRTC 13.0 sm_90).
+        // in the NHWC sibling).
         if (j >= steps) break;
         const int q = ph - SHIFT;
-        const int cur = pos_mod(q, NB), nxt = pos_mod(q + 1, NB);
+        const int cur = ph % NB, nxt = (ph + 1) % NB;
 
         // Unpack this step (own columns, direct halo values, the grad_out
-        // row), then load the next step into the raw registers (one step of
-        // loads in flight during this step's FMAs, no copies), then the
-        // shuffled halo.
+        // row), then load the next step (into the registers just unpacked,
+        // or float's other buffer: one step of loads in flight during this
+        // step's FMAs), then the shuffled halo.
         float xw[IW];
 #pragma unroll
         for (int v = 0; v < S; ++v)
@@ -360,7 +364,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
 #pragma unroll
           for (int t = 0; t < VW; ++t) g[pos_mod(floor_div(q, S), R)][t] = element<T>(gr[cur], t);
         }
-        load_step(xr[nxt], hr[nxt], gr[nxt], j + 1, pos_mod(q + 1, S) == 0, test ? 0 : ph < P - 1 ? 1 : 2);
+        load_step(xr[nxt], hr[nxt], gr[nxt], j + 1, pos_mod(q + 1, S) == 0, !test);
 #pragma unroll
         for (int h = 0; h < NH; ++h) {
           const int e = h < SH ? h : h + VS;
@@ -387,6 +391,13 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
               for (int t = 0; t < VW; ++t) acc[kh][kw] = fmaf(g[slot][t], xw[t * S + kw], acc[kh][kw]);
           }
         }
+      }
+      if (NB == 2 && P % 2 == 1) {  // the next block starts with buffer 0
+#pragma unroll
+        for (int v = 0; v < S; ++v) xr[0][v] = xr[1][v];
+#pragma unroll
+        for (int h = 0; h < NH; ++h) hr[0][h] = hr[1][h];
+        gr[0] = gr[1];
       }
     };
     for (int jb = -SHIFT; jb < steps; jb += P) {

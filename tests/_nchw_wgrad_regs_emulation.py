@@ -10,9 +10,11 @@ grad_out pointers hold, advanced one row per load whether read or not,
 asserted against the element each read should be), the walk in blocks of
 P steps from step -SHIFT with the clean blocks (no tests; the kernel takes
 one where every lane of the warp is clean, here where every lane of the
-group is, or per ``clean_blocks``) and their load modes (the conditions
-they skip are asserted to hold), the raw buffers (NB) and the prefetch
-order, the grad_out ring (slot ((q - kh) / S) mod R, q = j mod P), the halo
+group is, or per ``clean_blocks``) and their loads (the conditions they
+do not test asserted to hold), the raw buffers (NB: two for float,
+alternating by step, the last copied to the first at a block's end when P
+is odd) and the prefetch order, the grad_out ring (slot ((q - kh) / S)
+mod R, q = j mod P), the halo
 taken from lane gl + floor(d / VS) of the group (asserted to be inside it)
 or loaded directly, the FMA conditions (live, x row inside the image,
 0 <= j - kh < rows * S), the warp then block reduction and the partial
@@ -51,7 +53,7 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
     nh = iw_cols - vs
     slots = -(-k // s)
     period = slots * s  # P: steps per block
-    buffers = 2 if itemsize == 4 and period % 2 == 0 else 1  # NB
+    buffers = 2 if itemsize == 4 else 1  # NB
     shift = (1 - k) % period  # SHIFT: the walk starts at step -shift
     threads = launch.block[0]
     warps = threads // 32
@@ -76,10 +78,10 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
     # Lane constants: halo h comes from lane gl + floor(d / VS) where that
     # lane is in the group (from_lane).
     from_lane = [((gl + (e - sh) // vs) >= 0) & ((gl + (e - sh) // vs) < group_lanes) for e in halo_e]
-    # What the walks did: clean and tested blocks, and a clean block's last
+    # What the walks did: clean and tested blocks, and a clean block's
     # prefetch finding the next x row outside the image or the next
-    # grad_out row past the strip.
-    blocks_seen = {"clean": 0, "tested": 0, "last_row_outside": 0, "last_g_past": 0}
+    # grad_out row past the strip (its last step's).
+    blocks_seen = {"clean": 0, "tested": 0, "clean_row_outside": 0, "clean_g_past": 0}
 
     for c in range(channels):
         for split in range(splits):
@@ -120,17 +122,17 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
                         gr = numpy.full((buffers, group_lanes, vw), numpy.nan)
                         ring = numpy.full((slots, group_lanes, vw), numpy.nan)
 
-                        def load_step(b, j, g_step, mode):
+                        def load_step(b, j, g_step, clean):
                             """The raw loads of step j into buffer b (the
-                            kernel's load_step)."""
+                            kernel's load_step; clean: a clean block's)."""
                             row_in = 0 <= ih0 + j < height
-                            if mode:  # a clean block: what it does not test holds
-                                assert plain.all() and j < steps and (mode == 2 or row_in)
-                            row_ok = mode == 1 or ((mode == 2 or j < steps) and row_in)
-                            blocks_seen["last_row_outside"] += mode == 2 and not row_in
-                            blocks_seen["last_g_past"] += mode == 2 and g_step and j >= rows * s
+                            if clean:  # what a clean block does not test holds
+                                assert plain.all() and j < steps
+                            row_ok = (clean or j < steps) and row_in
+                            blocks_seen["clean_row_outside"] += clean and not row_in
+                            blocks_seen["clean_g_past"] += clean and g_step and j >= rows * s
                             for v in range(s):
-                                ok = row_ok & (own_ok[v] if mode == 0 else True) & numpy.ones(group_lanes, bool)
+                                ok = row_ok & (True if clean else own_ok[v]) & numpy.ones(group_lanes, bool)
                                 cols = ob[:, None] + v * vw + numpy.arange(vw)
                                 flat = cursor["x"][:, None] + v * vw + numpy.arange(vw)
                                 for lane in gl[ok]:
@@ -138,7 +140,7 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
                                     assert (flat[lane] == x_base + (ih0 + j) * width + cols[lane]).all()
                                     xr[b, v, lane] = xf[flat[lane]]
                                 xr[b, v, ~ok & own_ok[v]] = numpy.nan  # skipped for the row: unspecified
-                            if mode == 0:
+                            if not clean:
                                 for h, e in enumerate(halo_e):
                                     ok = row_ok & direct[h]
                                     for lane in gl[ok]:
@@ -150,10 +152,7 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
                             cursor["x"] = cursor["x"] + width
                             if g_step:
                                 assert j % s == 0
-                                if mode == 1:
-                                    assert live.all() and j < rows * s
-                                every = numpy.ones(group_lanes, bool)
-                                ok = every if mode == 1 else (every if mode == 2 else live) & (j < rows * s)
+                                ok = (numpy.ones(group_lanes, bool) if clean else live) & (j < rows * s)
                                 for lane in gl[ok]:
                                     assert j // s < rows and ow0[lane] + vw <= out_w
                                     flat = cursor["g"][lane] + numpy.arange(vw)
@@ -162,7 +161,7 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
                                 gr[b, ~ok] = numpy.nan
                                 cursor["g"] = cursor["g"] + out_w
 
-                        load_step(0, 0, True, 0)
+                        load_step(shift % buffers, 0, True, False)  # step 0: phase shift of its block
                         jb, block = -shift, 0
                         while jb < steps:
                             clean = bool(((jb >= jc0) & (jb + period <= jc1)).all())
@@ -177,14 +176,14 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
                                     break
                                 q = ph - shift  # j = q (mod P)
                                 assert (j - q) % period == 0
-                                cur, nxt = q % buffers, (q + 1) % buffers
+                                cur, nxt = ph % buffers, (ph + 1) % buffers
                                 # Unpack, then the next step's loads (into
                                 # buffer nxt: with one buffer, the same).
                                 own = xr[cur].transpose(1, 0, 2).reshape(group_lanes, vs).copy()
                                 direct_value = hr[cur].copy() if not clean else numpy.zeros((nh, group_lanes))
                                 if q % s == 0:
                                     ring[(q // s) % slots] = gr[cur]
-                                load_step(nxt, j + 1, (q + 1) % s == 0, 0 if not clean else 1 if ph < period - 1 else 2)
+                                load_step(nxt, j + 1, (q + 1) % s == 0, clean)
                                 window = numpy.full((group_lanes, iw_cols), numpy.nan)
                                 window[:, sh:sh + vs] = own
                                 for h, e in enumerate(halo_e):
@@ -214,6 +213,8 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
                                         xs = window[:, kw:kw + (vw - 1) * s + 1:s]  # [lane][t]
                                         products = (ring[slot] * xs).sum(axis=1)
                                         acc[lanes, kh, kw] += products[lanes]
+                            if buffers == 2 and period % 2:  # the next block starts with buffer 0
+                                xr[0], hr[0], gr[0] = xr[1].copy(), hr[1].copy(), gr[1].copy()
                             jb += period
                             block += 1
                     warp_acc += acc.sum(axis=0)

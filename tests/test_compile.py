@@ -1380,12 +1380,12 @@ _NCHW_WGRAD_REGS_GEOMETRIES = [
     ((1, 1, 30, 8), 7, 2, 3), ((1, 1, 17, 8), 5, 1, ((2, 5), (2, 2))),
 ]
 # Cases whose walks must include clean blocks (the kernel's untested path),
-# and what else they must reach there: a clean block's last prefetch with
+# and what else they must reach there: a clean block's (last) prefetch with
 # the next x row outside the image, or the next grad_out row past the strip.
 _NCHW_WGRAD_REGS_CLEAN_WALKS = {
-    ((1, 2, 16, 16), 3, 1, 1): (), ((1, 1, 40, 8), 3, 1, 1): ("last_g_past",), ((1, 2, 30, 16), 5, 1, 2): (),
-    ((1, 1, 24, 8), 7, 1, 3): (), ((1, 1, 40, 16), 3, 2, 1): (), ((1, 1, 33, 8), 5, 2, 2): ("last_g_past",),
-    ((1, 1, 30, 8), 7, 2, 3): ("last_g_past",), ((1, 1, 17, 8), 5, 1, ((2, 5), (2, 2))): ("last_row_outside",),
+    ((1, 2, 16, 16), 3, 1, 1): (), ((1, 1, 40, 8), 3, 1, 1): ("clean_g_past",), ((1, 2, 30, 16), 5, 1, 2): (),
+    ((1, 1, 24, 8), 7, 1, 3): (), ((1, 1, 40, 16), 3, 2, 1): (), ((1, 1, 33, 8), 5, 2, 2): ("clean_g_past",),
+    ((1, 1, 30, 8), 7, 2, 3): ("clean_g_past",), ((1, 1, 17, 8), 5, 1, ((2, 5), (2, 2))): ("clean_row_outside",),
 }
 
 
