@@ -457,9 +457,9 @@ __device__ __forceinline__ Vec<Acc, VEC> load_vec(const Acc* p) {
 
 // Grid-stride walk over the N*S*C/VEC vectors of a channels-last tensor:
 // calls body(i, n, c) with the vector index, its sample and its first channel.
-// Thread t starts at the end (vector num_vectors - 1 - t): the statistics
-// and reduce kernels read the tensor front to back, so for a tensor larger
-// than the L2 its tail is what the L2 still holds when this pass starts.
+// Front to back: walking from the end, to find in L2 what the statistics or
+// reduce kernel read last, measured mixed on an H200 (-4% to +5%; 7d010a0)
+// and was dropped.
 template <int VEC, typename IndexT, typename Body>
 __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C, Body body) {
   const int cv = C / VEC;

@@ -2,7 +2,9 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all but models): facts cold warm examples cli tests sanitizer dwbench gnbench host models
+# STEPS selects parts (default: all but models and ncu): facts cold warm examples cli tests sanitizer dwbench gnbench host models ncu
+# (ncu: Nsight Compute on scripts/ncu_workload.py's cases NCU_CASES (default all), the summary in ncu_summary.txt;
+# it needs hardware counters: seen working on the Firecracker machines, not on gVisor).
 # (warm: compile the kernels into CuPy's disk cache with WARM_ARGS, several processes at once; after cold, whose
 # point is the cold start).
 # (cli: cupy-dwgn info, selftest and a precompile, as a user runs them).
@@ -62,6 +64,12 @@ if has sanitizer; then
       | tail -n 30 | tee "$OUT/sanitizer_$tool.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+fi
+if has ncu; then
+  ncu --clock-control none -k regex:dwgn --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    python3 scripts/ncu_workload.py ${NCU_CASES:-} > "$OUT/ncu.txt" 2>&1 || status=1
+  python3 scripts/ncu_workload.py --summarize "$OUT/ncu.txt" | tee "$OUT/ncu_summary.txt"
 fi
 if has gnbench; then
   python3 benchmarks/group_norm.py --json "$OUT/group_norm.json" --png "$OUT/group_norm.png" ${GNBENCH_ARGS:-} 2>&1 \

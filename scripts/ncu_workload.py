@@ -1,0 +1,93 @@
+"""Calls for Nsight Compute: each case runs twice (the first compiles and
+warms; profile with --launch-skip-before-match or a -k filter on the second).
+
+    ncu --clock-control none -k regex:dwgn python3 scripts/ncu_workload.py CASE... > ncu.txt
+    python3 scripts/ncu_workload.py --summarize ncu.txt
+
+(scripts/device_session.sh's ncu step runs both.)  --summarize prints one
+line per profiled kernel: duration, DRAM throughput, SM throughput, registers,
+achieved / theoretical occupancy, the block limits by registers and shared
+memory, issue slots busy, cycles per issued instruction, L2 and L1 hit rates.
+
+Cases: gn_large (1x512x512x128 fp16 G32 forward+backward), gn_sd
+(2x64x64x320 fp16 SiLU forward+backward), dw_fp16_3x3 (64x144x56 3x3
+fp16 forward and backward-input, NCHW and NHWC), dw_s2 (64x96x112 3x3 s2
+forward, fp32 and fp16, both layouts)."""
+import sys
+
+import cupy
+
+import cupy_dwgn
+
+
+
+def _rng():
+    return cupy.random.default_rng(0)
+
+
+def gn(shape, dtype, activation):
+    rng = _rng()
+    x = rng.standard_normal(shape, dtype=cupy.float32).astype(dtype)
+    c = shape[-1]
+    w = cupy.ones(c, cupy.float32 if dtype != cupy.float64 else dtype)
+    b = cupy.zeros_like(w)
+    for _ in range(2):
+        cupy.cuda.nvtx.RangePush("pass")
+        y, mean, rstd = cupy_dwgn.group_norm(x, 32, w.astype(dtype), b.astype(dtype), activation=activation, return_stats=True)
+        cupy_dwgn.group_norm_backward(y, x, mean, rstd, 32, w.astype(dtype), activation=activation)
+        cupy.cuda.nvtx.RangePop()
+
+
+def dw(n, c, h, k, stride, dtype, layouts=("NCHW", "NHWC"), directions=("forward", "backward_input")):
+    rng = _rng()
+    x = rng.standard_normal((n, c, h, h), dtype=cupy.float32).astype(dtype)
+    w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
+    for layout in layouts:
+        xl = x if layout == "NCHW" else cupy.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        for _ in range(2):
+            y = cupy_dwgn.depthwise_conv2d(xl, w, stride=stride, padding=k // 2, layout=layout)
+            if "backward_input" in directions:
+                cupy_dwgn.depthwise_conv2d_backward_input(y, w, xl.shape, stride=stride, padding=k // 2, layout=layout)
+            if "backward_weight" in directions:
+                cupy_dwgn.depthwise_conv2d_backward_weight(y, xl, w.shape, stride=stride, padding=k // 2, layout=layout)
+
+
+CASES = {
+    "gn_large": lambda: gn((1, 512, 512, 128), cupy.float16, "identity"),
+    "gn_large32": lambda: gn((1, 512, 512, 128), cupy.float32, "identity"),
+    "gn_sd": lambda: gn((2, 64, 64, 320), cupy.float16, "silu"),
+    "dw_fp16_3x3": lambda: dw(64, 144, 56, 3, 1, cupy.float16),
+    "dw_s2": lambda: [dw(64, 96, 112, 3, 2, t, directions=("forward",)) for t in (cupy.float32, cupy.float16)],
+    "dw_wgrad": lambda: [dw(64, 384, 28, 3, 1, t, directions=("backward_weight",)) for t in (cupy.float32, cupy.float16)]
+    + [dw(64, 384, 14, 7, 1, cupy.float16, directions=("backward_weight",))],
+}
+
+# (ncu's metric name, the summary's label)
+SUMMARY = [("Duration", "us"), ("DRAM Throughput", "dram%"), ("Compute (SM) Throughput", "sm%"),
+           ("Registers Per Thread", "regs"), ("Achieved Occupancy", "occ%"), ("Theoretical Occupancy", "theo%"),
+           ("Block Limit Registers", "lim_regs"), ("Block Limit Shared Mem", "lim_smem"),
+           ("Issue Slots Busy", "issue%"), ("Warp Cycles Per Issued Instruction", "cpi"),
+           ("L2 Hit Rate", "l2hit%"), ("L1/TEX Hit Rate", "l1hit%")]
+
+
+def summarize(path):
+    import re
+
+    text = open(path).read()
+    # A kernel's report starts with its signature and launch shape, "name(...) (grid)x(block)".
+    for report in re.split(r"\n  (?=\S.*\(\d+, \d+, \d+\)x\(\d+, \d+, \d+\))", text)[1:]:
+        fields = []
+        for metric, label in SUMMARY:
+            match = re.search(r"\n\s+" + re.escape(metric) + r"\s+\S+\s+(\S+)", report)
+            if match:
+                fields.append(f"{label}={match.group(1)}")
+        print(report.split("\n")[0].split("(")[0].replace("void ", ""), " ".join(fields))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--summarize"]:
+        summarize(sys.argv[2])
+        sys.exit(0)
+    for name in sys.argv[1:] or list(CASES):
+        CASES[name]()
+    cupy.cuda.Device().synchronize()
