@@ -49,7 +49,13 @@ __device__ __forceinline__ unsigned int word_of(const uint4 (&raw)[N], int w) {
 // Unpack<T>::get<J>(raw): element J of the T values packed in `raw`, as Acc.
 // Bit extraction instead of a pointer cast keeps the words in registers (a
 // cast through a local array cost a stack frame for __half 3x3).
-template <typename T> struct Unpack;
+template <typename T> struct Unpack {  // the 2-byte types
+  template <int J, int N>
+  static __device__ __forceinline__ float get(const uint4 (&raw)[N]) {
+    return dwgn::half_of_word(T(), word_of(raw, J / 2), J % 2);
+  }
+};
+
 template <> struct Unpack<float> {
   template <int J, int N>
   static __device__ __forceinline__ float get(const uint4 (&raw)[N]) {
@@ -63,22 +69,6 @@ template <> struct Unpack<double> {
                             static_cast<int>(word_of(raw, 2 * J)));
   }
 };
-template <> struct Unpack<__half> {
-  template <int J, int N>
-  static __device__ __forceinline__ float get(const uint4 (&raw)[N]) {
-    const unsigned int w = word_of(raw, J / 2);
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(J % 2 ? w >> 16 : w & 0xffffu)));
-  }
-};
-template <> struct Unpack<__nv_bfloat16> {
-  template <int J, int N>
-  static __device__ __forceinline__ float get(const uint4 (&raw)[N]) {
-    // bfloat16 -> float is the 16 bits placed on top of a zero mantissa tail.
-    const unsigned int w = word_of(raw, J / 2);
-    return __uint_as_float(J % 2 ? (w & 0xffff0000u) : (w << 16));
-  }
-};
-
 // out[J] = element J of `raw` for J = 0 .. COUNT-1 (compile-time recursion,
 // so every index is a constant).
 template <int J, int COUNT>

@@ -126,13 +126,11 @@ __device__ __forceinline__ unsigned word(uint2 r, int w) { return w == 0 ? r.x :
 __device__ __forceinline__ unsigned word(uint4 r, int w) { return w == 0 ? r.x : w == 1 ? r.y : w == 2 ? r.z : r.w; }
 
 // Half h (0: low, 1: high 16 bits) of a word of two 2-byte values, as
-// float, exactly.  bfloat16 is the high half of a float: a shift or a mask,
-// written as inline PTX because NVVM otherwise sinks it to the FMAs, which
-// keeps the raw registers live across the next step's loads (8 register
-// copies a step in a bfloat16 3x3 VW 8 walk).
-__device__ __forceinline__ float from_half_word(__half, unsigned w, int h) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(h ? w >> 16 : w & 0xffffu)));
-}
+// float, exactly: dwgn::half_of_word, except that bfloat16's shift or mask
+// is written as inline PTX here because NVVM otherwise sinks it to the FMAs,
+// which keeps the raw registers live across the next step's loads (8
+// register copies a step in a bfloat16 3x3 VW 8 walk).
+__device__ __forceinline__ float from_half_word(__half, unsigned w, int h) { return dwgn::half_of_word(__half(), w, h); }
 __device__ __forceinline__ float from_half_word(__nv_bfloat16, unsigned w, int h) {
   unsigned f;
   if (h) {

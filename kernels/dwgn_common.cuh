@@ -17,6 +17,18 @@ __device__ __forceinline__ double to_acc(double v) { return v; }
 __device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// Half `high` (0: the low 16 bits, 1: the high 16) of a 32-bit word holding
+// two 2-byte values, as float (exact), for kernels that load raw words and
+// unpack them late.  bfloat16 is the high half of a float: a shift or a mask,
+// one instruction, where __bfloat162float of the high element spends two
+// (extract, then shift).  The first argument only picks the type.
+__device__ __forceinline__ float half_of_word(__half, unsigned int w, int high) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(high ? w >> 16 : w & 0xffffu)));
+}
+__device__ __forceinline__ float half_of_word(__nv_bfloat16, unsigned int w, int high) {
+  return __uint_as_float(high ? (w & 0xffff0000u) : (w << 16));
+}
+
 // The unsigned type of BYTES bytes: raw storage words loaded or copied as one
 // instruction (a vector of elements, before any is converted).
 template <int BYTES> struct Bits;

@@ -27,11 +27,9 @@ __device__ __forceinline__ void load_vec(const T* p, Acc (&a)[VEC]) {
   for (int v = 0; v < VEC; ++v) a[v] = dwgn::to_acc(pk.v[v]);
 }
 
-// load_vec, with bfloat16 widened by bit operations: the low element of each
-// 32-bit pair is its bits << 16, the high one its bits with the low 16
-// cleared (the float __bfloat162float gives), one instruction per element
-// where the conversion spends two on the high one (extract, then shift) and
-// a register to hold it.  The tiled conv and the phase kernel use it: NVRTC
+// load_vec, with bfloat16 widened by bit operations (dwgn::half_of_word: one
+// instruction per element where the conversion spends two on the high one,
+// extract then shift, and a register to hold it).  The tiled conv and the phase kernel use it: NVRTC
 // 13.0 left 8 bytes in local memory in their bfloat16 7x7 stride-2 (64-bit
 // indices, sm_90) and 5x5 (64-bit indices, sm_80) specializations, which sit
 // at their register caps (80 and 128).  Elsewhere load_vec stays: there the
@@ -47,8 +45,8 @@ __device__ __forceinline__ void load_vec_bits(const __nv_bfloat16* p, float (&a)
     const Pack<unsigned int, VEC / 2> pk = *reinterpret_cast<const Pack<unsigned int, VEC / 2>*>(p);
 #pragma unroll
     for (int v = 0; v < VEC / 2; ++v) {
-      a[2 * v] = __uint_as_float(pk.v[v] << 16);
-      a[2 * v + 1] = __uint_as_float(pk.v[v] & 0xffff0000u);
+      a[2 * v] = dwgn::half_of_word(__nv_bfloat16(), pk.v[v], 0);
+      a[2 * v + 1] = dwgn::half_of_word(__nv_bfloat16(), pk.v[v], 1);
     }
   } else {
     load_vec<VEC>(p, a);

@@ -4,8 +4,15 @@ serialized global loads.
     python scripts/kernel_sass.py dump FILE.cu "EXPRESSION" [--arch 90]
     python scripts/kernel_sass.py loads [--ops depthwise_conv2d_backward_weight ...] [--dtypes float16 ...]
 
+    python scripts/kernel_sass.py fingerprint [--files depthwise_nhwc.cu ...] [--dtypes bfloat16 ...] > F.json
+    python scripts/kernel_sass.py fingerprint ... --compare F.json
+
 ``dump`` prints the disassembly of one specialization (NVRTC cubin ->
-nvdisasm).  ``loads`` compiles one specialization per (file, kernel, dtype)
+nvdisasm).  ``fingerprint`` compiles every selected specialization of each
+kernel file (all in one NVRTC program per file) and prints a hash of each
+kernel's machine code; with --compare it prints the kernels whose code
+differs from an earlier fingerprint (exit 1 if any): a refactor of kernel
+source that must not change the machine code is checked without a GPU.  ``loads`` compiles one specialization per (file, kernel, dtype)
 of the selection and counts, for each, the global loads whose result is
 read before the next global load issues: a high count means the loads run
 one at a time (a conversion or use in the same branch as its load makes
@@ -42,6 +49,11 @@ def nvdisasm():
 
 def sass(filename, expression, arch=90):
     """The disassembly of one specialization compiled by NVRTC for sm_<arch>."""
+    return sass_of(filename, [expression], arch)
+
+
+def sass_of(filename, expressions, arch=90):
+    """The disassembly of the cubin of ``expressions`` of one file (NVRTC, sm_<arch>)."""
     from cupy_backends.cuda.libs import nvrtc
 
     options = _compile.OPTIONS + (
@@ -49,7 +61,8 @@ def sass(filename, expression, arch=90):
     ) + _compile._cccl_include_options()
     program = nvrtc.createProgram(_compile.kernel_source(filename), filename, [], [])
     try:
-        nvrtc.addNameExpression(program, expression)
+        for expression in expressions:
+            nvrtc.addNameExpression(program, expression)
         nvrtc.compileProgram(program, list(options))
         # CuPy's getCUBIN returns the ELF less its last byte (a NUL-terminated
         # string copy); nvdisasm rejects the truncated file.
@@ -88,6 +101,33 @@ def serialized_loads(disassembly):
     return loads, serialized
 
 
+_FUNCTION = re.compile(r"^\s*\.text\.(\S+):", re.M)
+
+
+def fingerprints(files=None, dtypes=None, arch=90):
+    """{file: {mangled kernel name: sha256 of its instructions}} of every
+    shipped specialization of ``files`` (default all) and ``dtypes``."""
+    import hashlib
+
+    by_file = {}
+    for filename, expression in _compile.specializations(dtypes=dtypes):
+        if files is None or filename in files:
+            by_file.setdefault(filename, []).append(expression)
+    result = {}
+    for filename, expressions in sorted(by_file.items()):
+        text = sass_of(filename, expressions, arch)
+        # Split the listing at each function's section; hash its instruction text
+        # (addresses and encodings included: any change of code shows).
+        starts = [(m.start(), m.group(1)) for m in _FUNCTION.finditer(text)]
+        kernels = {}
+        for (start, name), (end, _) in zip(starts, starts[1:] + [(len(text), None)]):
+            body = "\n".join(m.group(1) for m in map(_INSTRUCTION.search, text[start:end].splitlines()) if m)
+            kernels[name] = hashlib.sha256(body.encode()).hexdigest()[:16]
+        result[filename] = kernels
+        print(f"{filename}: {len(expressions)} specializations, {len(kernels)} functions", file=sys.stderr, flush=True)
+    return result
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,7 +139,25 @@ def main(argv=None):
     loads.add_argument("--ops", nargs="+", help="ops as in cupy-dwgn precompile (default: all)")
     loads.add_argument("--dtypes", nargs="+", default=["float32", "float16"])
     loads.add_argument("--arch", type=int, default=90)
+    fingerprint = sub.add_parser("fingerprint", help="hash each kernel's machine code (or --compare with earlier)")
+    fingerprint.add_argument("--files", nargs="+", help="kernel files (default: all)")
+    fingerprint.add_argument("--dtypes", nargs="+", help="dtypes (default: all)")
+    fingerprint.add_argument("--arch", type=int, default=90)
+    fingerprint.add_argument("--compare", help="an earlier fingerprint JSON: print the kernels whose code differs")
     args = parser.parse_args(argv)
+    if args.command == "fingerprint":
+        import json
+
+        now = fingerprints(args.files, args.dtypes, args.arch)
+        if not args.compare:
+            print(json.dumps(now, indent=1, sort_keys=True))
+            return
+        before = json.load(open(args.compare))
+        changed = [f"{f}: {k}" for f in now for k in set(now[f]) | set(before.get(f, {}))
+                   if now[f].get(k) != before.get(f, {}).get(k)]
+        print("\n".join(sorted(changed)) or "machine code unchanged", flush=True)
+        print(f"{sum(map(len, now.values()))} kernels compared, {len(changed)} differ")
+        sys.exit(1 if changed else 0)
     if args.command == "dump":
         print(sass(args.file, args.expression, args.arch))
         return
