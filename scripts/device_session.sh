@@ -66,9 +66,14 @@ if has sanitizer; then
   done
 fi
 if has ncu; then
+  # The report (ncu.ncu-rep, for the Nsight Compute GUI), its sections as text, and per kernel the
+  # SASS with executed-instruction and stall counts (SourceCounters) as CSV.
   ncu --clock-control none -k regex:dwgn --section SpeedOfLight --section Occupancy --section LaunchStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-    python3 scripts/ncu_workload.py ${NCU_CASES:-} > "$OUT/ncu.txt" 2>&1 || status=1
+    --section SourceCounters -f -o "$OUT/ncu" python3 scripts/ncu_workload.py ${NCU_CASES:-} > "$OUT/ncu_log.txt" 2>&1 \
+    || status=1
+  ncu -i "$OUT/ncu.ncu-rep" > "$OUT/ncu.txt" 2>&1 || status=1
+  ncu -i "$OUT/ncu.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu_sass.csv" 2>&1 || true
   python3 scripts/ncu_workload.py --summarize "$OUT/ncu.txt" | tee "$OUT/ncu_summary.txt"
 fi
 if has gnbench; then
