@@ -1,7 +1,7 @@
-"""Calls for Nsight Compute: each case runs twice (the first compiles and
-warms; profile with --launch-skip-before-match or a -k filter on the second).
+"""Calls for Nsight Compute: each case runs its calls twice (the first
+compiles; ncu profiles both, so every kernel appears twice).
 
-    ncu --clock-control none -k regex:dwgn python3 scripts/ncu_workload.py CASE... > ncu.txt
+    ncu --clock-control none -k regex:dwgn --section ... python3 scripts/ncu_workload.py [CASE ...] > ncu.txt
     python3 scripts/ncu_workload.py --summarize ncu.txt
 
 (scripts/device_session.sh's ncu step runs both.)  --summarize prints one
@@ -9,16 +9,18 @@ line per profiled kernel: duration, DRAM throughput, SM throughput, registers,
 achieved / theoretical occupancy, the block limits by registers and shared
 memory, issue slots busy, cycles per issued instruction, L2 and L1 hit rates.
 
-Cases: gn_large (1x512x512x128 fp16 G32 forward+backward), gn_sd
-(2x64x64x320 fp16 SiLU forward+backward), dw_fp16_3x3 (64x144x56 3x3
-fp16 forward and backward-input, NCHW and NHWC), dw_s2 (64x96x112 3x3 s2
-forward, fp32 and fp16, both layouts)."""
+Cases (default all): gn_large / gn_large32 (1x512x512x128 G32 forward and
+backward, float16 / float32), gn_sd (2x64x64x320 float16 SiLU, both
+directions), dw_fp16_3x3 (64x144x56 3x3 float16 forward and backward-input,
+NCHW and NHWC), dw_s2 (64x96x112 3x3 stride-2 forward, float32 and float16,
+both layouts), dw_wgrad (weight gradients: 64x384x28 3x3 float32 and float16,
+64x384x14 7x7 float16, both layouts).
+"""
 import sys
 
 import cupy
 
 import cupy_dwgn
-
 
 
 def _rng():
@@ -28,14 +30,11 @@ def _rng():
 def gn(shape, dtype, activation):
     rng = _rng()
     x = rng.standard_normal(shape, dtype=cupy.float32).astype(dtype)
-    c = shape[-1]
-    w = cupy.ones(c, cupy.float32 if dtype != cupy.float64 else dtype)
-    b = cupy.zeros_like(w)
+    w = rng.standard_normal(shape[-1], dtype=cupy.float32).astype(dtype)
+    b = rng.standard_normal(shape[-1], dtype=cupy.float32).astype(dtype)
     for _ in range(2):
-        cupy.cuda.nvtx.RangePush("pass")
-        y, mean, rstd = cupy_dwgn.group_norm(x, 32, w.astype(dtype), b.astype(dtype), activation=activation, return_stats=True)
-        cupy_dwgn.group_norm_backward(y, x, mean, rstd, 32, w.astype(dtype), activation=activation)
-        cupy.cuda.nvtx.RangePop()
+        y, mean, rstd = cupy_dwgn.group_norm(x, 32, w, b, activation=activation, return_stats=True)
+        cupy_dwgn.group_norm_backward(y, x, mean, rstd, 32, w, b, activation=activation)
 
 
 def dw(n, c, h, k, stride, dtype, layouts=("NCHW", "NHWC"), directions=("forward", "backward_input")):
