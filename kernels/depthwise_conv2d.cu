@@ -284,16 +284,13 @@ __device__ __forceinline__ void block_2x2(const T* __restrict__ g_planes, const 
 // ptxas then allocates the same count without spilling, so occupancy is as
 // before.  Every other specialization, and every other arch, keeps ptxas's
 // choice (NVRTC 13.5 compiles them all without spills either way).
-template <typename T> constexpr bool kBfloat16 = false;
-template <> constexpr bool kBfloat16<__nv_bfloat16> = true;
-
 template <typename T, int K, typename IndexT>
 constexpr int min_blocks() {
   constexpr bool wide = sizeof(IndexT) == 8;
 #if __CUDA_ARCH__ == 900
   return sizeof(T) == 4 && K == 5 && !wide ? 6 : 0;
 #elif __CUDA_ARCH__ == 800
-  return !wide ? 0 : sizeof(T) == 4 && K == 5 ? 5 : sizeof(T) == 8 && K == 5 ? 4 : kBfloat16<T> && K == 3 ? 6 : 0;
+  return !wide ? 0 : sizeof(T) == 4 && K == 5 ? 5 : sizeof(T) == 8 && K == 5 ? 4 : dwgn::kBfloat16<T> && K == 3 ? 6 : 0;
 #else
   return 0;
 #endif

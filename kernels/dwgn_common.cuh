@@ -17,6 +17,10 @@ __device__ __forceinline__ double to_acc(double v) { return v; }
 __device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// Whether T is bfloat16 (for rules that single it out).
+template <typename T> constexpr bool kBfloat16 = false;
+template <> constexpr bool kBfloat16<__nv_bfloat16> = true;
+
 // Half `high` (0: the low 16 bits, 1: the high 16) of a 32-bit word holding
 // two 2-byte values, as float (exact), for kernels that load raw words and
 // unpack them late.  bfloat16 is the high half of a float: a shift or a mask,

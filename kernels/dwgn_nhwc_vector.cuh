@@ -29,10 +29,10 @@ __device__ __forceinline__ void load_vec(const T* p, Acc (&a)[VEC]) {
 
 // load_vec, with bfloat16 widened by bit operations (dwgn::half_of_word: one
 // instruction per element where the conversion spends two on the high one,
-// extract then shift, and a register to hold it).  The tiled conv and the phase kernel use it: NVRTC
-// 13.0 left 8 bytes in local memory in their bfloat16 7x7 stride-2 (64-bit
-// indices, sm_90) and 5x5 (64-bit indices, sm_80) specializations, which sit
-// at their register caps (80 and 128).  Elsewhere load_vec stays: there the
+// extract then shift, and a register to hold it).  The tiled conv and the
+// phase kernel use it: NVRTC 13.0 left 8 bytes in local memory in their
+// bfloat16 7x7 stride-2 (64-bit indices, sm_90) and 5x5 (64-bit indices,
+// sm_80) specializations, which sit at their register caps (80 and 128).  Elsewhere load_vec stays: there the
 // change moved ptxas's register counts both ways, across occupancy steps.
 template <int VEC, typename T, typename Acc>
 __device__ __forceinline__ void load_vec_bits(const T* p, Acc (&a)[VEC]) {

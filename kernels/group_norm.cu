@@ -18,8 +18,8 @@
 //           is not a multiple of the vector width or a pointer is misaligned)
 //   IndexT  int, or long long when a tensor has >= 2**31 elements
 //
-// Launches (no atomics but the grid barrier's counter, no host synchronization; the reduction order depends
-// on the shapes, the vector path (C a multiple of the 16-byte vector and
+// Launches (no atomics but the grid barrier's counter, no host
+// synchronization; the reduction order depends on the shapes, the vector path (C a multiple of the 16-byte vector and
 // every pointer 16-byte aligned) and the path (fused or split: the
 // finalize's block size) only, never on the grid, so results are
 // bit-reproducible run to run):
@@ -636,7 +636,7 @@ __device__ __forceinline__ void apply_vector(const T* x, const typename AccType<
 // two launches.  partial is written before the barrier and read after it
 // (dwgn::grid_barrier fences memory; no SM read it earlier in this kernel,
 // so no cached copy can be stale), as in the one-pass kernels.  barrier: the
-// workspace's grid-barrier words (_workspace.GRID_BARRIER).  With finalize == 0
+// workspace's grid-barrier word (_workspace.GRID_BARRIER).  With finalize == 0
 // (any launch) mean_out, rstd_out, ws, weight and bias are not touched and
 // dwgn_gn_fwd_finalize follows.
 template <typename T, typename W, int VEC, typename IndexT>
