@@ -240,11 +240,13 @@ constexpr int kRowBatch = 8;
 // (and still 64 bytes in flight per thread) in bounds.
 template <int VEC>
 constexpr int row_batch() { return VEC >= 8 ? 4 : kRowBatch; }
-// Batches of rows in flight in LaneWelford::walk_staged: RB * 2 = 8 rows of
-// 16 bytes per thread, 32 KB of shared memory per block of 256 (which the
-// lane slots reuse after the walk).  Nsight Compute at 2 batches in
-// registers-only form (walk), 1x512x512x128 fp16: 52% of DRAM peak at 25%
-// occupancy (2 blocks of 256 per SM, 118 registers): too few bytes in flight.
+// Batches of rows in flight in walk_lane_rows_staged: 2 x 4 rows (statistics)
+// or 2 x 2 x 2 (backward reduce) of 16 bytes per thread, 32 KB of shared
+// memory per block of 256, which the lane slots reuse after the walk.  With
+// the register walk (one batch in flight, none while a thread adds it)
+// Nsight Compute read dwgn_gn_stats<half, 8> at 52% of the H200's DRAM peak
+// and dwgn_gn_bwd_reduce at 69% (1x512x512x128, 2 blocks of 256 per SM at
+// 112-118 registers): too few bytes in flight.
 constexpr int kStagedBatches = 2;
 
 // Walks the `count` rows of one lane (k = 0 .. count-1): batch(k) for whole
