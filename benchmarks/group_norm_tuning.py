@@ -16,7 +16,7 @@ import group_norm as bench
 from cupy_dwgn import _group_norm as gn
 from harness import run_facts
 
-KNOBS = ("_MIN_ROWS_PER_CHUNK", "_MIN_ROWS_PER_LONG_CHUNK", "_TARGET_BLOCKS", "_MAX_COLUMNS", "_GROUPED_BYTES",
+KNOBS = ("_MIN_ROWS_PER_CHUNK", "_MIN_ROWS_PER_HALF_CHUNK", "_MIN_ROWS_PER_LONG_CHUNK", "_TARGET_BLOCKS", "_MAX_COLUMNS", "_GROUPED_BYTES",
          "_GROUPED_TARGET_BLOCKS", "_GROUPED_MIN_ROWS", "_MAX_GROUPED_CHANNELS")
 DEFAULT = {k: getattr(gn, k) for k in KNOBS}  # the shipped values
 # (name, knobs changed from the shipped values, path)
@@ -25,7 +25,10 @@ SETTINGS = [("shipped", {}, "auto"), ("split", {}, "split"), ("grouped", dict(_G
             ("grouped 512", dict(_GROUPED_TARGET_BLOCKS=512), "auto"),
             ("grouped 128", dict(_GROUPED_TARGET_BLOCKS=128), "auto"),
             ("target1024", dict(_TARGET_BLOCKS=1024), "auto"), ("rows64", dict(_MIN_ROWS_PER_CHUNK=64), "auto"),
-            ("target256", dict(_TARGET_BLOCKS=256), "auto"), ("cols32", dict(_MAX_COLUMNS=32), "auto")]
+            ("target256", dict(_TARGET_BLOCKS=256), "auto"), ("cols32", dict(_MAX_COLUMNS=32), "auto"),
+            # with the statistics / reduce ring (more rows in flight per thread): shorter chunks, more items
+            ("long32", dict(_MIN_ROWS_PER_LONG_CHUNK=32), "auto"), ("half8", dict(_MIN_ROWS_PER_HALF_CHUNK=8), "auto"),
+            ("target512", dict(_TARGET_BLOCKS=512), "auto")]
 CASES = [((2, 64, 64, 320), "float16"), ((2, 64, 64, 320), "float32"), ((2, 32, 32, 640), "float16"), ((2, 32, 32, 640), "float32"),
          ((2, 16, 16, 1280), "float16"), ((8, 8, 8, 1280), "float32"), ((1, 128, 128, 128), "float16"), ((1, 128, 128, 128), "float32"),
          ((8, 128, 128, 320), "float16"), ((1, 512, 512, 128), "float16"), ((4, 64, 64, 2560), "float32"), ((1, 256, 256, 256), "float32")]

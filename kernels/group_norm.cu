@@ -240,6 +240,14 @@ constexpr int kRowBatch = 8;
 // (and still 64 bytes in flight per thread) in bounds.
 template <int VEC>
 constexpr int row_batch() { return VEC >= 8 ? 4 : kRowBatch; }
+// Batches of rows in flight in walk_lane_rows_staged: 2 x 4 rows (statistics)
+// or 2 x 2 x 2 (backward reduce) of 16 bytes per thread, 32 KB of shared
+// memory per block of 256, which the lane slots reuse after the walk.  With
+// the register walk (one batch in flight, none while a thread adds it)
+// Nsight Compute read dwgn_gn_stats<half, 8> at 52% of the H200's DRAM peak
+// and dwgn_gn_bwd_reduce at 69% (1x512x512x128, 2 blocks of 256 per SM at
+// 112-118 registers): too few bytes in flight.
+constexpr int kStagedBatches = 2;
 
 // Walks the `count` rows of one lane (k = 0 .. count-1): batch(k) for whole
 // batches of BATCH rows, then tail(k, rest) for the rest (< BATCH rows),
@@ -252,6 +260,75 @@ __device__ __forceinline__ void walk_lane_rows(int count, Batch batch, Tail tail
   int k = 0;
   for (; k + BATCH <= count; k += BATCH) batch(k);
   if (k < count) tail(k, count - k);
+}
+
+// walk_lane_rows for rows of NT tensors (row k of tensor t at
+// columns[t][k * row_step], 16-byte vectors) copied into shared memory
+// kStagedBatches batches ahead with cp.async: batch(k0, v) gets v[t][q] =
+// row k0 + q of tensor t for whole batches of RB rows, tail(k0, rest, v) the
+// rest (q < rest), in row order as in walk_lane_rows, so sums come out bit
+// for bit the same; but a thread keeps kStagedBatches * RB rows in flight
+// while it adds a batch, where walk_lane_rows has RB in flight and none
+// while it adds.  ring: this thread's first slot; slot j of tensor t is
+// ring[(j * NT + t) * slot_stride] (slot_stride = blockDim.x: a warp's
+// slots are consecutive 16-byte words, conflict-free), kStagedBatches * RB *
+// NT slots per thread.  Every copy has landed when it returns; the caller
+// syncs the block before the ring's memory is reused for anything else.
+template <int RB, int NT, typename V, typename IndexT, typename Batch, typename Tail>
+__device__ __forceinline__ void walk_lane_rows_staged(const V* const (&columns)[NT], IndexT row_step, int count,
+                                                      uint4* ring, int slot_stride, Batch batch, Tail tail) {
+  static_assert(sizeof(V) == 16, "the ring holds 16-byte vectors");
+  constexpr int SLOTS = RB * kStagedBatches;
+  static_assert((SLOTS & (SLOTS - 1)) == 0, "row k's slot is k & (SLOTS - 1)");
+  auto slot = [&](int k, int t) { return ring + ((k & (SLOTS - 1)) * NT + t) * slot_stride; };
+  // Batch k0's rows into their slots, one copy group per batch (committed
+  // even when empty, so that wait_group counts batches).
+  auto issue = [&](int k0) {
+#pragma unroll
+    for (int q = 0; q < RB; ++q) {
+      if (k0 + q < count) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) dwgn::cp_async<16>(slot(k0 + q, t), columns[t] + (k0 + q) * row_step);
+      }
+    }
+    dwgn::cp_async_commit();
+  };
+  // Row k of tensor t, in registers when this returns: the empty asm takes
+  // the loaded words as operands, so the copy issued next into the same
+  // slot cannot pass the read (a cp.async write is not ordered after this
+  // thread's earlier shared loads otherwise).
+  auto take = [&](int k, int t) {
+    const uint4 bits = *slot(k, t);
+    asm volatile("" ::"r"(bits.x), "r"(bits.y), "r"(bits.z), "r"(bits.w));
+    return *reinterpret_cast<const V*>(&bits);
+  };
+#pragma unroll
+  for (int b = 0; b < kStagedBatches; ++b) issue(b * RB);
+  int k = 0;
+  for (; k + RB <= count; k += RB) {
+    dwgn::cp_async_wait<kStagedBatches - 1>();  // batch k has landed
+    V v[NT][RB];
+#pragma unroll
+    for (int q = 0; q < RB; ++q) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) v[t][q] = take(k + q, t);
+    }
+    issue(k + SLOTS);  // into the slots just read
+    batch(k, v);
+  }
+  if (k < count) {
+    dwgn::cp_async_wait<kStagedBatches - 1>();
+    V v[NT][RB];
+#pragma unroll
+    for (int q = 0; q < RB; ++q) {
+      if (k + q < count) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) v[t][q] = take(k + q, t);
+      }
+    }
+    tail(k, count - k, v);
+  }
+  dwgn::cp_async_wait_all();  // (only empty groups can remain)
 }
 
 // One lane's running statistics of VEC channels: the double plain sum of
@@ -334,6 +411,22 @@ struct LaneWelford {
 #pragma unroll
           for (int r = 0; r < RB; ++r) {
             if (r < rest) add(v[r]);
+          }
+        });
+  }
+  // walk through walk_lane_rows_staged (the 2-byte types' 16-byte vectors):
+  // the same batches in the same order, so the same sums, bit for bit.
+  template <int RB, typename IndexT>
+  __device__ __forceinline__ void walk_staged(const Vec<T, VEC>* column, IndexT row_step, int count, uint4* ring,
+                                              int slot_stride) {
+    using V = Vec<T, VEC>;
+    const V* const columns[1] = {column};
+    walk_lane_rows_staged<RB>(
+        columns, row_step, count, ring, slot_stride, [&](int, const V (&v)[1][RB]) { add_batch<RB>(v[0]); },
+        [&](int, int rest, const V (&v)[1][RB]) {
+#pragma unroll
+          for (int r = 0; r < RB; ++r) {
+            if (r < rest) add(v[0][r]);
           }
         });
   }
@@ -651,9 +744,16 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
   constexpr int RB = gn::row_batch<VEC>();
   using Acc = typename AccType<T>::type;
   // The lanes' summaries (gn::store_lane); after the last item, the
-  // finalize's scratch (64 doubles + broadcast 2).
-  __shared__ double lane_sum[256 * VEC];
-  __shared__ Acc lane_m2[256 * VEC];
+  // finalize's scratch (64 doubles + broadcast 2).  On the 16-byte vector
+  // path of the 2-byte types the same memory first holds the rows in flight
+  // (LaneWelford::walk_staged: kStagedBatches * RB slots of 16 bytes per
+  // thread, a block of at most 256).
+  constexpr bool kStaged = sizeof(V) == 16 && VEC == 8;  // float (8 rows a batch) keeps walk: its ring would pass 48 KB
+  constexpr int kLaneBytes = 256 * VEC * (sizeof(double) + sizeof(Acc));
+  constexpr int kRingBytes = kStaged ? gn::kStagedBatches * RB * 256 * 16 : 0;
+  __shared__ __align__(16) unsigned char lane_scratch[kLaneBytes > kRingBytes ? kLaneBytes : kRingBytes];
+  double* const lane_sum = reinterpret_cast<double*>(lane_scratch);
+  Acc* const lane_m2 = reinterpret_cast<Acc*>(lane_scratch + 256 * VEC * sizeof(double));
   // With grouped: the block's channel summaries of one chunk, at most
   // kMaxSpan channels (64 vector columns of 8, or 256 elements: _stats_split).
   constexpr int kMaxSpan = 512;
@@ -670,8 +770,14 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
       // This lane's rows: R.row0 + L.lane + k * L.lanes (formed only when the
       // first exists, so the offset stays below N*S*C).
       const V* column = reinterpret_cast<const V*>(x) + (static_cast<IndexT>(n) * S + R.row0 + L.lane) * width + L.c;
-      lane.template walk<RB>(column, static_cast<IndexT>(L.lanes) * width, R.lane_count);
+      if constexpr (kStaged) {
+        lane.template walk_staged<RB>(column, static_cast<IndexT>(L.lanes) * width, R.lane_count,
+                                      reinterpret_cast<uint4*>(lane_scratch) + threadIdx.x, blockDim.x);
+      } else {
+        lane.template walk<RB>(column, static_cast<IndexT>(L.lanes) * width, R.lane_count);
+      }
     }
+    if constexpr (kStaged) __syncthreads();  // every ring slot read before the lane slots overwrite them
     const int first = column_block * L.cols;  // the block's first column
     const int span = VEC * min(L.cols, width - first);
     gn::store_lane<VEC>(lane_sum, span, L, lane.sum);
@@ -823,6 +929,25 @@ struct BwdLane {
 #pragma unroll
           for (int q = 0; q < RB; ++q) {
             if (q < rest) add(xv[q], dyv[q]);
+          }
+        });
+  }
+  // walk through walk_lane_rows_staged (the 2-byte types' 16-byte vectors):
+  // the same rows in the same order, so the same sums, bit for bit.
+  template <int RB, typename IndexT>
+  __device__ __forceinline__ void walk_staged(const V* x_column, const V* dy_column, IndexT row_step, int count,
+                                              uint4* ring, int slot_stride) {
+    const V* const columns[2] = {x_column, dy_column};
+    walk_lane_rows_staged<RB>(
+        columns, row_step, count, ring, slot_stride,
+        [&](int, const V (&v)[2][RB]) {
+#pragma unroll
+          for (int q = 0; q < RB; ++q) add(v[0][q], v[1][q]);
+        },
+        [&](int, int rest, const V (&v)[2][RB]) {
+#pragma unroll
+          for (int q = 0; q < RB; ++q) {
+            if (q < rest) add(v[0][q], v[1][q]);
           }
         });
   }
@@ -980,9 +1105,16 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_redu
   using V = gn::Vec<T, VEC>;
   constexpr int RB = gn::bwd_row_batch<T, VEC>();
   // The lanes' sums (gn::store_lane); after the last item, the finalize's
-  // scratch (2 * 256 Acc) and broadcast (2).
-  __shared__ Acc lane_a[256 * (VEC < 2 ? 2 : VEC)];
-  __shared__ Acc lane_b[256 * VEC];
+  // scratch (2 * 256 Acc) and broadcast (2).  For the 2-byte types on the
+  // 16-byte vector path the same memory first holds the rows in flight
+  // (BwdLane::walk_staged; float's 4-row batches would need 64 KB).
+  constexpr bool kStaged = sizeof(V) == 16 && VEC == 8;
+  constexpr int kLaneA = 256 * (VEC < 2 ? 2 : VEC);
+  constexpr int kLaneBytes = (kLaneA + 256 * VEC) * sizeof(Acc);
+  constexpr int kRingBytes = kStaged ? gn::kStagedBatches * RB * 2 * 256 * 16 : 0;
+  __shared__ __align__(16) unsigned char lane_scratch[kLaneBytes > kRingBytes ? kLaneBytes : kRingBytes];
+  Acc* const lane_a = reinterpret_cast<Acc*>(lane_scratch);
+  Acc* const lane_b = lane_a + kLaneA;
   const int width = C / VEC;  // channel vectors per row
   const gn::ColumnItems items(num_chunks, N, width, cols);
   for (int item = blockIdx.x; item < items.count; item += gridDim.x) {
@@ -995,9 +1127,17 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_redu
       lane.load(mean, rstd, weight, bias, n, G, C / G, L.c * VEC);
       // This lane's rows: R.row0 + L.lane + k * L.lanes (in vectors).
       const IndexT first = (static_cast<IndexT>(n) * S + R.row0 + L.lane) * width + L.c;
-      lane.template walk<RB>(reinterpret_cast<const V*>(x) + first, reinterpret_cast<const V*>(grad_out) + first,
-                             static_cast<IndexT>(L.lanes) * width, R.lane_count);
+      if constexpr (kStaged) {
+        lane.template walk_staged<RB>(reinterpret_cast<const V*>(x) + first,
+                                      reinterpret_cast<const V*>(grad_out) + first,
+                                      static_cast<IndexT>(L.lanes) * width, R.lane_count,
+                                      reinterpret_cast<uint4*>(lane_scratch) + threadIdx.x, blockDim.x);
+      } else {
+        lane.template walk<RB>(reinterpret_cast<const V*>(x) + first, reinterpret_cast<const V*>(grad_out) + first,
+                               static_cast<IndexT>(L.lanes) * width, R.lane_count);
+      }
     }
+    if constexpr (kStaged) __syncthreads();  // every ring slot read before the lane slots overwrite them
     const int first = column_block * L.cols;  // the block's first column
     const int span = VEC * min(L.cols, width - first);
     gn::store_lane<VEC>(lane_a, span, L, lane.a);

@@ -1502,3 +1502,71 @@ def test_serialized_load_scan_counts_loads_used_before_the_next_load():
     """
     assert kernel_sass.serialized_loads(sass) == (3, 2)
     assert kernel_sass.serialized_loads("") == (0, 0)
+
+
+def _staged_rows_walk(count, rb, batches, tensors, wait_slack, slots=None):
+    """The ring protocol of gn::walk_lane_rows_staged (group_norm.cu), one
+    thread: issue(k0) puts rows k0 .. k0 + rb - 1 (those < count) of each
+    tensor into slot (row & (slots - 1)) * tensors + t as one copy group;
+    cp.async.wait_group<batches - 1> (``wait_slack``) leaves that many of the
+    newest groups in flight.  A copy lands at the latest when a wait forces
+    it; until then its slot holds the old row.  Returns (rows handed to the
+    batch/tail callbacks in order, reads of a slot whose copy had not
+    landed, copies issued into a slot whose row was not read yet)."""
+    slots = slots or rb * batches
+    ring, pending = {}, []  # slot -> row landed; groups in flight: [(slot, row)]
+    taken, stale, clobbered = [], 0, 0
+    unread = set()
+
+    def issue(k0):
+        nonlocal clobbered
+        group = []
+        for q in range(rb):
+            if k0 + q < count:
+                for t in range(tensors):
+                    slot = ((k0 + q) & (slots - 1)) * tensors + t
+                    clobbered += slot in unread
+                    unread.add(slot)
+                    group.append((slot, k0 + q))
+        pending.append(group)
+
+    def wait(slack):
+        while len(pending) > slack:
+            for slot, row in pending.pop(0):
+                ring[slot] = row
+
+    def take(k, t):
+        nonlocal stale
+        slot = (k & (slots - 1)) * tensors + t
+        stale += ring.get(slot) != k
+        unread.discard(slot)
+        return k
+
+    for b in range(batches):
+        issue(b * rb)
+    k = 0
+    while k + rb <= count:
+        wait(wait_slack)
+        rows = [take(k + q, t) for q in range(rb) for t in range(tensors)]
+        issue(k + slots)
+        taken += rows[::tensors]
+        k += rb
+    if k < count:
+        wait(wait_slack)
+        taken += [take(k + q, t) for q in range(rb) if k + q < count for t in range(tensors)][::tensors]
+    wait(0)
+    return taken, stale, clobbered
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, 4, 5, 7, 8, 9, 16, 17, 64, 131])
+@pytest.mark.parametrize("rb, tensors", [(4, 1), (2, 2)])  # statistics (fp16/bf16), backward reduce
+def test_group_norm_staged_walk_reads_every_row_once_in_order(count, rb, tensors):
+    batches = 2  # group_norm.cu: kStagedBatches
+    taken, stale, clobbered = _staged_rows_walk(count, rb, batches, tensors, batches - 1)
+    assert taken == list(range(count))
+    assert stale == 0 and clobbered == 0
+    # The emulation sees a broken protocol: waiting one group too few, or a
+    # ring one batch short, reads rows whose copies have not landed.
+    if count > rb:
+        assert _staged_rows_walk(count, rb, batches, tensors, batches)[1] > 0
+        assert _staged_rows_walk(count, rb, batches, tensors, batches - 1, slots=rb)[2] > 0
