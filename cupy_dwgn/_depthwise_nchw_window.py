@@ -16,6 +16,11 @@ Launch rule (no user tuning), from the destination plane size:
 * A block is persistent: it walks units grid-size apart, copying the next
   unit's rows into a second shared buffer with cp.async while computing the
   current one; the grid is the number of blocks resident on the device.
+* Whole planes per unit staged row by row (16-, 8- or 4-byte cp.async) from
+  source planes in arithmetic sequence (forward at multiplier 1, backward):
+  each thread's copies of a unit (at most MAX_FIXED_COPIES) sit at the same
+  offsets in every unit, so it works them out once ("fixed copies"), and the
+  padding rows are zeroed once.
 * Small planes (rows under 64 bytes or not 16-byte copyable, whole planes
   per unit, multiplier 1) are staged flat: the unit's planes are one
   contiguous range, copied as 16-byte cp.async vectors into a raw buffer and
@@ -41,6 +46,9 @@ VARIANTS = ((1, False), (2, False), (1, True))
 
 _MAX_THREADS = 256
 _MAX_STRIPS = 256
+#: Copies per thread and unit up to which their offsets are worked out once
+#: (kernel: dwgn_window::kMaxFixedCopies).
+MAX_FIXED_COPIES = 4
 # Staging budget per buffer (a block has two): 2 x 32 KB leaves room for 3
 # blocks per SM (228 KB), as many as the registers allow for most variants.
 _SHARED_BUDGET = 32 * 1024
@@ -215,6 +223,19 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
         flat_elems = 0
         # Two staging buffers (the unit being computed and the next one).
         shared_mem = 2 * planes_per_unit * plane_bytes
+    # Fixed copies (kernel: dwgn_window::FixedCopies): whole planes per unit
+    # staged row by row with cp.async, whose source planes are an arithmetic
+    # sequence (the forward at multiplier 1, the backward's M sources), with
+    # at most MAX_FIXED_COPIES copies per thread and the unit's source planes
+    # inside int offsets: each thread works its copies out once, not per step.
+    planes_stride = g.multiplier if backward else 1
+    copies = 0
+    # (Not for 2-byte 7x7 backward: kItemPerStep, whose registers are full.)
+    item_per_step = itemsize == 2 and g.filter_height == 7 and backward
+    if bands == 1 and not flat_elems and stage_bytes >= 4 and (backward or g.multiplier == 1) and not item_per_step:
+        copies = -(-(planes_per_unit * staged_rows(band_groups) * (src_w * itemsize // stage_bytes)) // threads)
+        if copies > MAX_FIXED_COPIES or planes_per_unit * planes_stride * src_h * src_w >= 2**31:
+            copies = 0
     expression = _expression(dtype, size, stride, backward, index)
     if device_id is None:
         import cupy
@@ -231,6 +252,6 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
             i32(g.channels), i32(g.multiplier), i32(planes), i32(src_h), i32(src_w), i32(dst_h),
             i32(dst_w), i32(offset_top), i32(read_base), i32(planes_per_unit), i32(band_groups),
             i32(bands), i32(staged_rows(band_groups)), i32(staged_width), i32(left_halo), i32(stage_bytes),
-            i32(direct_stores), i32(flat_elems),
+            i32(direct_stores), i32(flat_elems), i32(copies),
         ),
     )

@@ -66,8 +66,21 @@ template <typename T, int KH> constexpr int kRows =
     (sizeof(T) == 8 && KH > 5) || (sizeof(T) == 2 && KH == 3) ? 2 : 4;
 
 // Blocks per SM the register budget is set for: 2 (<= 128 registers) except
-// float64 5x5/7x7, whose weights and accumulators need more.
-template <typename T, int KH> constexpr int kMinBlocks = sizeof(T) == 8 && KH > 3 ? 1 : 2;
+// float64 5x5/7x7, whose weights and accumulators need more, and 4 (<= 64)
+// for the 3x3 forward with 32-bit indices of the 2-byte types and of float32
+// at stride 1: it ran at 64-80 registers, 4 blocks of 224 threads per SM
+// (64x144x56) where registers allowed; the fixed copies raised it to 80-84
+// (3 blocks), and NVRTC 13.0 and 13.5 fit it in 64 without spills (the
+// backward, and float32 with 64-bit indices, spilled at 64 with NVRTC 13.0).
+// Measured on an H200 with 64 registers against the 2-block budget (same
+// run): 64x144x56 float16 forward 61.2 -> 47.7 us (with the fixed copies),
+// 64x96x112 stride 2 float16 72.4 -> 66.8; float32 at stride 2 went 119.1 ->
+// 131.4 in one run and 125.5 -> 117.0 in another, and keeps the 2-block
+// budget (shared memory holds it to 4 blocks of 128 threads anyway).
+template <typename T, int KH, int STRIDE, bool BACKWARD, typename IndexT>
+constexpr int kMinBlocks =
+    sizeof(T) == 8 && KH > 3 ? 1
+    : (KH == 3 && !BACKWARD && sizeof(IndexT) == 4 && (sizeof(T) == 2 || (sizeof(T) == 4 && STRIDE == 1)) ? 4 : 2);
 
 // Column of a strip's first source value past the aligned read base
 // (host: _lead()).
@@ -151,6 +164,74 @@ __device__ __forceinline__ int thread_x_here() {
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(x));
   return x;
 }
+
+// A unit's plane unit and band (unit = plane_unit * num_bands + band).  Whole
+// planes per unit (num_bands == 1, most shapes) skip the division, and the
+// other case divides unsigned: a signed division by a runtime value was ~20
+// instructions, twice per step (measured: Nsight Compute's executed
+// instructions, 64x144x56 float16).
+__device__ __forceinline__ void split_unit(int unit, int num_bands, int& plane_unit, int& band) {
+  if (num_bands == 1) {
+    plane_unit = unit;
+    band = 0;
+  } else {
+    plane_unit = static_cast<int>(static_cast<unsigned>(unit) / static_cast<unsigned>(num_bands));
+    band = unit - plane_unit * num_bands;
+  }
+}
+
+// a % b for a >= 0, b > 0, unsigned (no sign fix-ups).
+__device__ __forceinline__ int nonnegative_mod(int a, int b) {
+  return static_cast<int>(static_cast<unsigned>(a) % static_cast<unsigned>(b));
+}
+
+// Fixed copies (host: fixed_copies = K, 1 <= K <= kMaxFixedCopies): with
+// whole planes per unit and row staging by cp.async, staged row `row` of
+// every unit comes from the same image row at the same offset from the
+// unit's first source plane, so each thread's K copies (i = threadIdx.x +
+// k * blockDim.x of the unit's num_rows * row_vectors) are worked out once:
+// shared offset (-1: no copy, the row is padding and stays zero, or i is past
+// the unit) and source offset from the unit's base.  A step then issues them
+// with one compare each, where the general path re-derives row, plane and
+// bounds per copy (two reciprocal divisions, ~45 instructions per 16-byte
+// copy: a quarter of the kernel's instructions at 64x144x56 float16).
+constexpr int kMaxFixedCopies = 4;
+struct FixedCopies {
+  int shared[kMaxFixedCopies], source[kMaxFixedCopies];
+  // `planes_stride`: source planes between consecutive planes of a unit (M
+  // for the backward's M sources per destination plane, else 1).
+  __device__ __forceinline__ FixedCopies(int copies, int num_rows, int row_vectors, int elems_per_copy,
+                                         int plane_rows, int offset_top, int src_height, int src_width,
+                                         int staged_width, int left_halo, int planes_stride) {
+    const int total = num_rows * row_vectors;
+#pragma unroll
+    for (int k = 0; k < kMaxFixedCopies; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+      shared[k] = -1;
+      source[k] = 0;
+      if (k < copies && i < total) {
+        const int row = i / row_vectors;
+        const int v = i - row * row_vectors;
+        const int pb = row / plane_rows;
+        const int src_row = row - pb * plane_rows - offset_top;
+        if (src_row >= 0 && src_row < src_height) {
+          shared[k] = row * staged_width + left_halo + v * elems_per_copy;
+          source[k] = (pb * planes_stride * src_height + src_row) * src_width + v * elems_per_copy;
+        }
+      }
+    }
+  }
+  // Copies into `staged` from `base` (the unit's first source plane); a
+  // source offset at or past `limit` lies in a plane past the tensor's last
+  // (the last unit's), whose items are idle and never read their rows.
+  template <int BYTES, typename T>
+  __device__ __forceinline__ void issue(T* staged, const T* base, int limit) const {
+#pragma unroll
+    for (int k = 0; k < kMaxFixedCopies; ++k) {
+      if (shared[k] >= 0 && source[k] < limit) dwgn::cp_async<BYTES>(staged + shared[k], base + source[k]);
+    }
+  }
+};
 
 }  // namespace dwgn_window
 
@@ -271,12 +352,12 @@ __device__ __forceinline__ void stage_flat(const T* range, T* raw, int length) {
 }
 
 template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, typename IndexT>
-__global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwconv2d_window(
+__global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BACKWARD, IndexT>) dwgn_dwconv2d_window(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias,
     T* __restrict__ dst, int channels, int multiplier, int num_dst_planes, int src_height,
     int src_width, int dst_height, int dst_width, int offset_top, int read_base,
     int planes_per_unit, int band_groups, int num_bands, int staged_rows, int staged_width,
-    int left_halo, int stage_bytes, int direct_stores, int flat_elems) {
+    int left_halo, int stage_bytes, int direct_stores, int flat_elems, int fixed_copies) {
   static_assert(!BACKWARD || STRIDE == 1, "backward-input uses this kernel at stride 1 only");
   using Acc = typename AccType<T>::type;
   constexpr int VEC = dwgn_window::kVec<T>;
@@ -309,10 +390,24 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
   T* const raw_buffers = buffers + buffer_elems;
   const int src_plane_elems = src_height * src_width;
 
+  const int planes_stride = BACKWARD ? multiplier : 1;
+  // Not where the registers are full (kItemPerStep: NVRTC spilled the copies'
+  // offsets); the host passes 0 there too.
+  if (dwgn_window::kItemPerStep<T, KH, BACKWARD>) fixed_copies = 0;
+  const dwgn_window::FixedCopies fixed(fixed_copies, num_rows, src_width * static_cast<int>(sizeof(T)) / stage_bytes,
+                                       stage_bytes / static_cast<int>(sizeof(T)), plane_rows, offset_top,
+                                       src_height, src_width, staged_width, left_halo, planes_stride);
   if (flat) {
     // Every padded cell the expansion does not write (halo columns, padding
     // rows, rows past the staged window) stays zero for the whole kernel.
     for (int i = threadIdx.x; i < buffer_elems; i += blockDim.x) buffers[i] = T(0.0f);
+  } else if (fixed_copies > 0) {
+    // Fixed copies never write the halo columns or the padding rows: zero
+    // both buffers whole, once (buffer_elems is a multiple of VEC), before
+    // any copy lands in them (the barrier).
+    for (int i = threadIdx.x; i < 2 * buffer_elems / VEC; i += blockDim.x)
+      reinterpret_cast<uint4*>(buffers)[i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
   } else {
   // The halo columns [0, left_halo) and [left_halo + src_width, staged_width)
   // of every staged row of both buffers are never written by the staging: zero
@@ -344,8 +439,22 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
       dwgn::cp_async_commit();
       return;
     }
-    const int first_plane = unit / num_bands * planes_per_unit;
-    const int band_row0 = (unit - unit / num_bands * num_bands) * band_height;
+    int plane_unit, band;
+    dwgn_window::split_unit(unit, num_bands, plane_unit, band);
+    const int first_plane = plane_unit * planes_per_unit;
+    if (fixed_copies > 0) {  // num_bands == 1 (host)
+      const T* base = src + (static_cast<IndexT>(first_plane) * planes_stride + source) * src_plane_elems;
+      const int limit = min(planes_per_unit, num_dst_planes - first_plane) * planes_stride * src_plane_elems;
+      T* staged = buffers + buffer * buffer_elems;
+      switch (stage_bytes) {
+        case 16: fixed.template issue<16>(staged, base, limit); break;
+        case 8: fixed.template issue<8>(staged, base, limit); break;
+        default: if (sizeof(T) <= 4) fixed.template issue<4>(staged, base, limit); break;
+      }
+      dwgn::cp_async_commit();
+      return;
+    }
+    const int band_row0 = band * band_height;
     const StagingArgs<T> args{src, buffers + buffer * buffer_elems, source, first_plane,
                               band_row0 * STRIDE - offset_top, plane_rows, num_rows, num_dst_planes,
                               multiplier, src_height, src_width, staged_width, left_halo, inv_plane_rows};
@@ -375,13 +484,16 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
             ? dwgn_window::item_of<RH, VW, STRIDE, true>(dwgn_window::thread_x_here(), items_per_plane, strips,
                                                          planes_per_unit, plane_rows, staged_width, read_base)
             : item_once;
-    const int first_plane = unit / num_bands * planes_per_unit;
-    const int band_row0 = (unit - unit / num_bands * num_bands) * band_height;
+    int plane_unit, band;
+    dwgn_window::split_unit(unit, num_bands, plane_unit, band);
+    const int first_plane = plane_unit * planes_per_unit;
+    const int band_row0 = band * band_height;
     const int dst_plane = first_plane + item.plane;
     const int dst_row0 = band_row0 + item.group * RH;
     const bool active = item.valid && dst_plane < num_dst_planes && dst_row0 < dst_height;
-    const int filter = BACKWARD ? (dst_plane % channels) * multiplier + source : dst_plane % out_channels;
-    // Weights are read before the wait so their latency overlaps it.
+    const int filter = BACKWARD ? dwgn_window::nonnegative_mod(dst_plane, channels) * multiplier + source
+                                : dwgn_window::nonnegative_mod(dst_plane, out_channels);
+    // Weights (and the bias) are read before the wait so their latency overlaps it.
     Acc w[KH * KW];
     if (active) {
       const T* w_filter = weight + filter * KH * KW;
@@ -389,10 +501,13 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
       for (int t = 0; t < KH * KW; ++t) w[t] = to_acc(w_filter[BACKWARD ? KH * KW - 1 - t : t]);
     }
     if (source == 0) {
+      // The forward's bias starts the sums (it is then the first FMA's addend,
+      // not an add per output at the store).
+      const Acc start = (!BACKWARD && bias != nullptr && active) ? to_acc(bias[filter]) : Acc(0);
 #pragma unroll
       for (int j = 0; j < RH; ++j)
 #pragma unroll
-        for (int o = 0; o < VW; ++o) acc[j][o] = Acc(0);
+        for (int o = 0; o < VW; ++o) acc[j][o] = start;
     }
     if (!flat) {
       dwgn::cp_async_wait<1>();  // this thread's copies of this step have landed
@@ -446,7 +561,6 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
       }
     }
     if (source == sources - 1) {  // block-uniform: the barriers below are safe
-      const Acc bias_value = (!BACKWARD && bias != nullptr && active) ? to_acc(bias[filter]) : Acc(0);
       const int col0 = item.strip * VW;
       if (direct_stores) {
         // dst_width % VEC == 0 and dst is 16-byte aligned (host checked):
@@ -460,7 +574,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
             Vector packed;
             T* lanes = reinterpret_cast<T*>(&packed);
 #pragma unroll
-            for (int o = 0; o < VW; ++o) lanes[o] = from_acc<T>(acc[j][o] + bias_value);
+            for (int o = 0; o < VW; ++o) lanes[o] = from_acc<T>(acc[j][o]);
             __stcs(reinterpret_cast<Vector*>(dst_plane_ptr + static_cast<IndexT>(r) * dst_width + col0), packed);
           }
         }
@@ -489,7 +603,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH>) dwgn_dwco
             if (dst_row0 + j >= dst_height) break;
 #pragma unroll
             for (int o = 0; o < VW; ++o)
-              if (col0 + o < dst_width) flat_out[item_base + j * dst_width + o] = from_acc<T>(acc[j][o] + bias_value);
+              if (col0 + o < dst_width) flat_out[item_base + j * dst_width + o] = from_acc<T>(acc[j][o]);
           }
         }
         __syncthreads();  // the unit's outputs are all in `flat`

@@ -237,6 +237,34 @@ def nhwc_phase():
         _depthwise_nhwc_phase.MODE, dw._SIGNATURES = "rule", {}
 
 
+def nchw_window():
+    # The NCHW register-window kernel launched directly (its plan, as the ops
+    # build it): the fixed copies (whole planes per unit, copy offsets worked
+    # out once, padding rows zeroed once) for one plane and several per unit
+    # with a partial last one, the backward's 2 sources per plane, padding
+    # rows at the top and bottom, 5x5; and a banded plane (general staging).
+    from cupy_dwgn import _depthwise_nchw_window, _dtypes, _validate, depthwise as dw
+
+    for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
+        for x_shape, multiplier, k, padding in [
+            ((1, 6, 56, 56), 1, 3, 1), ((1, 5, 32, 32), 1, 3, 1), ((2, 3, 40, 40), 2, 3, 1),
+            ((1, 3, 48, 48), 1, 3, ((2, 3), (1, 1))), ((1, 4, 56, 56), 1, 5, 2), ((1, 2, 112, 112), 1, 3, 1),
+        ]:
+            w_shape = (x_shape[1] * multiplier, 1, k, k)
+            g = _validate.conv_geometry(x_shape, w_shape, 1, padding, 1)
+            y_shape = (g.batch, w_shape[0], g.out_height, g.out_width)
+            w = rng.standard_normal(w_shape, dtype=cupy.float32).astype(dtype)
+            b = rng.standard_normal(w_shape[:1], dtype=cupy.float32).astype(dtype)
+            for backward, src_shape, dst_shape in ((False, x_shape, y_shape), (True, y_shape, x_shape)):
+                if not backward and multiplier > 1:
+                    continue
+                src = rng.standard_normal(src_shape, dtype=cupy.float32).astype(dtype)
+                dst = cupy.empty(dst_shape, dtype)
+                launch = _depthwise_nchw_window.plan(g, cupy.dtype(dtype), backward, "int", dw._alignment(src),
+                                                     dw._alignment(dst) == 16)
+                launch(src, w, 0 if backward else b, dst)
+
+
 def _misaligned(a):
     """A C-contiguous copy of ``a`` one element past its allocation's start."""
     base = cupy.empty(a.size + 1, a.dtype)
@@ -289,10 +317,10 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_rows", "nhwc_direct",
+    families = sys.argv[1:] or ["depthwise", "nchw_window", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_rows", "nhwc_direct",
                                 "nhwc_phase", "group_norm"]
     for family in families:
-        {"depthwise": depthwise, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
+        {"depthwise": depthwise, "nchw_window": nchw_window, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
          "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_rows": nchw_rows, "nhwc_direct": nhwc_direct,
          "nhwc_phase": nhwc_phase,
          "group_norm": group_norm}[family]()

@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_plane, _depthwise_nchw_rows, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
+    _depthwise_nchw_plane, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
     _launch, _validate, depthwise, reference,
 )
 
@@ -296,6 +296,65 @@ def test_plane_kernel_rule_and_dispatch():
     steps = depthwise._forward_steps(g, "NCHW", x, x)
     assert steps.launches[0].expression.startswith(_depthwise_nchw_plane.KERNEL)
 
+
+
+# The NCHW register-window kernel, launched directly on poisoned outputs:
+# its fixed copies (whole planes per unit, row staging by cp.async: each
+# thread's copy offsets worked out once) against the general staging, for
+# one plane per unit and several with a partial last unit, the backward's M
+# source planes per destination plane, padding rows at the top or only at the
+# bottom, 16-byte copies at the limit of 4 per thread, 5x5, and shapes the
+# fixed copies do not serve (bands, the forward at multiplier 2, narrow
+# staging).  (label, x shape, multiplier, filter size, padding, fixed copies
+# expected for float16/bfloat16, for float32, for float64 (the forward at
+# multiplier > 1: none); None: either.)
+WINDOW_CASES = [
+    ("56x56 3x3 p1", (1, 6, 56, 56), 1, 3, 1, True, True, False),
+    ("32x32 3x3 p1 5 planes", (1, 5, 32, 32), 1, 3, 1, True, False, False),
+    ("40x40 3x3 p1 multiplier 2", (2, 3, 40, 40), 2, 3, 1, True, True, True),
+    ("56x56 5x5 p2", (1, 4, 56, 56), 1, 5, 2, True, True, False),
+    ("48x48 3x3 padding rows top and bottom", (1, 3, 48, 48), 1, 3, ((2, 3), (1, 1)), None, None, None),
+    ("48x48 3x3 no top padding", (1, 3, 48, 48), 1, 3, ((0, 1), (1, 1)), True, True, False),
+    ("36x36 3x3 p1", (1, 4, 36, 36), 1, 3, 1, False, False, True),
+    ("40x40 3x3 valid", (2, 3, 40, 40), 1, 3, "valid", False, False, False),
+    ("112x112 3x3 p1 bands", (1, 2, 112, 112), 1, 3, 1, False, False, False),
+]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=lambda c: c[0])
+def test_nchw_window_kernel_matches_reference(case, dtype, backward, rng):
+    _, x_shape, multiplier, k, padding, *expected = case
+    w_shape = (x_shape[1] * multiplier, 1, k, k)
+    g = _validate.conv_geometry(x_shape, w_shape, 1, padding, 1)
+    y_shape = (g.batch, w_shape[0], g.out_height, g.out_width)
+    src_shape, dst_shape = (y_shape, x_shape) if backward else (x_shape, y_shape)
+    src = random(rng, src_shape, dtype)
+    w = random(rng, w_shape, dtype)
+    b = None if backward else random(rng, w_shape[0], dtype)
+    if backward:
+        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, padding=padding)
+    else:
+        want = reference.depthwise_conv2d(src, w, b, padding=padding)
+    src_gpu, dst = cupy.asarray(src), poisoned(dst_shape, dtype)
+    index = _launch.index_type(src_gpu.size, dst.size)
+    launch = _depthwise_nchw_window.plan(
+        g, numpy.dtype(dtype), backward, index, depthwise._alignment(src_gpu), depthwise._alignment(dst) == 16
+    )
+    assert launch is not None
+    fixed_copies = int(launch.scalars[-1])
+    want_fixed = expected[{2: 0, 4: 1, 8: 2}[numpy.dtype(dtype).itemsize]]
+    if not backward and multiplier > 1:
+        want_fixed = False  # forward source planes repeat M times: not an arithmetic sequence
+    if want_fixed is not None:
+        assert (fixed_copies > 0) == want_fixed, fixed_copies
+    assert fixed_copies <= _depthwise_nchw_window.MAX_FIXED_COPIES
+    launch(src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
+    error = relative_error(dst, want)
+    record_errors("depthwise NCHW window kernel", str(numpy.dtype(dtype)),
+                  {("backward_input" if backward else "forward"): error})
+    assert error <= TOLERANCE[dtype]
 
 
 # The NCHW row kernel (_depthwise_nchw_rows), launched directly on poisoned
