@@ -227,6 +227,24 @@ def test_nhwc_misaligned_contiguous_views(case, which, dtype, rng):
     assert max(errors.values()) <= TOLERANCE[dtype], errors
 
 
+def _direct_launch_data(x_shape, w_shape, padding, dtype, backward, rng, stride=1, layout="NCHW"):
+    """Geometry, random source, weight and bias (forward only), and the
+    float64 reference (its shape is the destination's) of a forward (source
+    x) or backward-input (source grad_out) in ``layout``, for a kernel
+    launched directly."""
+    g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1, layout=layout)
+    y_shape = _shape((g.batch, w_shape[0], g.out_height, g.out_width), layout)
+    src = random(rng, y_shape if backward else x_shape, dtype)
+    w = random(rng, w_shape, dtype)
+    b = None if backward else random(rng, w_shape[0], dtype)
+    conv = dict(stride=stride, padding=padding, layout=layout)
+    if backward:
+        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, **conv)
+    else:
+        want = reference.depthwise_conv2d(src, w, b, **conv)
+    return g, src, w, b, want
+
+
 # The NCHW whole-plane kernel, launched directly (the dispatch takes it only
 # where it is measured faster): odd and prime plane sizes, widths that are
 # and are not multiples of its 4-column items (vector and element stores),
@@ -255,17 +273,8 @@ PLANE_CASES = [
 @pytest.mark.parametrize("case", PLANE_CASES, ids=lambda c: c[0])
 def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
     _, x_shape, k, padding, copies_async = case
-    w_shape = (x_shape[1], 1, k, k)
-    g = _validate.conv_geometry(x_shape, w_shape, 1, padding, 1)
-    y_shape = (g.batch, g.channels, g.out_height, g.out_width)
-    src_shape, dst_shape = (y_shape, x_shape) if backward else (x_shape, y_shape)
-    src = random(rng, src_shape, dtype)
-    w = random(rng, w_shape, dtype)
-    b = None if backward else random(rng, w_shape[0], dtype)
-    if backward:
-        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, padding=padding)
-    else:
-        want = reference.depthwise_conv2d(src, w, b, padding=padding)
+    g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, k, k), padding, dtype, backward, rng)
+    src_shape, dst_shape = src.shape, want.shape
     if misaligned:
         src_gpu, dst = _misaligned(src_shape, dtype, src), _misaligned(dst_shape, dtype)
     else:
@@ -326,18 +335,9 @@ WINDOW_CASES = [
 @pytest.mark.parametrize("case", WINDOW_CASES, ids=lambda c: c[0])
 def test_nchw_window_kernel_matches_reference(case, dtype, backward, rng):
     _, x_shape, multiplier, k, padding, *expected = case
-    w_shape = (x_shape[1] * multiplier, 1, k, k)
-    g = _validate.conv_geometry(x_shape, w_shape, 1, padding, 1)
-    y_shape = (g.batch, w_shape[0], g.out_height, g.out_width)
-    src_shape, dst_shape = (y_shape, x_shape) if backward else (x_shape, y_shape)
-    src = random(rng, src_shape, dtype)
-    w = random(rng, w_shape, dtype)
-    b = None if backward else random(rng, w_shape[0], dtype)
-    if backward:
-        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, padding=padding)
-    else:
-        want = reference.depthwise_conv2d(src, w, b, padding=padding)
-    src_gpu, dst = cupy.asarray(src), poisoned(dst_shape, dtype)
+    g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1] * multiplier, 1, k, k), padding, dtype, backward,
+                                             rng)
+    src_gpu, dst = cupy.asarray(src), poisoned(want.shape, dtype)
     index = _launch.index_type(src_gpu.size, dst.size)
     launch = _depthwise_nchw_window.plan(
         g, numpy.dtype(dtype), backward, index, depthwise._alignment(src_gpu), depthwise._alignment(dst) == 16
@@ -387,25 +387,14 @@ ROWS_CASES = [
 @pytest.mark.parametrize("case", ROWS_CASES, ids=lambda c: c[0])
 def test_rows_kernel_matches_reference(case, dtype, backward, rng):
     _, x_shape, k, stride, padding = case
-    w_shape = (x_shape[1], 1, k, k)
-    g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
-    y_shape = (g.batch, g.channels, g.out_height, g.out_width)
-    src_shape, dst_shape = (y_shape, x_shape) if backward else (x_shape, y_shape)
-    conv = dict(stride=stride, padding=padding)
-    src = random(rng, src_shape, dtype)
-    w = random(rng, w_shape, dtype)
-    b = None if backward else random(rng, w_shape[0], dtype)
+    g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, k, k), padding, dtype, backward, rng, stride)
     launch = _depthwise_nchw_rows.plan(g, numpy.dtype(dtype), backward, "int")
-    dst_width = dst_shape[3]
+    dst_width = want.shape[3]
     if (backward and stride != 1) or dst_width > (8 if stride == 2 else 16):
         assert launch is None  # not served: the plane / window kernels take it
         return
     assert launch is not None
-    if backward:
-        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, **conv)
-    else:
-        want = reference.depthwise_conv2d(src, w, b, **conv)
-    dst = poisoned(dst_shape, dtype)
+    dst = poisoned(want.shape, dtype)
     launch(cupy.asarray(src), cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
     error = relative_error(dst, want)
     record_errors("depthwise NCHW row kernel", str(numpy.dtype(dtype)), {("backward_input" if backward else "forward"): error})
@@ -556,19 +545,9 @@ def _offset_view(shape, dtype, offset_bytes, values=None):
 
 def _nhwc_window_case(case, dtype, backward, rng):
     _, x_shape, k, padding = case
-    c = x_shape[3]
-    g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1, layout="NHWC")
-    y_shape = (g.batch, g.out_height, g.out_width, c)
-    src_shape, dst_shape = (y_shape, x_shape) if backward else (x_shape, y_shape)
-    src = random(rng, src_shape, dtype)
-    w = random(rng, (c, 1, k, k), dtype)
-    b = None if backward else random(rng, c, dtype)
-    conv = dict(padding=padding, layout="NHWC")
-    if backward:
-        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, **conv)
-    else:
-        want = reference.depthwise_conv2d(src, w, b, **conv)
-    return g, src, w, b, want, dst_shape
+    g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[3], 1, k, k), padding, dtype, backward, rng,
+                                             layout="NHWC")
+    return g, src, w, b, want, want.shape
 
 
 @pytest.mark.parametrize("dst_offset", [0, 4], ids=["aligned", "dst+4B"])
