@@ -7,7 +7,8 @@
 // plane, forward one).  A persistent block walks its steps with two shared
 // buffers: while the threads compute step t from one buffer, the source rows
 // of step t+1 are copied global -> shared into the other with cp.async, so
-// the copy latency is hidden behind the FMAs.  Each thread owns one item of
+// the copy latency is hidden behind the FMAs.  Units of whole planes take
+// each thread's copies from offsets worked out once (dwgn_window::FixedCopies).  Each thread owns one item of
 // the unit: VW consecutive destination columns x RH consecutive rows of one
 // plane.  It streams the (RH-1)*STRIDE + KH source rows of its item through
 // registers one row at a time (SPAN values each) and FMAs every row into the
