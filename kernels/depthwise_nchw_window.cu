@@ -7,12 +7,13 @@
 // plane, forward one).  A persistent block walks its steps with two shared
 // buffers: while the threads compute step t from one buffer, the source rows
 // of step t+1 are copied global -> shared into the other with cp.async, so
-// the copy latency is hidden behind the FMAs.  Units of whole planes take
-// each thread's copies from offsets worked out once (dwgn_window::FixedCopies).  Each thread owns one item of
-// the unit: VW consecutive destination columns x RH consecutive rows of one
-// plane.  It streams the (RH-1)*STRIDE + KH source rows of its item through
-// registers one row at a time (SPAN values each) and FMAs every row into the
-// accumulator rows it feeds; weights live in registers.
+// the copy latency is hidden behind the FMAs (units of whole planes take
+// each thread's copies from offsets worked out once: FixedCopies).  Each
+// thread owns one item of the unit: VW consecutive destination columns x RH
+// consecutive rows of one plane.  It streams the (RH-1)*STRIDE + KH source
+// rows of its item through registers one row at a time (SPAN values each) and
+// FMAs every row into the accumulator rows it feeds; weights live in
+// registers.
 //
 // Stores.  When the destination width is a multiple of VW (and dst 16-byte
 // aligned) items store their rows as 16-byte vectors; otherwise the unit's
@@ -76,8 +77,8 @@ template <typename T, int KH> constexpr int kRows =
 // Measured on an H200 with 64 registers against the 2-block budget (same
 // run): 64x144x56 float16 forward 61.2 -> 47.7 us (with the fixed copies),
 // 64x96x112 stride 2 float16 72.4 -> 66.8; float32 at stride 2 went 119.1 ->
-// 131.4 in one run and 125.5 -> 117.0 in another, and keeps the 2-block
-// budget (shared memory holds it to 4 blocks of 128 threads anyway).
+// 131.4 in one run (125.5 -> 117.0 with an earlier build), and keeps the
+// 2-block budget (shared memory holds it to 4 blocks of 128 threads anyway).
 template <typename T, int KH, int STRIDE, bool BACKWARD, typename IndexT>
 constexpr int kMinBlocks =
     sizeof(T) == 8 && KH > 3 ? 1
