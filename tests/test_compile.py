@@ -1045,6 +1045,83 @@ def test_nhwc_window_rule():
         assert (win.select(g, single, backward, "int", 16, 16) is None) == (want_single is None)
 
 
+# The NCHW register-window kernel's fixed copies (dwgn_window::FixedCopies),
+# emulated with the kernel's formulas for every unit and backward source of
+# the plan, against its general row staging (staged_source_row /
+# stage_rows_async): the same shared cells from the same source elements,
+# none of the padding rows (zeroed once) or the planes past the last; each
+# cell written by one copy; a thread's copies within the count the host
+# passes.  (x NCHW shape, multiplier, filter size, padding.)
+_WINDOW_FIXED_GEOMETRIES = [
+    ((1, 6, 56, 56), 1, 3, 1), ((1, 5, 32, 32), 1, 3, 1), ((2, 3, 40, 40), 2, 3, 1), ((2, 5, 20, 20), 3, 3, 1),
+    ((1, 4, 56, 56), 1, 5, 2), ((1, 3, 48, 48), 1, 3, ((2, 3), (1, 1))), ((1, 3, 48, 48), 1, 3, ((0, 1), (1, 1))),
+    ((1, 4, 36, 36), 1, 3, 1), ((1, 2, 60, 60), 1, 3, 1), ((1, 5, 17, 32), 1, 3, 1), ((1, 9, 28, 28), 1, 5, 2),
+    ((2, 2, 24, 32), 2, 7, 3),
+]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("case", _WINDOW_FIXED_GEOMETRIES,
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-M{c[1]}-{c[2]}x{c[2]}-p{c[3]}")
+def test_nchw_window_fixed_copies_match_the_general_staging(case, backward, monkeypatch):
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_window as window
+    from cupy_dwgn import _dtypes, _validate
+
+    monkeypatch.setattr(window, "_resident_blocks", lambda *args: 2)
+    x_shape, multiplier, k, padding = case
+    g = _validate.conv_geometry(x_shape, (x_shape[1] * multiplier, 1, k, k), 1, padding, 1)
+    taken = 0
+    for dtype in (numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float32),
+                  numpy.dtype(numpy.float64)):
+        launch = window.plan.__wrapped__(g, dtype, backward, "int", 16, True, 0)
+        (_, m, planes, src_h, src_w, _, _, offset_top, _, per_unit, _, bands, plane_rows, staged_width, left_halo,
+         stage_bytes, _, flat_elems, copies) = (int(v) for v in launch.scalars)
+        if not backward and m > 1:
+            assert copies == 0  # the forward's source planes repeat M times: not an arithmetic sequence
+        if copies == 0:
+            continue
+        taken += 1
+        assert bands == 1 and flat_elems == 0 and stage_bytes >= 4 and (backward or m == 1)
+        assert copies <= window.MAX_FIXED_COPIES
+        threads, elems = launch.block[0], stage_bytes // dtype.itemsize
+        row_vectors, num_rows = src_w // elems, per_unit * plane_rows
+        total, stride = num_rows * row_vectors, m if backward else 1
+        assert src_w % elems == 0 and total <= copies * threads  # every vector has a copy slot
+
+        def staged_row(i):  # (shared cell, plane in unit, image row) of copy index i
+            row, v = divmod(i, row_vectors)
+            pb = row // plane_rows
+            return row * staged_width + left_halo + v * elems, pb, row - pb * plane_rows - offset_top, v
+
+        fixed = []  # (shared cell, source offset from the unit's base): FixedCopies' constructor
+        for t in range(threads):
+            for j in range(window.MAX_FIXED_COPIES):
+                i = t + j * threads
+                if j < copies and i < total:
+                    cell, pb, src_row, v = staged_row(i)
+                    if 0 <= src_row < src_h:
+                        fixed.append((cell, (pb * stride * src_h + src_row) * src_w + v * elems))
+        assert len({cell for cell, _ in fixed}) == len(fixed)
+        plane_elems = src_h * src_w
+        for unit in range(-(-planes // per_unit)):
+            first_plane = unit * per_unit
+            for source in range(stride if backward else 1):
+                base = (first_plane * stride + source) * plane_elems
+                limit = min(per_unit, planes - first_plane) * stride * plane_elems
+                got = {cell: base + offset for cell, offset in fixed if offset < limit}
+                want = {}
+                for i in range(total):
+                    cell, pb, src_row, v = staged_row(i)
+                    plane = first_plane + pb
+                    if 0 <= src_row < src_h and plane < planes:  # else staged as zeros
+                        src_plane = plane * m + source if backward else plane
+                        want[cell] = (src_plane * src_h + src_row) * src_w + v * elems
+                assert got == want, (dtype, unit, source)
+    assert taken or (not backward and multiplier > 1)  # every other geometry here takes them for some dtype
+
+
 # The NHWC register-tap weight gradient (_depthwise_nhwc_wgrad): its NumPy
 # emulation (tests/_nhwc_wgrad_emulation.py: the kernel's unit ranges, worker
 # stride, ring slots, zero fill, tap-group masks and reduction order) against
