@@ -18,8 +18,10 @@ KERNEL_FILE = "depthwise_conv2d.cu"
 SPECIALIZED_FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
 
 _FINALIZE = "dwgn_dwconv2d_bwd_weight_finalize"
-# Its block: 8 warps over 32 weight elements (the kernel's warp_sums holds 8).
-_FINALIZE_BLOCK = 256
+# Its block: up to 8 warps over 32 weight elements (the kernel's warp_sums
+# holds 8), one per split when there are fewer (no idle warps: a 31x31 weight
+# gradient's finalize is 15376 blocks of 3 splits).
+_FINALIZE_WARPS = 8
 # Stride-1 shared-memory kernel (forward and backward-input) for the
 # specialized filter sizes; its tile of destination elements per block and
 # the largest source window (tile + dilated halo) it stages in shared memory.
@@ -215,11 +217,14 @@ def backward_weight_plan(g, dtype, index):
 def finalize_launch(dtype, out_channels, taps, num_splits, channel_stride, split_stride, tap_stride):
     """The fixed-order sum of every weight-gradient kernel (NCHW and NHWC):
     grad_weight[oc, tap] = sum_s partial[s*split_stride + oc*channel_stride + tap*tap_stride],
-    a block of 8 warps per 32 weight elements (the warps split the splits)."""
+    a block of min(8, num_splits) warps per 32 weight elements (the warps
+    split the splits; with one split per warp the sum is the same as with 8
+    warps, the idle ones adding zero)."""
     i64 = numpy.int64
     groups = -(-out_channels * taps // 32)
+    warps = max(1, min(_FINALIZE_WARPS, num_splits))
     return _launch.Launch(
         KERNEL_FILE, _compile.name_expression(_FINALIZE, _dtypes.ctype(dtype)),
-        (max(1, min(groups, _launch.MAX_BLOCKS)),), (_FINALIZE_BLOCK,), 0,
+        (max(1, min(groups, _launch.MAX_BLOCKS)),), (32 * warps,), 0,
         (i32(out_channels), i32(taps), i32(num_splits), i64(split_stride), i64(channel_stride), i64(tap_stride)),
     )

@@ -411,9 +411,12 @@ __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_partial(
 // H200); its warp w adds the splits w, w + W, w + 2W, ... (W = warps per
 // block) in increasing order, and warp 0 adds the W warp sums in warp order.
 // The order depends on the split count and the block size only, so the
-// result is bit-identical run to run; the warps keep up to W loads per
-// element in flight.  Grid-stride over groups of 32 elements (the host caps
-// the grid).
+// result is bit-identical run to run.  A warp loads kBatch of its splits
+// before adding them (in the same order): ptxas kept the plain loop's loads
+// one at a time, each waiting out an L2 round trip (NHWC partials have up to
+// hundreds of splits: 14 per warp for 64x384x28 half); with at most one
+// split per warp a warp loads just that one.  Grid-stride over groups of 32
+// elements (the host caps the grid).
 template <typename T>
 __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_finalize(
     const typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_weight,
@@ -437,8 +440,21 @@ __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_finalize(
     }
     Acc sum = 0;
     if (i < total) {
+      constexpr int kBatch = 8;
       const Acc* p = partial + oc * channel_stride + tap * tap_stride;
-      for (int s = warp; s < num_splits; s += warps) sum += p[s * split_stride];
+      if (num_splits <= warps) {  // uniform: at most one split per warp
+        if (warp < num_splits) sum += p[warp * split_stride];
+      } else {
+#pragma unroll 1
+        for (int s = warp; s < num_splits; s += kBatch * warps) {
+          Acc values[kBatch];  // splits past the last add 0: the sum is unchanged
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b)
+            values[b] = s + b * warps < num_splits ? p[(s + b * warps) * split_stride] : Acc(0);
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) sum += values[b];
+        }
+      }
     }
     warp_sums[warp][lane] = sum;
     __syncthreads();  // every warp's sums are in shared memory
