@@ -276,6 +276,46 @@ __device__ __forceinline__ void stage_rows_async(const StagingArgs<T>& a) {
   const int row_vectors = a.src_width / E;
   const float inv_row_vectors = __frcp_rn(static_cast<float>(row_vectors));
   const int total = a.num_rows * row_vectors;
+  if (a.num_rows == a.plane_rows) {  // block-uniform: a unit of one plane (or one band of it)
+    // Copy i = threadIdx.x + k * blockDim.x is vector v of staged row `row`;
+    // its source is element (src_row0 + row) * src_width + v * E = src_row0 *
+    // src_width + i * E of the plane (rows are src_width = row_vectors * E
+    // apart), its shared cell row * staged_width + left_halo + v * E.  The
+    // thread divides once and then steps both by blockDim.x copies, where
+    // the loop below re-derives row, plane and source row per copy (~45
+    // instructions per copy, most of a stride-2 forward's instructions: its
+    // units stage 4 source values per output).
+    const int plane = a.first_plane;  // < num_dst_planes: the unit exists
+    const int src_plane = BACKWARD ? plane * a.multiplier + a.source
+                                   : (a.multiplier == 1 ? plane : plane / a.multiplier);
+    // Negative when src_row0 < 0 in the first plane: only copies of rows
+    // inside the image (offsets >= 0) are formed from it.
+    const IndexT plane_offset = static_cast<IndexT>(src_plane) * a.src_height * a.src_width +
+                                static_cast<IndexT>(a.src_row0) * a.src_width;
+    const int threads = static_cast<int>(blockDim.x);
+    const int step_rows = dwgn::small_div(threads, inv_row_vectors);
+    const int step_v = threads - step_rows * row_vectors;  // < row_vectors: at most one wrap a step
+    int row = dwgn::small_div(static_cast<int>(threadIdx.x), inv_row_vectors);
+    int v = static_cast<int>(threadIdx.x) - row * row_vectors;
+    T* to = a.staged + row * a.staged_width + a.left_halo + v * E;
+    const int to_step = step_rows * a.staged_width + step_v * E;
+    const int to_wrap = a.staged_width - row_vectors * E;
+    for (int i = threadIdx.x; i < total; i += threads) {
+      if (static_cast<unsigned>(a.src_row0 + row) < static_cast<unsigned>(a.src_height))
+        dwgn::cp_async<BYTES>(to, a.src + (plane_offset + static_cast<IndexT>(i) * E));
+      else
+        *reinterpret_cast<V*>(to) = zero_value<V>();
+      row += step_rows;
+      v += step_v;
+      to += to_step;
+      if (v >= row_vectors) {
+        v -= row_vectors;
+        ++row;
+        to += to_wrap;
+      }
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
     const int row = dwgn::small_div(i, inv_row_vectors);
     const int v = i - row * row_vectors;
