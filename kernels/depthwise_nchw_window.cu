@@ -198,6 +198,15 @@ __device__ __forceinline__ int nonnegative_mod(int a, int b) {
 // bounds per copy (two reciprocal divisions, ~45 instructions per 16-byte
 // copy: a quarter of the kernel's instructions at 64x144x56 float16).
 constexpr int kMaxFixedCopies = 4;
+// Specializations that never take them: kItemPerStep (registers full: NVRTC
+// spilled the copies' offsets) and the float32 stride-2 forward, whose
+// planes rarely fit kMaxFixedCopies copies a thread (stride 2 stages twice
+// the rows) and whose copies' 8 live registers took it from 80 to 92
+// registers (by the register file's per-quarter count, 3 -> 2 blocks of 224
+// threads per SM; 64x96x112 forward 119.8 -> 127.5 us between the tables of
+// 315d59b and 065f470).  The host passes 0 for them too.
+template <typename T, int KH, int STRIDE, bool BACKWARD>
+constexpr bool kNoFixedCopies = kItemPerStep<T, KH, BACKWARD> || (sizeof(T) == 4 && STRIDE == 2);
 struct FixedCopies {
   int shared[kMaxFixedCopies], source[kMaxFixedCopies];
   // `planes_stride`: source planes between consecutive planes of a unit (M
@@ -433,9 +442,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
   const int src_plane_elems = src_height * src_width;
 
   const int planes_stride = BACKWARD ? multiplier : 1;
-  // Not where the registers are full (kItemPerStep: NVRTC spilled the copies'
-  // offsets); the host passes 0 there too.
-  if (dwgn_window::kItemPerStep<T, KH, BACKWARD>) fixed_copies = 0;
+  if (dwgn_window::kNoFixedCopies<T, KH, STRIDE, BACKWARD>) fixed_copies = 0;
   const dwgn_window::FixedCopies fixed(fixed_copies, num_rows, src_width * static_cast<int>(sizeof(T)) / stage_bytes,
                                        stage_bytes / static_cast<int>(sizeof(T)), plane_rows, offset_top,
                                        src_height, src_width, staged_width, left_halo, planes_stride);
