@@ -230,9 +230,10 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
     # inside int offsets: each thread works its copies out once, not per step.
     planes_stride = g.multiplier if backward else 1
     copies = 0
-    # (Not for 2-byte 7x7 backward: kItemPerStep, whose registers are full.)
-    item_per_step = itemsize == 2 and g.filter_height == 7 and backward
-    if bands == 1 and not flat_elems and stage_bytes >= 4 and (backward or g.multiplier == 1) and not item_per_step:
+    # (Not for 2-byte 7x7 backward, kItemPerStep, whose registers are full, nor
+    # the float32 stride-2 forward: kernel kNoFixedCopies.)
+    no_fixed_copies = (itemsize == 2 and g.filter_height == 7 and backward) or (itemsize == 4 and stride == 2)
+    if bands == 1 and not flat_elems and stage_bytes >= 4 and (backward or g.multiplier == 1) and not no_fixed_copies:
         copies = -(-(planes_per_unit * staged_rows(band_groups) * (src_w * itemsize // stage_bytes)) // threads)
         if copies > MAX_FIXED_COPIES or planes_per_unit * planes_stride * src_h * src_w >= 2**31:
             copies = 0

@@ -198,6 +198,15 @@ __device__ __forceinline__ int nonnegative_mod(int a, int b) {
 // bounds per copy (two reciprocal divisions, ~45 instructions per 16-byte
 // copy: a quarter of the kernel's instructions at 64x144x56 float16).
 constexpr int kMaxFixedCopies = 4;
+// Specializations that never take them: kItemPerStep (registers full: NVRTC
+// spilled the copies' offsets) and the float32 stride-2 forward, whose
+// planes rarely fit kMaxFixedCopies copies a thread (stride 2 stages twice
+// the rows) and whose copies' 8 live registers took it from 80 to 92
+// registers (by the register file's per-quarter count, 3 -> 2 blocks of 224
+// threads per SM; 64x96x112 forward 119.8 -> 127.5 us between the tables of
+// 315d59b and 065f470).  The host passes 0 for them too.
+template <typename T, int KH, int STRIDE, bool BACKWARD>
+constexpr bool kNoFixedCopies = kItemPerStep<T, KH, BACKWARD> || (sizeof(T) == 4 && STRIDE == 2);
 struct FixedCopies {
   int shared[kMaxFixedCopies], source[kMaxFixedCopies];
   // `planes_stride`: source planes between consecutive planes of a unit (M
@@ -276,6 +285,46 @@ __device__ __forceinline__ void stage_rows_async(const StagingArgs<T>& a) {
   const int row_vectors = a.src_width / E;
   const float inv_row_vectors = __frcp_rn(static_cast<float>(row_vectors));
   const int total = a.num_rows * row_vectors;
+  if (a.num_rows == a.plane_rows) {  // block-uniform: a unit of one plane (or one band of it)
+    // Copy i = threadIdx.x + k * blockDim.x is vector v of staged row `row`;
+    // its source is element (src_row0 + row) * src_width + v * E = src_row0 *
+    // src_width + i * E of the plane (rows are src_width = row_vectors * E
+    // apart), its shared cell row * staged_width + left_halo + v * E.  The
+    // thread divides once and then steps both by blockDim.x copies, where
+    // the loop below re-derives row, plane and source row per copy (~45
+    // instructions per copy, most of a stride-2 forward's instructions: its
+    // units stage 4 source values per output).
+    const int plane = a.first_plane;  // < num_dst_planes: the unit exists
+    const int src_plane = BACKWARD ? plane * a.multiplier + a.source
+                                   : (a.multiplier == 1 ? plane : plane / a.multiplier);
+    // Negative when src_row0 < 0 in the first plane: only copies of rows
+    // inside the image (offsets >= 0) are formed from it.
+    const IndexT plane_offset = static_cast<IndexT>(src_plane) * a.src_height * a.src_width +
+                                static_cast<IndexT>(a.src_row0) * a.src_width;
+    const int threads = static_cast<int>(blockDim.x);
+    const int step_rows = dwgn::small_div(threads, inv_row_vectors);
+    const int step_v = threads - step_rows * row_vectors;  // < row_vectors: at most one wrap a step
+    int row = dwgn::small_div(static_cast<int>(threadIdx.x), inv_row_vectors);
+    int v = static_cast<int>(threadIdx.x) - row * row_vectors;
+    T* to = a.staged + row * a.staged_width + a.left_halo + v * E;
+    const int to_step = step_rows * a.staged_width + step_v * E;
+    const int to_wrap = a.staged_width - row_vectors * E;
+    for (int i = threadIdx.x; i < total; i += threads) {
+      if (static_cast<unsigned>(a.src_row0 + row) < static_cast<unsigned>(a.src_height))
+        dwgn::cp_async<BYTES>(to, a.src + (plane_offset + static_cast<IndexT>(i) * E));
+      else
+        *reinterpret_cast<V*>(to) = zero_value<V>();
+      row += step_rows;
+      v += step_v;
+      to += to_step;
+      if (v >= row_vectors) {
+        v -= row_vectors;
+        ++row;
+        to += to_wrap;
+      }
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
     const int row = dwgn::small_div(i, inv_row_vectors);
     const int v = i - row * row_vectors;
@@ -393,9 +442,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
   const int src_plane_elems = src_height * src_width;
 
   const int planes_stride = BACKWARD ? multiplier : 1;
-  // Not where the registers are full (kItemPerStep: NVRTC spilled the copies'
-  // offsets); the host passes 0 there too.
-  if (dwgn_window::kItemPerStep<T, KH, BACKWARD>) fixed_copies = 0;
+  if (dwgn_window::kNoFixedCopies<T, KH, STRIDE, BACKWARD>) fixed_copies = 0;
   const dwgn_window::FixedCopies fixed(fixed_copies, num_rows, src_width * static_cast<int>(sizeof(T)) / stage_bytes,
                                        stage_bytes / static_cast<int>(sizeof(T)), plane_rows, offset_top,
                                        src_height, src_width, staged_width, left_halo, planes_stride);

@@ -242,7 +242,8 @@ def nchw_window():
     # build it): the fixed copies (whole planes per unit, copy offsets worked
     # out once, padding rows zeroed once) for one plane and several per unit
     # with a partial last one, the backward's 2 sources per plane, padding
-    # rows at the top and bottom, 5x5; and a banded plane (general staging).
+    # rows at the top and bottom, 5x5; a banded plane and stride-2 forwards
+    # (row staging of one plane per unit).
     from cupy_dwgn import _depthwise_nchw_window, _dtypes, _validate, depthwise as dw
 
     for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
@@ -263,6 +264,16 @@ def nchw_window():
                 launch = _depthwise_nchw_window.plan(g, cupy.dtype(dtype), backward, "int", dw._alignment(src),
                                                      dw._alignment(dst) == 16)
                 launch(src, w, 0 if backward else b, dst)
+        # Stride-2 forwards: units of one plane staged row by row (the stepped loop).
+        for x_shape, k, padding in [((1, 3, 112, 112), 3, 1), ((1, 2, 57, 40), 5, 2), ((1, 3, 97, 97), 3, "valid")]:
+            w_shape = (x_shape[1], 1, k, k)
+            g = _validate.conv_geometry(x_shape, w_shape, 2, padding, 1)
+            src = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+            w = rng.standard_normal(w_shape, dtype=cupy.float32).astype(dtype)
+            dst = cupy.empty((g.batch, w_shape[0], g.out_height, g.out_width), dtype)
+            launch = _depthwise_nchw_window.plan(g, cupy.dtype(dtype), False, "int", dw._alignment(src),
+                                                 dw._alignment(dst) == 16)
+            launch(src, w, 0, dst)
 
 
 def _misaligned(a):

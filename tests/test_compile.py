@@ -1122,6 +1122,62 @@ def test_nchw_window_fixed_copies_match_the_general_staging(case, backward, monk
     assert taken or (not backward and multiplier > 1)  # every other geometry here takes them for some dtype
 
 
+# The NCHW register-window kernel's row staging for units of one plane (or
+# one band of it: stage_rows_async's first loop), which steps each thread's
+# (row, vector, shared cell) by blockDim.x copies instead of dividing per
+# copy: emulated for every thread of the plan, against the division-based
+# mapping of copy i (row i // row_vectors, vector i % row_vectors; source
+# element i * E from the band's first row).  Stride-2 forwards, bands of
+# large planes, small blocks.  (x NCHW shape, filter size, stride, padding.)
+_WINDOW_PLANE_STAGING_GEOMETRIES = [
+    ((2, 3, 112, 112), 3, 2, 1), ((1, 2, 150, 150), 3, 1, 1), ((1, 2, 112, 112), 5, 1, 2),
+    ((1, 3, 97, 97), 3, 2, "valid"), ((1, 2, 130, 64), 7, 1, 3), ((1, 2, 57, 40), 5, 2, 2),
+]
+
+
+@pytest.mark.parametrize("case", _WINDOW_PLANE_STAGING_GEOMETRIES,
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[2]}-p{c[3]}")
+def test_nchw_window_single_plane_staging_steps_match_the_division(case, monkeypatch):
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_window as window
+    from cupy_dwgn import _dtypes, _validate
+
+    monkeypatch.setattr(window, "_resident_blocks", lambda *args: 2)
+    x_shape, k, stride, padding = case
+    g = _validate.conv_geometry(x_shape, (x_shape[1], 1, k, k), stride, padding, 1)
+    taken = 0
+    for dtype in (numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float32),
+                  numpy.dtype(numpy.float64)):
+        launch = window.plan.__wrapped__(g, dtype, False, "int", 16, True, 0)
+        if launch is None:
+            continue
+        (_, _, _, _, src_w, _, _, _, _, per_unit, _, _, plane_rows, staged_width, left_halo, stage_bytes, _,
+         flat_elems, copies) = (int(v) for v in launch.scalars)
+        if per_unit != 1 or flat_elems or copies or stage_bytes < 4:
+            continue  # another staging path
+        taken += 1
+        elems = stage_bytes // dtype.itemsize
+        row_vectors, threads = src_w // elems, launch.block[0]
+        total = plane_rows * row_vectors
+        step_rows, step_v = divmod(threads, row_vectors)
+        to_step, to_wrap = step_rows * staged_width + step_v * elems, staged_width - row_vectors * elems
+        seen = numpy.zeros(total, numpy.int64)
+        for t in range(min(threads, total)):
+            row, v = divmod(t, row_vectors)
+            to = row * staged_width + left_halo + v * elems
+            for i in range(t, total, threads):
+                assert (row, v) == divmod(i, row_vectors), (dtype, t, i)
+                assert to == row * staged_width + left_halo + v * elems
+                assert i * elems == row * src_w + v * elems  # the source element from the band's first row
+                seen[i] += 1
+                row, v, to = row + step_rows, v + step_v, to + to_step
+                if v >= row_vectors:
+                    row, v, to = row + 1, v - row_vectors, to + to_wrap
+        assert (seen == 1).all()
+    assert taken
+
+
 # The NHWC register-tap weight gradient (_depthwise_nhwc_wgrad): its NumPy
 # emulation (tests/_nhwc_wgrad_emulation.py: the kernel's unit ranges, worker
 # stride, ring slots, zero fill, tap-group masks and reduction order) against
