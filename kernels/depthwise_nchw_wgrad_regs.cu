@@ -55,10 +55,12 @@
 //   vectors of at most 16 bytes, and with one step in flight an SM had
 //   about 10-18 KB of loads outstanding (fp16 64x384x28: 24 warps x 448
 //   bytes) where the copy bandwidth needs ~25 KB at ~800 ns of DRAM latency.
-//   The walk is unrolled by PB = lcm(R*S, NB) steps, so that every ring slot
-//   and raw buffer index is a compile-time constant and no register is
-//   copied at a block's end (a copy of a buffer whose load is in flight
-//   waits for it: float 3x3 had P = 3 steps and 2 buffers).
+//   The walk is unrolled by PB = lcm(R*S, NB) steps (L = 2), so that every
+//   ring slot and raw buffer index is a compile-time constant and no
+//   register is copied at a block's end (a copy of a buffer whose load is
+//   in flight waits for it: float 3x3 had P = 3 steps and 2 buffers); with
+//   L = 1 by R*S steps, float copying a buffer at a block's end when R*S
+//   is odd.
 // * Addresses: row cursors, the x row of the next step to load at the
 //   thread's first own column and the next grad_out row, advanced one row
 //   per load (one IMAD.WIDE each); every load of a row is at a constant
@@ -117,10 +119,12 @@ constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 // step's raw registers spill at the block budget below (NVRTC 13.0 and
 // 13.5, sm_90): 7x7 (fp16 VW 4 is at 160 of its 168 registers with 1),
 // float 3x3 stride 2 (VW 4: 88 bytes spilled at 80 registers), float 5x5
-// VW 1 and 2-byte 3x3 stride 1 VW 2.
+// VW 1 and 2-byte 3x3 stride 1 VW 2; and 2-byte 3x3 stride 1 VW 8, whose
+// 16-byte loads keep enough in flight: with 2 steps at 4 blocks per SM
+// (128 registers) fp16 64x144x56 took 57.4 us against 53.5 with 1 (H200).
 constexpr int lookahead(int bytes, int k, int s, int vw) {
   return k == 7 || (bytes == 4 && k == 3 && s == 2) || (bytes == 4 && k == 5 && vw == 1) ||
-                 (bytes == 2 && k == 3 && s == 1 && vw == 2)
+                 (bytes == 2 && k == 3 && s == 1 && (vw == 2 || vw == 8))
              ? 1
              : 2;
 }
@@ -132,13 +136,11 @@ constexpr int lookahead(int bytes, int k, int s, int vw) {
 // occupancy for registers unnoticed (ptxas takes registers up to the
 // budget: e.g. fp16 3x3 VW 4 used 76, 6 blocks).  The host's widest VW
 // per filter size (MAX_VECTOR) keeps 7x7 within 168 (VW 8 took 192).
-// 2-byte 3x3 stride 1 VW 8 has 4 blocks (128 registers), not 5: its two
-// steps of 16-byte loads in flight spilled at 96.
 constexpr int min_blocks(int bytes, int k, int s, int vw) {
   return k == 3   ? (vw == 1   ? 8
                      : vw == 2 ? (bytes == 2 ? 8 : 7)
                      : vw == 4 ? (bytes == 2 ? (s == 1 ? 6 : 7) : (s == 1 ? 5 : 6))
-                               : (s == 1 ? 4 : 5))
+                               : 5)
          : k == 5 ? (vw == 4 || (bytes == 4 && vw == 2) ? 4 : 5)
                   : (vw == 1 ? 4 : 3);
 }
@@ -212,7 +214,12 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   // values are the raw registers themselves, still read by step j's FMAs
   // while step j + L loads into step j - 1's buffer).
   constexpr int NB = sizeof(T) == 4 ? L + 1 : L;
-  constexpr int PB = P / gcd(P, NB) * NB;    // walk unroll (steps per block)
+  // Walk unroll (steps per block): with L = 2 a multiple of NB, so that
+  // no buffer is copied at a block's end (float 3x3 stride 1: 3 steps, 3
+  // buffers); with L = 1, P (float with odd P copies its second buffer to
+  // the first at a block's end: unrolling 2P steps instead made float 7x7
+  // 64x384x14 54 -> 63 us on an H200).
+  constexpr int PB = L == 1 ? P : P / gcd(P, NB) * NB;
   constexpr int SHIFT = pos_mod(1 - K, PB);  // the walk starts at step -SHIFT
   constexpr int KK = K * K;
   using XRaw = typename dwgn::Bits<VW * static_cast<int>(sizeof(T))>::type;  // VW values of a row
@@ -303,10 +310,10 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
     // as it was (float: zero): a column outside [0, W) is never loaded in
     // the unit and keeps the zero set at the unit's start; the other values
     // are never multiplied.  In a clean block (below: every lane live, all
-    // own vectors inside [0, W), no direct halo) only the row (j < steps:
-    // L steps ahead of a clean block's last step can lie past the walk, as
-    // in 3x3 stride 2; and the image) and the grad_out row are tested: the
-    // same loads.  The tests
+    // own vectors inside [0, W), no direct halo) only the row (the image;
+    // with L = 2 also j < steps: 2 steps past a clean block's last step can
+    // lie past the walk, as in 3x3 stride 2) and the grad_out row are
+    // tested: the same loads.  The tests
     // stay even where they are known to hold (all but a block's last
     // step): ptxas moved untested loads ahead of the unpacking of the
     // registers they reuse, into other registers, and copied them back at
@@ -314,7 +321,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
     // loads read 16-22 instructions after they issue; with the tests all
     // 223-232, a step's FMAs).
     auto load_step = [&](XRaw (&xr)[S], ERaw (&hr)[NH], XRaw& gr, int j, bool g_step, bool clean) {
-      const bool row_ok = j < steps && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
+      const bool row_ok = ((clean && L == 1) || j < steps) && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
 #pragma unroll
       for (int v = 0; v < S; ++v) load_if(xr[v], x_at + v * VW, row_ok && (clean || ((own_ok >> v) & 1u)));
       if (!clean) {
@@ -421,6 +428,13 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
               for (int t = 0; t < VW; ++t) acc[kh][kw] = fmaf(g[slot][t], xw[t * S + kw], acc[kh][kw]);
           }
         }
+      }
+      if (PB % NB != 0) {  // float, L = 1, odd P: the next block starts with buffer 0
+#pragma unroll
+        for (int v = 0; v < S; ++v) xr[0][v] = xr[1][v];
+#pragma unroll
+        for (int h = 0; h < NH; ++h) hr[0][h] = hr[1][h];
+        gr[0] = gr[1];
       }
     };
     for (int jb = -SHIFT; jb < steps; jb += PB) {
