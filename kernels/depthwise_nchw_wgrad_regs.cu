@@ -45,13 +45,22 @@
 //   (relative to oh0) for each kh = j mod S, kh < K with 0 <= j - kh <
 //   rows*S.  grad_out row m is loaded at step j = m*S (where its kh = 0
 //   pair is) into ring slot m % R, R = ceil(K / S): rows m - R + 1 .. m are
-//   the ones any later step still reads (kh <= K-1 < R*S).  The walk is
-//   unrolled by P = R*S steps so every slot index is a compile-time
-//   constant.  Step j + 1's raw loads are issued after step j is unpacked
-//   and before its FMAs (one step of loads always in flight): for 2-byte
-//   types into the registers just unpacked, for float into a second
-//   buffer (its raw registers are the FMA operands), the two alternating
-//   by step (no copies, but at the end of a block when P is odd).
+//   the ones any later step still reads (kh <= K-1 < R*S).
+// * Loads in flight.  Step j + L's raw loads are issued after step j is
+//   unpacked and before its FMAs, L = lookahead(...) steps ahead (2; 1
+//   where that spills, as 7x7, whose registers are spent on the taps): for
+//   2-byte types into the registers just unpacked (L raw buffers), for
+//   float into the buffer of step j - 1 (L + 1 buffers: its raw registers
+//   are the FMA operands).  Why 2: a thread's loads of one step are 2-3
+//   vectors of at most 16 bytes, and with one step in flight an SM had
+//   about 10-18 KB of loads outstanding (fp16 64x384x28: 24 warps x 448
+//   bytes) where the copy bandwidth needs ~25 KB at ~800 ns of DRAM latency.
+//   The walk is unrolled by PB = lcm(R*S, NB) steps (L = 2), so that every
+//   ring slot and raw buffer index is a compile-time constant and no
+//   register is copied at a block's end (a copy of a buffer whose load is
+//   in flight waits for it: float 3x3 had P = 3 steps and 2 buffers); with
+//   L = 1 by R*S steps, float copying a buffer at a block's end when R*S
+//   is odd.
 // * Addresses: row cursors, the x row of the next step to load at the
 //   thread's first own column and the next grad_out row, advanced one row
 //   per load (one IMAD.WIDE each); every load of a row is at a constant
@@ -64,7 +73,7 @@
 //   group-uniform branch per filter row) for x rows outside the image, for
 //   (kh, m) pairs outside the strip and in dead lanes, so no value that
 //   the convolution never reads is multiplied.
-// * Clean blocks.  The walk goes in blocks of P steps from step -SHIFT
+// * Clean blocks.  The walk goes in blocks of PB steps from step -SHIFT
 //   (the steps before 0 skipped) so that a block starts at step K - 1.  A
 //   block is clean where all its steps have the x row inside the image and
 //   every pair inside the strip (K - 1 <= j < rows*S), in a lane that is
@@ -103,6 +112,22 @@ namespace dwgn_nchw_regs {
 
 constexpr int kThreads = 128;  // block size (host: THREADS)
 constexpr int kWarps = kThreads / 32;
+
+constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
+
+// Steps of loads in flight (see the header): 2, but 1 where the second
+// step's raw registers spill at the block budget below (NVRTC 13.0 and
+// 13.5, sm_90): 7x7 (fp16 VW 4 is at 160 of its 168 registers with 1),
+// float 3x3 stride 2 (VW 4: 88 bytes spilled at 80 registers), float 5x5
+// VW 1 and 2-byte 3x3 stride 1 VW 2; and 2-byte 3x3 stride 1 VW 8, whose
+// 16-byte loads keep enough in flight: with 2 steps at 4 blocks per SM
+// (128 registers) fp16 64x144x56 took 57.4 us against 53.5 with 1 (H200).
+constexpr int lookahead(int bytes, int k, int s, int vw) {
+  return k == 7 || (bytes == 4 && k == 3 && s == 2) || (bytes == 4 && k == 5 && vw == 1) ||
+                 (bytes == 2 && k == 3 && s == 1 && (vw == 2 || vw == 8))
+             ? 1
+             : 2;
+}
 
 // Blocks per SM the register budget is set for, per element size, K, S
 // and VW: the occupancy each specialization reached under the former
@@ -182,14 +207,20 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   constexpr int IW = (VW - 1) * S + K;  // window columns
   constexpr int NH = IW - VS;           // halo columns: SH left, NH - SH right
   constexpr int R = (K + S - 1) / S;    // grad_out ring slots
-  constexpr int P = R * S;              // walk unroll (steps per block)
-  constexpr int SHIFT = pos_mod(1 - K, P);  // the walk starts at step -SHIFT
-  // Raw buffers: for 2-byte types one (the next step is loaded into the
-  // registers just unpacked); for float two, alternating by step (its
-  // unpacked values are the raw registers themselves, still read by the
-  // FMAs while the next step loads; with an odd P the last step's buffer
-  // is copied to the first at the end of a block).
-  constexpr int NB = sizeof(T) == 4 ? 2 : 1;
+  constexpr int P = R * S;              // steps after which the ring slots repeat
+  constexpr int L = lookahead(sizeof(T), K, S, VW);  // steps of loads in flight
+  // Raw buffers: for 2-byte types L (step j + L is loaded into the
+  // registers of step j just unpacked); for float L + 1 (its unpacked
+  // values are the raw registers themselves, still read by step j's FMAs
+  // while step j + L loads into step j - 1's buffer).
+  constexpr int NB = sizeof(T) == 4 ? L + 1 : L;
+  // Walk unroll (steps per block): with L = 2 a multiple of NB, so that
+  // no buffer is copied at a block's end (float 3x3 stride 1: 3 steps, 3
+  // buffers); with L = 1, P (float with odd P copies its second buffer to
+  // the first at a block's end: unrolling 2P steps instead made float 7x7
+  // 64x384x14 54 -> 63 us on an H200).
+  constexpr int PB = L == 1 ? P : P / gcd(P, NB) * NB;
+  constexpr int SHIFT = pos_mod(1 - K, PB);  // the walk starts at step -SHIFT
   constexpr int KK = K * K;
   using XRaw = typename dwgn::Bits<VW * static_cast<int>(sizeof(T))>::type;  // VW values of a row
   using ERaw = typename dwgn::Bits<static_cast<int>(sizeof(T))>::type;       // one value
@@ -279,8 +310,10 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
     // as it was (float: zero): a column outside [0, W) is never loaded in
     // the unit and keeps the zero set at the unit's start; the other values
     // are never multiplied.  In a clean block (below: every lane live, all
-    // own vectors inside [0, W), no direct halo) only the row and the
-    // grad_out row are tested (j < steps holds): the same loads.  The tests
+    // own vectors inside [0, W), no direct halo) only the row (the image;
+    // with L = 2 also j < steps: 2 steps past a clean block's last step can
+    // lie past the walk, as in 3x3 stride 2) and the grad_out row are
+    // tested: the same loads.  The tests
     // stay even where they are known to hold (all but a block's last
     // step): ptxas moved untested loads ahead of the unpacking of the
     // registers they reuse, into other registers, and copied them back at
@@ -288,7 +321,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
     // loads read 16-22 instructions after they issue; with the tests all
     // 223-232, a step's FMAs).
     auto load_step = [&](XRaw (&xr)[S], ERaw (&hr)[NH], XRaw& gr, int j, bool g_step, bool clean) {
-      const bool row_ok = (clean || j < steps) && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
+      const bool row_ok = ((clean && L == 1) || j < steps) && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
 #pragma unroll
       for (int v = 0; v < S; ++v) load_if(xr[v], x_at + v * VW, row_ok && (clean || ((own_ok >> v) & 1u)));
       if (!clean) {
@@ -316,35 +349,41 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
       for (int h = 0; h < NH; ++h) hr[b][h] = ERaw{};
       if (sizeof(T) == 2) gr[b] = XRaw{};  // (float: every load_if writes it)
     }
-    load_step(xr[SHIFT % NB], hr[SHIFT % NB], gr[SHIFT % NB], 0, true, false);  // step 0: phase SHIFT of its block
+    // Steps 0 .. L - 1 (step j is phase j + SHIFT of its block, buffer
+    // (j + SHIFT) % NB: PB is a multiple of NB).
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+      const int b = (SHIFT + j) % NB;
+      load_step(xr[b], hr[b], gr[b], j, j % S == 0, false);
+    }
 
     // Clean steps: j in [jc0, jc1), where the x row is inside the image
     // (0 <= ih0 + j < H) and every (filter row, output row) pair of the
     // step inside the strip (K - 1 <= j < rows * S), in a lane that is
     // live, has all own vectors inside [0, W) and no direct halo column
-    // (else jc0 = steps: none).  The walk goes in blocks of P steps from
+    // (else jc0 = steps: none).  The walk goes in blocks of PB steps from
     // step -SHIFT (the first block's steps before 0 are skipped), so that a
     // block starts at step K - 1, a strip's first clean step (but at the
     // image's top edge).
     const bool plain = live && own_ok == (1u << S) - 1 && direct == 0;
     const int jc0 = plain ? max(K - 1, -ih0) : steps;
     const int jc1 = min(rows * S, height - ih0);
-    // The block of steps jb .. jb + P - 1 (step j = jb + ph, ring phase
-    // q = ph - SHIFT = j mod P).  test: steps outside [0, steps) are
+    // The block of steps jb .. jb + PB - 1 (step j = jb + ph, ring phase
+    // q = ph - SHIFT = j mod PB).  test: steps outside [0, steps) are
     // skipped and each filter row's FMAs are tested (a live lane, the x row
     // inside the image, the pair inside the strip); !test (a clean block):
     // nothing is tested.  Both multiply the same pairs in the same order.
     auto walk_block = [&](int jb, bool test) {
 #pragma unroll
-      for (int ph = 0; ph < P; ++ph) {
+      for (int ph = 0; ph < PB; ++ph) {
         const int j = jb + ph;
         if (test && ph < SHIFT && j < 0) continue;
         // The break between steps (never taken in a clean block) keeps
         // ptxas from hoisting later steps' loads into this step's FMAs (as
         // in the NHWC sibling).
         if (j >= steps) break;
-        const int q = ph - SHIFT;
-        const int cur = ph % NB, nxt = (ph + 1) % NB;
+        const int q = ph - SHIFT;  // j mod PB (PB is a multiple of P)
+        const int cur = ph % NB, ahead = (ph + L) % NB;
 
         // Unpack this step (own columns, direct halo values, the grad_out
         // row), then load the next step (into the registers just unpacked,
@@ -362,7 +401,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
 #pragma unroll
           for (int t = 0; t < VW; ++t) g[pos_mod(floor_div(q, S), R)][t] = element<T>(gr[cur], t);
         }
-        load_step(xr[nxt], hr[nxt], gr[nxt], j + 1, pos_mod(q + 1, S) == 0, !test);
+        load_step(xr[ahead], hr[ahead], gr[ahead], j + L, pos_mod(q + L, S) == 0, !test);
 #pragma unroll
         for (int h = 0; h < NH; ++h) {
           const int e = h < SH ? h : h + VS;
@@ -390,7 +429,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
           }
         }
       }
-      if (NB == 2 && P % 2 == 1) {  // the next block starts with buffer 0
+      if (PB % NB != 0) {  // float, L = 1, odd P: the next block starts with buffer 0
 #pragma unroll
         for (int v = 0; v < S; ++v) xr[0][v] = xr[1][v];
 #pragma unroll
@@ -398,12 +437,12 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
         gr[0] = gr[1];
       }
     };
-    for (int jb = -SHIFT; jb < steps; jb += P) {
+    for (int jb = -SHIFT; jb < steps; jb += PB) {
       // A clean block where every unit of the warp is in one (a vote: the
       // branch is warp-uniform, the block's code runs once per warp).
       // (live is implied by jc0; spelled out, ptxas fits float 3x3 s2 VW 4
       // in its 80 registers without a spill.)
-      const bool clean = live && jb >= jc0 && jb + P <= jc1;
+      const bool clean = live && jb >= jc0 && jb + PB <= jc1;
       if (__all_sync(__activemask(), clean)) {
         walk_block(jb, false);
       } else {
