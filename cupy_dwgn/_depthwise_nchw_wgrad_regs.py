@@ -52,7 +52,8 @@ VECTOR_BYTES = 16
 #: (K, element size) -> the widest VW compiled (registers at the kernel's
 #: launch bounds, NVRTC sm_90, no spills: fp16 3x3 VW 8: 96, 5x5 VW 4: 111,
 #: 7x7 VW 4: 153; without the cap 5x5 VW 8 needed 145 and 7x7 VW 8 192;
-#: since the row cursors and clean blocks, NVRTC 13.0: 95, 115, 160).
+#: since the row cursors and clean blocks, NVRTC 13.0: 95, 115, 160; with two steps of
+#: loads in flight for 5x5, 95, 123, 162).
 MAX_VECTOR = {(3, 2): 8, (3, 4): 4, (5, 2): 4, (5, 4): 2, (7, 2): 4, (7, 4): 2}
 #: Output rows per strip at most, per (K, element size), and work units per
 #: worker at least, per element size; about TARGET_BLOCKS blocks (a
