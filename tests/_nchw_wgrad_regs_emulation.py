@@ -8,13 +8,14 @@ lane's ow0 / live / own x column base ob, the own-vector and halo masks
 (from_lane / direct), the row cursors (the flat offsets the kernel's x and
 grad_out pointers hold, advanced one row per load whether read or not,
 asserted against the element each read should be), the walk in blocks of
-P steps from step -SHIFT with the clean blocks (no tests; the kernel takes
+PB steps from step -SHIFT with the clean blocks (no tests; the kernel takes
 one where every lane of the warp is clean, here where every lane of the
 group is, or per ``clean_blocks``) and their loads (the conditions they
-do not test asserted to hold), the raw buffers (NB: two for float,
-alternating by step, the last copied to the first at a block's end when P
-is odd) and the prefetch order, the grad_out ring (slot ((q - kh) / S)
-mod R, q = j mod P), the halo
+do not test asserted to hold), the loads L steps ahead (lookahead) in NB
+raw buffers (L for 2-byte types, L + 1 for float; PB = lcm(P, NB) with
+L = 2, else P, float's second buffer copied to the first at a block's
+end when P is odd), the grad_out ring (slot ((q - kh) / S) mod R,
+q = j mod PB), the halo
 taken from lane gl + floor(d / VS) of the group (asserted to be inside it)
 or loaded directly, the FMA conditions (live, x row inside the image,
 0 <= j - kh < rows * S), the warp then block reduction and the partial
@@ -38,6 +39,13 @@ def _template(expression):
     return itemsize, k, s, vw
 
 
+def lookahead(itemsize, k, s, vw):
+    """Steps of loads in flight (kernel: dwgn_nchw_regs::lookahead)."""
+    one = k == 7 or (itemsize == 4 and k == 3 and s == 2) or (itemsize == 4 and k == 5 and vw == 1) or (
+        itemsize == 2 and k == 3 and s == 1 and vw in (2, 8))
+    return 1 if one else 2
+
+
 def emulate(launch, grad_out, x, clean_blocks="group"):
     """(partial, writes, visits): partial[split][tap][c] (NaN where never
     written), how often each was written, and how often each (channel,
@@ -52,8 +60,11 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
     iw_cols = (vw - 1) * s + k
     nh = iw_cols - vs
     slots = -(-k // s)
-    period = slots * s  # P: steps per block
-    buffers = 2 if itemsize == 4 else 1  # NB
+    ahead = lookahead(itemsize, k, s, vw)  # L
+    buffers = ahead + 1 if itemsize == 4 else ahead  # NB
+    period = slots * s  # P: the ring slots repeat
+    if ahead > 1:
+        period = period // math.gcd(period, buffers) * buffers  # PB: steps per block
     shift = (1 - k) % period  # SHIFT: the walk starts at step -shift
     threads = launch.block[0]
     warps = threads // 32
@@ -126,9 +137,9 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
                             """The raw loads of step j into buffer b (the
                             kernel's load_step; clean: a clean block's)."""
                             row_in = 0 <= ih0 + j < height
-                            if clean:  # what a clean block does not test holds
-                                assert plain.all() and j < steps
-                            row_ok = (clean or j < steps) and row_in
+                            if clean:  # what a clean block does not test holds (j < steps: with L = 1)
+                                assert plain.all() and (j < steps or ahead > 1)
+                            row_ok = ((clean and ahead == 1) or j < steps) and row_in
                             blocks_seen["clean_row_outside"] += clean and not row_in
                             blocks_seen["clean_g_past"] += clean and g_step and j >= rows * s
                             for v in range(s):
@@ -161,7 +172,8 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
                                 gr[b, ~ok] = numpy.nan
                                 cursor["g"] = cursor["g"] + out_w
 
-                        load_step(shift % buffers, 0, True, False)  # step 0: phase shift of its block
+                        for jj in range(ahead):  # step jj: phase shift + jj of its block
+                            load_step((shift + jj) % buffers, jj, jj % s == 0, False)
                         jb, block = -shift, 0
                         while jb < steps:
                             clean = bool(((jb >= jc0) & (jb + period <= jc1)).all())
@@ -176,14 +188,15 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
                                     break
                                 q = ph - shift  # j = q (mod P)
                                 assert (j - q) % period == 0
-                                cur, nxt = ph % buffers, (ph + 1) % buffers
-                                # Unpack, then the next step's loads (into
-                                # buffer nxt: with one buffer, the same).
+                                cur, nxt = ph % buffers, (ph + ahead) % buffers
+                                # Unpack, then step j + L's loads (into buffer
+                                # nxt: for 2-byte types the one just unpacked,
+                                # for float step j - 1's).
                                 own = xr[cur].transpose(1, 0, 2).reshape(group_lanes, vs).copy()
                                 direct_value = hr[cur].copy() if not clean else numpy.zeros((nh, group_lanes))
                                 if q % s == 0:
                                     ring[(q // s) % slots] = gr[cur]
-                                load_step(nxt, j + 1, (q + 1) % s == 0, clean)
+                                load_step(nxt, j + ahead, (q + ahead) % s == 0, clean)
                                 window = numpy.full((group_lanes, iw_cols), numpy.nan)
                                 window[:, sh:sh + vs] = own
                                 for h, e in enumerate(halo_e):
@@ -213,7 +226,7 @@ def emulate(launch, grad_out, x, clean_blocks="group"):
                                         xs = window[:, kw:kw + (vw - 1) * s + 1:s]  # [lane][t]
                                         products = (ring[slot] * xs).sum(axis=1)
                                         acc[lanes, kh, kw] += products[lanes]
-                            if buffers == 2 and period % 2:  # the next block starts with buffer 0
+                            if period % buffers:  # float, L = 1, odd P: the next block starts with buffer 0
                                 xr[0], hr[0], gr[0] = xr[1].copy(), hr[1].copy(), gr[1].copy()
                             jb += period
                             block += 1
