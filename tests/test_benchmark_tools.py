@@ -1,0 +1,54 @@
+"""The CPU-side benchmark tools: benchmarks/ab_table.py reads the cell lines
+benchmarks/depthwise.py prints (made here by its own cell_line) and puts
+several runs side by side."""
+
+import pathlib
+import sys
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+ab_table = pytest.importorskip("ab_table")
+
+
+def _line(case, dtype, layout, direction, ours, nchw, cl, index=1):
+    depthwise = pytest.importorskip("depthwise")  # imports cupy (no GPU needed)
+    best = min(nchw, cl)
+    row = {"case": case, "dtype": dtype, "layout": layout, "direction": direction, "ours_us": ours,
+           "torch_nchw_us": nchw, "torch_channels_last_us": cl, "floor_us": 27.3, "torch_best_us": best,
+           "torch_best_format": "channels_last" if cl <= nchw else "NCHW", "ratio_vs_torch_best": best / ours,
+           "fraction_of_floor": 27.3 / ours, "rel_error": 2.1e-4, "rel_error_ok": True}
+    return f"[{index}/48] " + depthwise.cell_line(row)
+
+
+def test_parse_reads_the_benchmarks_own_cell_lines():
+    lines = [_line("64x144x56 3x3 s1", "float16", "NHWC", "forward", 67.6, 95.2, 49.1),
+             "copy bandwidth 4.23 TB/s", _line("64x144x56 3x3 s1", "float16", "NHWC", "forward", 68.0, 95.0, 50.0, 2),
+             _line("16x512x16 31x31 s1", "bfloat16", "NCHW", "backward_weight", 254.7, 3021.2, 3100.0, 3)]
+    cells = ab_table.parse(lines)
+    assert cells == {("64x144x56 3x3 s1", "float16", "NHWC", "forward"): ([67.6, 68.0], [49.1, 50.0]),
+                     ("16x512x16 31x31 s1", "bfloat16", "NCHW", "backward_weight"): ([254.7], [3021.2])}
+
+
+def test_table_marks_changes_and_gives_the_geometric_mean():
+    a = {("c1", "float16", "NHWC", "forward"): ([60.0, 62.0], [50.0]), ("c2", "float32", "NCHW", "forward"): ([10.0], [9.0]),
+         ("c3", "float32", "NCHW", "forward"): ([5.0], [4.0])}
+    b = {("c1", "float16", "NHWC", "forward"): ([45.5], [49.0]), ("c2", "float32", "NCHW", "forward"): ([10.2], [9.0])}
+    lines = ab_table.table([a, b], ["main", "new"])
+    rows = {line.split("  ")[0].strip(): line for line in lines}
+    assert rows["c1 float16 NHWC forward"].rstrip().endswith("*")  # 61 -> 45.5 (the median of 60 and 62 first)
+    assert "61.0" in rows["c1 float16 NHWC forward"] and "45.5" in rows["c1 float16 NHWC forward"]
+    assert not rows["c2 float32 NCHW forward"].rstrip().endswith("*")  # 2%: under the threshold
+    geomean = next(line for line in lines if line.startswith("geomean"))
+    assert geomean.split()[-1] == f"{((45.5 / 61.0) * (10.2 / 10.0)) ** 0.5:.3f}"
+    assert any("1 cells not in every file" in line for line in lines)
+
+
+def test_main_refuses_a_file_without_cell_lines(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("nothing here\n")
+    with pytest.raises(SystemExit):
+        ab_table.main([str(empty)])
+    assert "no cell lines" in capsys.readouterr().err
