@@ -321,7 +321,8 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
     // loads read 16-22 instructions after they issue; with the tests all
     // 223-232, a step's FMAs).
     auto load_step = [&](XRaw (&xr)[S], ERaw (&hr)[NH], XRaw& gr, int j, bool g_step, bool clean) {
-      const bool row_ok = ((clean && L == 1) || j < steps) && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
+      const bool row_ok =
+          ((clean && L == 1) || j < steps) && static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
 #pragma unroll
       for (int v = 0; v < S; ++v) load_if(xr[v], x_at + v * VW, row_ok && (clean || ((own_ok >> v) & 1u)));
       if (!clean) {
@@ -350,7 +351,8 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
       if (sizeof(T) == 2) gr[b] = XRaw{};  // (float: every load_if writes it)
     }
     // Steps 0 .. L - 1 (step j is phase j + SHIFT of its block, buffer
-    // (j + SHIFT) % NB: PB is a multiple of NB).
+    // (j + SHIFT) % NB: PB is a multiple of NB, or, for float with L = 1
+    // and odd P, each block's end copy starts the next at buffer 0).
 #pragma unroll
     for (int j = 0; j < L; ++j) {
       const int b = (SHIFT + j) % NB;
