@@ -55,7 +55,7 @@ def main():
                 index = _launch.index_type(xs[0].size, ys[0].size)
                 cands = {"rows": rows.plan(g, dt, backward, index),
                          "plane": plane.plan(g, dt, backward, index, 16, 16),
-                         "window": window.plan(g, dt, backward, index, 16, True, cupy.cuda.runtime.getDevice()),
+                         "window": window.plan(g, dt, backward, index, 16, True),
                          "tiled": (generic._tiled_plan(g, dt, index, backward)
                                    if stride == 1 and generic._use_tiled(g, dt) else None)}
                 res, outs = {}, {}

@@ -1045,6 +1045,28 @@ def test_nhwc_window_rule():
         assert (win.select(g, single, backward, "int", 16, 16) is None) == (want_single is None)
 
 
+def test_nchw_window_grid_is_sized_by_the_occupancy_calculator(monkeypatch):
+    """The NCHW window kernel's persistent grid comes from Launch.persistent
+    (cudaOccupancyMaxActiveBlocksPerMultiprocessor, which counts registers
+    per SM partition), not from a count of its own: such a count put the
+    224-thread, 95-register 3x3 backward-input at 3 blocks per SM where the
+    hardware holds 2, and a third of the grid waited for a second wave.  The
+    plan asks for every unit; the launch takes the resident blocks."""
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_window as window
+    from cupy_dwgn import _launch, _validate
+
+    monkeypatch.setattr(_launch.Launch, "kernel", lambda self, device: 0)  # no compile, no GPU
+    monkeypatch.setattr(_launch, "cooperative_capacity", lambda device, kernel, block, shared_mem: 264)
+    g = _validate.conv_geometry((64, 144, 56, 56), (144, 1, 3, 3), 1, 1, 1)
+    for backward in (False, True):
+        launch = window.plan(g, numpy.dtype(numpy.float16), backward, "int", 16, True)
+        assert launch.persistent and launch.block == (224, 1, 1)
+        assert launch.grid == (64 * 144, 1, 1)  # one unit per plane
+        assert launch.grid_on(0) == (264, 1, 1)
+
+
 # The NCHW register-window kernel's fixed copies (dwgn_window::FixedCopies),
 # emulated with the kernel's formulas for every unit and backward source of
 # the plan, against its general row staging (staged_source_row /
@@ -1063,19 +1085,18 @@ _WINDOW_FIXED_GEOMETRIES = [
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("case", _WINDOW_FIXED_GEOMETRIES,
                          ids=lambda c: f"{'x'.join(map(str, c[0]))}-M{c[1]}-{c[2]}x{c[2]}-p{c[3]}")
-def test_nchw_window_fixed_copies_match_the_general_staging(case, backward, monkeypatch):
+def test_nchw_window_fixed_copies_match_the_general_staging(case, backward):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_window as window
     from cupy_dwgn import _dtypes, _validate
 
-    monkeypatch.setattr(window, "_resident_blocks", lambda *args: 2)
     x_shape, multiplier, k, padding = case
     g = _validate.conv_geometry(x_shape, (x_shape[1] * multiplier, 1, k, k), 1, padding, 1)
     taken = 0
     for dtype in (numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float32),
                   numpy.dtype(numpy.float64)):
-        launch = window.plan.__wrapped__(g, dtype, backward, "int", 16, True, 0)
+        launch = window.plan(g, dtype, backward, "int", 16, True)
         (_, m, planes, src_h, src_w, _, _, offset_top, _, per_unit, _, bands, plane_rows, staged_width, left_halo,
          stage_bytes, _, flat_elems, copies) = (int(v) for v in launch.scalars)
         if not backward and m > 1:
@@ -1137,19 +1158,18 @@ _WINDOW_PLANE_STAGING_GEOMETRIES = [
 
 @pytest.mark.parametrize("case", _WINDOW_PLANE_STAGING_GEOMETRIES,
                          ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[2]}-p{c[3]}")
-def test_nchw_window_single_plane_staging_steps_match_the_division(case, monkeypatch):
+def test_nchw_window_single_plane_staging_steps_match_the_division(case):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_window as window
     from cupy_dwgn import _dtypes, _validate
 
-    monkeypatch.setattr(window, "_resident_blocks", lambda *args: 2)
     x_shape, k, stride, padding = case
     g = _validate.conv_geometry(x_shape, (x_shape[1], 1, k, k), stride, padding, 1)
     taken = 0
     for dtype in (numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float32),
                   numpy.dtype(numpy.float64)):
-        launch = window.plan.__wrapped__(g, dtype, False, "int", 16, True, 0)
+        launch = window.plan(g, dtype, False, "int", 16, True)
         if launch is None:
             continue
         (_, _, _, _, src_w, _, _, _, _, per_unit, _, _, plane_rows, staged_width, left_halo, stage_bytes, _,
