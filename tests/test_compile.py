@@ -320,7 +320,9 @@ def test_nchw_rows_rule():
     for hw, k, stride, dtype, backward, want_w, taken in [
         (7, 3, 1, single, False, 8, True), (7, 3, 1, half, True, 8, True), (8, 5, 1, half, False, 8, True),
         (10, 3, 1, single, True, 16, True), (14, 7, 1, half, False, 16, True), (14, 7, 1, single, False, 16, False),
-        (14, 3, 1, half, False, 16, False), (16, 7, 1, half, True, 16, True), (14, 5, 2, half, False, 8, True),
+        (14, 3, 1, half, False, 16, False), (16, 7, 1, half, True, 16, False), (14, 5, 2, half, False, 8, True),
+        (11, 3, 1, half, False, 16, True), (11, 3, 1, single, True, 16, False), (13, 5, 1, half, True, 16, True),
+        (15, 7, 1, half, False, 16, True), (12, 7, 1, half, False, 16, False), (13, 3, 1, half, False, 16, False),
         (16, 3, 2, single, False, 8, True), (18, 3, 1, half, False, None, False), (18, 3, 2, half, False, None, False),
         (14, 3, 2, half, True, None, False), (7, 3, 1, double, False, None, False),
     ]:
@@ -392,6 +394,30 @@ def _emulate_nhwc_direct(launch, src, weight, bias, backward):
                             out[img, oh, ow0 + t, cs] = acc[t]
                             writes[img, oh, ow0 + t, cs] += 1
     return out, writes
+
+
+def test_nchw_plane_rule_follows_the_width_sweep():
+    # _depthwise_nchw_plane.preferred against the 2026-12-02 sweep's winner
+    # (plane or window kernel) at the widths where the margin was 10% or more.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane as plane
+    from cupy_dwgn import _validate
+
+    half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    for hw, k, dtype, plane_wins in [
+        (12, 3, half, True), (20, 3, half, True), (28, 3, half, True), (44, 3, half, True), (60, 3, half, True),
+        (16, 3, half, True), (29, 3, half, True), (14, 3, half, False), (19, 3, half, False), (32, 3, half, False),
+        (56, 3, half, False), (64, 3, half, False), (12, 5, half, True), (28, 5, half, True), (40, 5, half, False),
+        (12, 7, half, True), (20, 7, half, True), (32, 7, half, False), (12, 3, single, True), (56, 3, single, True),
+        (16, 3, single, False), (14, 3, single, False), (30, 3, single, False), (12, 5, single, True),
+        (16, 5, single, False), (16, 7, single, False),
+    ]:
+        for backward in (False, True):
+            g = _validate.conv_geometry((64, 96, hw, hw), (96, 1, k, k), 1, k // 2, 1)
+            assert plane.preferred(g, dtype, backward) == plane_wins, (hw, k, dtype, backward)
+    g = _validate.conv_geometry((64, 96, 28, 28), (96, 1, 3, 3), 1, 1, 1)
+    assert not plane.preferred(g, numpy.dtype(numpy.float64), False)
 
 
 @pytest.mark.parametrize("case", [((2, 9, 11, 16), 3, 1, 1), ((1, 7, 10, 24), 5, 1, ((0, 4), (3, 1))),
