@@ -9,8 +9,14 @@ directions, stride 2 forward.  The figures behind
 _depthwise_nchw_rows.preferred() and _depthwise_nchw_plane.preferred() come
 from it (about 20 s on an H200).
 
-    PYTHONPATH=. python benchmarks/depthwise_kernels.py
+    PYTHONPATH=. python benchmarks/depthwise_kernels.py [--shapes 64x768x12x3x1 ...] [--dtypes float16 ...]
+        [--forward-only]
+
+--shapes: N x C x H(=W) x filter size x stride instead of SHAPES (a sweep
+of plane sizes, say); --forward-only: no backward-input rows.
 """
+import argparse
+
 import cupy
 import harness
 import numpy
@@ -39,13 +45,27 @@ def time_launch(launch, arrays_list, reps=20):
 COPY_BYTES_PER_US = 4.2e6
 
 
+def _shape(text):
+    try:
+        n, c, hw, k, stride = (int(v) for v in text.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NxCxHxKxSTRIDE (64x768x12x3x1), got {text!r}") from None
+    return n, c, hw, k, stride
+
+
 def main():
-    for n, c, hw, k, stride in SHAPES:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", type=_shape, nargs="+", default=SHAPES)
+    parser.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--forward-only", action="store_true")
+    args = parser.parse_args()
+    dtypes = [d for d in DTYPES if args.dtypes is None or numpy.dtype(d).name in args.dtypes]
+    for n, c, hw, k, stride in args.shapes:
         g = _validate.conv_geometry((n, c, hw, hw), (c, 1, k, k), stride, k // 2, 1)
         out_shape = (n, c, g.out_height, g.out_width)
-        for dtype in DTYPES:
+        for dtype in dtypes:
             dt = numpy.dtype(dtype)
-            for backward in (False, True) if stride == 1 else (False,):
+            for backward in (False, True) if stride == 1 and not args.forward_only else (False,):
                 copies = 3
                 src_shape, dst_shape = ((n, c, hw, hw), out_shape)[::-1 if backward else 1]
                 xs = [cupy.random.standard_normal(src_shape, dtype=cupy.float32).astype(dt) for _ in range(copies)]
@@ -55,7 +75,7 @@ def main():
                 index = _launch.index_type(xs[0].size, ys[0].size)
                 cands = {"rows": rows.plan(g, dt, backward, index),
                          "plane": plane.plan(g, dt, backward, index, 16, 16),
-                         "window": window.plan(g, dt, backward, index, 16, True, cupy.cuda.runtime.getDevice()),
+                         "window": window.plan(g, dt, backward, index, 16, True),
                          "tiled": (generic._tiled_plan(g, dt, index, backward)
                                    if stride == 1 and generic._use_tiled(g, dt) else None)}
                 res, outs = {}, {}

@@ -52,27 +52,53 @@ def rows(itemsize, filter_height):
 
 def preferred(g, dtype, backward):
     """Whether the plane kernel beats the window kernel for this geometry
-    (the window kernel also serves it).  Measured on an H200 (2026-12-01,
-    benchmarks/depthwise_kernels.py: GPU time per launch over rotating
-    copies, N = 64, "same" padding; plane against window, us; that run
-    rebuilt each launch's Steps per call, which the script now builds once):
+    (the window kernel also serves it).  Both kernels are sensitive to the
+    row width's alignment (the plane kernel stores 4-value vectors only on
+    rows of a multiple of 4, the window kernel's 16-byte column vectors
+    favour multiples of 8), so the rule goes by width modulo 4 and 8 rather
+    than by size alone.  Measured on an H200 (2026-12-02,
+    benchmarks/depthwise_kernels.py --shapes: N = 64, "same" padding, about
+    64 MB per tensor, widths 10 to 64; plane against window, us, forward;
+    backward-input within a few percent of it):
 
-    * half types, destination width 14 to 32: 28x28 3x3 fp16 forward 41.3
-      against 67.1, backward 37.5 / 112.7; 28x28 5x5 40.0 / 65.9; 14x14 5x5
-      52.4 / 88.0; 14x14 7x7 42.6 / 45.2; 28x28 7x7 52.2 / 60.8; 16x16 3x3
-      25.4 / 32.8; 32x32 3x3 31.6 / 34.0.  Not 7x7 planes (3x3 24.3 / 21.6)
-      nor 56x56 7x7 filters (118.3 / 78.4); 56x56 3x3 only backward (57.2 /
-      77.8; forward 57.5 / 53.0).
-    * float32, 3x3 only, width 28 to 56: 28x28 49.0 / 54.6, 32x32 40.0 /
-      47.0, 56x56 65.7 / 72.8; 16x16 lost (29.9 / 27.7), as did 5x5 and 7x7
-      (28x28 5x5 46.7 / 42.1).
+    * half types, 3x3: the plane kernel at widths of a multiple of 4 that
+      are not a multiple of 8 from 32 up (12: 60.5 / 138.8, 20: 58.7 /
+      110.0, 28: 58.9 / 105.4, 44: 57.4 / 114.5, 60: 59.3 / 99.5; 16: 83.1 /
+      101.7, 24: 56.4 / 85.7) and at odd widths from 25 (25: 103.4 / 118.3,
+      29: 91.8 / 106.0, 33: 98.3 / 107.9); the window kernel at multiples of
+      8 from 32 (32: 55.4 / 48.5, 56: 64.3 / 52.7) and at the other widths
+      (14: 147.4 / 123.1, 19: 135.3 / 112.0, 22: 126.1 / 106.4).
+    * half types, 5x5: widths 12 to 31 (12: 97.8 / 254.1, 16: 132.4 / 185.5,
+      28: 98.7 / 152.1; 32: 94.0 / 87.3, 56: 115.1 / 80.4); 7x7: widths 12
+      to 31 but multiples of 8 (12: 167.2 / 266.5, 28: 165.8 / 184.2; 16:
+      206.9 / 192.9, 24: 162.4 / 166.9, 32: 161.8 / 111.7).
+    * float32, 3x3: widths of a multiple of 4 from 12 to 64 but 16 (12: 79.6
+      / 108.4, 28: 75.9 / 82.7, 56: 72.6 / 79.8; 16: 93.3 / 86.4; 14: 170.2 /
+      115.3, 30: 133.2 / 106.3); 5x5 and 7x7: width 12 only (5x5 12: 117.2 /
+      154.0, 14: 173.9 / 174.4, 16: 141.8 / 113.3; 7x7 12: 176.1 / 196.2, 14:
+      232.7 / 213.5).
+    * Below width 12 the row kernel (_depthwise_nchw_rows) usually serves;
+      where it does not, the window kernel does (no sweep there).
+
+    The earlier rule (2026-12-01: half types at widths 14 to 32, 56x56 3x3
+    backward; float32 3x3 at 28 to 56) was measured on a few widths only and
+    before the window kernel's grid counted its registers per SM partition
+    (its 3x3 backward-input at 56x56 half: 77.8 then, 49.1 now against the
+    plane kernel's 57.1).
     """
     width = g.width if backward else g.out_width
     itemsize = numpy.dtype(dtype).itemsize
+    size = g.filter_height
+    if width < 12:
+        return False
     if itemsize == 2:
-        return 14 <= width <= 32 or (backward and g.filter_height == 3 and width <= 64)
+        if size == 3:
+            return (width % 4 == 0 and (width % 8 != 0 or width < 32)) or (width % 2 == 1 and width >= 25)
+        if size == 5:
+            return width < 32
+        return width < 32 and width % 8 != 0
     if itemsize == 4:
-        return g.filter_height == 3 and 28 <= width <= 56
+        return width % 4 == 0 and width != 16 if size == 3 else width == 12
     return False
 
 

@@ -15,7 +15,11 @@ Launch rule (no user tuning), from the destination plane size:
   4 items per plane, 64 planes per block), so small planes still fill a block.
 * A block is persistent: it walks units grid-size apart, copying the next
   unit's rows into a second shared buffer with cp.async while computing the
-  current one; the grid is the number of blocks resident on the device.
+  current one; the grid is the number of blocks resident on the device
+  (Launch.persistent: the occupancy calculator, which counts registers per
+  SM partition; a count of the whole SM's registers had 224-thread blocks
+  at 95-96 registers, the 3x3 backward-input, at 3 per SM where 2 fit, so a
+  third of the grid ran as a second wave).
 * Whole planes per unit staged row by row (16-, 8- or 4-byte cp.async) from
   source planes in arithmetic sequence (forward at multiplier 1, backward):
   each thread's copies of a unit (at most MAX_FIXED_COPIES) sit at the same
@@ -53,8 +57,6 @@ MAX_FIXED_COPIES = 4
 # blocks per SM (228 KB), as many as the registers allow for most variants.
 _SHARED_BUDGET = 32 * 1024
 _SHARED_LIMIT = 48 * 1024
-# Shared memory the runtime reserves per block (sm_80 and later).
-_RESERVED_SHARED = 1024
 
 
 def _expression(dtype, size, stride, backward, index):
@@ -87,38 +89,6 @@ def _lead(vec, filter_width):
     return -(filter_width // 2) % vec
 
 
-@functools.lru_cache(maxsize=None)
-def _device_limits(device_id):
-    from cupy.cuda import runtime
-
-    def attribute(name):
-        return runtime.deviceGetAttribute(getattr(runtime, name), device_id)
-
-    return (
-        attribute("cudaDevAttrMultiProcessorCount"),
-        attribute("cudaDevAttrMaxSharedMemoryPerMultiprocessor"),
-        attribute("cudaDevAttrMaxThreadsPerMultiProcessor"),
-    )
-
-
-@functools.lru_cache(maxsize=None)
-def _resident_blocks(expression, threads, shared_mem, device_id):
-    """Blocks of this kernel one SM holds at once (registers, threads, shared
-    memory), so the persistent grid is exactly one wave."""
-    from . import _compile
-
-    kernel = _compile.get_kernel(KERNEL_FILE, expression)
-    _launch.opt_in_shared(kernel, shared_mem)
-    sms, sm_shared, sm_threads = _device_limits(device_id)
-    warps = -(-threads // 32)
-    # Registers are allocated per warp in units of 256.
-    warp_registers = -(-max(kernel.num_regs, 1) * 32 // 256) * 256
-    by_registers = 65536 // (warps * warp_registers)
-    by_shared = sm_shared // (shared_mem + _RESERVED_SHARED)
-    by_threads = sm_threads // (warps * 32)
-    return sms * max(1, min(by_registers, by_shared, by_threads, 32))
-
-
 def _tile(itemsize, filter_height):
     columns = 16 // itemsize
     rows = 2 if (itemsize == 8 and filter_height > 5) or (itemsize == 2 and filter_height == 3) else 4
@@ -126,12 +96,12 @@ def _tile(itemsize, filter_height):
 
 
 @functools.lru_cache(maxsize=512)
-def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
+def plan(g, dtype, backward, index, src_alignment, dst_aligned):
     """The Launch for this signature, or None when the window kernel does not
     serve it.  ``src_alignment``: the largest of 16, 8, 4, 2, 1 dividing the
     source's address; ``dst_aligned``: the destination starts 16-byte aligned.
-    ``device_id`` (default: the current device) sizes the persistent grid;
-    building a Launch compiles the kernel to read its register count."""
+    The grid is persistent (Launch.persistent): at most the blocks resident
+    at once on the device it runs on, from the CUDA occupancy calculator."""
     size = (g.filter_height, g.filter_width)
     stride = g.stride_h
     if (
@@ -214,7 +184,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
     flat = bands == 1 and g.multiplier == 1 and (src_w * itemsize < 64 or stage_bytes < 16)
     flat_elems = -(-(vec - 1 + planes_per_unit * max(src_h * src_w, dst_h * dst_w)) // vec) * vec
     shared_mem = planes_per_unit * plane_bytes + 2 * flat_elems * itemsize
-    # At most 2 x 48 KB like row staging (_resident_blocks raises the kernel's
+    # At most 2 x 48 KB like row staging (Launch.kernel raises the kernel's
     # dynamic shared memory limit) and at most 1.25 x row staging's two
     # buffers (raw planes are smaller than padded ones; 28x28 half types need
     # 1.05 x, where registers, not shared memory, bound the blocks per SM).
@@ -237,16 +207,10 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
         copies = -(-(planes_per_unit * staged_rows(band_groups) * (src_w * itemsize // stage_bytes)) // threads)
         if copies > MAX_FIXED_COPIES or planes_per_unit * planes_stride * src_h * src_w >= 2**31:
             copies = 0
-    expression = _expression(dtype, size, stride, backward, index)
-    if device_id is None:
-        import cupy
-
-        device_id = cupy.cuda.runtime.getDevice()
-    grid = min(units, _resident_blocks(expression, threads, shared_mem, device_id))
     return _launch.Launch(
         KERNEL_FILE,
-        expression,
-        (grid,),
+        _expression(dtype, size, stride, backward, index),
+        (units,),
         (threads,),
         shared_mem,
         (
@@ -255,4 +219,5 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, device_id=None):
             i32(bands), i32(staged_rows(band_groups)), i32(staged_width), i32(left_halo), i32(stage_bytes),
             i32(direct_stores), i32(flat_elems), i32(copies),
         ),
+        persistent=True,
     )

@@ -58,9 +58,8 @@ from . import (
 
 try:
     from cupy import ndarray as _ndarray
-    from cupy_backends.cuda.api import runtime as _runtime
 except ImportError:  # CuPy absent: every call takes the checked path, which says so
-    _ndarray = _runtime = None
+    _ndarray = None
 
 #: Filter sizes with compile-time specializations; every other size runs a
 #: generic kernel.
@@ -434,8 +433,7 @@ def _forward_steps(g, layout, x, out):
             or _depthwise_nchw_rows.select(g, x.dtype, False, index)
             or (_depthwise_nchw_plane.preferred(g, x.dtype, False)
                 and _depthwise_nchw_plane.plan(g, x.dtype, False, index, _alignment(x), _alignment(out)))
-            or _depthwise_nchw_window.plan(g, x.dtype, False, index, _alignment(x), _alignment(out) == 16,
-                                           _runtime.getDevice())
+            or _depthwise_nchw_window.plan(g, x.dtype, False, index, _alignment(x), _alignment(out) == 16)
             or _depthwise_nchw.forward_plan(g, x.dtype, index)
         )
         launches = (launch,)
@@ -468,7 +466,7 @@ def _backward_input_steps(g, layout, grad_out, out):
             or (_depthwise_nchw_plane.preferred(g, grad_out.dtype, True)
                 and _depthwise_nchw_plane.plan(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out)))
             or _depthwise_nchw_window.plan(g, grad_out.dtype, True, index, _alignment(grad_out),
-                                           _alignment(out) == 16, _runtime.getDevice())
+                                           _alignment(out) == 16)
         )
         forward_kernel = launch is not None
         if launch is None:

@@ -79,9 +79,13 @@ template <typename T, int KH> constexpr int kRows =
 // 64x96x112 stride 2 float16 72.4 -> 66.8; float32 at stride 2 went 119.1 ->
 // 131.4 in one run (125.5 -> 117.0 with an earlier build), and keeps the
 // 2-block budget (shared memory holds it to 4 blocks of 128 threads anyway).
+// The 3x3 backward with 32-bit indices has 3 (<= 80): at 95-96 registers a
+// 224-thread block (7 warps: 56x56 and 28x28 planes) fits 5 warps in each of
+// the SM's 4 register partitions, so 2 blocks, 14 warps; at 80, 3 blocks.
 template <typename T, int KH, int STRIDE, bool BACKWARD, typename IndexT>
 constexpr int kMinBlocks =
     sizeof(T) == 8 && KH > 3 ? 1
+    : KH == 3 && sizeof(IndexT) == 4 && BACKWARD && sizeof(T) <= 4 ? 3
     : (KH == 3 && !BACKWARD && sizeof(IndexT) == 4 && (sizeof(T) == 2 || (sizeof(T) == 4 && STRIDE == 1)) ? 4 : 2);
 
 // Column of a strip's first source value past the aligned read base

@@ -74,7 +74,15 @@ namespace dwgn_nhwc_wgrad {
 
 constexpr int kTileBytes = 32;  // a channel tile: 32 bytes of one pixel
 constexpr int kThreads = 256;   // block size (host: THREADS)
-constexpr int kMinBlocks = 2;   // blocks per SM the register budget is set for (<= 128 registers)
+// Blocks per SM the register budget is set for: 2 (<= 128 registers; two
+// 256-thread blocks, 16 warps per SM), but 3 (<= 80, 24 warps) for float32
+// 3x3 stride 1 with 32-bit indexing, the one configuration that fits 80
+// without spilling (NVRTC 13.0 and 13.5: 96 -> 80 registers; its 64-bit
+// sibling spilled 44 bytes, every other configuration 8-1342).
+template <typename T, int K, int S, typename IndexT>
+constexpr int min_blocks() {
+  return sizeof(T) == 4 && K == 3 && S == 1 && sizeof(IndexT) == 4 ? 3 : 2;
+}
 
 // A thread's LC channels of one pixel as one load ("raw": the storage
 // type, loaded before any of it is unpacked to float).
@@ -119,7 +127,7 @@ constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 }  // namespace dwgn_nhwc_wgrad
 
 template <typename T, int K, int S, int LC, int KR, int TW, int PF, typename IndexT>
-__global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, dwgn_nhwc_wgrad::kMinBlocks) dwgn_dwconv_nhwc_wgrad(
+__global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, (dwgn_nhwc_wgrad::min_blocks<T, K, S, IndexT>())) dwgn_dwconv_nhwc_wgrad(
     const T* __restrict__ grad_out, const T* __restrict__ x, float* __restrict__ partial, int height, int width,
     int channels, int out_h, int out_w, int pad_top, int pad_left, int x_w_limit, int row_strip,
     int row_strips, int col_strips, int units, int units_per_split, int tiles_per_block, int groups) {

@@ -17,6 +17,9 @@
 # (`mkdir _ab_new && git archive REV | tar -x -C _ab_new`: an untracked
 # folder travels with the working tree) and pass NEW=_ab_new; delete it after.
 # The command runs from each tree's root with PYTHONPATH=<tree>:<tree>/benchmarks.
+# AB_CACHE_DIR: one CuPy kernel cache for every tree (its key is the kernel's
+# source and options, so kernels a commit did not touch compile once) instead
+# of a fresh cache per tree, whose point is to time cold compiles.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || { echo "usage: BASE=<rev> [NEW=<rev>] $0 COMMAND...  or  TREES='<rev> <rev> ...' $0 COMMAND..." >&2; exit 2; }
@@ -42,7 +45,7 @@ for i in "${!revs[@]}"; do
   rev=${revs[$i]} name=${names[$i]}
   tree=$(tree_of "$rev" "$name") || { echo "cannot extract $rev" >&2; exit 2; }
   echo "== $name: ${rev:-working tree}" | tee "$OUT/ab_$name.txt"
-  (cd "$tree" && PYTHONPATH="$tree:$tree/benchmarks" CUPY_CACHE_DIR="$work/cache_$name" "$@") 2>&1 \
+  (cd "$tree" && PYTHONPATH="$tree:$tree/benchmarks" CUPY_CACHE_DIR="${AB_CACHE_DIR:-$work/cache_$name}" "$@") 2>&1 \
     | tee -a "$OUT/ab_$name.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done

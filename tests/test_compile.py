@@ -320,7 +320,9 @@ def test_nchw_rows_rule():
     for hw, k, stride, dtype, backward, want_w, taken in [
         (7, 3, 1, single, False, 8, True), (7, 3, 1, half, True, 8, True), (8, 5, 1, half, False, 8, True),
         (10, 3, 1, single, True, 16, True), (14, 7, 1, half, False, 16, True), (14, 7, 1, single, False, 16, False),
-        (14, 3, 1, half, False, 16, False), (16, 7, 1, half, True, 16, True), (14, 5, 2, half, False, 8, True),
+        (14, 3, 1, half, False, 16, False), (16, 7, 1, half, True, 16, False), (14, 5, 2, half, False, 8, True),
+        (11, 3, 1, half, False, 16, True), (11, 3, 1, single, True, 16, False), (13, 5, 1, half, True, 16, True),
+        (15, 7, 1, half, False, 16, True), (12, 7, 1, half, False, 16, False), (13, 3, 1, half, False, 16, False),
         (16, 3, 2, single, False, 8, True), (18, 3, 1, half, False, None, False), (18, 3, 2, half, False, None, False),
         (14, 3, 2, half, True, None, False), (7, 3, 1, double, False, None, False),
     ]:
@@ -392,6 +394,30 @@ def _emulate_nhwc_direct(launch, src, weight, bias, backward):
                             out[img, oh, ow0 + t, cs] = acc[t]
                             writes[img, oh, ow0 + t, cs] += 1
     return out, writes
+
+
+def test_nchw_plane_rule_follows_the_width_sweep():
+    # _depthwise_nchw_plane.preferred against the 2026-12-02 sweep's winner
+    # (plane or window kernel) at the widths where the margin was 10% or more.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane as plane
+    from cupy_dwgn import _validate
+
+    half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    for hw, k, dtype, plane_wins in [
+        (12, 3, half, True), (20, 3, half, True), (28, 3, half, True), (44, 3, half, True), (60, 3, half, True),
+        (16, 3, half, True), (29, 3, half, True), (14, 3, half, False), (19, 3, half, False), (32, 3, half, False),
+        (56, 3, half, False), (64, 3, half, False), (12, 5, half, True), (28, 5, half, True), (40, 5, half, False),
+        (12, 7, half, True), (20, 7, half, True), (32, 7, half, False), (12, 3, single, True), (56, 3, single, True),
+        (16, 3, single, False), (14, 3, single, False), (30, 3, single, False), (12, 5, single, True),
+        (16, 5, single, False), (16, 7, single, False),
+    ]:
+        for backward in (False, True):
+            g = _validate.conv_geometry((64, 96, hw, hw), (96, 1, k, k), 1, k // 2, 1)
+            assert plane.preferred(g, dtype, backward) == plane_wins, (hw, k, dtype, backward)
+    g = _validate.conv_geometry((64, 96, 28, 28), (96, 1, 3, 3), 1, 1, 1)
+    assert not plane.preferred(g, numpy.dtype(numpy.float64), False)
 
 
 @pytest.mark.parametrize("case", [((2, 9, 11, 16), 3, 1, 1), ((1, 7, 10, 24), 5, 1, ((0, 4), (3, 1))),
@@ -1045,6 +1071,28 @@ def test_nhwc_window_rule():
         assert (win.select(g, single, backward, "int", 16, 16) is None) == (want_single is None)
 
 
+def test_nchw_window_grid_is_sized_by_the_occupancy_calculator(monkeypatch):
+    """The NCHW window kernel's persistent grid comes from Launch.persistent
+    (cudaOccupancyMaxActiveBlocksPerMultiprocessor, which counts registers
+    per SM partition), not from a count of its own: such a count put the
+    224-thread, 95-register 3x3 backward-input at 3 blocks per SM where the
+    hardware holds 2, and a third of the grid waited for a second wave.  The
+    plan asks for every unit; the launch takes the resident blocks."""
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_window as window
+    from cupy_dwgn import _launch, _validate
+
+    monkeypatch.setattr(_launch.Launch, "kernel", lambda self, device: 0)  # no compile, no GPU
+    monkeypatch.setattr(_launch, "cooperative_capacity", lambda device, kernel, block, shared_mem: 264)
+    g = _validate.conv_geometry((64, 144, 56, 56), (144, 1, 3, 3), 1, 1, 1)
+    for backward in (False, True):
+        launch = window.plan(g, numpy.dtype(numpy.float16), backward, "int", 16, True)
+        assert launch.persistent and launch.block == (224, 1, 1)
+        assert launch.grid == (64 * 144, 1, 1)  # one unit per plane
+        assert launch.grid_on(0) == (264, 1, 1)
+
+
 # The NCHW register-window kernel's fixed copies (dwgn_window::FixedCopies),
 # emulated with the kernel's formulas for every unit and backward source of
 # the plan, against its general row staging (staged_source_row /
@@ -1063,19 +1111,18 @@ _WINDOW_FIXED_GEOMETRIES = [
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("case", _WINDOW_FIXED_GEOMETRIES,
                          ids=lambda c: f"{'x'.join(map(str, c[0]))}-M{c[1]}-{c[2]}x{c[2]}-p{c[3]}")
-def test_nchw_window_fixed_copies_match_the_general_staging(case, backward, monkeypatch):
+def test_nchw_window_fixed_copies_match_the_general_staging(case, backward):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_window as window
     from cupy_dwgn import _dtypes, _validate
 
-    monkeypatch.setattr(window, "_resident_blocks", lambda *args: 2)
     x_shape, multiplier, k, padding = case
     g = _validate.conv_geometry(x_shape, (x_shape[1] * multiplier, 1, k, k), 1, padding, 1)
     taken = 0
     for dtype in (numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float32),
                   numpy.dtype(numpy.float64)):
-        launch = window.plan.__wrapped__(g, dtype, backward, "int", 16, True, 0)
+        launch = window.plan(g, dtype, backward, "int", 16, True)
         (_, m, planes, src_h, src_w, _, _, offset_top, _, per_unit, _, bands, plane_rows, staged_width, left_halo,
          stage_bytes, _, flat_elems, copies) = (int(v) for v in launch.scalars)
         if not backward and m > 1:
@@ -1137,19 +1184,18 @@ _WINDOW_PLANE_STAGING_GEOMETRIES = [
 
 @pytest.mark.parametrize("case", _WINDOW_PLANE_STAGING_GEOMETRIES,
                          ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[2]}-p{c[3]}")
-def test_nchw_window_single_plane_staging_steps_match_the_division(case, monkeypatch):
+def test_nchw_window_single_plane_staging_steps_match_the_division(case):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_window as window
     from cupy_dwgn import _dtypes, _validate
 
-    monkeypatch.setattr(window, "_resident_blocks", lambda *args: 2)
     x_shape, k, stride, padding = case
     g = _validate.conv_geometry(x_shape, (x_shape[1], 1, k, k), stride, padding, 1)
     taken = 0
     for dtype in (numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float32),
                   numpy.dtype(numpy.float64)):
-        launch = window.plan.__wrapped__(g, dtype, False, "int", 16, True, 0)
+        launch = window.plan(g, dtype, False, "int", 16, True)
         if launch is None:
             continue
         (_, _, _, _, src_w, _, _, _, _, per_unit, _, _, plane_rows, staged_width, left_halo, stage_bytes, _,

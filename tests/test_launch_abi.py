@@ -62,12 +62,8 @@ def _array(shape, dtype, offset=0):
 def _steps_of_every_path(monkeypatch):
     """(dtype of each call argument, Steps) for every kernel-choice path the
     ops take (None: the NULL a backward passes in the forward kernels' bias slot)."""
-    monkeypatch.setattr(depthwise, "_runtime", types.SimpleNamespace(getDevice=lambda: 0))
     monkeypatch.setattr(_depthwise_nchw_large, "_shared_limit", lambda device: 232448)
-    monkeypatch.setattr(_depthwise_nchw_window, "_resident_blocks", lambda *args: 2)
-    monkeypatch.setattr(_depthwise_nchw_window, "_device_limits", lambda device: (132, 233472, 2048))
-    # Plans built from these stand-in limits must not outlive the test.
-    _depthwise_nchw_window.plan.cache_clear()
+    # Plans built from this stand-in limit must not outlive the test.
     _depthwise_nchw_large._plan.cache_clear()
     from cupy.cuda import runtime
 
