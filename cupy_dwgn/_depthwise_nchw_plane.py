@@ -15,9 +15,13 @@ Launch rule (no user tuning), from the destination plane size:
   to a warp.  The grid is persistent: at most the blocks resident at once
   (Launch.persistent), each walking units grid-size apart.
 * Sources are copied with 16-byte cp.async into three raw shared buffers,
-  one unit ahead, when the source is 16-byte aligned and every unit starts
-  aligned; otherwise the threads read them from global memory.  Outputs
-  leave as V-value vectors when rows are V-aligned, else as elements.
+  one unit ahead, when the source is 16-byte aligned (a unit that starts
+  between 16-byte boundaries is copied from the boundary below it, 16 more
+  bytes per buffer); otherwise the threads read them from global memory.
+* Outputs leave as V-value vectors when rows are V-aligned.  Otherwise, on
+  the cp.async path, a unit's outputs are gathered in a shared buffer and
+  stored as one flat range in 16-byte vectors (when the shared memory for
+  P planes allows; else as elements).
 """
 
 import functools
@@ -102,6 +106,10 @@ def preferred(g, dtype, backward):
     return False
 
 
+def _round16(n):
+    return -(-n // 16) * 16
+
+
 def _expression(dtype, size, backward, index):
     return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), size[0], size[1], "true" if backward else "false", index)
 
@@ -140,7 +148,19 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     if items > _MAX_THREADS:
         return None
     plane_bytes = src_h * src_w * itemsize
-    per_unit = min(_MAX_THREADS // items, _SHARED_LIMIT // (_BUFFERS * plane_bytes), planes)
+    dst_plane_bytes = dst_h * dst_w * itemsize
+    pack = min(16, COLUMNS * itemsize)
+    vector_stores = int(dst_w % COLUMNS == 0 and dst_alignment % pack == 0)
+    # Shared memory per unit plane; with an output buffer also per block
+    # (each buffer's rounding and its room for a unit starting between
+    # 16-byte boundaries: at most 31 bytes).
+    stage_outputs = not vector_stores and src_alignment % 16 == 0
+    per_plane, fixed = _BUFFERS * plane_bytes, 0
+    if stage_outputs:
+        per_plane, fixed = per_plane + dst_plane_bytes, 32 * (_BUFFERS + 1)
+        if (_SHARED_LIMIT - fixed) // per_plane == 0:
+            stage_outputs, per_plane, fixed = False, _BUFFERS * plane_bytes, 0
+    per_unit = min(_MAX_THREADS // items, (_SHARED_LIMIT - fixed) // per_plane, planes)
     per_unit = max(1, min(per_unit, -(-planes // _MIN_UNITS)))
     # Every unit starts 16-byte aligned when P is a multiple of this.
     aligned_step = 16 // math.gcd(plane_bytes, 16)
@@ -150,23 +170,26 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         return None
     units = -(-planes // per_unit)
     threads = -(-per_unit * items // 32) * 32
-    copy_async = (
-        src_alignment % 16 == 0
-        and (per_unit * plane_bytes) % 16 == 0
-        and _BUFFERS * per_unit * plane_bytes <= _SHARED_LIMIT
-    )
-    raw_bytes = per_unit * plane_bytes if copy_async else 0
-    pack = min(16, COLUMNS * itemsize)
-    vector_stores = int(dst_w % COLUMNS == 0 and dst_alignment % pack == 0)
+    # Units start 16-byte aligned when P planes are a multiple of 16 bytes
+    # (and src is aligned); otherwise each buffer has 16 bytes more for the
+    # copy from the boundary below.
+    raw_bytes = _round16(per_unit * plane_bytes) + (0 if (per_unit * plane_bytes) % 16 == 0 else 16)
+    copy_async = src_alignment % 16 == 0 and _BUFFERS * raw_bytes <= _SHARED_LIMIT
+    if not copy_async:
+        raw_bytes, stage_outputs = 0, False
+    out_stage_bytes = _round16(per_unit * dst_plane_bytes) + 16 if stage_outputs else 0
+    if _BUFFERS * raw_bytes + out_stage_bytes > _SHARED_LIMIT:
+        out_stage_bytes = 0
     return _launch.Launch(
         KERNEL_FILE,
         _expression(dtype, size, backward, index),
         (min(units, _MAX_GRID),),
         (threads,),
-        _BUFFERS * raw_bytes,
+        _BUFFERS * raw_bytes + out_stage_bytes,
         (
             i32(g.channels), i32(planes), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top),
             i32(offset_left), i32(per_unit), i32(row_blocks), i32(col_blocks), i32(raw_bytes), i32(vector_stores),
+            i32(out_stage_bytes),
         ),
         persistent=True,
     )
