@@ -64,8 +64,10 @@ namespace dwgn_plane {
 // their double weights and accumulators stay in registers.
 constexpr int kColumns = 4;
 template <typename T, int KH> constexpr int kRows = (sizeof(T) == 8 && KH > 3) ? 2 : 4;
-// Blocks per SM the register budget is set for (256 threads each).
-template <typename T, int KH> constexpr int kMinBlocks = sizeof(T) == 8 ? (KH > 3 ? 1 : 2) : (KH == 7 ? 2 : 3);
+// Blocks per SM the register budget is set for (256 threads each): 3x3 at
+// 4 (56 registers; the output buffer's pointers took it from 64 to 72, 3
+// blocks), 5x5 at 3 (80), 7x7 at 2.
+template <typename T, int KH> constexpr int kMinBlocks = sizeof(T) == 8 ? (KH > 3 ? 1 : 2) : (KH == 7 ? 2 : KH == 5 ? 3 : 4);
 // Raw buffers of a unit each (host: _BUFFERS).
 constexpr int kBuffers = 3;
 
