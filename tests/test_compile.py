@@ -321,8 +321,9 @@ def test_nchw_rows_rule():
         (7, 3, 1, single, False, 8, True), (7, 3, 1, half, True, 8, True), (8, 5, 1, half, False, 8, True),
         (10, 3, 1, single, True, 16, True), (14, 7, 1, half, False, 16, True), (14, 7, 1, single, False, 16, False),
         (14, 3, 1, half, False, 16, False), (16, 7, 1, half, True, 16, False), (14, 5, 2, half, False, 8, True),
-        (11, 3, 1, half, False, 16, True), (11, 3, 1, single, True, 16, False), (13, 5, 1, half, True, 16, True),
-        (15, 7, 1, half, False, 16, True), (12, 7, 1, half, False, 16, False), (13, 3, 1, half, False, 16, False),
+        (11, 3, 1, half, False, 16, False), (11, 3, 1, single, True, 16, False), (13, 5, 1, half, True, 16, False),
+        (15, 7, 1, half, False, 16, False), (12, 7, 1, half, False, 16, False), (13, 3, 1, half, False, 16, False),
+        (13, 7, 1, single, False, 16, True), (13, 7, 1, half, True, 16, True),
         (16, 3, 2, single, False, 8, True), (18, 3, 1, half, False, None, False), (18, 3, 2, half, False, None, False),
         (14, 3, 2, half, True, None, False), (7, 3, 1, double, False, None, False),
     ]:
@@ -397,8 +398,8 @@ def _emulate_nhwc_direct(launch, src, weight, bias, backward):
 
 
 def test_nchw_plane_rule_follows_the_width_sweep():
-    # _depthwise_nchw_plane.preferred against the 2026-12-02 sweep's winner
-    # (plane or window kernel) at the widths where the margin was 10% or more.
+    # _depthwise_nchw_plane.preferred against the 2026-12-02 sweeps' winner
+    # (plane or window kernel; benchmarks/results/depthwise_kernels_sweep_*).
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as plane
@@ -406,12 +407,14 @@ def test_nchw_plane_rule_follows_the_width_sweep():
 
     half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
     for hw, k, dtype, plane_wins in [
-        (12, 3, half, True), (20, 3, half, True), (28, 3, half, True), (44, 3, half, True), (60, 3, half, True),
-        (16, 3, half, True), (29, 3, half, True), (14, 3, half, False), (19, 3, half, False), (32, 3, half, False),
-        (56, 3, half, False), (64, 3, half, False), (12, 5, half, True), (28, 5, half, True), (40, 5, half, False),
-        (12, 7, half, True), (20, 7, half, True), (32, 7, half, False), (12, 3, single, True), (56, 3, single, True),
-        (16, 3, single, False), (14, 3, single, False), (30, 3, single, False), (12, 5, single, True),
-        (16, 5, single, False), (16, 7, single, False),
+        (12, 3, half, True), (14, 3, half, True), (16, 3, half, True), (19, 3, half, True), (21, 3, half, True),
+        (28, 3, half, True), (31, 3, half, True), (44, 3, half, True), (60, 3, half, True), (32, 3, half, False),
+        (56, 3, half, False), (64, 3, half, False), (12, 5, half, True), (17, 5, half, True), (31, 5, half, True),
+        (40, 5, half, False), (12, 7, half, True), (15, 7, half, True), (24, 7, half, True), (16, 7, half, False),
+        (17, 7, half, False), (21, 7, half, False), (32, 7, half, False), (12, 3, single, True),
+        (14, 3, single, True), (30, 3, single, True), (56, 3, single, True), (16, 3, single, False),
+        (12, 5, single, True), (21, 5, single, True), (16, 5, single, False), (24, 5, single, False),
+        (12, 7, single, True), (14, 7, single, False), (17, 7, single, False), (8, 3, half, False),
     ]:
         for backward in (False, True):
             g = _validate.conv_geometry((64, 96, hw, hw), (96, 1, k, k), 1, k // 2, 1)
