@@ -15,9 +15,13 @@ Launch rule (no user tuning), from the destination plane size:
   to a warp.  The grid is persistent: at most the blocks resident at once
   (Launch.persistent), each walking units grid-size apart.
 * Sources are copied with 16-byte cp.async into three raw shared buffers,
-  one unit ahead, when the source is 16-byte aligned and every unit starts
-  aligned; otherwise the threads read them from global memory.  Outputs
-  leave as V-value vectors when rows are V-aligned, else as elements.
+  one unit ahead, when the source is 16-byte aligned (a unit that starts
+  between 16-byte boundaries is copied from the boundary below it, 16 more
+  bytes per buffer); otherwise the threads read them from global memory.
+* Outputs leave as V-value vectors when rows are V-aligned.  Otherwise, on
+  the cp.async path, a unit's outputs are gathered in a shared buffer and
+  stored as one flat range in 16-byte vectors (when the shared memory for
+  P planes allows; else as elements).
 """
 
 import functools
@@ -52,54 +56,59 @@ def rows(itemsize, filter_height):
 
 def preferred(g, dtype, backward):
     """Whether the plane kernel beats the window kernel for this geometry
-    (the window kernel also serves it).  Both kernels are sensitive to the
-    row width's alignment (the plane kernel stores 4-value vectors only on
-    rows of a multiple of 4, the window kernel's 16-byte column vectors
-    favour multiples of 8), so the rule goes by width modulo 4 and 8 rather
-    than by size alone.  Measured on an H200 (2026-12-02,
-    benchmarks/depthwise_kernels.py --shapes: N = 64, "same" padding, about
-    64 MB per tensor, widths 10 to 64; plane against window, us, forward;
-    backward-input within a few percent of it):
+    (the window kernel also serves it).  Both depend on the row width's
+    alignment: the window kernel's column vectors favour multiples of 8
+    (half types) or 4 (float32), and the plane kernel loses about a quarter
+    where its 4x4 items overhang the plane (odd widths).  Measured on an
+    H200 (2026-12-02, benchmarks/depthwise_kernels.py --shapes: N = 64,
+    about 64 MB per tensor, "same" padding, widths 10 to 64; plane against
+    window, us, forward; backward-input alike;
+    benchmarks/results/depthwise_kernels_sweep_h200_2026-12-02.txt):
 
-    * half types, 3x3: the plane kernel at widths of a multiple of 4 that
-      are not a multiple of 8 from 32 up (12: 60.5 / 138.8, 20: 58.7 /
-      110.0, 28: 58.9 / 105.4, 44: 57.4 / 114.5, 60: 59.3 / 99.5; 16: 83.1 /
-      101.7, 24: 56.4 / 85.7) and at odd widths from 25 (25: 103.4 / 118.3,
-      29: 91.8 / 106.0, 33: 98.3 / 107.9); the window kernel at multiples of
-      8 from 32 (32: 55.4 / 48.5, 56: 64.3 / 52.7) and at the other widths
-      (14: 147.4 / 123.1, 19: 135.3 / 112.0, 22: 126.1 / 106.4).
-    * half types, 5x5: widths 12 to 31 (12: 97.8 / 254.1, 16: 132.4 / 185.5,
-      28: 98.7 / 152.1; 32: 94.0 / 87.3, 56: 115.1 / 80.4); 7x7: widths 12
-      to 31 but multiples of 8 (12: 167.2 / 266.5, 28: 165.8 / 184.2; 16:
-      206.9 / 192.9, 24: 162.4 / 166.9, 32: 161.8 / 111.7).
-    * float32, 3x3: widths of a multiple of 4 from 12 to 64 but 16 (12: 79.6
-      / 108.4, 28: 75.9 / 82.7, 56: 72.6 / 79.8; 16: 93.3 / 86.4; 14: 170.2 /
-      115.3, 30: 133.2 / 106.3); 5x5 and 7x7: width 12 only (5x5 12: 117.2 /
-      154.0, 14: 173.9 / 174.4, 16: 141.8 / 113.3; 7x7 12: 176.1 / 196.2, 14:
-      232.7 / 213.5).
-    * Below width 12 the row kernel (_depthwise_nchw_rows) usually serves;
-      where it does not, the window kernel does (no sweep there).
+    * half types, 3x3: every width but the multiples of 8 from 32 (12: 57.3
+      / 138.2, 14: 86.4 / 123.0, 16: 83.9 / 102.1, 21: 84.5 / 114.7, 31: 77.2
+      / 100.6, 60: 57.5 / 99.9; 32: 55.4 / 48.5, 56: 61.6 / 52.4).  5x5:
+      below 32 (14: 137.0 / 251.1, 17: 171.1 / 185.0, 31: 118.1 / 147.7; 32:
+      94.0 / 87.3).  7x7: below 16 and the multiples of 4 from 20 to 28 (12:
+      161.0 / 267.1, 15: 194.6 / 240.1, 24: 157.6 / 167.0; 16: 206.9 /
+      192.9, 17: 283.4 / 266.7, 21: 226.6 / 213.0, 32: 161.8 / 111.7).
+    * float32, 3x3: every width but 16 (14: 100.8 / 115.3, 28: 77.7 / 82.5,
+      56: 72.4 / 79.7; 16: 95.0 / 86.2).  5x5: below 16 and widths that are
+      not a multiple of 4 (14: 152.7 / 175.0, 21: 153.9 / 198.5; 16: 142.4 /
+      113.4, 24: 120.1 / 108.8).  7x7: below 14 and at 15 (12: 171.9 /
+      196.3, 15: 201.1 / 208.7; 14: 219.5 / 214.3, and at 64x384x14 41.6 /
+      37.8; 17: 263.6 / 226.6).
+    * Below width 10 the row kernel (_depthwise_nchw_rows) serves; where it
+      is not taken, the window kernel (7-wide 3x3 fp16: window 15.8, plane
+      23.7 us at 64x960x7).
 
-    The earlier rule (2026-12-01: half types at widths 14 to 32, 56x56 3x3
-    backward; float32 3x3 at 28 to 56) was measured on a few widths only and
-    before the window kernel's grid counted its registers per SM partition
-    (its 3x3 backward-input at 56x56 half: 77.8 then, 49.1 now against the
-    plane kernel's 57.1).
+    Earlier rules (2026-12-01: half types at widths 14 to 32; float32 3x3
+    at 28 to 56) predate the plane kernel's output buffer and unaligned unit
+    copies (odd widths ran 1.5-2x slower: 14-wide fp16 3x3 148.9, 21-wide
+    114.4) and the window kernel's register-partition-aware grid.
     """
     width = g.width if backward else g.out_width
     itemsize = numpy.dtype(dtype).itemsize
     size = g.filter_height
-    if width < 12:
+    if width < 10:
         return False
     if itemsize == 2:
         if size == 3:
-            return (width % 4 == 0 and (width % 8 != 0 or width < 32)) or (width % 2 == 1 and width >= 25)
+            return not (width % 8 == 0 and width >= 32)
         if size == 5:
             return width < 32
-        return width < 32 and width % 8 != 0
+        return width < 16 or (width % 4 == 0 and 16 < width < 32)
     if itemsize == 4:
-        return width % 4 == 0 and width != 16 if size == 3 else width == 12
+        if size == 3:
+            return width != 16
+        if size == 5:
+            return width < 16 or width % 4 != 0
+        return width < 14 or width == 15
     return False
+
+
+def _round16(n):
+    return -(-n // 16) * 16
 
 
 def _expression(dtype, size, backward, index):
@@ -140,7 +149,19 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     if items > _MAX_THREADS:
         return None
     plane_bytes = src_h * src_w * itemsize
-    per_unit = min(_MAX_THREADS // items, _SHARED_LIMIT // (_BUFFERS * plane_bytes), planes)
+    dst_plane_bytes = dst_h * dst_w * itemsize
+    pack = min(16, COLUMNS * itemsize)
+    vector_stores = int(dst_w % COLUMNS == 0 and dst_alignment % pack == 0)
+    # Shared memory per unit plane; with an output buffer also per block
+    # (each buffer's rounding and its room for a unit starting between
+    # 16-byte boundaries: at most 31 bytes).
+    stage_outputs = not vector_stores and src_alignment % 16 == 0
+    per_plane, fixed = _BUFFERS * plane_bytes, 0
+    if stage_outputs:
+        per_plane, fixed = per_plane + dst_plane_bytes, 32 * (_BUFFERS + 1)
+        if (_SHARED_LIMIT - fixed) // per_plane == 0:
+            stage_outputs, per_plane, fixed = False, _BUFFERS * plane_bytes, 0
+    per_unit = min(_MAX_THREADS // items, (_SHARED_LIMIT - fixed) // per_plane, planes)
     per_unit = max(1, min(per_unit, -(-planes // _MIN_UNITS)))
     # Every unit starts 16-byte aligned when P is a multiple of this.
     aligned_step = 16 // math.gcd(plane_bytes, 16)
@@ -150,23 +171,26 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         return None
     units = -(-planes // per_unit)
     threads = -(-per_unit * items // 32) * 32
-    copy_async = (
-        src_alignment % 16 == 0
-        and (per_unit * plane_bytes) % 16 == 0
-        and _BUFFERS * per_unit * plane_bytes <= _SHARED_LIMIT
-    )
-    raw_bytes = per_unit * plane_bytes if copy_async else 0
-    pack = min(16, COLUMNS * itemsize)
-    vector_stores = int(dst_w % COLUMNS == 0 and dst_alignment % pack == 0)
+    # Units start 16-byte aligned when P planes are a multiple of 16 bytes
+    # (and src is aligned); otherwise each buffer has 16 bytes more for the
+    # copy from the boundary below.
+    raw_bytes = _round16(per_unit * plane_bytes) + (0 if (per_unit * plane_bytes) % 16 == 0 else 16)
+    copy_async = src_alignment % 16 == 0 and _BUFFERS * raw_bytes <= _SHARED_LIMIT
+    if not copy_async:
+        raw_bytes, stage_outputs = 0, False
+    out_stage_bytes = _round16(per_unit * dst_plane_bytes) + 16 if stage_outputs else 0
+    if _BUFFERS * raw_bytes + out_stage_bytes > _SHARED_LIMIT:
+        out_stage_bytes = 0
     return _launch.Launch(
         KERNEL_FILE,
         _expression(dtype, size, backward, index),
         (min(units, _MAX_GRID),),
         (threads,),
-        _BUFFERS * raw_bytes,
+        _BUFFERS * raw_bytes + out_stage_bytes,
         (
             i32(g.channels), i32(planes), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top),
             i32(offset_left), i32(per_unit), i32(row_blocks), i32(col_blocks), i32(raw_bytes), i32(vector_stores),
+            i32(out_stage_bytes),
         ),
         persistent=True,
     )

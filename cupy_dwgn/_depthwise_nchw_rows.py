@@ -12,9 +12,9 @@ Launch rule (no user tuning), from the destination width:
 * One thread per destination row (N * C * dst_height rows), blocks of
   THREADS; no shared memory.
 
-The ops take it where ``preferred`` says so (rows of at most 10 values; in
-half types rows of 11, and 5x5 and 7x7 filters on rows of 13 to 15);
-``MODE`` overrides that for tests and benchmarks.
+The ops take it where ``preferred`` says so (rows of at most 10 values, and
+7x7 filters on rows of 13, and of 14 in half types); ``MODE`` overrides that
+for tests and benchmarks.
 """
 
 import functools
@@ -65,8 +65,8 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 
 def preferred(g, dtype, backward):
     """Whether the ops take the row kernel for ``g`` (where it serves the
-    call): destination rows of at most 10 values; in half types rows of 11,
-    and 5x5 and 7x7 filters on rows of 13 to 15.  Measured on an H200 (2026-12-01,
+    call): destination rows of at most 10 values, and 7x7 filters on rows of
+    13 (and 14 in half types).  Measured on an H200 (2026-12-01,
     benchmarks/depthwise_kernels.py, GPU time per launch, us, rows against
     the best of the whole-plane and window kernels):
 
@@ -83,20 +83,18 @@ def preferred(g, dtype, backward):
       64x768x12 30.3 / 16.9, 64x384x14 3x3 36.0 / 25.2; 64x672x14 5x5
       49.2 / 50.5 even).
     * The plane-size sweep of 2026-12-02 (benchmarks/depthwise_kernels.py
-      --shapes, about 64 MB per tensor, forward; backward-input alike): half
-      types, 3x3 on 11-wide rows 110.6 against the window kernel's 159.2
-      (float32 130.8 / 118.1); 5x5 on 14-wide 154.5 / 169.5 (plane); 7x7 on
-      14-wide 214.5 / 248.2 (window), but on 12-wide 219.7 / 167.2 (plane)
-      and 16-wide 313.4 / 192.9 (window).  Rows of 13 and 15 are not
-      measured: the row kernel's cost does not depend on the width's
-      alignment, the others' grows on odd widths.
+      --shapes, about 64 MB per tensor, forward; backward-input alike;
+      after the plane kernel's output buffer): 7x7 on 13-wide rows 221.1
+      against the plane kernel's 244.8 (float32 222.2 / 229.4), half types on
+      14-wide 215.0 / 221.3; but 10-wide half 3x3 96.1 / 90.2 (float32 122.2
+      / 122.5: kept), 11-wide 110.9 / 81.5, 5x5 on 14-wide 154.3 / 137.0 and
+      7x7 on 12-wide 220.2 / 161.0, 15-wide 214.7 / 194.6, 16-wide 313.4
+      against the window kernel's 192.9.
     """
     dst_width = g.width if backward else g.out_width
     if dst_width <= 10:
         return True
-    if numpy.dtype(dtype).itemsize != 2:
-        return False
-    return dst_width == 11 or (g.filter_height >= 5 and 13 <= dst_width <= 15)
+    return g.filter_height == 7 and (dst_width == 13 or (dst_width == 14 and numpy.dtype(dtype).itemsize == 2))
 
 
 def select(g, dtype, backward, index):

@@ -30,9 +30,23 @@
 // row y, tap kh reads source row y - offset_top + kh (forward: offset =
 // padding; backward-input: KH-1-pad, may be negative); columns likewise.
 //
-// Load forms: async (src 16-byte aligned and every unit a multiple of 16
-// bytes: host raw_bytes > 0) or, for other pointers and sizes, reads
-// straight from global memory (no shared memory; a correctness path).
+// Load forms: async (src 16-byte aligned: host raw_bytes > 0, each raw
+// buffer raw_bytes apart) or, for other pointers, reads straight from global
+// memory (no shared memory; a correctness path).  A unit whose first value
+// is not 16-byte aligned (odd plane sizes: 13x13 half planes are 338 bytes)
+// is copied from the 16-byte boundary below it, and its planes start `head`
+// bytes into the buffer; the bytes before the unit belong to the previous
+// planes of src (never before src itself, which is aligned).
+//
+// Store forms: V-value vectors straight to dst when rows are V-aligned
+// (vector_stores), else, on the async path with out_stage_bytes > 0, the
+// unit's outputs are gathered in a shared buffer and leave as one flat
+// range (a unit's destination planes are contiguous too) in 16-byte stores,
+// with element stores only before the first and after the last 16-byte
+// boundary.  Per-element stores of R x V outputs scattered over a warp's
+// rows cost about as much as the whole computation at odd widths (H200,
+// 2026-12-02: 64x1136x22 fp16 3x3 forward 126 us against 59 for 20-wide
+// planes of the same size).  Otherwise element stores.
 //
 // Template parameters: T, KH, KW (equal, 3/5/7), BACKWARD, IndexT (int, or
 // long long when a tensor has >= 2**31 elements: only plane offsets use it).
@@ -50,8 +64,10 @@ namespace dwgn_plane {
 // their double weights and accumulators stay in registers.
 constexpr int kColumns = 4;
 template <typename T, int KH> constexpr int kRows = (sizeof(T) == 8 && KH > 3) ? 2 : 4;
-// Blocks per SM the register budget is set for (256 threads each).
-template <typename T, int KH> constexpr int kMinBlocks = sizeof(T) == 8 ? (KH > 3 ? 1 : 2) : (KH == 7 ? 2 : 3);
+// Blocks per SM the register budget is set for (256 threads each): 3x3 at
+// 4 (56 registers; the output buffer's pointers took it from 64 to 72, 3
+// blocks), 5x5 at 3 (80), 7x7 at 2.
+template <typename T, int KH> constexpr int kMinBlocks = sizeof(T) == 8 ? (KH > 3 ? 1 : 2) : (KH == 7 ? 2 : KH == 5 ? 3 : 4);
 // Raw buffers of a unit each (host: _BUFFERS).
 constexpr int kBuffers = 3;
 
@@ -63,25 +79,52 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
 
 struct Args {
   int channels, num_planes, src_height, src_width, dst_height, dst_width, offset_top, offset_left;
-  int planes_per_unit, row_blocks, col_blocks, raw_bytes, vector_stores;
+  int planes_per_unit, row_blocks, col_blocks, raw_bytes, vector_stores, out_stage_bytes;
 };
 
-// cp.async of a unit's `bytes` source bytes (16-byte aligned start) into
-// `raw`; the last vector may be partial (zero-filled, never read).
+// Bytes from the 16-byte boundary at or below p to p.
+__device__ __forceinline__ int head_bytes(const void* p) {
+  return static_cast<int>(reinterpret_cast<size_t>(p) & 15);
+}
+
+// cp.async of a unit's `bytes` source bytes at `src` into `raw`, from the
+// 16-byte boundary at or below src: the unit lands at raw + head_bytes(src).
+// The last vector may be partial (zero-filled, never read).
 __device__ __forceinline__ void copy_async(const void* src, unsigned char* raw, int bytes) {
-  const unsigned char* from = static_cast<const unsigned char*>(src);
+  const int head = head_bytes(src);
+  const unsigned char* from = static_cast<const unsigned char*>(src) - head;
+  bytes += head;
   for (int o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16)
     dwgn::cp_async<16>(raw + o, from + o, min(16, bytes - o));
   dwgn::cp_async_commit();
 }
 
+// The unit's `count` outputs, gathered at stage + head_bytes(dst) (stage
+// 16-byte aligned), to dst: 16-byte stores between the first and the last
+// 16-byte boundary of the range, element stores outside them.
+template <typename T>
+__device__ __forceinline__ void store_unit(const unsigned char* stage, T* __restrict__ dst, int count) {
+  const int head = head_bytes(dst);
+  unsigned char* to = reinterpret_cast<unsigned char*>(dst) - head;
+  const int end = head + count * static_cast<int>(sizeof(T));
+  for (int o = threadIdx.x * 16; o < end; o += blockDim.x * 16) {
+    if (o >= head && o + 16 <= end) {
+      *reinterpret_cast<uint4*>(to + o) = *reinterpret_cast<const uint4*>(stage + o);
+    } else {
+      for (int b = max(o, head); b < min(o + 16, end); b += static_cast<int>(sizeof(T)))
+        *reinterpret_cast<T*>(to + b) = *reinterpret_cast<const T*>(stage + b);
+    }
+  }
+}
+
 // One item's R x V outputs of destination plane `plane` from its source
-// plane `values` (shared or global), stored to dst.  `column_ok` bit k:
-// source column col0 + k is inside the image.
-template <typename T, int KH, int KW, bool BACKWARD, typename IndexT>
+// plane `values` (shared or global), stored to `out`: the destination plane
+// in dst, or its place in the unit's shared output buffer (vectors = false).
+// `column_ok` bit k: source column col0 + k is inside the image.
+template <typename T, int KH, int KW, bool BACKWARD>
 __device__ __forceinline__ void compute_item(const T* values, int plane, int rb, int cb, unsigned column_ok,
                                              const T* __restrict__ weight, const T* __restrict__ bias,
-                                             T* __restrict__ dst, const Args& a) {
+                                             T* __restrict__ out, bool vectors, const Args& a) {
   using Acc = typename AccType<T>::type;
   constexpr int R = kRows<T, KH>;
   constexpr int V = kColumns;
@@ -124,14 +167,13 @@ __device__ __forceinline__ void compute_item(const T* values, int plane, int rb,
     }
   }
 
-  T* out = dst + static_cast<IndexT>(plane) * (a.dst_height * a.dst_width);
   const int out_col = cb * V;
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const int y = rb * R + i;
     if (y >= a.dst_height) break;
     T* out_row = out + y * a.dst_width + out_col;
-    if (a.vector_stores) {  // dst_width % V == 0 and rows aligned to the pack
+    if (vectors) {  // dst_width % V == 0 and rows aligned to the pack
       if (out_col < a.dst_width) {
         Pack<T, V> packed;
 #pragma unroll
@@ -153,13 +195,15 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH>) dwgn_dwcon
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias,
     T* __restrict__ dst, int channels, int num_planes, int src_height, int src_width, int dst_height,
     int dst_width, int offset_top, int offset_left, int planes_per_unit, int row_blocks, int col_blocks,
-    int raw_bytes, int vector_stores) {
+    int raw_bytes, int vector_stores, int out_stage_bytes) {
   using dwgn_plane::kBuffers;
   constexpr int SPAN = dwgn_plane::kColumns + KW - 1;
   extern __shared__ __align__(16) unsigned char raw[];
   const dwgn_plane::Args a{channels, num_planes, src_height, src_width, dst_height, dst_width, offset_top,
-                           offset_left, planes_per_unit, row_blocks, col_blocks, raw_bytes, vector_stores};
+                           offset_left, planes_per_unit, row_blocks, col_blocks, raw_bytes, vector_stores,
+                           out_stage_bytes};
   const int src_plane = src_height * src_width;
+  const int dst_plane = dst_height * dst_width;
   const int items_per_plane = row_blocks * col_blocks;
   // threadIdx.x < 2**22: small_div is exact.
   const int local_plane = dwgn::small_div(threadIdx.x, __frcp_rn(static_cast<float>(items_per_plane)));
@@ -176,16 +220,20 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH>) dwgn_dwcon
   // A unit's first source value, and its count of values.
   auto unit_src = [&](int unit) { return src + static_cast<IndexT>(unit) * planes_per_unit * src_plane; };
   auto unit_count = [&](int unit) { return min(planes_per_unit, num_planes - unit * planes_per_unit) * src_plane; };
+  auto unit_dst = [&](int unit) { return dst + static_cast<IndexT>(unit) * planes_per_unit * dst_plane; };
   constexpr int S = static_cast<int>(sizeof(T));
 
   if (raw_bytes == 0) {  // element path: read the planes from global memory
     for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x)
       if (local_plane * src_plane < unit_count(unit))
-        dwgn_plane::compute_item<T, KH, KW, BACKWARD, IndexT>(unit_src(unit) + local_plane * src_plane,
-                                                              unit * planes_per_unit + local_plane, rb, cb,
-                                                              column_ok, weight, bias, dst, a);
+        dwgn_plane::compute_item<T, KH, KW, BACKWARD>(unit_src(unit) + local_plane * src_plane,
+                                                      unit * planes_per_unit + local_plane, rb, cb, column_ok,
+                                                      weight, bias, unit_dst(unit) + local_plane * dst_plane,
+                                                      vector_stores != 0, a);
     return;
   }
+  // The unit's output buffer, after the raw ones (raw_bytes is a multiple of 16).
+  unsigned char* stage = raw + kBuffers * raw_bytes;
   if (blockIdx.x < num_units) dwgn_plane::copy_async(unit_src(blockIdx.x), raw, unit_count(blockIdx.x) * S);
   for (int unit = blockIdx.x, step = 0; unit < num_units; unit += gridDim.x, ++step) {
     const int next = unit + gridDim.x;
@@ -197,10 +245,21 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH>) dwgn_dwcon
       dwgn::cp_async_commit();  // an empty group keeps the wait count uniform
     dwgn::cp_async_wait<1>();  // this thread's part of the unit has landed
     __syncthreads();           // every thread's part has
-    const T* values = reinterpret_cast<const T*>(raw + (step % kBuffers) * raw_bytes);
+    const T* values = reinterpret_cast<const T*>(raw + (step % kBuffers) * raw_bytes +
+                                                 dwgn_plane::head_bytes(unit_src(unit)));
+    T* out_unit = out_stage_bytes ? reinterpret_cast<T*>(stage + dwgn_plane::head_bytes(unit_dst(unit)))
+                                  : unit_dst(unit);
     if (local_plane * src_plane < unit_count(unit))
-      dwgn_plane::compute_item<T, KH, KW, BACKWARD, IndexT>(values + local_plane * src_plane,
-                                                            unit * planes_per_unit + local_plane, rb, cb, column_ok,
-                                                            weight, bias, dst, a);
+      dwgn_plane::compute_item<T, KH, KW, BACKWARD>(values + local_plane * src_plane,
+                                                    unit * planes_per_unit + local_plane, rb, cb, column_ok, weight,
+                                                    bias, out_unit + local_plane * dst_plane,
+                                                    vector_stores != 0 && !out_stage_bytes, a);
+    if (out_stage_bytes) {
+      // Every output of the unit is in the buffer; the next write to it
+      // follows the next step's barrier, after every thread's stores here.
+      __syncthreads();
+      dwgn_plane::store_unit(stage, unit_dst(unit),
+                             min(planes_per_unit, num_planes - unit * planes_per_unit) * dst_plane);
+    }
   }
 }

@@ -276,6 +276,33 @@ def nchw_window():
             launch(src, w, 0, dst)
 
 
+def nchw_plane():
+    # The NCHW whole-plane kernel launched directly (its plan, as the ops
+    # build it): units starting between 16-byte boundaries (odd plane sizes,
+    # copied from the boundary below), outputs through the shared output
+    # buffer into an aligned and a misaligned destination, vector stores,
+    # a partial last unit, the element path (misaligned source).
+    from cupy_dwgn import _depthwise_nchw_plane, _dtypes, _validate, depthwise as dw
+
+    for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
+        for x_shape, k, padding in [((3, 7, 13, 11), 3, 1), ((4, 70, 21, 21), 3, 1), ((2, 33, 14, 14), 5, 2),
+                                    ((2, 5, 29, 31), 5, ((0, 4), (3, 1))), ((2, 24, 15, 15), 7, 3),
+                                    ((4, 40, 28, 28), 3, 1)]:
+            w_shape = (x_shape[1], 1, k, k)
+            g = _validate.conv_geometry(x_shape, w_shape, 1, padding, 1)
+            y_shape = (g.batch, x_shape[1], g.out_height, g.out_width)
+            w = rng.standard_normal(w_shape, dtype=cupy.float32).astype(dtype)
+            b = rng.standard_normal(w_shape[:1], dtype=cupy.float32).astype(dtype)
+            for backward, src_shape, dst_shape in ((False, x_shape, y_shape), (True, y_shape, x_shape)):
+                src = rng.standard_normal(src_shape, dtype=cupy.float32).astype(dtype)
+                for src_view, dst in ((src, cupy.empty(dst_shape, dtype)),
+                                      (src, _misaligned(cupy.empty(dst_shape, dtype))),
+                                      (_misaligned(src), cupy.empty(dst_shape, dtype))):
+                    launch = _depthwise_nchw_plane.plan(g, cupy.dtype(dtype), backward, "int", dw._alignment(src_view),
+                                                        dw._alignment(dst))
+                    launch(src_view, w, 0 if backward else b, dst)
+
+
 def _misaligned(a):
     """A C-contiguous copy of ``a`` one element past its allocation's start."""
     base = cupy.empty(a.size + 1, a.dtype)
@@ -328,10 +355,10 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "nchw_window", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_rows", "nhwc_direct",
+    families = sys.argv[1:] or ["depthwise", "nchw_window", "nchw_plane", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_rows", "nhwc_direct",
                                 "nhwc_phase", "group_norm"]
     for family in families:
-        {"depthwise": depthwise, "nchw_window": nchw_window, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
+        {"depthwise": depthwise, "nchw_window": nchw_window, "nchw_plane": nchw_plane, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
          "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_rows": nchw_rows, "nhwc_direct": nhwc_direct,
          "nhwc_phase": nhwc_phase,
          "group_norm": group_norm}[family]()

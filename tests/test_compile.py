@@ -321,8 +321,9 @@ def test_nchw_rows_rule():
         (7, 3, 1, single, False, 8, True), (7, 3, 1, half, True, 8, True), (8, 5, 1, half, False, 8, True),
         (10, 3, 1, single, True, 16, True), (14, 7, 1, half, False, 16, True), (14, 7, 1, single, False, 16, False),
         (14, 3, 1, half, False, 16, False), (16, 7, 1, half, True, 16, False), (14, 5, 2, half, False, 8, True),
-        (11, 3, 1, half, False, 16, True), (11, 3, 1, single, True, 16, False), (13, 5, 1, half, True, 16, True),
-        (15, 7, 1, half, False, 16, True), (12, 7, 1, half, False, 16, False), (13, 3, 1, half, False, 16, False),
+        (11, 3, 1, half, False, 16, False), (11, 3, 1, single, True, 16, False), (13, 5, 1, half, True, 16, False),
+        (15, 7, 1, half, False, 16, False), (12, 7, 1, half, False, 16, False), (13, 3, 1, half, False, 16, False),
+        (13, 7, 1, single, False, 16, True), (13, 7, 1, half, True, 16, True),
         (16, 3, 2, single, False, 8, True), (18, 3, 1, half, False, None, False), (18, 3, 2, half, False, None, False),
         (14, 3, 2, half, True, None, False), (7, 3, 1, double, False, None, False),
     ]:
@@ -397,8 +398,8 @@ def _emulate_nhwc_direct(launch, src, weight, bias, backward):
 
 
 def test_nchw_plane_rule_follows_the_width_sweep():
-    # _depthwise_nchw_plane.preferred against the 2026-12-02 sweep's winner
-    # (plane or window kernel) at the widths where the margin was 10% or more.
+    # _depthwise_nchw_plane.preferred against the 2026-12-02 sweeps' winner
+    # (plane or window kernel; benchmarks/results/depthwise_kernels_sweep_*).
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as plane
@@ -406,12 +407,14 @@ def test_nchw_plane_rule_follows_the_width_sweep():
 
     half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
     for hw, k, dtype, plane_wins in [
-        (12, 3, half, True), (20, 3, half, True), (28, 3, half, True), (44, 3, half, True), (60, 3, half, True),
-        (16, 3, half, True), (29, 3, half, True), (14, 3, half, False), (19, 3, half, False), (32, 3, half, False),
-        (56, 3, half, False), (64, 3, half, False), (12, 5, half, True), (28, 5, half, True), (40, 5, half, False),
-        (12, 7, half, True), (20, 7, half, True), (32, 7, half, False), (12, 3, single, True), (56, 3, single, True),
-        (16, 3, single, False), (14, 3, single, False), (30, 3, single, False), (12, 5, single, True),
-        (16, 5, single, False), (16, 7, single, False),
+        (12, 3, half, True), (14, 3, half, True), (16, 3, half, True), (19, 3, half, True), (21, 3, half, True),
+        (28, 3, half, True), (31, 3, half, True), (44, 3, half, True), (60, 3, half, True), (32, 3, half, False),
+        (56, 3, half, False), (64, 3, half, False), (12, 5, half, True), (17, 5, half, True), (31, 5, half, True),
+        (40, 5, half, False), (12, 7, half, True), (15, 7, half, True), (24, 7, half, True), (16, 7, half, False),
+        (17, 7, half, False), (21, 7, half, False), (32, 7, half, False), (12, 3, single, True),
+        (14, 3, single, True), (30, 3, single, True), (56, 3, single, True), (16, 3, single, False),
+        (12, 5, single, True), (21, 5, single, True), (16, 5, single, False), (24, 5, single, False),
+        (12, 7, single, True), (14, 7, single, False), (17, 7, single, False), (8, 3, half, False),
     ]:
         for backward in (False, True):
             g = _validate.conv_geometry((64, 96, hw, hw), (96, 1, k, k), 1, k // 2, 1)
@@ -500,18 +503,24 @@ def test_nhwc_direct_rule():
         g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation, layout="NHWC")
         assert direct.plan(g, single, False, "int", 16, 16) is None
 
-def _plane_kernel_emulation(launch, src, weight, bias, backward, grid):
+def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offset=0):
     """What kernels/depthwise_nchw_plane.cu computes for ``launch`` (a
     NumPy transcription of its thread -> item mapping, its walk over units
-    with ``grid`` blocks, its row skips and column masks and its stores),
-    in float64, with a count of the writes to each destination value.
-    ``src``: (planes, H, W) source planes; ``weight``: (C, KH, KW)."""
+    with ``grid`` blocks, its row skips and column masks and its stores,
+    direct or through the unit's shared output buffer and store_unit's flat
+    copy), in float64, with a count of the writes to each destination value.
+    ``src``: (planes, H, W) source planes; ``weight``: (C, KH, KW);
+    ``dst_offset``: dst's address modulo 16 (src is at a 16-byte boundary
+    on the cp.async path)."""
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
 
     (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, row_blocks, col_blocks,
-     raw_bytes, vector_stores) = (int(v) for v in launch.scalars)
+     raw_bytes, vector_stores, out_stage_bytes) = (int(v) for v in launch.scalars)
+    size = src.dtype.itemsize
+    assert launch.shared_mem == 3 * raw_bytes + out_stage_bytes <= 48 * 1024
+    assert raw_bytes % 16 == 0 and (out_stage_bytes == 0 or raw_bytes > 0)
     kh_size, kw_size = weight.shape[1:]
     rows, columns = nchw_plane.rows(src.dtype.itemsize, kh_size), nchw_plane.COLUMNS
     span = columns + kw_size - 1
@@ -524,6 +533,12 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid):
     for block in range(grid):
         for unit in range(block, num_units, grid):
             unit_planes = min(per_unit, planes - unit * per_unit)
+            if raw_bytes:  # copy_async's 16-byte vectors from the boundary below the unit fit the buffer
+                head = unit * per_unit * src_h * src_w * size % 16
+                assert -(-(head + unit_planes * src_h * src_w * size) // 16) * 16 <= raw_bytes
+            # the unit's destination planes as a flat range, and its output buffer
+            unit_out = numpy.full(unit_planes * dst_h * dst_w, numpy.nan)
+            stage_writes = numpy.zeros(unit_out.shape, numpy.int64)
             for thread in range(launch.block[0]):
                 local_plane, item = divmod(thread, items)
                 if local_plane >= unit_planes:
@@ -554,8 +569,30 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid):
                     if vector_stores:
                         assert dst_w % columns == 0
                     keep = x < dst_w
-                    out[plane, y, x[keep]] = acc[i][keep]
-                    writes[plane, y, x[keep]] += 1
+                    if out_stage_bytes:
+                        flat = (local_plane * dst_h + y) * dst_w + x[keep]
+                        unit_out[flat] = acc[i][keep]
+                        stage_writes[flat] += 1
+                    else:
+                        out[plane, y, x[keep]] = acc[i][keep]
+                        writes[plane, y, x[keep]] += 1
+            if out_stage_bytes:  # store_unit: every thread's 16-byte chunks of [head, end)
+                assert (stage_writes == 1).all()
+                head = (dst_offset + unit * per_unit * dst_h * dst_w * size) % 16
+                end = head + unit_out.size * size
+                assert end <= out_stage_bytes
+                flat_out, flat_writes = out.reshape(-1), writes.reshape(-1)
+                first = unit * per_unit * dst_h * dst_w
+                for thread in range(launch.block[0]):
+                    for o in range(thread * 16, end, launch.block[0] * 16):
+                        if o >= head and o + 16 <= end:
+                            assert (dst_offset + first * size + o - head) % 16 == 0  # an aligned vector store
+                            elements = range((o - head) // size, (o + 16 - head) // size)
+                        else:
+                            elements = [(b - head) // size for b in range(max(o, head), min(o + 16, end), size)]
+                        for e in elements:
+                            flat_out[first + e] = unit_out[e]
+                            flat_writes[first + e] += 1
     return out, writes
 
 
@@ -585,18 +622,18 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
         src = rng.standard_normal(src_shape).astype(dtype)
         weight = rng.standard_normal((c, 1, k, k)).astype(dtype)
         bias = None if backward else rng.standard_normal(c).astype(dtype)
-        for alignment in (16, 2):
-            launch = nchw_plane.plan(g, dtype, backward, "int", alignment, alignment)
+        for src_alignment, dst_alignment in ((16, 16), (2, 2), (16, 2)):
+            launch = nchw_plane.plan(g, dtype, backward, "int", src_alignment, dst_alignment)
             assert launch is not None and launch.persistent
-            raw_bytes = int(launch.scalars[-2])
-            per_unit, plane_bytes = int(launch.scalars[8]), src[0, 0].nbytes
-            assert launch.shared_mem == 3 * raw_bytes <= 48 * 1024
-            assert raw_bytes == 0 if alignment != 16 else raw_bytes in (0, per_unit * plane_bytes)
-            assert raw_bytes % 16 == 0
+            raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[-3:])
+            assert raw_bytes > 0 if src_alignment == 16 else raw_bytes == out_stage_bytes == 0
+            # outputs through the shared buffer exactly where rows are not stored as vectors (these planes fit)
+            assert (out_stage_bytes > 0) == (src_alignment == 16 and not vector_stores)
+            dst_offset = 0 if dst_alignment == 16 else src.dtype.itemsize
             # a grid smaller than the units: blocks walk several
             grid = min(launch.grid[0], 3)
             got, writes = _plane_kernel_emulation(
-                launch, src.reshape(-1, *src.shape[2:]), weight[:, 0], bias, backward, grid
+                launch, src.reshape(-1, *src.shape[2:]), weight[:, 0], bias, backward, grid, dst_offset
             )
             assert (writes == 1).all()
             src64, w64 = src.astype(numpy.float64), weight.astype(numpy.float64)

@@ -249,15 +249,19 @@ def _direct_launch_data(x_shape, w_shape, padding, dtype, backward, rng, stride=
 # where it is measured faster): odd and prime plane sizes, widths that are
 # and are not multiples of its 4-column items (vector and element stores),
 # every padding form, more planes than one block holds (its persistent walk
-# over units, a partial last unit), and the cp.async path (aligned arrays,
-# units of 16-byte multiples) against the element path (misaligned source).
+# over units, a partial last unit), and the cp.async path (aligned source;
+# units that start between 16-byte boundaries where plane sizes are odd)
+# against the element path (misaligned source); outputs through the shared
+# output buffer where rows are not vector-stored, into an aligned or a
+# misaligned destination (guard values on both sides stay untouched).
 PLANE_CASES = [
     # (label, x shape, filter size, padding, takes the cp.async path when aligned)
     ("28x28 3x3 p1", (4, 40, 28, 28), 3, 1, True),
-    ("13x11 3x3 p1", (3, 7, 13, 11), 3, 1, False),
+    ("13x11 3x3 p1", (3, 7, 13, 11), 3, 1, True),
     ("7x7 3x3 p1 many planes", (8, 300, 7, 7), 3, 1, True),
     ("14x14 5x5 p2", (2, 33, 14, 14), 5, 2, None),
-    ("29x31 5x5 per-side padding", (2, 5, 29, 31), 5, ((0, 4), (3, 1)), False),
+    ("29x31 5x5 per-side padding", (2, 5, 29, 31), 5, ((0, 4), (3, 1)), True),
+    ("21x21 3x3 p1 odd planes, many", (4, 70, 21, 21), 3, 1, True),
     ("14x14 7x7 p3", (2, 24, 14, 14), 7, 3, None),
     ("17x9 7x7 padding > filter", (1, 6, 17, 9), 7, 8, None),
     ("32x32 3x3 valid", (2, 9, 32, 32), 3, "valid", None),
@@ -267,7 +271,7 @@ PLANE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("misaligned", ["aligned", "misaligned", "dst_misaligned"])
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nchw_plane.DTYPES], ids=str)
 @pytest.mark.parametrize("case", PLANE_CASES, ids=lambda c: c[0])
@@ -275,21 +279,29 @@ def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
     _, x_shape, k, padding, copies_async = case
     g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, k, k), padding, dtype, backward, rng)
     src_shape, dst_shape = src.shape, want.shape
-    if misaligned:
-        src_gpu, dst = _misaligned(src_shape, dtype, src), _misaligned(dst_shape, dtype)
-    else:
-        src_gpu, dst = cupy.asarray(src), poisoned(dst_shape, dtype)
+    # dst with a NaN guard value on each side, one element past a 16-byte boundary unless aligned
+    size = int(numpy.prod(dst_shape))
+    lead = 16 // numpy.dtype(dtype).itemsize if misaligned == "aligned" else 1
+    guarded = poisoned((lead + size + 1,), dtype)
+    dst = guarded[lead:lead + size].reshape(dst_shape)
+    src_gpu = _misaligned(src_shape, dtype, src) if misaligned == "misaligned" else cupy.asarray(src)
     index = _launch.index_type(src_gpu.size, dst.size)
     launch = _depthwise_nchw_plane.plan(
         g, numpy.dtype(dtype), backward, index, depthwise._alignment(src_gpu), depthwise._alignment(dst)
     )
     assert launch is not None
-    raw_bytes = int(launch.scalars[-2])  # 0: the element path
-    if misaligned:
-        assert raw_bytes == 0
+    raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[-3:])  # raw_bytes 0: the element path
+    if misaligned == "misaligned":
+        assert raw_bytes == 0 and out_stage_bytes == 0
     elif copies_async is not None:
         assert (raw_bytes > 0) == copies_async
+        # outputs through the shared buffer where rows are not vector-stored and the buffers fit in 48 KB
+        # (not 56x56 float32: 3 raw planes of 12544 bytes and the output plane)
+        plane, dst_plane = src_shape[2] * src_shape[3], dst_shape[2] * dst_shape[3]
+        fits = (3 * plane + dst_plane) * numpy.dtype(dtype).itemsize + 128 <= 48 * 1024
+        assert (out_stage_bytes > 0) == (copies_async and not vector_stores and fits)
     launch(src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
+    assert bool(cupy.isnan(guarded[lead - 1])) and bool(cupy.isnan(guarded[-1])), "a store outside dst"
     error = relative_error(dst, want)
     record_errors("depthwise NCHW plane kernel", str(numpy.dtype(dtype)), {("backward_input" if backward else "forward"): error})
     assert error <= TOLERANCE[dtype]
