@@ -34,7 +34,11 @@ bf16 1.6e-2) flagged when exceeded.
 
     PYTHONPATH=.:benchmarks python benchmarks/depthwise.py [--json F] [--png F]
         [--cases 3x3 31x31] [--dtypes float16] [--layouts NHWC]
-        [--directions forward] [--quick]
+        [--directions forward] [--quick] [--shapes 64x144x75x3x1 ...]
+
+--shapes runs other cases than the table's (N x C x H=W x filter size x
+stride; padding filter // 2), e.g. EfficientNet-B3's widths at 300 pixels:
+--shapes 64x144x75x3x1 64x192x38x5x1 64x672x19x5x1 64x96x150x3x1.
 
 Without --json the result goes to benchmarks/results/depthwise_<gpu>_<date>.json
 (--json - writes none).  A call of ours that raises (a layout not
@@ -51,7 +55,7 @@ import cupy
 
 import cupy_dwgn
 from cupy_dwgn import _dtypes
-from harness import plot_safely, results_document, results_path, rotating, run_facts, time_us, write_json
+from harness import conv_shape, plot_safely, results_document, results_path, rotating, run_facts, time_us, write_json
 
 #: (N, C, H=W, filter size, stride); padding is filter // 2 on every side.
 CASES = [
@@ -356,6 +360,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", metavar="SUBSTRING",
                         help='keep the cases whose name ("64x144x56 3x3 s1") contains any of these')
+    parser.add_argument("--shapes", nargs="+", type=conv_shape, metavar="NxCxHxKxS",
+                        help="these cases (N x C x H=W x filter size x stride, e.g. 64x144x75x3x1) instead of the "
+                             "table's; --cases still filters them")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--directions", nargs="+", choices=DIRECTIONS, default=list(DIRECTIONS))
@@ -364,9 +371,10 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run, not for the record)")
     parser.add_argument("--traceback", action="store_true", help="print the traceback of each failing call of ours")
     args = parser.parse_args()
-    cases = [case for case in CASES if not args.cases or any(s in case_name(*case) for s in args.cases)]
+    table = args.shapes or CASES
+    cases = [case for case in table if not args.cases or any(s in case_name(*case) for s in args.cases)]
     if not cases:
-        parser.error(f"no case matches {args.cases}; cases: {[case_name(*c) for c in CASES]}")
+        parser.error(f"no case matches {args.cases}; cases: {[case_name(*c) for c in table]}")
 
     import torch
 

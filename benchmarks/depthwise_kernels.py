@@ -45,17 +45,9 @@ def time_launch(launch, arrays_list, reps=20):
 COPY_BYTES_PER_US = 4.2e6
 
 
-def _shape(text):
-    try:
-        n, c, hw, k, stride = (int(v) for v in text.split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected NxCxHxKxSTRIDE (64x768x12x3x1), got {text!r}") from None
-    return n, c, hw, k, stride
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", type=_shape, nargs="+", default=SHAPES)
+    parser.add_argument("--shapes", type=harness.conv_shape, nargs="+", default=SHAPES)
     parser.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--forward-only", action="store_true")
     args = parser.parse_args()

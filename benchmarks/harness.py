@@ -14,6 +14,20 @@ import time
 import cupy
 
 
+def conv_shape(text):
+    """An argparse type: "NxCxHxKxSTRIDE" (64x768x12x3x1: N, C, H = W,
+    filter size, stride) as a tuple of five ints."""
+    import argparse
+
+    try:
+        values = tuple(int(v) for v in text.split("x"))
+    except ValueError:
+        values = ()
+    if len(values) != 5 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected NxCxHxKxSTRIDE of positive integers (64x768x12x3x1), got {text!r}")
+    return values
+
+
 def time_us(fn, *, warmup=5, repeat=30, min_batch_us=2000.0):
     """Median GPU time of one ``fn()`` call in microseconds.
 

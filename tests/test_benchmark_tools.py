@@ -52,3 +52,15 @@ def test_main_refuses_a_file_without_cell_lines(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ab_table.main([str(empty)])
     assert "no cell lines" in capsys.readouterr().err
+
+
+def test_conv_shape_parses_the_shapes_option():
+    harness = pytest.importorskip("harness")  # imports cupy (no GPU needed)
+    import argparse
+
+    assert harness.conv_shape("64x144x75x3x1") == (64, 144, 75, 3, 1)
+    for bad in ("64x144x75x3", "64x144x75x3x0", "64xCx75x3x1", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="NxCxHxKxSTRIDE"):
+            harness.conv_shape(bad)
+    depthwise = pytest.importorskip("depthwise")
+    assert depthwise.case_name(*harness.conv_shape("64x96x150x3x2")) == "64x96x150 3x3 s2"
