@@ -8,7 +8,8 @@ Launch rule (no user tuning), from the destination plane size:
 * A thread owns R x V = 4 x 4 destination values (float64 5x5 and 7x7:
   2 x 4) and reads its window straight from the unit's raw source planes
   (padding skipped or masked in registers).
-* A block takes P = min(256 // items, 16 KB // plane bytes) planes, fewer
+* A block takes P = min(256 // items, 48 KB // (3 source planes + the
+  destination plane when outputs go through the shared buffer)) planes, fewer
   when that would leave under _MIN_UNITS units for the whole call (small
   batches still spread over the SMs), rounded down to a multiple that keeps
   every unit 16-byte aligned; its threads are the unit's items rounded up
@@ -78,9 +79,16 @@ def preferred(g, dtype, backward):
       113.4, 24: 120.1 / 108.8).  7x7: below 14 and at 15 (12: 171.9 /
       196.3, 15: 201.1 / 208.7; 14: 219.5 / 214.3, and at 64x384x14 41.6 /
       37.8; 17: 263.6 / 226.6).
-    * Below width 10 the row kernel (_depthwise_nchw_rows) serves; where it
-      is not taken, the window kernel (7-wide 3x3 fp16: window 15.8, plane
-      23.7 us at 64x960x7).
+    * At width 10 and below the ops try the row kernel first
+      (_depthwise_nchw_rows.preferred); below 10, where it is not taken,
+      the window kernel (7-wide 3x3 fp16: window 15.8, plane 23.7 us at
+      64x960x7).  Above 64 (short, wide planes: square ones have more than
+      256 items) the window kernel: not measured, and a plane over 16 KB
+      leaves the cp.async path.
+    * The sweeps were square planes in float16 and float32; bfloat16
+      follows float16 (it did within a few percent in every kernel-to-kernel
+      comparison of 2026-12-01 and 2026-12-02, benchmarks/depthwise_kernels.py
+      default shapes).
 
     Earlier rules (2026-12-01: half types at widths 14 to 32; float32 3x3
     at 28 to 56) predate the plane kernel's output buffer and unaligned unit
@@ -90,7 +98,7 @@ def preferred(g, dtype, backward):
     width = g.width if backward else g.out_width
     itemsize = numpy.dtype(dtype).itemsize
     size = g.filter_height
-    if width < 10:
+    if width < 10 or width > 64:
         return False
     if itemsize == 2:
         if size == 3:

@@ -86,10 +86,14 @@ def preferred(g, dtype, backward):
       --shapes, about 64 MB per tensor, forward; backward-input alike;
       after the plane kernel's output buffer): 7x7 on 13-wide rows 221.1
       against the plane kernel's 244.8 (float32 222.2 / 229.4), half types on
-      14-wide 215.0 / 221.3; but 10-wide half 3x3 96.1 / 90.2 (float32 122.2
-      / 122.5: kept), 11-wide 110.9 / 81.5, 5x5 on 14-wide 154.3 / 137.0 and
-      7x7 on 12-wide 220.2 / 161.0, 15-wide 214.7 / 194.6, 16-wide 313.4
-      against the window kernel's 192.9.
+      14-wide 215.0 / 221.3.  Not taken: 11-wide 3x3 half 110.9 / 81.5, 5x5
+      on 14-wide 154.3 / 137.0, 7x7 on 12-wide 220.2 / 161.0, 15-wide 214.7
+      / 194.6, 16-wide 313.4 against the window kernel's 192.9.  10-wide
+      rows stay here although half 3x3 lost at that size (96.1 / 90.2
+      forward, 97.0 / 88.1 backward; float32 122.2 / 122.5 and 105.7 /
+      120.1): the smaller 64x320x10 above, where the row kernel won, was
+      measured before the plane kernel's output buffer; re-measure both
+      sizes before moving the boundary.
     """
     dst_width = g.width if backward else g.out_width
     if dst_width <= 10:

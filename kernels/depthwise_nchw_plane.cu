@@ -1,8 +1,9 @@
-// Depthwise 2-D convolution, NCHW, small planes (a row of at most 32
-// values, a plane of at most 256 thread items): whole source planes copied
-// into shared memory as they are (no padding, no conversion), for 3x3, 5x5
-// and 7x7 filters at stride 1 and dilation 1, depth multiplier 1 (forward,
-// and backward-input as the forward correlation with the rotated filter).
+// Depthwise 2-D convolution, NCHW, small planes (at most 256 thread items
+// of 4 x 4 outputs; the ops send it rows of 10 to 64 values): whole source
+// planes copied into shared memory as they are (no padding, no
+// conversion), for 3x3, 5x5 and 7x7 filters at stride 1 and dilation 1,
+// depth multiplier 1 (forward, and backward-input as the forward
+// correlation with the rotated filter).
 //
 // Why a kernel of its own: at 28x28 and below the register window kernel
 // (depthwise_nchw_window.cu) spends more issue slots than bytes on its

@@ -421,6 +421,9 @@ def test_nchw_plane_rule_follows_the_width_sweep():
             assert plane.preferred(g, dtype, backward) == plane_wins, (hw, k, dtype, backward)
     g = _validate.conv_geometry((64, 96, 28, 28), (96, 1, 3, 3), 1, 1, 1)
     assert not plane.preferred(g, numpy.dtype(numpy.float64), False)
+    # short, wide planes (under 256 items, rows past the sweeps) keep the window kernel
+    g = _validate.conv_geometry((8, 16, 4, 200), (16, 1, 3, 3), 1, 1, 1)
+    assert plane.plan(g, single, False, "int", 16, 16) is not None and not plane.preferred(g, single, False)
 
 
 @pytest.mark.parametrize("case", [((2, 9, 11, 16), 3, 1, 1), ((1, 7, 10, 24), 5, 1, ((0, 4), (3, 1))),
