@@ -1,4 +1,4 @@
-"""Real models: timm mobilenetv2_100, convnext_nano and resnet50_gn, and a
+"""Real models: timm mobilenetv2_100, convnext_nano, efficientnet_b3 and resnet50_gn, and a
 diffusion U-Net block of our own, each as PyTorch runs it and converted with
 cupy_dwgn.torch.convert, in float32 and bfloat16: accuracy against a float64
 copy of the same model, and the time of a training step.
@@ -7,6 +7,9 @@ Models (timm.create_model(name, pretrained=False): random weights, no network):
 
     mobilenetv2_100  17 depthwise 3x3 convs (BatchNorm: nothing to fuse)
     convnext_nano    14 depthwise 7x7 convs (LayerNorm2d: stays torch's)
+    efficientnet_b3  26 depthwise 3x3 / 5x5 convs (stride 1 and 2) at 300x300: planes 150, 75,
+                     38, 19 and 10 wide, none a multiple of 8 above 64 (the NCHW window kernel's
+                     unaligned rows), the depthwise widths of EfficientNet-B2..B7
     resnet50_gn      53 GroupNorm(32) (ReLU is a separate attribute, not fused)
     unet_block       ours: two diffusion-U-Net ResBlocks at 320 channels,
                      GroupNorm(32)+SiLU -> conv3x3 -> GroupNorm(32)+SiLU -> conv3x3, + skip;
@@ -28,23 +31,25 @@ converted model (cupy_dwgn.torch.convert of a deep copy: same weights) in both m
 torch's GroupNorm).  The baseline is torch in its faster memory format; ours is reported in its
 faster format too (every variant's time is in the JSON).
 
-(a) Accuracy (batch 8 at 224x224 for timm, 4 for the U-Net block): the float64 copy of the model
-    (same weights; in bfloat16-cast mode the weights and input, in both bfloat16 modes the
-    cotangent, are first rounded to bfloat16, so the reference sees the very same numbers) runs
-    forward and backward on the same input and the same random output cotangent (one
-    backward of sum(out * cotangent)); for each variant we report the relative error norm
-    ||v - v64|| / ||v64|| of the output, of the input gradient dL/dx, and of all parameter
-    gradients concatenated into one vector.  TF32 is off for this part (torch.backends.cudnn /
-    cuda.matmul .allow_tf32 = False), so float32 means float32 arithmetic in every layer.
-    Target: ours within 2x of torch's own error, each of the three, compared in the
-    same memory format (so only the swapped layers differ), in both formats ("error_ok").
+(a) Accuracy (batch 8 at 224x224 for timm, 300x300 for efficientnet_b3, 4 for the U-Net block):
+    the float64 copy of the model (same weights; in bfloat16-cast mode the weights and input, in
+    both bfloat16 modes the cotangent, are first rounded to bfloat16, so the reference sees the
+    very same numbers) runs forward and backward on the same input and the same random output
+    cotangent (one backward of sum(out * cotangent)); for each variant we report the relative
+    error norm ||v - v64|| / ||v64|| of the output, of the input gradient dL/dx, and of all
+    parameter gradients concatenated into one vector.  TF32 is off for this part
+    (torch.backends.cudnn / cuda.matmul .allow_tf32 = False), so float32 means float32 arithmetic
+    in every layer. Target: ours within 2x of torch's own error, each of the three, compared in
+    the same memory format (so only the swapped layers differ), in both formats ("error_ok").
     Gradient errors carry the ReLU/ReLU6 masks that flip between float32 and float64 (randomly
-    initialized mobilenetv2 shows ~5e-3 in float32 for torch itself): noisy, but the same for both.
-(b) Training-step time: forward + loss (cross entropy against random labels for timm, MSE
-    against a random target for the U-Net block) + backward + SGD(momentum 0.9) step +
-    zero_grad(set_to_none), batch 64 at 224x224 for timm and 8x320x64x64 for the U-Net block,
-    torch's default TF32 settings and cudnn.benchmark = True; each step bracketed by its own
-    pair of CUDA events (so host-bound gaps count), after warm-up steps, median of the steps.
+    initialized mobilenetv2 shows ~5e-3 in float32 for torch itself): noisy, but the same for
+    both.
+(b) Training-step time: forward + loss (cross entropy against random labels for timm, MSE against
+    a random target for the U-Net block) + backward + SGD(momentum 0.9) step +
+    zero_grad(set_to_none), batch 64 at 224x224 for timm (300x300 for efficientnet_b3) and
+    8x320x64x64 for the U-Net block, torch's default TF32 settings and cudnn.benchmark = True;
+    each step bracketed by its own pair of CUDA events (so host-bound gaps count), after warm-up
+    steps, median of the steps.
 
     PYTHONPATH=.:benchmarks python benchmarks/models.py --json OUT.json --png OUT.png
         [--models convnext_nano unet_block] [--modes float32 bfloat16-cast] [--quick]
@@ -74,6 +79,7 @@ import traceback
 MODELS = {
     "mobilenetv2_100": ("timm", 64, (3, 224, 224), 8),
     "convnext_nano": ("timm", 64, (3, 224, 224), 8),
+    "efficientnet_b3": ("timm", 64, (3, 300, 300), 8),
     "resnet50_gn": ("timm", 64, (3, 224, 224), 8),
     "unet_block": ("ours", 8, (320, 64, 64), 4),
 }
@@ -85,11 +91,11 @@ ERROR_FACTOR = 2.0
 ERROR_KINDS = ("out", "dx", "dparam")
 
 METHOD = {
-    "accuracy": "batch 8 (timm, 224x224) / 4 (unet_block); one forward + backward with a fixed random output "
-                "cotangent; float64 copy of the same model as reference (bfloat16-cast: weights and input "
+    "accuracy": "batch 8 (timm, 224x224; efficientnet_b3 300x300) / 4 (unet_block); one forward + backward "
+                "with a fixed random output cotangent; float64 copy of the same model as reference (bfloat16-cast: weights and input "
                 "rounded to bfloat16 first); TF32 off",
-    "step_time": "forward + loss + backward + SGD step + zero_grad, batch 64x3x224x224 (timm) / 8x320x64x64 "
-                 "(unet_block); each step between its own CUDA events; warm-up steps, then median",
+    "step_time": "forward + loss + backward + SGD step + zero_grad, batch 64x3x224x224 (timm; "
+                 "efficientnet_b3 64x3x300x300) / 8x320x64x64 (unet_block); each step between its own CUDA events; warm-up steps, then median",
     "baseline": "torch's own layers in its faster memory format (NCHW or channels_last); ours: the converted "
                 "model in its faster memory format",
 }
