@@ -187,8 +187,8 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     if not copy_async:
         raw_bytes, stage_outputs = 0, False
     out_stage_bytes = _round16(per_unit * dst_plane_bytes) + 16 if stage_outputs else 0
-    if _BUFFERS * raw_bytes + out_stage_bytes > _SHARED_LIMIT:
-        out_stage_bytes = 0
+    # P was bounded with the output buffer and 31 bytes of rounding per buffer.
+    assert _BUFFERS * raw_bytes + out_stage_bytes <= _SHARED_LIMIT
     return _launch.Launch(
         KERNEL_FILE,
         _expression(dtype, size, backward, index),
