@@ -29,6 +29,8 @@ Launch rule (no user tuning), from the destination plane size:
   per unit, multiplier 1) are staged flat: the unit's planes are one
   contiguous range, copied as 16-byte cp.async vectors into a raw buffer and
   expanded in shared memory into the padded layout (3 barriers per step).
+  So are the bands of planes whose rows are not 4-byte aligned (odd widths
+  of 2-byte types, FLAT_BANDS_BELOW): a band's image rows are one range.
 * A larger plane is cut into bands of 256 // strips item rows (one plane per
   block); planes wider than 1024 float32 (256 strips) are left to the tiled or
   direct kernel (plan returns None), as are shapes whose staged band would
@@ -57,6 +59,10 @@ MAX_FIXED_COPIES = 4
 # blocks per SM (228 KB), as many as the registers allow for most variants.
 _SHARED_BUDGET = 32 * 1024
 _SHARED_LIMIT = 48 * 1024
+#: Banded planes are staged flat where row staging would copy rows narrower
+#: than this many bytes: 4, the element-wise copies of odd widths of 2-byte
+#: types (H200, 64x192x75x75 float16 3x3 forward: 376.7 us row by row).
+FLAT_BANDS_BELOW = 4
 
 
 def _expression(dtype, size, stride, backward, index):
@@ -181,15 +187,26 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned):
     # planes such as 7x7, 14x14 float32 and 28x28 half types.  Shared memory:
     # one padded buffer and two raw buffers, each holding the range (or the
     # unit's outputs) shifted by < vec elements.
-    flat = bands == 1 and g.multiplier == 1 and (src_w * itemsize < 64 or stage_bytes < 16)
-    flat_elems = -(-(vec - 1 + planes_per_unit * max(src_h * src_w, dst_h * dst_w)) // vec) * vec
+    # Bands (one plane per unit, bands > 1) take it where their rows would be
+    # copied narrower than FLAT_BANDS_BELOW bytes: a band's image rows are
+    # one contiguous range too, and its padding rows are re-zeroed by the
+    # expansion.
+    if bands == 1:
+        flat = g.multiplier == 1 and (src_w * itemsize < 64 or stage_bytes < 16)
+        range_elems = planes_per_unit * max(src_h * src_w, dst_h * dst_w)
+    else:
+        flat = g.multiplier == 1 and stage_bytes < FLAT_BANDS_BELOW
+        range_elems = max(staged_rows(band_groups) * src_w, band_groups * rows * dst_w)
+    flat_elems = -(-(vec - 1 + range_elems) // vec) * vec
     shared_mem = planes_per_unit * plane_bytes + 2 * flat_elems * itemsize
     # At most 2 x 48 KB like row staging (Launch.kernel raises the kernel's
-    # dynamic shared memory limit) and at most 1.25 x row staging's two
-    # buffers (raw planes are smaller than padded ones; 28x28 half types need
-    # 1.05 x, where registers, not shared memory, bound the blocks per SM).
+    # dynamic shared memory limit) and, for whole planes, at most 1.25 x row
+    # staging's two buffers (raw planes are smaller than padded ones; 28x28
+    # half types need 1.05 x, where registers, not shared memory, bound the
+    # blocks per SM).  Bands are at most 48 KB a buffer: below that bound.
     row_shared = 2 * planes_per_unit * plane_bytes
-    if not (flat and shared_mem <= min(2 * _SHARED_LIMIT, row_shared * 5 // 4)):
+    limit = 2 * _SHARED_LIMIT if bands > 1 else min(2 * _SHARED_LIMIT, row_shared * 5 // 4)
+    if not (flat and shared_mem <= limit):
         flat_elems = 0
         # Two staging buffers (the unit being computed and the next one).
         shared_mem = 2 * planes_per_unit * plane_bytes

@@ -382,11 +382,13 @@ __device__ __forceinline__ void stage_rows(const StagingArgs<T>& a, int stage_by
   dwgn::cp_async_commit();
 }
 
-// Flat staging (host: flat_elems > 0; whole planes per unit, one source per
-// destination plane): the unit's source planes are one contiguous range of
-// src, copied as aligned 16-byte cp.async vectors into `raw` (shifted by the
-// range's 16-byte phase, like the flat output path) instead of row by row
-// with 4- or 8-byte copies and per-copy row arithmetic.  The at most two
+// Flat staging (host: flat_elems > 0; one source per destination plane):
+// the unit's source rows (whole planes, or the image rows of one band of one
+// plane) are one contiguous range of src, copied as aligned 16-byte cp.async
+// vectors into `raw` (shifted by the range's 16-byte phase, like the flat
+// output path) instead of row by row with 4- or 8-byte copies and per-copy
+// row arithmetic, or element by element where rows are not 4-byte aligned
+// (odd widths of 2-byte types: 64x192x75 float16 376 us, 17% of the floor).  The at most two
 // partial vectors at the ends (misaligned or odd-length ranges only) are
 // copied element-wise with plain loads.  The caller commits.
 template <typename T>
@@ -481,20 +483,41 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
       threadIdx.x, items_per_plane, strips, planes_per_unit, plane_rows, staged_width, read_base);
 
   const float inv_plane_rows = __frcp_rn(static_cast<float>(plane_rows));
-  auto stage = [&](int unit, int source, int buffer) {
-    if (flat) {
-      // Whole planes, one source each (host: bands == 1, multiplier == 1):
-      // src planes first_plane .. first_plane + valid - 1.
-      const int first = unit * planes_per_unit;
-      const int valid = min(planes_per_unit, num_dst_planes - first);
-      stage_flat<T>(src + static_cast<IndexT>(first) * src_plane_elems, raw_buffers + buffer * flat_elems,
-                    valid * src_plane_elems);
-      dwgn::cp_async_commit();
-      return;
+  // Flat staging's source range of a unit: it starts at image row raw_row0
+  // of plane first_plane (row 0 for whole planes; a band's first image row)
+  // and holds `rows` image rows of each of its planes (planes src_plane_elems
+  // apart, so whole planes are one contiguous range too).
+  struct FlatRange {
+    IndexT start;
+    int length, raw_row0;
+  };
+  auto flat_range = [&](int first_plane, int band) {
+    FlatRange r;
+    if (num_bands == 1) {
+      r.raw_row0 = 0;
+      r.length = min(planes_per_unit, num_dst_planes - first_plane) * src_plane_elems;
+    } else {
+      const int src_row0 = band * band_height * STRIDE - offset_top;  // image row of staged row 0
+      r.raw_row0 = max(src_row0, 0);
+      r.length = max(0, min(src_row0 + plane_rows, src_height) - r.raw_row0) * src_width;
     }
+    r.start = static_cast<IndexT>(first_plane) * src_plane_elems + static_cast<IndexT>(r.raw_row0) * src_width;
+    return r;
+  };
+  auto stage = [&](int unit, int source, int buffer) {
     int plane_unit, band;
     dwgn_window::split_unit(unit, num_bands, plane_unit, band);
     const int first_plane = plane_unit * planes_per_unit;
+    if (flat) {
+      // One source per plane (host: multiplier == 1): whole planes
+      // first_plane .. first_plane + valid - 1, or the image rows of one
+      // band of one plane (num_bands > 1: planes_per_unit == 1); either is
+      // one contiguous range of src (FlatRange).
+      const FlatRange range = flat_range(first_plane, band);
+      stage_flat<T>(src + range.start, raw_buffers + buffer * flat_elems, range.length);
+      dwgn::cp_async_commit();
+      return;
+    }
     if (fixed_copies > 0) {  // num_bands == 1 (host)
       const T* base = src + (static_cast<IndexT>(first_plane) * planes_stride + source) * src_plane_elems;
       const int limit = min(planes_per_unit, num_dst_planes - first_plane) * planes_stride * src_plane_elems;
@@ -574,22 +597,27 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
       __syncthreads();
       // Issued a whole step ahead of its use: the copy overlaps this step.
       if (next_unit < num_units) stage(next_unit, next_source, (step + 1) & 1);
-      // Expand the raw planes into the padded layout: element i of the range
-      // is (plane pl, image row r, column c); image row r is staged row
-      // r + offset_top of its plane (band_row0 = 0).
-      const T* const range = src + static_cast<IndexT>(first_plane) * src_plane_elems;
+      // Expand the raw range into the padded layout, image columns of every
+      // staged row of the unit's valid planes: staged row k of plane pl is
+      // image row src_row0 + k, element (pl * src_height + image row -
+      // raw_row0) * src_width + c of the range, or zero outside the image
+      // (a band's padding rows held image rows of the block's previous band).
+      const FlatRange range = flat_range(first_plane, band);
       const T* const raw = raw_buffers + (step & 1) * flat_elems +
-                           static_cast<int>(reinterpret_cast<size_t>(range) % 16) / static_cast<int>(sizeof(T));
-      const int total = min(planes_per_unit, num_dst_planes - first_plane) * src_plane_elems;
+                           static_cast<int>(reinterpret_cast<size_t>(src + range.start) % 16) /
+                               static_cast<int>(sizeof(T));
+      const int src_row0 = band_row0 * STRIDE - offset_top;
+      const int total = min(planes_per_unit, num_dst_planes - first_plane) * plane_rows * src_width;
       const float inv_width = __frcp_rn(static_cast<float>(src_width));
-      const float inv_height = __frcp_rn(static_cast<float>(src_height));
       for (int i = threadIdx.x; i < total; i += blockDim.x) {
-        const int image_row = dwgn::small_div(i, inv_width);
-        const int c = i - image_row * src_width;
-        const int pl = dwgn::small_div(image_row, inv_height);
-        const int staged_row = image_row - pl * src_height + offset_top;
-        if (staged_row >= 0 && staged_row < plane_rows)
-          buffers[(pl * plane_rows + staged_row) * staged_width + left_halo + c] = raw[i];
+        const int row = dwgn::small_div(i, inv_width);  // pl * plane_rows + k
+        const int c = i - row * src_width;
+        const int pl = dwgn::small_div(row, inv_plane_rows);
+        const int image_row = src_row0 + row - pl * plane_rows;
+        buffers[row * staged_width + left_halo + c] =
+            static_cast<unsigned>(image_row) < static_cast<unsigned>(src_height)
+                ? raw[(pl * src_height + image_row - range.raw_row0) * src_width + c]
+                : T(0.0f);
       }
       __syncthreads();  // the padded planes are complete
     }

@@ -242,14 +242,15 @@ def nchw_window():
     # build it): the fixed copies (whole planes per unit, copy offsets worked
     # out once, padding rows zeroed once) for one plane and several per unit
     # with a partial last one, the backward's 2 sources per plane, padding
-    # rows at the top and bottom, 5x5; a banded plane and stride-2 forwards
-    # (row staging of one plane per unit).
+    # rows at the top and bottom, 5x5; banded planes (row staging; flat
+    # staging of bands at odd widths of 2-byte types) and stride-2 forwards.
     from cupy_dwgn import _depthwise_nchw_window, _dtypes, _validate, depthwise as dw
 
     for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
         for x_shape, multiplier, k, padding in [
             ((1, 6, 56, 56), 1, 3, 1), ((1, 5, 32, 32), 1, 3, 1), ((2, 3, 40, 40), 2, 3, 1),
             ((1, 3, 48, 48), 1, 3, ((2, 3), (1, 1))), ((1, 4, 56, 56), 1, 5, 2), ((1, 2, 112, 112), 1, 3, 1),
+            ((2, 3, 75, 75), 1, 3, 1), ((1, 2, 101, 91), 1, 5, ((0, 6), (2, 2))),  # bands, flat in 2-byte types
         ]:
             w_shape = (x_shape[1] * multiplier, 1, k, k)
             g = _validate.conv_geometry(x_shape, w_shape, 1, padding, 1)
@@ -265,7 +266,8 @@ def nchw_window():
                                                      dw._alignment(dst) == 16)
                 launch(src, w, 0 if backward else b, dst)
         # Stride-2 forwards: units of one plane staged row by row (the stepped loop).
-        for x_shape, k, padding in [((1, 3, 112, 112), 3, 1), ((1, 2, 57, 40), 5, 2), ((1, 3, 97, 97), 3, "valid")]:
+        for x_shape, k, padding in [((1, 3, 112, 112), 3, 1), ((1, 2, 57, 40), 5, 2), ((1, 3, 97, 97), 3, "valid"),
+                                    ((1, 3, 151, 151), 3, 1)]:
             w_shape = (x_shape[1], 1, k, k)
             g = _validate.conv_geometry(x_shape, w_shape, 2, padding, 1)
             src = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)

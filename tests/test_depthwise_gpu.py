@@ -369,6 +369,55 @@ def test_nchw_window_kernel_matches_reference(case, dtype, backward, rng):
     assert error <= TOLERANCE[dtype]
 
 
+# The NCHW window kernel's flat staging of bands (planes too large for one
+# unit whose rows are not 4-byte aligned: odd widths of 2-byte types, taken
+# flat per FLAT_BANDS_BELOW; the wider types stage them row by row), launched
+# directly on poisoned outputs: several planes so that a block walks bands of
+# different planes and positions (a band's padding rows held the previous
+# band's image rows), padding rows at the top and bottom, per-side padding
+# larger than the filter's reach, stride 2, and a 16-byte misaligned source.
+# (label, x shape, filter size, stride, padding, source offset in elements)
+WINDOW_BAND_CASES = [
+    ("75x75 3x3 p1", (2, 3, 75, 75), 3, 1, 1, 0),
+    ("99x91 5x5 p2", (1, 3, 99, 91), 5, 1, 2, 0),
+    ("95x81 7x7 p3", (1, 2, 95, 81), 7, 1, 3, 0),
+    ("75x75 3x3 rows padded 2/3", (1, 3, 75, 75), 3, 1, ((2, 3), (1, 1)), 0),
+    ("101x91 5x5 rows padded 0/6", (1, 2, 101, 91), 5, 1, ((0, 6), (2, 2)), 0),
+    ("151x151 3x3 s2 p1", (1, 3, 151, 151), 3, 2, 1, 0),
+    ("149x133 5x5 s2 p2", (1, 2, 149, 133), 5, 2, 2, 0),
+    ("75x75 3x3 p1 source offset 1", (1, 3, 75, 75), 3, 1, 1, 1),
+]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", WINDOW_BAND_CASES, ids=lambda c: c[0])
+def test_nchw_window_banded_flat_staging(case, dtype, backward, rng):
+    _, x_shape, k, stride, padding, offset = case
+    if backward and stride != 1:
+        pytest.skip("the window kernel's backward-input is stride 1 only")
+    g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, k, k), padding, dtype, backward, rng, stride)
+    # The source at `offset` elements past a 256-byte aligned allocation.
+    storage = cupy.empty(src.size + offset, dtype)
+    src_gpu = storage[offset:].reshape(src.shape)
+    src_gpu[...] = cupy.asarray(src)
+    dst = poisoned(want.shape, dtype)
+    launch = _depthwise_nchw_window.plan(
+        g, numpy.dtype(dtype), backward, "int", depthwise._alignment(src_gpu), depthwise._alignment(dst) == 16
+    )
+    assert launch is not None
+    bands, stage_bytes, flat_elems = (int(launch.scalars[i]) for i in (11, 15, 17))
+    assert bands > 1
+    assert (flat_elems > 0) == (stage_bytes < _depthwise_nchw_window.FLAT_BANDS_BELOW)
+    if numpy.dtype(dtype).itemsize == 2:
+        assert flat_elems > 0  # odd widths: rows not 4-byte aligned
+    launch(src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
+    error = relative_error(dst, want)
+    record_errors("depthwise NCHW window kernel", str(numpy.dtype(dtype)),
+                  {("backward_input" if backward else "forward"): error})
+    assert error <= TOLERANCE[dtype]
+
+
 # The NCHW row kernel (_depthwise_nchw_rows), launched directly on poisoned
 # outputs: (name, x shape, filter size, stride, padding).  Rows of 1 to 16
 # values (both compiled widths, the 8 -> 16 boundary), padding larger than
