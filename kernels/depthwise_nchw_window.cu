@@ -602,22 +602,29 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
       // image row src_row0 + k, element (pl * src_height + image row -
       // raw_row0) * src_width + c of the range, or zero outside the image
       // (a band's padding rows held image rows of the block's previous band).
+      // A row per group of `row_lanes` threads (a power of two <= 32 that
+      // covers the narrower rows in one pass), columns row_lanes apart: one
+      // division per row, not two per element (the expansion had as many
+      // instructions as the unit's arithmetic).
       const FlatRange range = flat_range(first_plane, band);
       const T* const raw = raw_buffers + (step & 1) * flat_elems +
                            static_cast<int>(reinterpret_cast<size_t>(src + range.start) % 16) /
                                static_cast<int>(sizeof(T));
       const int src_row0 = band_row0 * STRIDE - offset_top;
-      const int total = min(planes_per_unit, num_dst_planes - first_plane) * plane_rows * src_width;
-      const float inv_width = __frcp_rn(static_cast<float>(src_width));
-      for (int i = threadIdx.x; i < total; i += blockDim.x) {
-        const int row = dwgn::small_div(i, inv_width);  // pl * plane_rows + k
-        const int c = i - row * src_width;
-        const int pl = dwgn::small_div(row, inv_plane_rows);
+      const int rows_total = min(planes_per_unit, num_dst_planes - first_plane) * plane_rows;
+      const int row_lanes = src_width > 16 ? 32 : (src_width > 8 ? 16 : 8);
+      const int lane = static_cast<int>(threadIdx.x) & (row_lanes - 1);
+      const int row_step = static_cast<int>(blockDim.x) / row_lanes;  // blockDim.x: a multiple of 32 (host)
+      for (int row = static_cast<int>(threadIdx.x) / row_lanes; row < rows_total; row += row_step) {
+        const int pl = dwgn::small_div(row, inv_plane_rows);  // row = pl * plane_rows + k
         const int image_row = src_row0 + row - pl * plane_rows;
-        buffers[row * staged_width + left_halo + c] =
-            static_cast<unsigned>(image_row) < static_cast<unsigned>(src_height)
-                ? raw[(pl * src_height + image_row - range.raw_row0) * src_width + c]
-                : T(0.0f);
+        T* const to = buffers + row * staged_width + left_halo;
+        if (static_cast<unsigned>(image_row) < static_cast<unsigned>(src_height)) {
+          const T* const from = raw + (pl * src_height + image_row - range.raw_row0) * src_width;
+          for (int c = lane; c < src_width; c += row_lanes) to[c] = from[c];
+        } else {
+          for (int c = lane; c < src_width; c += row_lanes) to[c] = T(0.0f);
+        }
       }
       __syncthreads();  // the padded planes are complete
     }
