@@ -388,9 +388,9 @@ __device__ __forceinline__ void stage_rows(const StagingArgs<T>& a, int stage_by
 // vectors into `raw` (shifted by the range's 16-byte phase, like the flat
 // output path) instead of row by row with 4- or 8-byte copies and per-copy
 // row arithmetic, or element by element where rows are not 4-byte aligned
-// (odd widths of 2-byte types: 64x192x75 float16 376 us, 17% of the floor).  The at most two
-// partial vectors at the ends (misaligned or odd-length ranges only) are
-// copied element-wise with plain loads.  The caller commits.
+// (odd widths of 2-byte types: 64x192x75 float16 376 us, 17% of the floor).
+// The at most two partial vectors at the ends (misaligned or odd-length
+// ranges only) are copied element-wise with plain loads.  The caller commits.
 template <typename T>
 __device__ __forceinline__ void stage_flat(const T* range, T* raw, int length) {
   constexpr int VEC = dwgn_window::kVec<T>;
@@ -483,10 +483,10 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
       threadIdx.x, items_per_plane, strips, planes_per_unit, plane_rows, staged_width, read_base);
 
   const float inv_plane_rows = __frcp_rn(static_cast<float>(plane_rows));
-  // Flat staging's source range of a unit: it starts at image row raw_row0
-  // of plane first_plane (row 0 for whole planes; a band's first image row)
-  // and holds `rows` image rows of each of its planes (planes src_plane_elems
-  // apart, so whole planes are one contiguous range too).
+  // Flat staging's source range of a unit (`length` elements from `start`):
+  // whole planes from row 0 (raw_row0 = 0; planes are src_plane_elems apart,
+  // so they are one range), or a band's image rows of one plane from its
+  // first, raw_row0 (none for a band of padding rows only).
   struct FlatRange {
     IndexT start;
     int length, raw_row0;
