@@ -28,7 +28,7 @@ SHAPES = [(64, 576, 19, 3, 1), (64, 576, 19, 5, 1), (64, 816, 19, 5, 1), (64, 19
 
 def main(quick=False):
     dtypes = ["float16"] if quick else ["float16", "bfloat16", "float32"]
-    print(f"{'case':22s} {'dtype':8s} {'NCHW kernels':>12s} {'via NHWC':>9s} {'NHWC kernel':>11s}  TB/s ncwh/via  rel diff")
+    print(f"{'case':22s} {'dtype':8s} {'NCHW kernels':>12s} {'via NHWC':>9s} {'NHWC kernel':>11s}  TB/s nchw/via  rel diff")
     for n, c, h, k, s in SHAPES:
         for name in dtypes:
             dtype = _dtypes.bfloat16 if name == "bfloat16" else numpy.dtype(name)

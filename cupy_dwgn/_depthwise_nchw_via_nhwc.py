@@ -8,16 +8,25 @@ Why: the NCHW register weight gradient (_depthwise_nchw_wgrad_regs) reads
 VW output columns per lane, VW the widest power of two dividing the widths
 and the padding offset; at odd widths (EfficientNet's 19, 75, 150/2 ...) VW
 is 1 and it reads 2- or 4-byte values, at 12-30% of the copy bandwidth.  The
-NHWC kernel reads 32-byte channel tiles whatever the width.  Measured on an
-H200 (2026-12-02, benchmarks/depthwise_nchw_wgrad_via_nhwc.py, N = 64, us,
-NCHW kernel / the NHWC kernel alone on NHWC copies): 64x576x19 3x3 float16
-102.8 / 30.9, 5x5 172.2 / 59.3, float32 3x3 100.2 / 43.2; 64x192x75 3x3
-float16 347.8 / 89.4.  The two transposes move 2 x (grad_out + x) bytes.
+NHWC kernel reads 32-byte channel tiles whatever the width; the two
+transposes move 2 x (grad_out + x) bytes, at 1.6-2 TB/s for 2-byte types.
 
-Rule (``preferred``; ``MODE`` overrides it for tests and benchmarks): where
-the NCHW register kernel would take VW = 1 and the NHWC kernel serves the
-call (3x3/5x5/7x7, stride 1 or 2, depth multiplier 1, C a multiple of its
-32-byte channel tile, float32/float16/bfloat16).
+Rule (``preferred``; ``MODE`` overrides it for tests and benchmarks): 5x5
+filters at stride 1 in half types where the NCHW register kernel would take
+VW = 1.  Measured on an H200 (2026-12-02,
+benchmarks/depthwise_nchw_wgrad_via_nhwc.py --quick, N = 64, float16, GPU
+time per call, us, NCHW kernels / this path / the NHWC kernel alone):
+
+* won: 64x576x19 5x5 172.4 / 122.5 / 58.9, 64x816x19 5x5 246.5 / 162.8 /
+  76.0 (EfficientNet-B3's 19-wide stage);
+* within 10% either way (not taken): 64x576x19 3x3 104.9 / 96.3 / 31.6,
+  64x96x65 3x3 156.1 / 153.0 / 41.7, 64x192x75 3x3 347.4 / 368.6 / 90.2;
+* lost: 64x288x38 3x3 s2 73.2 / 107.9, 64x816x19 5x5 s2 91.0 / 108.4,
+  64x144x150 3x3 s2 351.9 / 749.7, 64x384x15 7x7 63.7 / 76.7, 64x1392x9 3x3
+  46.4 / 59.8.
+
+float32 (4-byte words transpose at a better fraction of the bandwidth) is
+not measured yet and keeps the NCHW kernels.
 
 Cost: workspace for the NHWC copies of grad_out and x, and the partial sums.
 """
@@ -45,10 +54,14 @@ def specializations(dtypes=None, filter_sizes=None, large_index=(False, True)):
 
 
 def preferred(g, dtype, grad_out_alignment, x_alignment):
-    """Whether the ops take this path (module docstring): the NCHW register
-    kernel would read one column per lane."""
+    """Whether the ops take this path (module docstring): 5x5 at stride 1 in
+    half types, where the NCHW register kernel would read one column per
+    lane."""
     dtype = numpy.dtype(dtype)
-    if dtype not in _depthwise_nhwc_wgrad.DTYPES or (g.filter_height, g.filter_width) not in _depthwise_nhwc_wgrad.FILTER_SIZES:
+    if (
+        dtype.itemsize != 2 or dtype not in _depthwise_nhwc_wgrad.DTYPES
+        or (g.filter_height, g.filter_width) != (5, 5) or (g.stride_h, g.stride_w) != (1, 1)
+    ):
         return False
     return _depthwise_nchw_wgrad_regs.vector_width(g, dtype, grad_out_alignment, x_alignment) == 1
 

@@ -14,8 +14,9 @@ kernel does not serve the geometry), in this order:
                   whole plane (where preferred) -> register window (stride 1)
                   -> tiled (stride 1) / direct gather (any stride)
 * NCHW backward-weight: transposed to NHWC around the NHWC register-tap
-                  kernel (where the NCHW register kernel would read one
-                  column per lane, _depthwise_nchw_via_nhwc) -> register
+                  kernel (half-type 5x5 at stride 1 where the NCHW register
+                  kernel would read one column per lane,
+                  _depthwise_nchw_via_nhwc.preferred) -> register
                   weight gradient (3x3/5x5/7x7, stride 1 or
                   2, where _depthwise_nchw_wgrad_regs.preferred) -> staged
                   small-filter / large-filter kernels (_depthwise_nchw_wgrad)

@@ -1070,8 +1070,8 @@ def test_nhwc_large_filters_run_the_nchw_kernels_between_transposes(case, dtype,
 
 # The NCHW weight gradient through NHWC copies (_depthwise_nchw_via_nhwc):
 # two transposes, the NHWC register-tap kernel and its finalize, taken by the
-# rule where the NCHW register kernel would read one column per lane (odd
-# widths), and forced elsewhere; odd and even widths, stride 1 and 2, every
+# rule for half-type 5x5 at stride 1 where the NCHW register kernel would read
+# one column per lane (odd widths), and forced elsewhere; odd and even widths, stride 1 and 2, every
 # filter it serves, per-side padding, several images; NaN-poisoned outputs,
 # bit-identical to the NHWC op on NHWC copies of the same data and run to run.
 # (label, x shape, filter size, stride, padding)
@@ -1099,7 +1099,7 @@ def test_nchw_weight_gradient_via_nhwc(case, dtype, rng, monkeypatch):
     conv = dict(stride=stride, padding=padding)
     want = reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)
     transpose = _depthwise_nhwc_large.KERNEL_FILE
-    routed_by_rule = _depthwise_nchw_wgrad_regs.vector_width(g, dtype, 16, 16) == 1
+    routed_by_rule = _depthwise_nchw_via_nhwc.preferred(g, dtype, 16, 16)
     for mode in ("rule", "always"):
         monkeypatch.setattr(_depthwise_nchw_via_nhwc, "MODE", mode)
         monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
