@@ -13,7 +13,11 @@ kernel does not serve the geometry), in this order:
 * NCHW backward-input: large filter -> rows (stride 1, where preferred) ->
                   whole plane (where preferred) -> register window (stride 1)
                   -> tiled (stride 1) / direct gather (any stride)
-* NCHW backward-weight: register weight gradient (3x3/5x5/7x7, stride 1 or
+* NCHW backward-weight: transposed to NHWC around the NHWC register-tap
+                  kernel (half-type 5x5 at stride 1 where the NCHW register
+                  kernel would read one column per lane,
+                  _depthwise_nchw_via_nhwc.preferred) -> register
+                  weight gradient (3x3/5x5/7x7, stride 1 or
                   2, where _depthwise_nchw_wgrad_regs.preferred) -> staged
                   small-filter / large-filter kernels (_depthwise_nchw_wgrad)
                   -> two-pass kernel (_depthwise_nchw)
@@ -43,6 +47,7 @@ from . import (
     _depthwise_nchw_large,
     _depthwise_nchw_plane,
     _depthwise_nchw_rows,
+    _depthwise_nchw_via_nhwc,
     _depthwise_nchw_wgrad,
     _depthwise_nchw_wgrad_regs,
     _depthwise_nchw_window,
@@ -98,6 +103,7 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                 if large_filters:
                     specs += _depthwise_nchw_large.specializations(dtypes, large_index)
             else:
+                specs += _depthwise_nchw_via_nhwc.specializations(dtypes, sizes, large_index)
                 specs += _depthwise_nchw_wgrad_regs.specializations(dtypes, sizes, large_index)
                 specs += _depthwise_nchw_wgrad.specializations(dtypes, sizes, large_index)
         if "NHWC" in layouts:
@@ -483,6 +489,9 @@ def _backward_weight_steps(g, layout, grad_out, x):
         planned = (_depthwise_nhwc_wgrad.select(g, x.dtype, index, _alignment(grad_out), _alignment(x))
                    or _depthwise_nhwc.backward_weight_plan(g, x.dtype, index, _vector_aligned(grad_out, x)))
     else:
+        routed = _depthwise_nchw_via_nhwc.backward_weight_steps(g, x.dtype, index, _alignment(grad_out), _alignment(x))
+        if routed is not None:
+            return _launch.Steps(*routed)
         planned = _depthwise_nchw_wgrad_regs.select(g, x.dtype, _alignment(grad_out), _alignment(x))
     if planned is not None:  # partial sums + the shared finalize
         (partial, finalize), temporary = planned

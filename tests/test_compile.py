@@ -1651,6 +1651,49 @@ def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case, monkeypat
         assert walks["clean"] and all(walks[key] for key in _NCHW_WGRAD_REGS_CLEAN_WALKS[case]), walks
 
 
+def test_nchw_wgrad_via_nhwc_rule():
+    # The NCHW weight gradient goes through NHWC copies exactly for half-type
+    # 5x5 stride 1 where the NCHW register kernel would take VW = 1 (and the
+    # NHWC kernel serves: C a multiple of its channel tile), with shipped
+    # kernels: two transposes (NCHW rows C, columns H*W), the NHWC register-
+    # tap kernel and its finalize; the workspace holds the NHWC copies.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_via_nhwc as via
+    from cupy_dwgn import _depthwise_nhwc_large, _dtypes, _validate
+
+    shipped = set(ALL_SPECIALIZATIONS)
+    assert via.MODE == "rule"
+    half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    for (n, c, hw, k, stride), half_routed in [
+        ((64, 576, 19, 5, 1), True), ((64, 816, 19, 5, 1), True), ((2, 48, 21, 5, 1), True),
+        ((64, 576, 19, 3, 1), False), ((64, 816, 19, 5, 2), False), ((64, 240, 28, 5, 1), False),
+        ((64, 384, 15, 7, 1), False), ((2, 40, 19, 5, 1), False),  # C = 40: not a multiple of 16
+    ]:
+        g = _validate.conv_geometry((n, c, hw, hw), (c, 1, k, k), stride, k // 2, 1)
+        for dtype in (half, _dtypes.bfloat16, single, numpy.dtype(numpy.float64)):
+            routed = via.backward_weight_steps(g, dtype, "int", 16, 16)
+            assert (routed is not None) == (half_routed and dtype.itemsize == 2), (hw, k, stride, c, dtype)
+            if routed is None:
+                continue
+            launches, temporaries = routed
+            assert [(l.file, l.expression) in shipped for l, _ in launches] == [True] * 4
+            assert [l.file for l, _ in launches[:2]] == [_depthwise_nhwc_large.KERNEL_FILE] * 2
+            assert [positions for _, positions in launches] == [(0, 4), (1, 5), (4, 5, 6), (6, 3)]
+            assert [int(v) for v in launches[0][0].scalars[:2]] == [c, g.out_height * g.out_width]
+            assert temporaries[:2] == (((n, g.out_height, g.out_width, c), dtype), ((n, hw, hw, c), dtype))
+    g = _validate.conv_geometry((2, 48, 21, 21), (48, 1, 5, 5), 1, 2, 1)
+    assert via.backward_weight_steps(g, half, "int", 16, 2) is not None  # x 2-byte aligned: VW 1
+    g = _validate.conv_geometry((2, 48, 24, 24), (48, 1, 5, 5), 1, 2, 1)
+    assert via.backward_weight_steps(g, half, "int", 16, 16) is None  # VW 4
+    assert via.backward_weight_steps(g, half, "int", 16, 2) is not None  # a 2-byte aligned x: VW 1
+    via.MODE = "always"
+    try:
+        assert via.backward_weight_steps(g, single, "int", 16, 16) is not None
+    finally:
+        via.MODE = "rule"
+
+
 def test_nchw_wgrad_regs_rule():
     # The benchmark shapes: shipped expressions, a grid within limits, every
     # split non-empty, the widest VW the row allows; the shapes it does not

@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_plane, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
+    _depthwise_nchw_plane, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
     _launch, _validate, depthwise, reference,
 )
 
@@ -1066,6 +1066,61 @@ def test_nhwc_large_filters_run_the_nchw_kernels_between_transposes(case, dtype,
     again = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, **conv)
     bits = f"u{dw.itemsize}"
     assert bool((again.view(bits) == dw.view(bits)).all())  # deterministic
+
+
+# The NCHW weight gradient through NHWC copies (_depthwise_nchw_via_nhwc):
+# two transposes, the NHWC register-tap kernel and its finalize, taken by the
+# rule for half-type 5x5 at stride 1 where the NCHW register kernel would read
+# one column per lane (odd widths), and forced elsewhere; odd and even widths, stride 1 and 2, every
+# filter it serves, per-side padding, several images; NaN-poisoned outputs,
+# bit-identical to the NHWC op on NHWC copies of the same data and run to run.
+# (label, x shape, filter size, stride, padding)
+VIA_NHWC_CASES = [
+    ("19x19 3x3", (3, 32, 19, 19), 3, 1, 1),
+    ("19x19 5x5", (2, 48, 19, 19), 5, 1, 2),
+    ("15x15 7x7", (2, 32, 15, 15), 7, 1, 3),
+    ("38x38 3x3 s2", (2, 32, 38, 38), 3, 2, 1),
+    ("19x19 5x5 s2", (2, 64, 19, 19), 5, 2, 2),
+    ("75x75 3x3", (1, 16, 75, 75), 3, 1, 1),
+    ("21x17 3x3 per-side", (2, 32, 21, 17), 3, 1, ((0, 2), (1, 1))),
+    ("28x28 3x3 (even: forced only)", (2, 32, 28, 28), 3, 1, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nhwc_wgrad.DTYPES], ids=str)
+@pytest.mark.parametrize("case", VIA_NHWC_CASES, ids=lambda c: c[0])
+def test_nchw_weight_gradient_via_nhwc(case, dtype, rng, monkeypatch):
+    _, x_shape, k, stride, padding = case
+    w_shape = (x_shape[1], 1, k, k)
+    g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
+    x = random(rng, x_shape, dtype)
+    dy = random(rng, (g.batch, g.channels, g.out_height, g.out_width), dtype)
+    x_gpu, dy_gpu = cupy.asarray(x), cupy.asarray(dy)
+    conv = dict(stride=stride, padding=padding)
+    want = reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)
+    transpose = _depthwise_nhwc_large.KERNEL_FILE
+    routed_by_rule = _depthwise_nchw_via_nhwc.preferred(g, dtype, 16, 16)
+    for mode in ("rule", "always"):
+        monkeypatch.setattr(_depthwise_nchw_via_nhwc, "MODE", mode)
+        monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
+        steps = depthwise._backward_weight_steps(g, "NCHW", dy_gpu, x_gpu)
+        routed = mode == "always" or routed_by_rule
+        assert (steps.launches[0].file == transpose) == routed
+        if not routed:
+            continue
+        assert [launch.file for launch in steps.launches[:2]] == [transpose] * 2
+        assert steps.launches[2].expression.startswith(_depthwise_nhwc_wgrad.KERNEL)
+        dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, out=poisoned(w_shape, dtype), **conv)
+        error = relative_error(dw, want)
+        record_errors("depthwise NCHW weight gradient via NHWC", str(numpy.dtype(dtype)), {"backward_weight": error})
+        assert error <= TOLERANCE[dtype]
+        bits = f"u{dw.itemsize}"
+        again = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, **conv)
+        assert bool((again.view(bits) == dw.view(bits)).all())  # deterministic
+        nhwc = cupy_dwgn.depthwise_conv2d_backward_weight(
+            cupy.ascontiguousarray(dy_gpu.transpose(0, 2, 3, 1)), cupy.ascontiguousarray(x_gpu.transpose(0, 2, 3, 1)),
+            w_shape, layout="NHWC", **conv)
+        assert bool((nhwc.view(bits) == dw.view(bits)).all())  # the NHWC op's kernel and sums
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
