@@ -28,7 +28,8 @@ time per call, us, NCHW kernels / this path / the NHWC kernel alone):
 float32 (4-byte words transpose at a better fraction of the bandwidth) is
 not measured yet and keeps the NCHW kernels.
 
-Cost: workspace for the NHWC copies of grad_out and x, and the partial sums.
+Cost: workspace for the NHWC copies of grad_out and x, and the partial sums
+(so tensors of 2**31 elements and more keep the NCHW kernels).
 """
 
 import numpy
@@ -70,8 +71,14 @@ def backward_weight_steps(g, dtype, index, grad_out_alignment, x_alignment):
     """``(launches with their argument positions, temporaries)`` for a Steps
     (call addresses: grad_out, x, NULL, grad_weight; temporaries: NHWC
     grad_out 4, NHWC x 5, partial sums 6), or None where the ops do not take
-    this path (per ``MODE``) or the NHWC kernel does not serve ``g``."""
+    this path (per ``MODE``), ``index`` is not "int" (tensors of 2**31
+    elements and more) or the NHWC kernel does not serve ``g``."""
     if MODE == "never" or (MODE == "rule" and not preferred(g, dtype, grad_out_alignment, x_alignment)):
+        return None
+    if index != "int":
+        # Tensors of 2**31 elements and more keep the NCHW kernels: the NHWC
+        # copies would double the call's memory where it is largest (and
+        # this composition is not tested with 64-bit offsets).
         return None
     # Workspace buffers are 256-byte aligned: the NHWC copies are too.
     planned = _depthwise_nhwc_wgrad.plan(g, dtype, index, 16, 16)

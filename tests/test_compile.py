@@ -1687,9 +1687,11 @@ def test_nchw_wgrad_via_nhwc_rule():
     g = _validate.conv_geometry((2, 48, 24, 24), (48, 1, 5, 5), 1, 2, 1)
     assert via.backward_weight_steps(g, half, "int", 16, 16) is None  # VW 4
     assert via.backward_weight_steps(g, half, "int", 16, 2) is not None  # a 2-byte aligned x: VW 1
+    assert via.backward_weight_steps(g, half, "long long", 16, 2) is None  # >= 2**31 elements: NCHW kernels
     via.MODE = "always"
     try:
         assert via.backward_weight_steps(g, single, "int", 16, 16) is not None
+        assert via.backward_weight_steps(g, single, "long long", 16, 16) is None
     finally:
         via.MODE = "rule"
 
