@@ -78,23 +78,36 @@ _BWD_RESIDENT = "dwgn_gn_bwd_resident"
 #     - a device that supports cooperative launches;
 #   else the three launches run.
 #
-# * "resident", the forward "auto" takes where it fits: dwgn_gn_fwd_resident,
-#   ONE cooperative launch that reads x from DRAM once.  Each block keeps a
-#   tile of rows (all C channels) in shared memory from its load to its
-#   stores of y: tile statistics, grid barrier, every block combines its
-#   sample's tiles (a warp per group), applies from the tile.  It needs
+# * "resident", only when FORWARD_PATH / BACKWARD_PATH is "resident":
+#   dwgn_gn_fwd_resident / dwgn_gn_bwd_resident, ONE cooperative launch per
+#   direction that reads x (and grad_out) from DRAM once.  Each block keeps
+#   a tile of whole rows (all C channels) in shared memory from its load to
+#   its stores: tile statistics, one grid barrier, every block combines its
+#   sample's tiles (gn::segment_sums), applies (or forms dx) from the tile.
+#   Measured on an H200 (2026-12-02, CUDA-graph GPU time, rotating copies,
+#   SiLU; benchmarks/group_norm_tuning.py --paths;
+#   results/group_norm_resident_h200_2026-12-02.txt) it is slower than the
+#   two launches in every SD-size cell but one (2x64x64x320 fp16
+#   forward/backward 18.4/19.3 us against 15.4/18.3; 2x16x16x1280 fp16
+#   15.7/15.4 against 10.9/11.9; 8x8x8x1280 fp32 forward 10.6 against
+#   11.1): one block of 480-512 threads per SM (its tile) runs ~2400
+#   instructions per warp at ~13.5 cycles each (Nsight Compute: 23% of the
+#   forward's stall samples in combining the tiles' L2 partials, 35% in the
+#   tile reductions, 19% in the apply, 13% waiting on the tile's loads), so
+#   the phases are latency-bound where the two launches spread the same work
+#   over many more warps.  It stays a tested, opt-in path for that work; it
+#   needs
 #     - a grid of N * B blocks (B = max(1, _RESIDENT_BLOCKS // N) blocks per
 #       sample, fewer when S has fewer rows) all resident at once on the
-#       device, with tiles of at most _RESIDENT_MAX_TILE bytes and the
-#       shared memory the device allows a block (checked per device, from
-#       the occupancy, once per signature: _resident_fits; a grid is never
-#       shrunk, each block owns its tile);
+#       device, with tiles (x, and grad_out backward) of at most
+#       _RESIDENT_MAX_TILE bytes in all and the shared memory the device
+#       allows a block (checked per device, from the occupancy, once per
+#       signature: _resident_fits; a grid is never shrunk, each block owns
+#       its tile);
 #     - a row of C channels in one block (C / VEC <= _RESIDENT_MAX_BLOCK);
 #     - fewer than 2**31 elements;
 #   else the two launches run ("fused"; "split" without cooperative launches).
-#   So on an H200 (132 SMs, 227 KB per block) every tensor up to ~20 MB in
-#   the benchmark's shapes is resident: 128 tiles of up to 160 KB.
-FORWARD_PATH = "auto"  # "auto", "resident", "fused", "split" or "onepass" (tests and benchmarks force a path)
+FORWARD_PATH = "auto"  # "auto", "fused", "split", "onepass" or "resident" (tests and benchmarks force a path)
 BACKWARD_PATH = "auto"
 # Phase-1 work items (n, chunk of rows): about this many in all, each at
 # least lanes * row batch rows (every thread gets a whole batch).  Shape only.
@@ -105,10 +118,12 @@ _ONEPASS_SLOTS = 2048  # gn::kOnePassSlots: lanes * C shared summaries
 # 2**31 - _ONEPASS_GRID_LIMIT never overflow when stepped by the grid.
 _ONEPASS_GRID_LIMIT = 2**16
 
-# The resident forward's grid: about this many blocks in all (one per SM of
+# The resident kernels' grid: about this many blocks in all (one per SM of
 # an H200's 132; B = _RESIDENT_BLOCKS // N per sample), tiles of at most
 # _RESIDENT_MAX_TILE bytes of x, blocks of at most _RESIDENT_MAX_BLOCK
-# threads (the kernel's __launch_bounds__).
+# threads (the kernel's __launch_bounds__).  64 or 32 blocks in all
+# measured mixed against 128 (H200, the --paths run above: within -3.5 to
+# +5.6 us per cell).
 _RESIDENT_BLOCKS = 128
 _RESIDENT_MAX_TILE = 160 * 1024
 _RESIDENT_MAX_BLOCK = 512
@@ -287,14 +302,12 @@ def _geometry(batch, rows, channels, dtype, aligned):
 
 def _path(setting):
     """The plans' path for a FORWARD_PATH / BACKWARD_PATH setting on the
-    current device: "onepass" (forced), "resident" ("auto" or forced; the
-    plan falls back to "fused" where it does not apply) and "fused" (forced)
-    where the device can launch cooperative kernels, else "split"."""
+    current device: "onepass" and "resident" (forced; the plans fall back to
+    "fused" where they do not apply) and "fused" ("auto" or forced) where
+    the device can launch cooperative kernels, else "split"."""
     if setting == "split" or not _launch.cooperative_supported():
         return "split"
-    if setting in ("onepass", "fused"):
-        return setting
-    return "resident"
+    return setting if setting in ("onepass", "resident") else "fused"
 
 
 def _resident_block(cols):
@@ -329,10 +342,15 @@ def _resident_geometry(batch, rows, channels, groups, dtype, vec, backward=False
         return None
     acc = _dtypes.accumulator_dtype(dtype).itemsize
     # The kernels' layout: the tiles (16-byte rounded), two slot arrays of
-    # lanes * C Acc, then forward mean and rstd (G doubles each) and the
-    # shifts (G Acc), backward the two dx coefficients (G Acc each).
+    # lanes * C Acc, then forward gn::segment_sums' scratch (2 * block
+    # doubles), mean and rstd (G doubles each) and the shifts (G Acc);
+    # backward the scratch (2 * block Acc), the per-channel sums (2 * C Acc)
+    # and the two dx coefficients (G Acc each).
     shared = tiles * (-(-tile // 16) * 16) + 2 * (block // cols) * channels * acc
-    shared += groups * 2 * acc if backward else groups * (16 + acc)
+    if backward:
+        shared += (2 * block + 2 * channels + 2 * groups) * acc
+    else:
+        shared += 2 * block * 8 + groups * (16 + acc)
     return block, per_sample, rows_per_block, shared
 
 
@@ -535,7 +553,7 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
         block, per_sample, rows_per_block, shared = resident
         return _Plan(
             None, None, None,
-            (((batch * per_sample, 2, channels), acc_dtype),),
+            (((batch * per_sample, 2 * (channels + groups)), acc_dtype),),
             resident=_launch.Launch(
                 KERNEL_FILE, name(_BWD_RESIDENT, t, w_ctype, act, vec), (batch * per_sample,), (block,), shared,
                 (i32(rows), i32(channels), i32(groups), i32(per_sample), i32(rows_per_block)),
@@ -734,7 +752,7 @@ def _forward(device, x, weight, bias, out, mean_out, rstd_out, return_stats, ent
         addresses = addresses[:3] + (
             y.data.ptr, null if mean is None else mean.data.ptr, null if rstd is None else rstd.data.ptr
         )
-    # The device is part of the key: whether the resident forward fits is per device.
+    # The device is part of the key: whether a resident kernel fits is per device.
     key = ((addresses[0] | addresses[3]) & 15, mean is None, rstd is None, device, FORWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
@@ -856,7 +874,7 @@ def _backward(device, grad_out, x, mean, rstd, weight, bias, out, grad_weight_ou
             grad_in.data.ptr, null if grad_weight is None else grad_weight.data.ptr,
             null if grad_bias is None else grad_bias.data.ptr,
         )
-    # The device is part of the key: whether the resident backward fits is per device.
+    # The device is part of the key: whether a resident kernel fits is per device.
     key = ((addresses[0] | addresses[1] | addresses[6]) & 15, device, BACKWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:

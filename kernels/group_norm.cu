@@ -21,8 +21,8 @@
 // Launches (no atomics but the grid barrier's counter, no host
 // synchronization; the reduction order depends on the shapes, the vector
 // path (C a multiple of the 16-byte vector and every pointer 16-byte
-// aligned) and the path (fused or split: the finalize's block size) only,
-// never on the grid, so results are bit-reproducible run to run):
+// aligned) and the path (resident, fused or split) only, never on the grid,
+// so results are bit-reproducible run to run):
 //   forward:  stats (cooperative: its finalize after a grid barrier) ->
 //             fwd_apply: 2 launches, reading x twice (the second time from
 //             L2 for tensors that fit it); stats -> fwd_finalize -> fwd_apply
@@ -30,7 +30,9 @@
 //   backward: bwd_reduce (cooperative, with its finalize) -> bwd_dx, or
 //             bwd_reduce -> bwd_finalize -> bwd_dx; reads x and grad_out
 //             twice (the floor is 3 passes: read x, grad_out, write grad_in).
-//   The one-pass kernels (opt-in, see _group_norm.py) do all three in one.
+//   The one-pass kernels (opt-in, see _group_norm.py) do all three in one;
+//   the resident kernels (opt-in; at the end of this file) do it in one
+//   launch that reads x (and grad_out) from DRAM once, where they fit on chip.
 //
 // Numerics: each thread of dwgn_gn_stats keeps a Welford summary (count,
 // mean, M2) of its lane, built batch by batch (kRowBatch rows: their own mean
@@ -1419,9 +1421,9 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_onep
 }
 
 // ---------------------------------------------------------------------------
-// Resident forward (one cooperative launch; "auto" takes it where the host
-// rule in _group_norm.py says the tensor fits on chip): x is read from DRAM
-// once.  Block b = n * B + j (B = blocks_per_sample) holds rows [j * R,
+// Resident forward (one cooperative launch, opt-in: _group_norm.py's path
+// notes say where it fits on chip and what it measured): x is read from
+// DRAM once.  Block b = n * B + j (B = blocks_per_sample) holds rows [j * R,
 // min(S, (j + 1) * R)) of sample n (R = rows_per_block), all C channels: a
 // contiguous range of x, kept in shared memory from its load to the last
 // store of y.  The grid is exactly N * B blocks, every one resident (the
@@ -1432,8 +1434,8 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_onep
 //             the vector path; element copies on the scalar path);
 //   shift     per group, the tile's mean in Acc: thread sums of its rows
 //             (lanes as in the column kernels: cols = C / VEC threads across
-//             a row, lanes = blockDim.x / cols rows at a time), then a warp
-//             per group over the lanes' shared slots (gn::group_slot_sums);
+//             a row, lanes = blockDim.x / cols rows at a time), then per
+//             group over the lanes' shared slots (gn::segment_sums);
 //   sums      per group, sum d and sum d^2 with d = x - shift (Acc per
 //             thread, double across threads); the tile's (sum, M2) =
 //             (count * shift + sum d, sum d^2 - (sum d)^2 / count) to
@@ -1442,12 +1444,11 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_onep
 //             and nothing cancels, even at x = 1000 + randn in float32;
 //   barrier   (dwgn::grid_barrier fences memory; partial is read after it
 //             through L2, __ldcg, never from a stale L1 line);
-//   finalize  every block combines its sample's B tiles for all G groups, a
-//             warp per group: the shifted sums of gn::finalize_group about
-//             the first tile's mean, lanes strided over the tiles, then a
-//             butterfly.  The blocks of a sample run the same additions in
-//             the same order, so they agree bit for bit; block j = 0 writes
-//             mean_out / rstd_out;
+//   finalize  every block combines its sample's B tiles for all G groups
+//             (gn::segment_sums): the shifted sums of gn::finalize_group
+//             about the first tile's mean.  The blocks of a sample run the
+//             same additions in the same order, so they agree bit for bit;
+//             block j = 0 writes mean_out / rstd_out;
 //   apply     y = act((x - hi) * scale_c + offset_c) from the tile, with hi,
 //             scale_c and offset_c made as gn::finalize_group makes them
 //             (each thread for its VEC channels, once).
@@ -1457,38 +1458,79 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_onep
 // x and y may be the same array: every block loads its tile before the
 // barrier and stores only its own tile after it.
 // Dynamic shared memory (the host sizes it the same way): the tile (R * C
-// elements, rounded up to 16 bytes), two slot arrays of lanes * C Acc, then
-// mean and rstd (G doubles each) and the shifts (G Acc).
+// elements, rounded up to 16 bytes), two slot arrays of lanes * C Acc,
+// gn::segment_sums' scratch (2 * blockDim.x doubles), then mean and rstd (G
+// doubles each) and the shifts (G Acc).
 // blockDim.x: a multiple of 32, C / VEC <= blockDim.x <= 512.
 namespace gn {
-// Per-group totals of NUM per-channel values that the threads left in
-// shared slots (value q of lane l, channel c at slots[q * slot_stride + l *
-// C + c], lanes l < lanes): warp w sums groups w, w + warps, ..., each over
-// its lanes * D slots, the warp's lanes strided over them in a fixed order,
-// then a butterfly.  done(g, totals) runs in lane 0 of the group's warp.
-// Every thread of the block must call it (after a barrier that orders the
-// slots' stores before it).
-template <int NUM, typename Sum, typename Slot, typename Done>
-__device__ __forceinline__ void group_slot_sums(const Slot* slots, int slot_stride, int lanes, int C, int D,
-                                                int G, Done done) {
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  const int items = lanes * D;  // < 2**22 (lanes * C <= 4096): small_div holds
-  const float inv_d = 1.0f / static_cast<float>(D);
-  for (int g = warp; g < G; g += static_cast<int>(blockDim.x >> 5)) {
+// Per-segment sums of NUM values, `count` items per segment, for `segments`
+// segments (groups, channels), by the whole block: K = max(1, blockDim.x /
+// segments) threads per segment each add items k, k + K, ... of theirs
+// (load(segment, item, values), kFinalizeBatch loads in flight: the items are
+// L2 or shared-memory reads, and a thread's are independent), then one thread
+// per segment adds the K partial sums in order (k = 0 .. K-1) and calls
+// done(segment, totals).  A fixed order whatever the data, so the blocks
+// that reduce the same values agree bit for bit.  scratch holds NUM *
+// blockDim.x Sums (used when K > 1).  Every thread of the block must call it
+// (it has barriers); the caller orders what load reads before the call and
+// what done writes after it.  (A warp per segment with a butterfly, tried
+// first, left each warp several segments one after the other: 584 warp
+// instructions per group and tile in the resident forward, 44% of its 25 us.)
+template <int NUM, typename Sum, typename Load, typename Done>
+__device__ __forceinline__ void segment_sums(int segments, int count, Sum* scratch, Load load, Done done) {
+  const int K = static_cast<int>(blockDim.x) / segments;
+  if (K <= 1) {  // a segment per thread
+    for (int seg = threadIdx.x; seg < segments; seg += blockDim.x) {
+      Sum total[NUM];
+#pragma unroll
+      for (int q = 0; q < NUM; ++q) total[q] = Sum(0);
+      batched_walk<kFinalizeBatch>(
+          0, count, 1,
+          [&](long long i) {
+            Vec<Sum, NUM> v;
+            load(seg, static_cast<int>(i), v.v);
+            return v;
+          },
+          [&](const Vec<Sum, NUM>& v) {
+#pragma unroll
+            for (int q = 0; q < NUM; ++q) total[q] += v.v[q];
+          });
+      done(seg, total);
+    }
+    __syncthreads();  // (block-uniform branch) what done wrote is visible
+    return;
+  }
+  const int seg = static_cast<int>(threadIdx.x) % segments;
+  const int k = static_cast<int>(threadIdx.x) / segments;
+  Sum part[NUM];
+#pragma unroll
+  for (int q = 0; q < NUM; ++q) part[q] = Sum(0);
+  if (k < K) {
+    batched_walk<kFinalizeBatch>(
+        k, count, K,
+        [&](long long i) {
+          Vec<Sum, NUM> v;
+          load(seg, static_cast<int>(i), v.v);
+          return v;
+        },
+        [&](const Vec<Sum, NUM>& v) {
+#pragma unroll
+          for (int q = 0; q < NUM; ++q) part[q] += v.v[q];
+        });
+#pragma unroll
+    for (int q = 0; q < NUM; ++q) scratch[q * blockDim.x + k * segments + seg] = part[q];
+  }
+  __syncthreads();  // the partial sums are in scratch
+  if (static_cast<int>(threadIdx.x) < segments) {
     Sum total[NUM];
 #pragma unroll
-    for (int q = 0; q < NUM; ++q) total[q] = Sum(0);
-    for (int i = lane; i < items; i += 32) {
-      const int l = dwgn::small_div(i, inv_d);
-      const int c = g * D + (i - l * D);
-#pragma unroll
-      for (int q = 0; q < NUM; ++q) total[q] += static_cast<Sum>(slots[q * slot_stride + l * C + c]);
+    for (int q = 0; q < NUM; ++q) {
+      total[q] = Sum(0);
+      for (int j = 0; j < K; ++j) total[q] += scratch[q * blockDim.x + j * segments + threadIdx.x];
     }
-#pragma unroll
-    for (int q = 0; q < NUM; ++q) total[q] = dwgn::warp_sum(total[q]);
-    if (lane == 0) done(g, total);
+    done(static_cast<int>(threadIdx.x), total);
   }
+  __syncthreads();  // scratch may be reused right after
 }
 
 // A resident block's place: its tile (sample n, tile j of B, rows [row0,
@@ -1551,9 +1593,17 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
   V* const tile = reinterpret_cast<V*>(resident_shared);
   Acc* const slots = reinterpret_cast<Acc*>(resident_shared + gn::ResidentTile::bytes<T>(rows_per_block, C));
   const int slot_stride = lanes * C;
-  double* const group_mean = reinterpret_cast<double*>(slots + 2 * slot_stride);  // 8-byte aligned: 2 * slot_stride Acc
+  // 8-byte aligned: 2 * slot_stride Acc
+  double* const scratch = reinterpret_cast<double*>(slots + 2 * slot_stride);  // gn::segment_sums, 2 * blockDim.x
+  double* const group_mean = scratch + 2 * blockDim.x;
   double* const group_rstd = group_mean + G;
   Acc* const shift = reinterpret_cast<Acc*>(group_rstd + G);
+  // Item i of group g's lanes * D slots: lane i / D, channel g * D + i % D.
+  const float inv_d = 1.0f / static_cast<float>(D);  // small_div: i < lanes * D < 2**22
+  auto slot = [&](int g, int i) {
+    const int l = dwgn::small_div(i, inv_d);
+    return l * C + g * D + (i - l * D);
+  };
 
   // ---- load: rows [row0, row0 + rows) x C, contiguous in x (N * S * C < 2**31: int offsets).
   gn::load_tile(tile, reinterpret_cast<const V*>(x) + (n * S + row0) * cols, rows * cols);
@@ -1576,9 +1626,9 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
   }
   __syncthreads();
   const Acc tile_count = static_cast<Acc>(rows * D);  // exact: rows * D <= R * C < 2**24
-  gn::group_slot_sums<1, Acc>(slots, slot_stride, lanes, C, D, G,
-                              [&](int g, const Acc (&t)[1]) { shift[g] = t[0] / tile_count; });
-  __syncthreads();  // the shifts are read by every thread; slots are rewritten next
+  gn::segment_sums<1, double>(
+      G, lanes * D, scratch, [&](int g, int i, double* v) { v[0] = slots[slot(g, i)]; },
+      [&](int g, const double (&t)[1]) { shift[g] = static_cast<Acc>(t[0]) / tile_count; });
 
   // ---- sums about the shift: this tile's (sum, M2) per group.
   {
@@ -1610,14 +1660,22 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
   {
     double* out = partial + (static_cast<long long>(n) * blocks_per_sample + j) * 2 * G;
     const double count = static_cast<double>(rows) * D;
-    gn::group_slot_sums<2, double>(slots, slot_stride, lanes, C, D, G, [&](int g, const double (&t)[2]) {
-      out[g] = count * static_cast<double>(shift[g]) + t[0];
-      out[G + g] = fmax(t[1] - t[0] * (t[0] / count), 0.0);
-    });
+    gn::segment_sums<2, double>(
+        G, lanes * D, scratch,
+        [&](int g, int i, double* v) {
+          const int at = slot(g, i);
+          v[0] = slots[at];
+          v[1] = slots[slot_stride + at];
+        },
+        [&](int g, const double (&t)[2]) {
+          out[g] = count * static_cast<double>(shift[g]) + t[0];
+          out[G + g] = fmax(t[1] - t[0] * (t[0] / count), 0.0);
+        });
   }
   dwgn::grid_barrier(barrier);
 
-  // ---- finalize: mean and rstd of every group of sample n.
+  // ---- finalize: mean and rstd of every group of sample n, over its B tiles
+  // (the shifted sums of gn::finalize_group about the first tile's mean).
   {
     const double* pn = partial + static_cast<long long>(n) * blocks_per_sample * 2 * G;
     const int B = blocks_per_sample;
@@ -1625,33 +1683,28 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
     const double last_count = static_cast<double>(S - (B - 1) * rows_per_block) * D;
     const double inv_full = 1.0 / full_count, inv_last = 1.0 / last_count;
     const double total_count = static_cast<double>(S) * D;
-    const int warp = threadIdx.x >> 5, lane32 = threadIdx.x & 31;
-    for (int g = warp; g < G; g += static_cast<int>(blockDim.x >> 5)) {
-      const double tile_shift = __ldcg(pn + g) * inv_full;  // the first tile's mean
-      double acc[2] = {0.0, 0.0};  // E = sum_i e_i, sum_i (M2_i + e_i^2 / count_i)
-      for (int b = lane32; b < B; b += 32) {
-        const bool last = b == B - 1;
-        const double e = __ldcg(pn + static_cast<long long>(b) * 2 * G + g) - (last ? last_count : full_count) * tile_shift;
-        acc[0] += e;
-        acc[1] += __ldcg(pn + static_cast<long long>(b) * 2 * G + G + g) + e * e * (last ? inv_last : inv_full);
-      }
-      acc[0] = dwgn::warp_sum(acc[0]);
-      acc[1] = dwgn::warp_sum(acc[1]);
-      if (lane32 == 0) {
-        const double mean = tile_shift + acc[0] / total_count;
-        const double var = fmax(acc[1] - acc[0] * (acc[0] / total_count), 0.0) / total_count;
-        const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
-        group_mean[g] = mean;
-        group_rstd[g] = rstd;
-        if (j == 0) {
-          mean_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(mean);
-          rstd_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(rstd);
-        }
-      }
-    }
+    gn::segment_sums<2, double>(
+        G, B, scratch,
+        [&](int g, int b, double* v) {  // v = (e_b, M2_b + e_b^2 / count_b), e_b = sum_b - count_b * shift
+          const bool last = b == B - 1;
+          const double tile_shift = __ldcg(pn + g) * inv_full;  // the first tile's mean
+          const double e = __ldcg(pn + static_cast<long long>(b) * 2 * G + g) - (last ? last_count : full_count) * tile_shift;
+          v[0] = e;
+          v[1] = __ldcg(pn + static_cast<long long>(b) * 2 * G + G + g) + e * e * (last ? inv_last : inv_full);
+        },
+        [&](int g, const double (&acc)[2]) {
+          const double mean = __ldcg(pn + g) * inv_full + acc[0] / total_count;
+          const double var = fmax(acc[1] - acc[0] * (acc[0] / total_count), 0.0) / total_count;
+          const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
+          group_mean[g] = mean;
+          group_rstd[g] = rstd;
+          if (j == 0) {
+            mean_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(mean);
+            rstd_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(rstd);
+          }
+        });
   }
-  __syncthreads();  // every group's mean and rstd are in shared memory
-  if (!active) return;  // no barrier follows
+  if (!active) return;  // no barrier follows (segment_sums ended with one: mean and rstd are visible)
 
   // ---- apply, from the tile.
   Acc hi[VEC], scale[VEC], offset[VEC];
@@ -1680,23 +1733,23 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
 }
 
 // ---------------------------------------------------------------------------
-// Resident backward (one cooperative launch; "auto" takes it where the host
-// rule in _group_norm.py says x and grad_out fit on chip): x and grad_out are
-// read from DRAM once.  Tiles and grid as in dwgn_gn_fwd_resident (block b
+// Resident backward (one cooperative launch, opt-in, where x and grad_out
+// fit on chip: _group_norm.py): x and grad_out are read from DRAM once.  Tiles and grid as in dwgn_gn_fwd_resident (block b
 // = n * B + j holds rows [j * R, ...) of sample n of both tensors).
 //
 //   load      both tiles (gn::load_tile);
 //   sums      per channel, A = sum dz and B = sum dz * xhat over the tile
 //             (gn::BwdLane: the arithmetic of dwgn_gn_bwd_reduce), the lanes
-//             added in order in shared memory, to partial (N * B, 2, C) Acc
-//             (the layout of dwgn_gn_bwd_reduce with B chunks);
+//             added in order (gn::segment_sums), and per group sum w_c A_c
+//             and sum w_c B_c over its D channels: partial (N * B, 2 * (C +
+//             G)) Acc, per tile A (C), B (C), then the two group sums (2 G);
 //   barrier
 //   weights   dweight_c = sum B, dbias_c = sum A over the N * B tiles: a warp
 //             per channel (channels dealt to the grid's warps; which warp
 //             takes a channel does not change its sum), lanes strided over
 //             the tiles, then a butterfly;
-//   coefficients  for sample n, a warp per group: c1 = sum w_c A_c and c2 =
-//             sum w_c B_c over the group's D channels of the B tiles, then
+//   coefficients  for sample n, per group: c1 = sum w_c A_c and c2 = sum
+//             w_c B_c over the B tiles' group sums (gn::segment_sums), then
 //             rstd * c1 / (S D) and rstd^2 * c2 / (S D) (the coefficients of
 //             gn::bwd_finalize_item);
 //   dx        grad_in = scale_c dz - rstd c1 - (x - mean) rstd^2 c2 from the
@@ -1705,7 +1758,8 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
 // Determinism as in the resident forward.  grad_in must not overlap x or
 // grad_out (the host checks it).  Dynamic shared memory: the x tile and the
 // grad_out tile (each R * C elements, 16-byte rounded), two slot arrays of
-// lanes * C Acc, then the two coefficients (G Acc each).
+// lanes * C Acc, gn::segment_sums' scratch (2 * blockDim.x Acc), the tile's
+// per-channel sums (2 * C Acc), then the two coefficients (G Acc each).
 // blockDim.x: a multiple of 32, C / VEC <= blockDim.x <= 512.
 template <typename T, typename W, int ACT, int VEC>
 __global__ void __launch_bounds__(512, 1) dwgn_gn_bwd_resident(
@@ -1726,8 +1780,14 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_bwd_resident(
   V* const dy_tile = reinterpret_cast<V*>(resident_shared + tile_bytes);
   Acc* const slots = reinterpret_cast<Acc*>(resident_shared + 2 * tile_bytes);
   const int slot_stride = lanes * C;
-  Acc* const k1 = slots + 2 * slot_stride;
+  Acc* const scratch = slots + 2 * slot_stride;  // gn::segment_sums, 2 * blockDim.x
+  Acc* const channel_a = scratch + 2 * blockDim.x;  // the tile's per-channel sums
+  Acc* const channel_b = channel_a + C;
+  Acc* const k1 = channel_b + C;
   Acc* const k2 = k1 + G;
+  // partial: per tile, A and B per channel (2 * C), then sum_c w_c A_c and
+  // sum_c w_c B_c per group (2 * G).
+  const int tile_stride = 2 * (C + G);
 
   // ---- load both tiles (N * S * C < 2**31: int offsets).
   const int offset = (n * S + P.row0) * cols;
@@ -1735,7 +1795,8 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_bwd_resident(
   gn::load_tile(dy_tile, reinterpret_cast<const V*>(grad_out) + offset, rows * cols);
   __syncthreads();  // the tiles are read by other threads than the ones that copied them
 
-  // ---- per-channel sums of dz and dz * xhat over the tile.
+  // ---- per-channel sums of dz and dz * xhat over the tile, then per group
+  // weighted by w_c.
   gn::BwdLane<T, ACT, VEC> sums;
   sums.load(mean, rstd, weight, bias, n, G, D, c_first);
   if (P.active) {
@@ -1747,25 +1808,41 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_bwd_resident(
     }
   }
   __syncthreads();
-  {
-    Acc* out = partial + static_cast<long long>(blockIdx.x) * 2 * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      out[c] = gn::sum_lanes(slots + c, C, lanes);
-      out[C + c] = gn::sum_lanes(slots + slot_stride + c, C, lanes);
-    }
-  }
+  Acc* const out = partial + static_cast<long long>(blockIdx.x) * tile_stride;
+  gn::segment_sums<2, Acc>(
+      C, lanes, scratch,
+      [&](int c, int l, Acc* v) {
+        v[0] = slots[l * C + c];
+        v[1] = slots[slot_stride + l * C + c];
+      },
+      [&](int c, const Acc (&t)[2]) {
+        out[c] = channel_a[c] = t[0];
+        out[C + c] = channel_b[c] = t[1];
+      });
+  gn::segment_sums<2, Acc>(
+      G, D, scratch,
+      [&](int g, int d, Acc* v) {
+        const int c = g * D + d;
+        const Acc w = weight != nullptr ? to_acc(weight[c]) : Acc(1);
+        v[0] = w * channel_a[c];
+        v[1] = w * channel_b[c];
+      },
+      [&](int g, const Acc (&t)[2]) {
+        out[2 * C + g] = t[0];
+        out[2 * C + G + g] = t[1];
+      });
   dwgn::grid_barrier(barrier);
 
+  // ---- weight and bias gradients: channel c to warp c of the grid's warps.
   const int warp = threadIdx.x >> 5, lane32 = threadIdx.x & 31;
   const int warps = static_cast<int>(blockDim.x >> 5);
-  // ---- weight and bias gradients: channel c to warp c of the grid's warps.
   if (grad_weight != nullptr || grad_bias != nullptr) {
     const int tiles = static_cast<int>(gridDim.x);
     for (int c = blockIdx.x * warps + warp; c < C; c += tiles * warps) {
       Acc v[2] = {Acc(0), Acc(0)};
       for (int t = lane32; t < tiles; t += 32) {
-        v[0] += __ldcg(partial + static_cast<long long>(t) * 2 * C + c);
-        v[1] += __ldcg(partial + static_cast<long long>(t) * 2 * C + C + c);
+        v[0] += __ldcg(partial + static_cast<long long>(t) * tile_stride + c);
+        v[1] += __ldcg(partial + static_cast<long long>(t) * tile_stride + C + c);
       }
       v[0] = dwgn::warp_sum(v[0]);
       v[1] = dwgn::warp_sum(v[1]);
@@ -1775,32 +1852,23 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_bwd_resident(
       }
     }
   }
-  // ---- dx coefficients of sample n's groups.
+  // ---- dx coefficients of sample n's groups, over its B tiles.
   {
-    const Acc* pn = partial + static_cast<long long>(n) * blocks_per_sample * 2 * C;
-    const int items = blocks_per_sample * D;
-    const float inv_d = 1.0f / static_cast<float>(D);
+    const Acc* pn = partial + static_cast<long long>(n) * blocks_per_sample * tile_stride + 2 * C;
     const Acc inv_count = Acc(1) / (Acc(S) * Acc(D));
-    for (int g = warp; g < G; g += warps) {
-      Acc v[2] = {Acc(0), Acc(0)};
-      for (int i = lane32; i < items; i += 32) {  // items < 2**22 (B * R <= 2 S, R * C <= 80K): small_div holds
-        const int t = dwgn::small_div(i, inv_d);
-        const int c = g * D + (i - t * D);
-        const Acc w = weight != nullptr ? to_acc(weight[c]) : Acc(1);
-        v[0] += w * __ldcg(pn + static_cast<long long>(t) * 2 * C + c);
-        v[1] += w * __ldcg(pn + static_cast<long long>(t) * 2 * C + C + c);
-      }
-      v[0] = dwgn::warp_sum(v[0]);
-      v[1] = dwgn::warp_sum(v[1]);
-      if (lane32 == 0) {
-        const Acc r = rstd[static_cast<long long>(n) * G + g];
-        k1[g] = r * v[0] * inv_count;
-        k2[g] = r * (r * v[1] * inv_count);
-      }
-    }
+    gn::segment_sums<2, Acc>(
+        G, blocks_per_sample, scratch,
+        [&](int g, int b, Acc* v) {
+          v[0] = __ldcg(pn + static_cast<long long>(b) * tile_stride + g);
+          v[1] = __ldcg(pn + static_cast<long long>(b) * tile_stride + G + g);
+        },
+        [&](int g, const Acc (&t)[2]) {
+          const Acc r = rstd[static_cast<long long>(n) * G + g];
+          k1[g] = r * t[0] * inv_count;
+          k2[g] = r * (r * t[1] * inv_count);
+        });
   }
-  __syncthreads();  // the coefficients are in shared memory
-  if (!P.active) return;  // no barrier follows
+  if (!P.active) return;  // no barrier follows (segment_sums ended with one: k1, k2 are visible)
 
   // ---- grad_in, from the tiles.
   Acc c1[VEC], c2[VEC];

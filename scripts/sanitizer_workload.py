@@ -314,9 +314,9 @@ def _misaligned(a):
 
 
 def group_norm(paths=None):
-    # Every path: "resident" (what "auto" takes forward where the tensor
-    # fits on chip; these cases all do), "fused" (the column kernels with their
-    # finalize after a grid barrier), "split" (three launches), "onepass";
+    # Every path: "resident" (opt-in; these cases all fit on chip), "fused"
+    # (what "auto" takes: the column kernels with their finalize after a
+    # grid barrier), "split" (three launches), "onepass";
     # per-channel partial sums (what these small tensors take) and per-group
     # ones (forced; the cases' groups have 2-8 channels, and 131 channels in
     # ((2, 393), 3), which stays per channel).  Each case also runs on a

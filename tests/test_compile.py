@@ -771,7 +771,7 @@ def test_group_norm_onepass_plans_and_rule():
 
 
 def test_group_norm_resident_plans_and_rule():
-    # The resident forward ("auto" where it fits): one cooperative launch of
+    # The resident kernels (opt-in: FORWARD_PATH / BACKWARD_PATH "resident"): one cooperative launch of
     # exactly N * B blocks that must all be resident (whole_grid: never
     # trimmed), tiles of whole rows of at most _RESIDENT_MAX_TILE bytes,
     # every block with rows, a row of C / VEC vectors in one block; the
@@ -801,7 +801,8 @@ def test_group_norm_resident_plans_and_rule():
         assert rows_per_block * c * dtype.itemsize <= gn._RESIDENT_MAX_TILE
         lanes = block // (c // vec)
         acc = _dtypes.accumulator_dtype(dtype).itemsize
-        assert shared == -(-rows_per_block * c * dtype.itemsize // 16) * 16 + 2 * lanes * c * acc + g * (16 + acc)
+        assert shared == (-(-rows_per_block * c * dtype.itemsize // 16) * 16 + 2 * lanes * c * acc + 2 * block * 8
+                          + g * (16 + acc))
         assert plan.temporaries == (((n, per_sample, 2, g), numpy.dtype(numpy.float64)),)
         steps = gn._forward_steps(plan, True, True)
         assert len(steps.launches) == 1
@@ -824,7 +825,7 @@ def test_group_norm_resident_plans_and_rule():
         vec = gn._vector_width(dtype, c, True)
         block, per_sample, rows_per_block, shared = gn._resident_geometry(n, s, c, g, dtype, vec, backward=True)
         assert 2 * rows_per_block * c * dtype.itemsize <= gn._RESIDENT_MAX_TILE and launch.shared_mem == shared
-        assert plan.temporaries == (((n * per_sample, 2, c), _dtypes.accumulator_dtype(dtype)),)
+        assert plan.temporaries == (((n * per_sample, 2 * (c + g)), _dtypes.accumulator_dtype(dtype)),)
         # (grad_out, x, mean, rstd, weight, bias, partial, dweight, dbias, grad_in, barrier)
         assert gn._backward_steps(plan).positions[0] == (0, 1, 2, 3, 4, 5, 9, 7, 8, 6, 10)
     for n, s, c in [(1, 5120, 1024), (1, 16384, 256)]:  # the forward's tile fits, two do not
