@@ -5,7 +5,10 @@ as benchmarks/group_norm.py measures it) of SD-size and large shapes, SiLU,
 G = 32, one column per setting.  The figures behind the constants'
 comments come from it.
 
-    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward | --shipped] [NxHxWxC:dtype ...]   # about 30 s on an H200
+    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward | --shipped | --paths] [NxHxWxC:dtype ...]   # about 30 s on an H200
+
+--paths compares the paths: "auto" (the two launches), "onepass" and
+"resident" (the opt-in one-launch kernels; resident also at 64 and 32 blocks).
 """
 
 import sys
@@ -17,7 +20,7 @@ from cupy_dwgn import _group_norm as gn
 from harness import run_facts
 
 KNOBS = ("_MIN_ROWS_PER_CHUNK", "_MIN_ROWS_PER_HALF_CHUNK", "_MIN_ROWS_PER_LONG_CHUNK", "_TARGET_BLOCKS", "_MAX_COLUMNS", "_GROUPED_BYTES",
-         "_GROUPED_TARGET_BLOCKS", "_GROUPED_MIN_ROWS", "_MAX_GROUPED_CHANNELS")
+         "_GROUPED_TARGET_BLOCKS", "_GROUPED_MIN_ROWS", "_MAX_GROUPED_CHANNELS", "_RESIDENT_BLOCKS")
 DEFAULT = {k: getattr(gn, k) for k in KNOBS}  # the shipped values
 # (name, knobs changed from the shipped values, path)
 SETTINGS = [("shipped", {}, "auto"), ("split", {}, "split"), ("grouped", dict(_GROUPED_BYTES=0), "auto"),
@@ -29,6 +32,8 @@ SETTINGS = [("shipped", {}, "auto"), ("split", {}, "split"), ("grouped", dict(_G
             # with the statistics / reduce ring (more rows in flight per thread): shorter chunks, more items
             ("long32", dict(_MIN_ROWS_PER_LONG_CHUNK=32), "auto"), ("half8", dict(_MIN_ROWS_PER_HALF_CHUNK=8), "auto"),
             ("target512", dict(_TARGET_BLOCKS=512), "auto")]
+PATHS = [("auto", {}, "auto"), ("onepass", {}, "onepass"), ("resident", {}, "resident"),
+         ("resident 64", dict(_RESIDENT_BLOCKS=64), "resident"), ("resident 32", dict(_RESIDENT_BLOCKS=32), "resident")]
 CASES = [((2, 64, 64, 320), "float16"), ((2, 64, 64, 320), "float32"), ((2, 32, 32, 640), "float16"), ((2, 32, 32, 640), "float32"),
          ((2, 16, 16, 1280), "float16"), ((8, 8, 8, 1280), "float32"), ((1, 128, 128, 128), "float16"), ((1, 128, 128, 128), "float32"),
          ((8, 128, 128, 320), "float16"), ((1, 512, 512, 128), "float16"), ((4, 64, 64, 2560), "float32"), ((1, 256, 256, 256), "float32")]
@@ -43,7 +48,7 @@ def clear():
 def main():
     backward = "--forward" not in sys.argv[1:]  # --forward: forward only (the statistics split's settings)
     # --shipped: the shipped rule alone (an A/B of a kernel change across runs)
-    settings = SETTINGS[:1] if "--shipped" in sys.argv[1:] else SETTINGS
+    settings = SETTINGS[:1] if "--shipped" in sys.argv[1:] else PATHS if "--paths" in sys.argv[1:] else SETTINGS
     only = [a for a in sys.argv[1:] if "x" in a]  # e.g. 2x64x64x320:float16 (default: every case)
     cases = [(tuple(int(v) for v in a.split(":")[0].split("x")), a.split(":")[1]) for a in only] or CASES
     run_facts(torch)  # prints the device, date and copy bandwidth

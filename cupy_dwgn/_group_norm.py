@@ -35,6 +35,8 @@ _BWD_FINALIZE = "dwgn_gn_bwd_finalize"
 _BWD_DX = "dwgn_gn_bwd_dx"
 _ONEPASS = "dwgn_gn_fwd_onepass"
 _BWD_ONEPASS = "dwgn_gn_bwd_onepass"
+_RESIDENT = "dwgn_gn_fwd_resident"
+_BWD_RESIDENT = "dwgn_gn_bwd_resident"
 
 # ---------------------------------------------------------------------------
 # Path choice (written down here, applied by _path and _onepass_geometry):
@@ -75,7 +77,37 @@ _BWD_ONEPASS = "dwgn_gn_bwd_onepass"
 #       the scalar path), backward C / VEC <= 256;
 #     - a device that supports cooperative launches;
 #   else the three launches run.
-FORWARD_PATH = "auto"  # "auto", "fused", "split" or "onepass" (tests and benchmarks force a path)
+#
+# * "resident", only when FORWARD_PATH / BACKWARD_PATH is "resident":
+#   dwgn_gn_fwd_resident / dwgn_gn_bwd_resident, ONE cooperative launch per
+#   direction that reads x (and grad_out) from DRAM once.  Each block keeps
+#   a tile of whole rows (all C channels) in shared memory from its load to
+#   its stores: tile statistics, one grid barrier, every block combines its
+#   sample's tiles (gn::segment_sums), applies (or forms dx) from the tile.
+#   Measured on an H200 (2026-12-02, CUDA-graph GPU time, rotating copies,
+#   SiLU; benchmarks/group_norm_tuning.py --paths;
+#   results/group_norm_resident_h200_2026-12-02.txt) it is slower than the
+#   two launches in every SD-size cell but one (2x64x64x320 fp16
+#   forward/backward 18.4/19.3 us against 15.4/18.3; 2x16x16x1280 fp16
+#   15.7/15.4 against 10.9/11.9; 8x8x8x1280 fp32 forward 10.6 against
+#   11.1): one block of 480-512 threads per SM (its tile) runs ~2400
+#   instructions per warp at ~13.5 cycles each (Nsight Compute: 23% of the
+#   forward's stall samples in combining the tiles' L2 partials, 35% in the
+#   tile reductions, 19% in the apply, 13% waiting on the tile's loads), so
+#   the phases are latency-bound where the two launches spread the same work
+#   over many more warps.  It stays a tested, opt-in path for that work; it
+#   needs
+#     - a grid of N * B blocks (B = max(1, _RESIDENT_BLOCKS // N) blocks per
+#       sample, fewer when S has fewer rows) all resident at once on the
+#       device, with tiles (x, and grad_out backward) of at most
+#       _RESIDENT_MAX_TILE bytes in all and the shared memory the device
+#       allows a block (checked per device, from the occupancy, once per
+#       signature: _resident_fits; a grid is never shrunk, each block owns
+#       its tile);
+#     - a row of C channels in one block (C / VEC <= _RESIDENT_MAX_BLOCK);
+#     - fewer than 2**31 elements;
+#   else the two launches run ("fused"; "split" without cooperative launches).
+FORWARD_PATH = "auto"  # "auto", "fused", "split", "onepass" or "resident" (tests and benchmarks force a path)
 BACKWARD_PATH = "auto"
 # Phase-1 work items (n, chunk of rows): about this many in all, each at
 # least lanes * row batch rows (every thread gets a whole batch).  Shape only.
@@ -85,6 +117,16 @@ _ONEPASS_SLOTS = 2048  # gn::kOnePassSlots: lanes * C shared summaries
 # H200): the cooperative grid is below it, so item counts below
 # 2**31 - _ONEPASS_GRID_LIMIT never overflow when stepped by the grid.
 _ONEPASS_GRID_LIMIT = 2**16
+
+# The resident kernels' grid: about this many blocks in all (one per SM of
+# an H200's 132; B = _RESIDENT_BLOCKS // N per sample), tiles of at most
+# _RESIDENT_MAX_TILE bytes of x, blocks of at most _RESIDENT_MAX_BLOCK
+# threads (the kernel's __launch_bounds__).  64 or 32 blocks in all
+# measured mixed against 128 (H200, the --paths run above: within -3.5 to
+# +5.6 us per cell).
+_RESIDENT_BLOCKS = 128
+_RESIDENT_MAX_TILE = 160 * 1024
+_RESIDENT_MAX_BLOCK = 512
 
 # Statistics split: at most this many work items (blocks) in the column
 # kernels (one wave of the cooperative grid: 2 blocks per SM on an H200's
@@ -197,11 +239,12 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                     name(_APPLY, t, _ACT_CODE[a], v, i)
                     for a in activations for v in vecs for i in indices
                 ]
-                if "int" in indices:  # the one-pass kernel is 32-bit only
+                if "int" in indices:  # the one-pass and resident kernels are 32-bit only
                     specs += [
                         name(_ONEPASS, t, w, _ACT_CODE[a], v, "int")
                         for w in ws for a in activations for v in vecs
                     ]
+                    specs += [name(_RESIDENT, t, w, _ACT_CODE[a], v) for w in ws for a in activations for v in vecs]
             else:
                 specs += [
                     name(_BWD_REDUCE, t, w, _ACT_CODE[a], v, i)
@@ -212,10 +255,13 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                     name(_BWD_DX, t, _ACT_CODE[a], v, i)
                     for a in activations for v in vecs for i in indices
                 ]
-                if "int" in indices:  # the one-pass kernel is 32-bit only
+                if "int" in indices:  # the one-pass and resident kernels are 32-bit only
                     specs += [
                         name(_BWD_ONEPASS, t, w, _ACT_CODE[a], v, "int")
                         for w in ws for a in activations for v in vecs
+                    ]
+                    specs += [
+                        name(_BWD_RESIDENT, t, w, _ACT_CODE[a], v) for w in ws for a in activations for v in vecs
                     ]
     return [(KERNEL_FILE, e) for e in dict.fromkeys(specs)]
 
@@ -235,6 +281,7 @@ class _Plan(typing.NamedTuple):
     temporaries: tuple  # ((shape, dtype) of the partial sums, of the coefficients)
     statistics: tuple = None  # (shape, dtype) of mean and of rstd (forward)
     onepass: _launch.Launch = None  # the one-pass kernel (then first/finalize/elementwise are None)
+    resident: _launch.Launch = None  # the resident forward (likewise)
 
 
 def _vector_width(dtype, channels, aligned):
@@ -255,11 +302,65 @@ def _geometry(batch, rows, channels, dtype, aligned):
 
 def _path(setting):
     """The plans' path for a FORWARD_PATH / BACKWARD_PATH setting on the
-    current device: "onepass" (forced) and "fused" ("auto" or forced) where
+    current device: "onepass" and "resident" (forced; the plans fall back to
+    "fused" where they do not apply) and "fused" ("auto" or forced) where
     the device can launch cooperative kernels, else "split"."""
     if setting == "split" or not _launch.cooperative_supported():
         return "split"
-    return "onepass" if setting == "onepass" else "fused"
+    return setting if setting in ("onepass", "resident") else "fused"
+
+
+def _resident_block(cols):
+    """Block size of the resident forward for rows of ``cols`` vectors: the
+    multiple of 32 in [64, _RESIDENT_MAX_BLOCK] holding lanes = block //
+    cols whole rows with the smallest idle fraction (ties: the larger).
+    None when a row does not fit."""
+    candidates = [b for b in range(64, _RESIDENT_MAX_BLOCK + 1, 32) if b >= cols]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda b: ((b % cols) / b, -b))
+
+
+def _resident_geometry(batch, rows, channels, groups, dtype, vec, backward=False):
+    """(block, blocks_per_sample, rows_per_block, shared_mem) of the resident
+    forward (or backward: tiles of x and grad_out), or None where the shape
+    rule above sends it elsewhere (the device check is _resident_fits).
+    Depends on the shape only."""
+    if batch * rows * channels >= _launch.INT32_LIMIT:
+        return None
+    cols = channels // vec
+    block = _resident_block(cols)
+    if block is None:
+        return None
+    itemsize = numpy.dtype(dtype).itemsize
+    per_sample = max(1, _RESIDENT_BLOCKS // batch)
+    rows_per_block = -(-rows // per_sample)
+    per_sample = -(-rows // rows_per_block)  # no block without rows
+    tile = rows_per_block * channels * itemsize
+    tiles = 2 if backward else 1
+    if tiles * tile > _RESIDENT_MAX_TILE or batch * per_sample > _ONEPASS_GRID_LIMIT:
+        return None
+    acc = _dtypes.accumulator_dtype(dtype).itemsize
+    # The kernels' layout: the tiles (16-byte rounded), two slot arrays of
+    # lanes * C Acc, then forward gn::segment_sums' scratch (2 * block
+    # doubles), mean and rstd (G doubles each) and the shifts (G Acc);
+    # backward the scratch (2 * block Acc), the per-channel sums (2 * C Acc)
+    # and the two dx coefficients (G Acc each).
+    shared = tiles * (-(-tile // 16) * 16) + 2 * (block // cols) * channels * acc
+    if backward:
+        shared += (2 * block + 2 * channels + 2 * groups) * acc
+    else:
+        shared += 2 * block * 8 + groups * (16 + acc)
+    return block, per_sample, rows_per_block, shared
+
+
+def _resident_fits(device, launch):
+    """Whether every block of the resident ``launch`` can be resident at
+    once on ``device`` (its shared memory within the device's per-block
+    limit, and the occupancy times the SMs at least the grid)."""
+    if launch.shared_mem > _launch.max_shared_per_block(device):
+        return False
+    return _launch.cooperative_capacity(device, launch.kernel(device), launch.block, launch.shared_mem) >= launch.grid[0]
 
 
 def _onepass_block(cols, vec, max_block=512):
@@ -314,6 +415,22 @@ def _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=
 def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps, aligned, path="split"):
     name = _compile.name_expression
     index, t, acc_dtype, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
+    resident = _resident_geometry(batch, rows, channels, groups, dtype, vec) if path == "resident" else None
+    if resident is not None:
+        block, per_sample, rows_per_block, shared = resident
+        return _Plan(
+            None, None, None,
+            (((batch, per_sample, 2, groups), numpy.dtype(numpy.float64)),),
+            ((batch, groups), acc_dtype),
+            resident=_launch.Launch(
+                KERNEL_FILE, name(_RESIDENT, t, _dtypes.ctype(w_dtype), _ACT_CODE[activation], vec),
+                (batch * per_sample,), (block,), shared,
+                (i32(rows), i32(channels), i32(groups), i32(per_sample), i32(rows_per_block), acc_dtype.type(eps)),
+                cooperative=True, whole_grid=True,
+            ),
+        )
+    if path == "resident":  # where the resident forward does not apply
+        path = "fused"
     onepass = _onepass_geometry(batch, rows, channels, groups, dtype, vec, path)
     if onepass is not None:
         block, rows_per_chunk, num_chunks, wanted = onepass
@@ -387,11 +504,14 @@ def _column_launch(expression, items, finalize_items, fused, scalars):
 #             (9), coefficients (10) and the grid-barrier word (11)
 
 def _forward_steps(plan, mean_temporary, rstd_temporary):
-    mean = 8 if mean_temporary else 4
-    rstd = 8 + mean_temporary if rstd_temporary else 5
-    barrier = 8 + mean_temporary + rstd_temporary
+    first = 6 + len(plan.temporaries)  # the statistics temporaries follow the plan's
+    mean = first if mean_temporary else 4
+    rstd = first + mean_temporary if rstd_temporary else 5
+    barrier = first + mean_temporary + rstd_temporary
     temporaries = plan.temporaries + (plan.statistics,) * (mean_temporary + rstd_temporary) + (
         _workspace.GRID_BARRIER,)
+    if plan.resident is not None:  # (x, partial, weight, bias, mean, rstd, y, barrier)
+        return _launch.Steps(((plan.resident, (0, 6, 1, 2, mean, rstd, 3, barrier)),), temporaries)
     if plan.onepass is not None:  # (x, partial, weight, bias, mean, rstd, coefficients, y, barrier)
         return _launch.Steps(((plan.onepass, (0, 6, 1, 2, mean, rstd, 7, 3, barrier)),), temporaries)
     # (x, partial, weight, bias, mean, rstd, coefficients, barrier)
@@ -402,6 +522,8 @@ def _forward_steps(plan, mean_temporary, rstd_temporary):
 
 def _backward_steps(plan):
     temporaries = plan.temporaries + (_workspace.GRID_BARRIER,)
+    if plan.resident is not None:  # (grad_out, x, mean, rstd, w, b, partial, dw, db, grad_x, barrier)
+        return _launch.Steps(((plan.resident, (0, 1, 2, 3, 4, 5, 9, 7, 8, 6, 10)),), temporaries)
     if plan.onepass is not None:  # (grad_out, x, mean, rstd, w, b, partial, coefficients, dw, db, grad_x, barrier)
         return _launch.Steps(((plan.onepass, (0, 1, 2, 3, 4, 5, 9, 10, 7, 8, 6, 11)),), temporaries)
     # (grad_out, x, mean, rstd, w, b, partial, coefficients, dw, db, barrier)
@@ -426,6 +548,18 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
     index, t, acc_dtype, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
     w_ctype = _dtypes.ctype(w_dtype)
     act = _ACT_CODE[activation]
+    resident = _resident_geometry(batch, rows, channels, groups, dtype, vec, backward=True) if path == "resident" else None
+    if resident is not None:
+        block, per_sample, rows_per_block, shared = resident
+        return _Plan(
+            None, None, None,
+            (((batch * per_sample, 2 * (channels + groups)), acc_dtype),),
+            resident=_launch.Launch(
+                KERNEL_FILE, name(_BWD_RESIDENT, t, w_ctype, act, vec), (batch * per_sample,), (block,), shared,
+                (i32(rows), i32(channels), i32(groups), i32(per_sample), i32(rows_per_block)),
+                cooperative=True, whole_grid=True,
+            ),
+        )
     onepass = _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=True)
     if onepass is not None:
         block, rows_per_chunk, num_chunks, wanted = onepass
@@ -441,7 +575,7 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
     rows_per_chunk, num_chunks, column_blocks, cols = _split(
         batch, rows, channels // vec, vec > 1, numpy.dtype(dtype).itemsize
     )
-    fused = path == "fused"
+    fused = path in ("fused", "resident")  # "resident" where the resident kernel does not apply
     common = (i32(batch), i32(rows), i32(channels), i32(groups))
     return _Plan(
         _column_launch(
@@ -618,10 +752,13 @@ def _forward(device, x, weight, bias, out, mean_out, rstd_out, return_stats, ent
         addresses = addresses[:3] + (
             y.data.ptr, null if mean is None else mean.data.ptr, null if rstd is None else rstd.data.ptr
         )
-    key = ((addresses[0] | addresses[3]) & 15, mean is None, rstd is None, FORWARD_PATH)
+    # The device is part of the key: whether a resident kernel fits is per device.
+    key = ((addresses[0] | addresses[3]) & 15, mean is None, rstd is None, device, FORWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
         plan = _forward_plan(*entry.plan_args, key[0] == 0, _path(FORWARD_PATH))
+        if plan.resident is not None and not _resident_fits(device, plan.resident):
+            plan = _forward_plan(*entry.plan_args, key[0] == 0, "fused")
         steps = entry.steps[key] = _forward_steps(plan, mean is None, rstd is None)
     steps.run(device, addresses)
     return (y, mean, rstd) if return_stats else y
@@ -737,10 +874,14 @@ def _backward(device, grad_out, x, mean, rstd, weight, bias, out, grad_weight_ou
             grad_in.data.ptr, null if grad_weight is None else grad_weight.data.ptr,
             null if grad_bias is None else grad_bias.data.ptr,
         )
-    key = ((addresses[0] | addresses[1] | addresses[6]) & 15, BACKWARD_PATH)
+    # The device is part of the key: whether a resident kernel fits is per device.
+    key = ((addresses[0] | addresses[1] | addresses[6]) & 15, device, BACKWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
-        steps = entry.steps[key] = _backward_steps(_backward_plan(*entry.plan_args, key[0] == 0, _path(BACKWARD_PATH)))
+        plan = _backward_plan(*entry.plan_args, key[0] == 0, _path(BACKWARD_PATH))
+        if plan.resident is not None and not _resident_fits(device, plan.resident):
+            plan = _backward_plan(*entry.plan_args, key[0] == 0, "fused")
+        steps = entry.steps[key] = _backward_steps(plan)
     steps.run(device, addresses)
     return grad_in, grad_weight, grad_bias
 

@@ -98,11 +98,12 @@ class Launch:
     """
 
     __slots__ = (
-        "file", "expression", "grid", "block", "shared_mem", "scalars", "cooperative", "persistent", "_kernels",
-        "_scalar_storage",
+        "file", "expression", "grid", "block", "shared_mem", "scalars", "cooperative", "persistent", "whole_grid",
+        "_kernels", "_scalar_storage",
     )
 
-    def __init__(self, file, expression, grid, block, shared_mem=0, scalars=(), cooperative=False, persistent=False):
+    def __init__(self, file, expression, grid, block, shared_mem=0, scalars=(), cooperative=False, persistent=False,
+                 whole_grid=False):
         self.file = file
         self.expression = expression
         self.grid = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
@@ -121,6 +122,10 @@ class Launch:
         # A persistent kernel (its blocks walk the work grid-size apart) is
         # launched the same way, with an ordinary launch.
         self.persistent = bool(persistent)
+        # A cooperative kernel whose every block owns a piece of the work
+        # (the resident GroupNorm forward) needs its whole grid: grid_on
+        # raises rather than trim it (the caller checks it fits first).
+        self.whole_grid = bool(whole_grid)
         if (self.cooperative or self.persistent) and self.grid[1:] != (1, 1):
             raise ValueError(f"{expression}: a cooperative or persistent launch takes a 1-D grid, got {self.grid}")
         self._kernels = {}  # device id -> kernel address
@@ -146,6 +151,11 @@ class Launch:
         if not (self.cooperative or self.persistent):
             return self.grid
         capacity = cooperative_capacity(device, self.kernel(device), self.block, self.shared_mem)
+        if self.whole_grid and capacity < self.grid[0]:
+            raise RuntimeError(
+                f"{self.expression}: {self.grid[0]} blocks cannot all be resident on device {device} "
+                f"(at most {capacity}); this launch needs its whole grid"
+            )
         return (min(self.grid[0], capacity), 1, 1)
 
     def scalar_addresses(self):
@@ -307,6 +317,22 @@ def cooperative_supported():
             _runtime.deviceGetAttribute(_runtime.cudaDevAttrCooperativeLaunch, device)
         )
     return supported
+
+
+_MAX_SHARED = {}  # device -> the dynamic shared memory a block may opt in to
+
+
+def max_shared_per_block(device):
+    """Bytes of shared memory a block may use on ``device`` when its kernel
+    opts in (227 KB on an H200, 163 KB on an A100; cached)."""
+    limit = _MAX_SHARED.get(device)
+    if limit is None:
+        if _runtime is None:
+            _import_cuda()
+        limit = _MAX_SHARED[device] = _runtime.deviceGetAttribute(
+            _runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, device
+        )
+    return limit
 
 
 def cooperative_capacity(device, kernel, block, shared_mem):

@@ -21,8 +21,8 @@
 // Launches (no atomics but the grid barrier's counter, no host
 // synchronization; the reduction order depends on the shapes, the vector
 // path (C a multiple of the 16-byte vector and every pointer 16-byte
-// aligned) and the path (fused or split: the finalize's block size) only,
-// never on the grid, so results are bit-reproducible run to run):
+// aligned) and the path (resident, fused or split) only, never on the grid,
+// so results are bit-reproducible run to run):
 //   forward:  stats (cooperative: its finalize after a grid barrier) ->
 //             fwd_apply: 2 launches, reading x twice (the second time from
 //             L2 for tensors that fit it); stats -> fwd_finalize -> fwd_apply
@@ -30,7 +30,9 @@
 //   backward: bwd_reduce (cooperative, with its finalize) -> bwd_dx, or
 //             bwd_reduce -> bwd_finalize -> bwd_dx; reads x and grad_out
 //             twice (the floor is 3 passes: read x, grad_out, write grad_in).
-//   The one-pass kernels (opt-in, see _group_norm.py) do all three in one.
+//   The one-pass kernels (opt-in, see _group_norm.py) do all three in one;
+//   the resident kernels (opt-in; at the end of this file) do it in one
+//   launch that reads x (and grad_out) from DRAM once, where they fit on chip.
 //
 // Numerics: each thread of dwgn_gn_stats keeps a Welford summary (count,
 // mean, M2) of its lane, built batch by batch (kRowBatch rows: their own mean
@@ -1416,4 +1418,479 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_onep
   gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
     gn::dx_vector<T, ACT, VEC>(grad_out, x, ws, grad_in, i, n, C, c);
   });
+}
+
+// ---------------------------------------------------------------------------
+// Resident forward (one cooperative launch, opt-in: _group_norm.py's path
+// notes say where it fits on chip and what it measured): x is read from
+// DRAM once.  Block b = n * B + j (B = blocks_per_sample) holds rows [j * R,
+// min(S, (j + 1) * R)) of sample n (R = rows_per_block), all C channels: a
+// contiguous range of x, kept in shared memory from its load to the last
+// store of y.  The grid is exactly N * B blocks, every one resident (the
+// host checks the occupancy and takes the two-launch path where they do
+// not fit; never a smaller grid: each block owns its tile).
+//
+//   load      the tile, block-strided over its vectors (16-byte cp.async on
+//             the vector path; element copies on the scalar path);
+//   shift     per group, the tile's mean in Acc: thread sums of its rows
+//             (lanes as in the column kernels: cols = C / VEC threads across
+//             a row, lanes = blockDim.x / cols rows at a time), then per
+//             group over the lanes' shared slots (gn::segment_sums);
+//   sums      per group, sum d and sum d^2 with d = x - shift (Acc per
+//             thread, double across threads); the tile's (sum, M2) =
+//             (count * shift + sum d, sum d^2 - (sum d)^2 / count) to
+//             partial (N, B, 2, G) double.  d is centered on the tile's own
+//             (rounded) mean, so (sum d)^2 / count is tiny against sum d^2
+//             and nothing cancels, even at x = 1000 + randn in float32;
+//   barrier   (dwgn::grid_barrier fences memory; partial is read after it
+//             through L2, __ldcg, never from a stale L1 line);
+//   finalize  every block combines its sample's B tiles for all G groups
+//             (gn::segment_sums): the shifted sums of gn::finalize_group
+//             about the first tile's mean.  The blocks of a sample run the
+//             same additions in the same order, so they agree bit for bit;
+//             block j = 0 writes mean_out / rstd_out;
+//   apply     y = act((x - hi) * scale_c + offset_c) from the tile, with hi,
+//             scale_c and offset_c made as gn::finalize_group makes them
+//             (each thread for its VEC channels, once).
+//
+// Determinism: the split (B, R, blockDim.x) depends on the shape only, and
+// every sum has a fixed order, so results are bit-identical run to run.
+// x and y may be the same array: every block loads its tile before the
+// barrier and stores only its own tile after it.
+// Dynamic shared memory (the host sizes it the same way): the tile (R * C
+// elements, rounded up to 16 bytes), two slot arrays of lanes * C Acc,
+// gn::segment_sums' scratch (2 * blockDim.x doubles), then mean and rstd (G
+// doubles each) and the shifts (G Acc).
+// blockDim.x: a multiple of 32, C / VEC <= blockDim.x <= 512.
+namespace gn {
+// Per-segment sums of NUM values, `count` items per segment, for `segments`
+// segments (groups, channels), by the whole block: K = max(1, blockDim.x /
+// segments) threads per segment each add items k, k + K, ... of theirs
+// (load(segment, item, values), kFinalizeBatch loads in flight: the items are
+// L2 or shared-memory reads, and a thread's are independent), then one thread
+// per segment adds the K partial sums in order (k = 0 .. K-1) and calls
+// done(segment, totals).  A fixed order whatever the data, so the blocks
+// that reduce the same values agree bit for bit.  scratch holds NUM *
+// blockDim.x Sums (used when K > 1).  Every thread of the block must call it
+// (it has barriers); the caller orders what load reads before the call and
+// what done writes after it.  (A warp per segment with a butterfly, tried
+// first, left each warp several segments one after the other: 584 warp
+// instructions per group and tile in the resident forward, 44% of its 25 us.)
+template <int NUM, typename Sum, typename Load, typename Done>
+__device__ __forceinline__ void segment_sums(int segments, int count, Sum* scratch, Load load, Done done) {
+  const int K = static_cast<int>(blockDim.x) / segments;
+  if (K <= 1) {  // a segment per thread
+    for (int seg = threadIdx.x; seg < segments; seg += blockDim.x) {
+      Sum total[NUM];
+#pragma unroll
+      for (int q = 0; q < NUM; ++q) total[q] = Sum(0);
+      batched_walk<kFinalizeBatch>(
+          0, count, 1,
+          [&](long long i) {
+            Vec<Sum, NUM> v;
+            load(seg, static_cast<int>(i), v.v);
+            return v;
+          },
+          [&](const Vec<Sum, NUM>& v) {
+#pragma unroll
+            for (int q = 0; q < NUM; ++q) total[q] += v.v[q];
+          });
+      done(seg, total);
+    }
+    __syncthreads();  // (block-uniform branch) what done wrote is visible
+    return;
+  }
+  const int seg = static_cast<int>(threadIdx.x) % segments;
+  const int k = static_cast<int>(threadIdx.x) / segments;
+  Sum part[NUM];
+#pragma unroll
+  for (int q = 0; q < NUM; ++q) part[q] = Sum(0);
+  if (k < K) {
+    batched_walk<kFinalizeBatch>(
+        k, count, K,
+        [&](long long i) {
+          Vec<Sum, NUM> v;
+          load(seg, static_cast<int>(i), v.v);
+          return v;
+        },
+        [&](const Vec<Sum, NUM>& v) {
+#pragma unroll
+          for (int q = 0; q < NUM; ++q) part[q] += v.v[q];
+        });
+#pragma unroll
+    for (int q = 0; q < NUM; ++q) scratch[q * blockDim.x + k * segments + seg] = part[q];
+  }
+  __syncthreads();  // the partial sums are in scratch
+  if (static_cast<int>(threadIdx.x) < segments) {
+    Sum total[NUM];
+#pragma unroll
+    for (int q = 0; q < NUM; ++q) {
+      total[q] = Sum(0);
+      for (int j = 0; j < K; ++j) total[q] += scratch[q * blockDim.x + j * segments + threadIdx.x];
+    }
+    done(static_cast<int>(threadIdx.x), total);
+  }
+  __syncthreads();  // scratch may be reused right after
+}
+
+// A resident block's place: its tile (sample n, tile j of B, rows [row0,
+// row0 + rows)) and its thread's (lane, col) as in the column kernels (cols
+// = C / VEC threads across a row, lanes = blockDim.x / cols rows at a
+// time: rows lane, lane + lanes, ... of the tile).
+struct ResidentTile {
+  int cols, lanes, lane, col, c_first, n, j, row0, rows;
+  bool active;  // threads past lanes * cols only reach the barriers
+  __device__ __forceinline__ ResidentTile(int S, int C, int vec, int blocks_per_sample, int rows_per_block) {
+    cols = C / vec;
+    lanes = blockDim.x / cols;  // >= 1: the host keeps cols <= blockDim.x
+    lane = threadIdx.x / cols;
+    col = threadIdx.x - lane * cols;
+    c_first = col * vec;
+    active = lane < lanes;
+    n = blockIdx.x / blocks_per_sample;
+    j = blockIdx.x - n * blocks_per_sample;
+    row0 = j * rows_per_block;
+    rows = min(rows_per_block, S - row0);  // >= 1: the host leaves no block without rows
+  }
+  // Bytes of one tile of R rows in shared memory (16-byte rounded).
+  template <typename T>
+  __device__ static __forceinline__ int bytes(int rows_per_block, int C) {
+    return (rows_per_block * C * static_cast<int>(sizeof(T)) + 15) & ~15;
+  }
+};
+
+// Copies `count` consecutive vectors from global to shared memory, the
+// block strided over them (16-, 8- or 4-byte cp.async; 2-byte elements one
+// by one).  Every copy has landed for its own thread when it returns; the
+// caller's barrier makes them visible to the block.
+template <typename V>
+__device__ __forceinline__ void load_tile(V* tile, const V* source, int count) {
+  if constexpr (sizeof(V) >= 4) {
+    for (int i = threadIdx.x; i < count; i += blockDim.x) dwgn::cp_async<static_cast<int>(sizeof(V))>(tile + i, source + i);
+    dwgn::cp_async_commit();
+    dwgn::cp_async_wait_all();
+  } else {  // 2-byte elements (the scalar path of the half types)
+#pragma unroll 4
+    for (int i = threadIdx.x; i < count; i += blockDim.x) tile[i] = source[i];
+  }
+}
+}  // namespace gn
+
+template <typename T, typename W, int ACT, int VEC>
+__global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
+    const T* x, double* __restrict__ partial, const W* __restrict__ weight, const W* __restrict__ bias,
+    typename AccType<T>::type* __restrict__ mean_out, typename AccType<T>::type* __restrict__ rstd_out, T* y,
+    unsigned int* __restrict__ barrier, int S, int C, int G, int blocks_per_sample, int rows_per_block,
+    typename AccType<T>::type eps) {
+  using Acc = typename AccType<T>::type;
+  using V = gn::Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char resident_shared[];
+  const gn::ResidentTile P(S, C, VEC, blocks_per_sample, rows_per_block);
+  const int cols = P.cols, lanes = P.lanes, lane = P.lane, col = P.col, c_first = P.c_first;
+  const int n = P.n, j = P.j, row0 = P.row0, rows = P.rows;
+  const bool active = P.active;
+  const int D = C / G;
+  V* const tile = reinterpret_cast<V*>(resident_shared);
+  Acc* const slots = reinterpret_cast<Acc*>(resident_shared + gn::ResidentTile::bytes<T>(rows_per_block, C));
+  const int slot_stride = lanes * C;
+  // 8-byte aligned: 2 * slot_stride Acc
+  double* const scratch = reinterpret_cast<double*>(slots + 2 * slot_stride);  // gn::segment_sums, 2 * blockDim.x
+  double* const group_mean = scratch + 2 * blockDim.x;
+  double* const group_rstd = group_mean + G;
+  Acc* const shift = reinterpret_cast<Acc*>(group_rstd + G);
+  // Item i of group g's lanes * D slots: lane i / D, channel g * D + i % D.
+  const float inv_d = 1.0f / static_cast<float>(D);  // small_div: i < lanes * D < 2**22
+  auto slot = [&](int g, int i) {
+    const int l = dwgn::small_div(i, inv_d);
+    return l * C + g * D + (i - l * D);
+  };
+
+  // ---- load: rows [row0, row0 + rows) x C, contiguous in x (N * S * C < 2**31: int offsets).
+  gn::load_tile(tile, reinterpret_cast<const V*>(x) + (n * S + row0) * cols, rows * cols);
+  __syncthreads();  // the tile is read by other threads than the ones that copied it
+
+  // ---- shift: the tile's per-group mean.
+  {
+    Acc s[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) s[k] = Acc(0);
+    if (active) {
+      for (int r = lane; r < rows; r += lanes) {
+        const V v = tile[r * cols + col];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) s[k] += to_acc(v.v[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) slots[lane * C + c_first + k] = s[k];
+    }
+  }
+  __syncthreads();
+  const Acc tile_count = static_cast<Acc>(rows * D);  // exact: rows * D <= R * C < 2**24
+  gn::segment_sums<1, double>(
+      G, lanes * D, scratch, [&](int g, int i, double* v) { v[0] = slots[slot(g, i)]; },
+      [&](int g, const double (&t)[1]) { shift[g] = static_cast<Acc>(t[0]) / tile_count; });
+
+  // ---- sums about the shift: this tile's (sum, M2) per group.
+  {
+    Acc sh[VEC], sd[VEC], sdd[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      sh[k] = shift[(c_first + k) / D];
+      sd[k] = Acc(0);
+      sdd[k] = Acc(0);
+    }
+    if (active) {
+      for (int r = lane; r < rows; r += lanes) {
+        const V v = tile[r * cols + col];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const Acc d = to_acc(v.v[k]) - sh[k];
+          sd[k] += d;
+          sdd[k] += d * d;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        slots[lane * C + c_first + k] = sd[k];
+        slots[slot_stride + lane * C + c_first + k] = sdd[k];
+      }
+    }
+  }
+  __syncthreads();
+  {
+    double* out = partial + (static_cast<long long>(n) * blocks_per_sample + j) * 2 * G;
+    const double count = static_cast<double>(rows) * D;
+    gn::segment_sums<2, double>(
+        G, lanes * D, scratch,
+        [&](int g, int i, double* v) {
+          const int at = slot(g, i);
+          v[0] = slots[at];
+          v[1] = slots[slot_stride + at];
+        },
+        [&](int g, const double (&t)[2]) {
+          out[g] = count * static_cast<double>(shift[g]) + t[0];
+          out[G + g] = fmax(t[1] - t[0] * (t[0] / count), 0.0);
+        });
+  }
+  dwgn::grid_barrier(barrier);
+
+  // ---- finalize: mean and rstd of every group of sample n, over its B tiles
+  // (the shifted sums of gn::finalize_group about the first tile's mean).
+  {
+    const double* pn = partial + static_cast<long long>(n) * blocks_per_sample * 2 * G;
+    const int B = blocks_per_sample;
+    const double full_count = static_cast<double>(rows_per_block) * D;  // R <= S: the first tile is full
+    const double last_count = static_cast<double>(S - (B - 1) * rows_per_block) * D;
+    const double inv_full = 1.0 / full_count, inv_last = 1.0 / last_count;
+    const double total_count = static_cast<double>(S) * D;
+    gn::segment_sums<2, double>(
+        G, B, scratch,
+        [&](int g, int b, double* v) {  // v = (e_b, M2_b + e_b^2 / count_b), e_b = sum_b - count_b * shift
+          const bool last = b == B - 1;
+          const double tile_shift = __ldcg(pn + g) * inv_full;  // the first tile's mean
+          const double e = __ldcg(pn + static_cast<long long>(b) * 2 * G + g) - (last ? last_count : full_count) * tile_shift;
+          v[0] = e;
+          v[1] = __ldcg(pn + static_cast<long long>(b) * 2 * G + G + g) + e * e * (last ? inv_last : inv_full);
+        },
+        [&](int g, const double (&acc)[2]) {
+          const double mean = __ldcg(pn + g) * inv_full + acc[0] / total_count;
+          const double var = fmax(acc[1] - acc[0] * (acc[0] / total_count), 0.0) / total_count;
+          const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
+          group_mean[g] = mean;
+          group_rstd[g] = rstd;
+          if (j == 0) {
+            mean_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(mean);
+            rstd_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(rstd);
+          }
+        });
+  }
+  if (!active) return;  // no barrier follows (segment_sums ended with one: mean and rstd are visible)
+
+  // ---- apply, from the tile.
+  Acc hi[VEC], scale[VEC], offset[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const int c = c_first + k;
+    const double mean = group_mean[c / D];
+    const Acc rstd = static_cast<Acc>(group_rstd[c / D]);
+    hi[k] = static_cast<Acc>(mean);
+    const double lo = mean - static_cast<double>(hi[k]);  // exact
+    scale[k] = weight != nullptr ? rstd * to_acc(weight[c]) : rstd;
+    const Acc b = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+    offset[k] = static_cast<Acc>(static_cast<double>(b) - lo * static_cast<double>(scale[k]));
+  }
+  V* dest = reinterpret_cast<V*>(y) + (n * S + row0) * cols + col;
+  for (int r = lane; r < rows; r += lanes) {
+    const V v = tile[r * cols + col];
+    V out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const Acc z = (to_acc(v.v[k]) - hi[k]) * scale[k] + offset[k];
+      out.v[k] = from_acc<T>(gn::activation<ACT, gn::fast_activation<T>()>(z));
+    }
+    dest[r * cols] = out;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Resident backward (one cooperative launch, opt-in, where x and grad_out
+// fit on chip: _group_norm.py): x and grad_out are read from DRAM once.  Tiles and grid as in dwgn_gn_fwd_resident (block b
+// = n * B + j holds rows [j * R, ...) of sample n of both tensors).
+//
+//   load      both tiles (gn::load_tile);
+//   sums      per channel, A = sum dz and B = sum dz * xhat over the tile
+//             (gn::BwdLane: the arithmetic of dwgn_gn_bwd_reduce), the lanes
+//             added in order (gn::segment_sums), and per group sum w_c A_c
+//             and sum w_c B_c over its D channels: partial (N * B, 2 * (C +
+//             G)) Acc, per tile A (C), B (C), then the two group sums (2 G);
+//   barrier
+//   weights   dweight_c = sum B, dbias_c = sum A over the N * B tiles: a warp
+//             per channel (channels dealt to the grid's warps; which warp
+//             takes a channel does not change its sum), lanes strided over
+//             the tiles, then a butterfly;
+//   coefficients  for sample n, per group: c1 = sum w_c A_c and c2 = sum
+//             w_c B_c over the B tiles' group sums (gn::segment_sums), then
+//             rstd * c1 / (S D) and rstd^2 * c2 / (S D) (the coefficients of
+//             gn::bwd_finalize_item);
+//   dx        grad_in = scale_c dz - rstd c1 - (x - mean) rstd^2 c2 from the
+//             tiles (the arithmetic of gn::dx_vector).
+//
+// Determinism as in the resident forward.  grad_in must not overlap x or
+// grad_out (the host checks it).  Dynamic shared memory: the x tile and the
+// grad_out tile (each R * C elements, 16-byte rounded), two slot arrays of
+// lanes * C Acc, gn::segment_sums' scratch (2 * blockDim.x Acc), the tile's
+// per-channel sums (2 * C Acc), then the two coefficients (G Acc each).
+// blockDim.x: a multiple of 32, C / VEC <= blockDim.x <= 512.
+template <typename T, typename W, int ACT, int VEC>
+__global__ void __launch_bounds__(512, 1) dwgn_gn_bwd_resident(
+    const T* __restrict__ grad_out, const T* __restrict__ x, const typename AccType<T>::type* __restrict__ mean,
+    const typename AccType<T>::type* __restrict__ rstd, const W* __restrict__ weight,
+    const W* __restrict__ bias, typename AccType<T>::type* __restrict__ partial, W* __restrict__ grad_weight,
+    W* __restrict__ grad_bias, T* __restrict__ grad_in, unsigned int* __restrict__ barrier, int S, int C,
+    int G, int blocks_per_sample, int rows_per_block) {
+  using Acc = typename AccType<T>::type;
+  using V = gn::Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char resident_shared[];
+  const gn::ResidentTile P(S, C, VEC, blocks_per_sample, rows_per_block);
+  const int cols = P.cols, lanes = P.lanes, lane = P.lane, col = P.col, c_first = P.c_first;
+  const int n = P.n, rows = P.rows;
+  const int D = C / G;
+  const int tile_bytes = gn::ResidentTile::bytes<T>(rows_per_block, C);
+  V* const x_tile = reinterpret_cast<V*>(resident_shared);
+  V* const dy_tile = reinterpret_cast<V*>(resident_shared + tile_bytes);
+  Acc* const slots = reinterpret_cast<Acc*>(resident_shared + 2 * tile_bytes);
+  const int slot_stride = lanes * C;
+  Acc* const scratch = slots + 2 * slot_stride;  // gn::segment_sums, 2 * blockDim.x
+  Acc* const channel_a = scratch + 2 * blockDim.x;  // the tile's per-channel sums
+  Acc* const channel_b = channel_a + C;
+  Acc* const k1 = channel_b + C;
+  Acc* const k2 = k1 + G;
+  // partial: per tile, A and B per channel (2 * C), then sum_c w_c A_c and
+  // sum_c w_c B_c per group (2 * G).
+  const int tile_stride = 2 * (C + G);
+
+  // ---- load both tiles (N * S * C < 2**31: int offsets).
+  const int offset = (n * S + P.row0) * cols;
+  gn::load_tile(x_tile, reinterpret_cast<const V*>(x) + offset, rows * cols);
+  gn::load_tile(dy_tile, reinterpret_cast<const V*>(grad_out) + offset, rows * cols);
+  __syncthreads();  // the tiles are read by other threads than the ones that copied them
+
+  // ---- per-channel sums of dz and dz * xhat over the tile, then per group
+  // weighted by w_c.
+  gn::BwdLane<T, ACT, VEC> sums;
+  sums.load(mean, rstd, weight, bias, n, G, D, c_first);
+  if (P.active) {
+    for (int r = lane; r < rows; r += lanes) sums.add(x_tile[r * cols + col], dy_tile[r * cols + col]);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      slots[lane * C + c_first + k] = sums.a[k];
+      slots[slot_stride + lane * C + c_first + k] = sums.b_sum[k];
+    }
+  }
+  __syncthreads();
+  Acc* const out = partial + static_cast<long long>(blockIdx.x) * tile_stride;
+  gn::segment_sums<2, Acc>(
+      C, lanes, scratch,
+      [&](int c, int l, Acc* v) {
+        v[0] = slots[l * C + c];
+        v[1] = slots[slot_stride + l * C + c];
+      },
+      [&](int c, const Acc (&t)[2]) {
+        out[c] = channel_a[c] = t[0];
+        out[C + c] = channel_b[c] = t[1];
+      });
+  gn::segment_sums<2, Acc>(
+      G, D, scratch,
+      [&](int g, int d, Acc* v) {
+        const int c = g * D + d;
+        const Acc w = weight != nullptr ? to_acc(weight[c]) : Acc(1);
+        v[0] = w * channel_a[c];
+        v[1] = w * channel_b[c];
+      },
+      [&](int g, const Acc (&t)[2]) {
+        out[2 * C + g] = t[0];
+        out[2 * C + G + g] = t[1];
+      });
+  dwgn::grid_barrier(barrier);
+
+  // ---- weight and bias gradients: channel c to warp c of the grid's warps.
+  const int warp = threadIdx.x >> 5, lane32 = threadIdx.x & 31;
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  if (grad_weight != nullptr || grad_bias != nullptr) {
+    const int tiles = static_cast<int>(gridDim.x);
+    for (int c = blockIdx.x * warps + warp; c < C; c += tiles * warps) {
+      Acc v[2] = {Acc(0), Acc(0)};
+      for (int t = lane32; t < tiles; t += 32) {
+        v[0] += __ldcg(partial + static_cast<long long>(t) * tile_stride + c);
+        v[1] += __ldcg(partial + static_cast<long long>(t) * tile_stride + C + c);
+      }
+      v[0] = dwgn::warp_sum(v[0]);
+      v[1] = dwgn::warp_sum(v[1]);
+      if (lane32 == 0) {
+        if (grad_weight != nullptr) grad_weight[c] = from_acc<W>(v[1]);
+        if (grad_bias != nullptr) grad_bias[c] = from_acc<W>(v[0]);
+      }
+    }
+  }
+  // ---- dx coefficients of sample n's groups, over its B tiles.
+  {
+    const Acc* pn = partial + static_cast<long long>(n) * blocks_per_sample * tile_stride + 2 * C;
+    const Acc inv_count = Acc(1) / (Acc(S) * Acc(D));
+    gn::segment_sums<2, Acc>(
+        G, blocks_per_sample, scratch,
+        [&](int g, int b, Acc* v) {
+          v[0] = __ldcg(pn + static_cast<long long>(b) * tile_stride + g);
+          v[1] = __ldcg(pn + static_cast<long long>(b) * tile_stride + G + g);
+        },
+        [&](int g, const Acc (&t)[2]) {
+          const Acc r = rstd[static_cast<long long>(n) * G + g];
+          k1[g] = r * t[0] * inv_count;
+          k2[g] = r * (r * t[1] * inv_count);
+        });
+  }
+  if (!P.active) return;  // no barrier follows (segment_sums ended with one: k1, k2 are visible)
+
+  // ---- grad_in, from the tiles.
+  Acc c1[VEC], c2[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    c1[k] = k1[(c_first + k) / D];
+    c2[k] = k2[(c_first + k) / D];
+  }
+  V* dest = reinterpret_cast<V*>(grad_in) + offset + col;
+  for (int r = lane; r < rows; r += lanes) {
+    const V xv = x_tile[r * cols + col];
+    const V dyv = dy_tile[r * cols + col];
+    V out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const Acc centered = to_acc(xv.v[k]) - sums.m[k];
+      Acc dz = to_acc(dyv.v[k]);
+      if (ACT != gn::kIdentity) {
+        dz *= gn::activation_grad<ACT, gn::fast_activation<T>()>(centered * sums.scale[k] + sums.b[k]);
+      }
+      out.v[k] = from_acc<T>(sums.scale[k] * dz - c1[k] - centered * c2[k]);
+    }
+    dest[r * cols] = out;
+  }
 }

@@ -770,6 +770,74 @@ def test_group_norm_onepass_plans_and_rule():
         assert (block // cols) * cols * vec <= gn._ONEPASS_SLOTS
 
 
+def test_group_norm_resident_plans_and_rule():
+    # The resident kernels (opt-in: FORWARD_PATH / BACKWARD_PATH "resident"): one cooperative launch of
+    # exactly N * B blocks that must all be resident (whole_grid: never
+    # trimmed), tiles of whole rows of at most _RESIDENT_MAX_TILE bytes,
+    # every block with rows, a row of C / VEC vectors in one block; the
+    # kernel's shared-memory layout sized as the kernel computes it.
+    import numpy
+
+    from cupy_dwgn import _dtypes
+    from cupy_dwgn import _group_norm as gn
+
+    shipped = {e for f, e in ALL_SPECIALIZATIONS if f == gn.KERNEL_FILE}
+    f16, f32, f64 = (numpy.dtype(t) for t in (numpy.float16, numpy.float32, numpy.float64))
+    for n, s, c, g, dtype, aligned in [
+        (2, 4096, 320, 32, f16, True), (2, 1024, 640, 32, f16, True), (2, 256, 1280, 32, f16, True),
+        (8, 64, 1280, 32, f16, True), (2, 4096, 320, 32, f32, True), (3, 97, 99, 33, f32, False),
+        (2, 4093, 320, 32, f16, True), (5, 1, 40, 8, f16, False), (130, 16, 64, 8, f32, True),
+        (1, 5120, 1024, 1024, f32, True), (1, 65536, 8, 2, f32, True), (2, 16, 16, 16, f64, True),
+    ]:
+        plan = gn._forward_plan(n, s, c, g, dtype, f64 if dtype == f64 else f32, "silu", 1e-5, aligned, "resident")
+        launch = plan.resident
+        assert launch is not None and plan.first is None and plan.onepass is None, (n, s, c)
+        assert launch.cooperative and launch.whole_grid and launch.expression in shipped
+        vec = gn._vector_width(dtype, c, aligned)
+        block, per_sample, rows_per_block, shared = gn._resident_geometry(n, s, c, g, dtype, vec)
+        assert launch.grid[0] == n * per_sample and launch.block[0] == block and launch.shared_mem == shared
+        assert block % 32 == 0 and c // vec <= block <= gn._RESIDENT_MAX_BLOCK
+        assert (per_sample - 1) * rows_per_block < s <= per_sample * rows_per_block  # every block has rows
+        assert rows_per_block * c * dtype.itemsize <= gn._RESIDENT_MAX_TILE
+        lanes = block // (c // vec)
+        acc = _dtypes.accumulator_dtype(dtype).itemsize
+        assert shared == (-(-rows_per_block * c * dtype.itemsize // 16) * 16 + 2 * lanes * c * acc + 2 * block * 8
+                          + g * (16 + acc))
+        assert plan.temporaries == (((n, per_sample, 2, g), numpy.dtype(numpy.float64)),)
+        steps = gn._forward_steps(plan, True, True)
+        assert len(steps.launches) == 1
+        # (x, partial, weight, bias, mean, rstd, y, barrier): the temporaries follow the 6 call addresses
+        assert steps.positions[0] == (0, 6, 1, 2, 7, 8, 3, 9)
+        assert gn._forward_steps(plan, False, False).positions[0] == (0, 6, 1, 2, 4, 5, 3, 7)
+    # Past the rule: tiles over _RESIDENT_MAX_TILE, rows wider than a block, 2**31 elements.
+    for n, s, c, dtype in [(1, 262144, 128, f16), (8, 16384, 320, f16), (4, 4096, 2560, f32), (1, 16, 4100, f32),
+                           (2, 1 << 31 >> 11, 1024, f16)]:
+        plan = gn._forward_plan(n, s, c, 4, dtype, f32, "silu", 1e-5, True, "resident")
+        assert plan.resident is None and plan.first is not None and plan.finalize is None, (n, s, c)  # fused
+    for path in ("fused", "split", "onepass"):
+        assert gn._forward_plan(2, 4096, 320, 32, f16, f32, "silu", 1e-5, True, path).resident is None
+    # The resident backward: tiles of x and grad_out within the same cap.
+    for n, s, c, g, dtype in [(2, 4096, 320, 32, f16), (2, 4096, 320, 32, f32), (8, 64, 1280, 32, f16),
+                              (3, 97, 99, 33, f32), (1, 2560, 1024, 1024, f32)]:
+        plan = gn._backward_plan(n, s, c, g, dtype, f32, "silu", True, "resident")
+        launch = plan.resident
+        assert launch is not None and plan.first is None and launch.whole_grid and launch.expression in shipped
+        vec = gn._vector_width(dtype, c, True)
+        block, per_sample, rows_per_block, shared = gn._resident_geometry(n, s, c, g, dtype, vec, backward=True)
+        assert 2 * rows_per_block * c * dtype.itemsize <= gn._RESIDENT_MAX_TILE and launch.shared_mem == shared
+        assert plan.temporaries == (((n * per_sample, 2 * (c + g)), _dtypes.accumulator_dtype(dtype)),)
+        # (grad_out, x, mean, rstd, weight, bias, partial, dweight, dbias, grad_in, barrier)
+        assert gn._backward_steps(plan).positions[0] == (0, 1, 2, 3, 4, 5, 9, 7, 8, 6, 10)
+    for n, s, c in [(1, 5120, 1024), (1, 16384, 256)]:  # the forward's tile fits, two do not
+        assert gn._forward_plan(n, s, c, 4, f32, f32, "silu", 1e-5, True, "resident").resident is not None
+        plan = gn._backward_plan(n, s, c, 4, f32, f32, "silu", True, "resident")
+        assert plan.resident is None and plan.first is not None and plan.finalize is None  # fused
+    for cols in (1, 16, 40, 80, 99, 160, 320, 512):
+        block = gn._resident_block(cols)
+        assert block % 32 == 0 and max(64, cols) <= block <= 512
+    assert gn._resident_block(40) == 480 and gn._resident_block(513) is None
+
+
 def test_group_norm_fused_plans_and_split_rules():
     # The fused path ("auto" on a device with cooperative launches): two
     # launches per direction, the column kernel cooperative with a block per

@@ -255,7 +255,9 @@ _PATH_CASES = [
 
 @pytest.mark.parametrize("case", _PATH_CASES, ids=lambda c: f"{c[0]}-G{c[1]}-{numpy.dtype(c[2])}")
 def test_every_path_agrees_with_the_reference(rng, set_paths, case):
-    # "fused" (what "auto" takes) runs two launches per direction, the
+    # "resident" (opt-in) reads x (and grad_out) once in one cooperative
+    # launch per direction; "fused" (what "auto" takes) runs two launches
+    # per direction, the
     # column kernel doing its finalize after a grid barrier; "split" three;
     # "onepass" the cooperative one-launch kernels.  Each matches the
     # reference at the dtype's bound (statistics to float32 rounding), run to
@@ -272,7 +274,7 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
     x, dy, w, b = (cupy.asarray(a) for a in (x_host, dy_host, w_host, b_host))
     assert _launch.cooperative_supported()  # else "fused" and "onepass" quietly run the three launches
     stats_tol = 1e-12 if dtype == F64 else 1e-6
-    for path in ("fused", "onepass", "split"):
+    for path in ("resident", "fused", "onepass", "split"):
         set_paths(path)
         acc = _dtypes.accumulator_dtype(dtype)
         y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
@@ -290,7 +292,7 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
         again = gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation)
         for got, first in zip(again, (dx, dw, db)):
             assert cupy.array_equal(got, first), f"{path}: backward not bit-identical run to run"
-        assert _launch_counts(path) == {{"onepass": 1, "fused": 2, "split": 3}[path]}, path
+        assert _launch_counts(path) == {{"resident": 1, "onepass": 1, "fused": 2, "split": 3}[path]}, path
 
 
 def test_grid_barrier_word_flips_once_per_barrier(rng, set_paths):
@@ -305,7 +307,7 @@ def test_grid_barrier_word_flips_once_per_barrier(rng, set_paths):
 
     x = cupy.asarray(random(rng, (2, 16, 16, 64), F32, offset=3.0))
     key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr)
-    for path, barriers in (("fused", 1), ("onepass", 2), ("split", 0)):
+    for path, barriers in (("resident", 1), ("fused", 1), ("onepass", 2), ("split", 0)):
         set_paths(path)
         y, mean, rstd = gn.group_norm(x, 8, return_stats=True)  # sizes the buffer
         gn.group_norm_backward(x, x, mean, rstd, 8)
@@ -366,6 +368,111 @@ def test_group_and_channel_partial_sums_agree(rng, monkeypatch, set_paths, shape
             assert all(cupy.array_equal(a, b) for a, b in zip(again, (y, mean, rstd))), "not bit-identical run to run"
     gn._forward_plan.cache_clear()
     gn._SIGNATURES.clear()
+
+
+def _kernels():
+    """The kernels (by family) of every Steps resolved so far."""
+    return {launch.expression.split("<")[0] for entry in gn._SIGNATURES.values()
+            for steps in entry.steps.values() for launch in steps.launches}
+
+
+_RESIDENT_CASES = [  # (shape, groups, dtype, weight dtype, activation, offset, aligned)
+    ((2, 64, 64, 320), 32, F16, F32, "silu", 3.0, True),  # SD-size: 64 tiles of 64 rows per sample
+    ((2, 64, 64, 320), 32, F32, F32, "identity", 1000.0, True),  # 1000 + randn in float32
+    ((2, 1, 4093, 320), 32, BFLOAT16, BFLOAT16, "gelu", 3.0, True),  # prime S: a short last tile
+    ((8, 8, 8, 1280), 32, F16, F16, "gelu_tanh", 3.0, True),  # 3 lanes of 160 vectors, 4 rows a tile
+    ((3, 31, 29, 99), 33, F16, F32, "relu", 30.0, True),  # C/G = 3, C % 8 != 0: 2-byte element copies
+    ((2, 33, 17, 96), 32, F32, F32, "silu", 1000.0, False),  # misaligned: element path, 4-byte copies
+    ((130, 4, 4, 64), 8, F32, F32, "identity", 3.0, True),  # N > 128: one tile a sample, 130 blocks
+    ((1, 2560, 1024), 1024, F32, F32, "identity", 1000.0, True),  # D = 1; backward: 2 x 80 KB tiles (the cap)
+    ((1, 40, 40, 64), 1, F64, F64, "silu", 1000.0, True),  # one group, float64
+]
+
+
+@pytest.mark.parametrize("case", _RESIDENT_CASES,
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-G{c[1]}-{numpy.dtype(c[2])}-{c[4]}")
+def test_resident_kernels_match_the_reference(rng, set_paths, case):
+    # The resident kernels (dwgn_gn_fwd_resident, dwgn_gn_bwd_resident:
+    # each block keeps its tiles of rows in shared memory, one grid barrier,
+    # x and grad_out read once) on ragged last tiles, every vector width and
+    # element path, large means, D = 1 and one group: y, mean, rstd, dx, dw
+    # and db match the reference, bit-identical run to run, and the forward
+    # in place (out is x) gives the same y.
+    import cupy
+
+    shape, groups, dtype, wdtype, activation, offset, aligned = case
+    set_paths("resident")
+    gn._SIGNATURES.clear()
+    x_host = random(rng, shape, dtype, offset=offset)
+    w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    b_host = (0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    ref_y, ref_mean, ref_rstd = reference.group_norm(x_host, groups, w_host, b_host, activation=activation,
+                                                     return_stats=True)
+
+    def to_device():
+        if aligned:
+            return cupy.asarray(x_host)
+        view = cupy.empty(x_host.size + 1, dtype)[1:].reshape(shape)  # one element past an allocation's start
+        view[...] = cupy.asarray(x_host)
+        return view
+
+    x = to_device()
+    w, b = cupy.asarray(w_host), cupy.asarray(b_host)
+    acc = _dtypes.accumulator_dtype(dtype)
+    y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
+    gn.group_norm(x, groups, w, b, activation=activation, out=y, mean_out=mean, rstd_out=rstd)
+    stats_tol = 1e-12 if dtype == F64 else 1e-6
+    errors = {"y": relative_error(y, ref_y), "mean": relative_error(mean, ref_mean),
+              "rstd": relative_error(rstd, ref_rstd)}
+    record_errors(f"group_norm resident {dtype}", activation, errors)
+    assert errors["y"] <= TOLERANCE[dtype] and max(errors["mean"], errors["rstd"]) <= stats_tol, errors
+    again = gn.group_norm(x, groups, w, b, activation=activation, return_stats=True)
+    assert all(cupy.array_equal(a, b_) for a, b_ in zip(again, (y, mean, rstd))), "not bit-identical run to run"
+    in_place = to_device()
+    assert gn.group_norm(in_place, groups, w, b, activation=activation, out=in_place) is in_place
+    assert cupy.array_equal(in_place, y), "in place differs"
+    dy_host = random(rng, shape, dtype)
+    dy = cupy.asarray(dy_host)
+    dx, dw, db = poisoned(shape, dtype), poisoned(shape[-1:], wdtype), poisoned(shape[-1:], wdtype)
+    gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation, out=dx, grad_weight_out=dw,
+                           grad_bias_out=db)
+    ref_dx, ref_dw, ref_db = reference.group_norm_backward(dy_host, x_host, mean.get(), rstd.get(), groups, w_host,
+                                                           b_host, activation=activation)
+    errors = {"dx": relative_error(dx, ref_dx), "dw": relative_error(dw, ref_dw), "db": relative_error(db, ref_db)}
+    record_errors(f"group_norm resident {dtype}", activation, errors)
+    assert max(errors.values()) <= TOLERANCE[dtype], errors
+    again = gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation)
+    assert all(cupy.array_equal(a, b_) for a, b_ in zip(again, (dx, dw, db))), "backward not bit-identical"
+    dx_only = gn.group_norm_backward(dy, x, mean, rstd, groups, activation=activation)[0]  # no affine: no dw, db
+    ref_dx_only = reference.group_norm_backward(dy_host, x_host, mean.get(), rstd.get(), groups, activation=activation)[0]
+    assert relative_error(dx_only, ref_dx_only) <= TOLERANCE[dtype]
+    assert _kernels() == {"dwgn_gn_fwd_resident", "dwgn_gn_bwd_resident"}
+
+
+def test_resident_kernels_never_run_a_partial_grid(rng, set_paths):
+    # 600 samples want 600 blocks of 512 threads: more than an H200 holds at
+    # once (4 blocks of 512 per SM at most).  Both directions take the
+    # two-launch path instead of a trimmed grid (each resident block owns a
+    # tile), and a Launch that needs its whole grid refuses to be trimmed.
+    import cupy
+
+    set_paths("resident")
+    gn._SIGNATURES.clear()
+    shape, groups = (600, 4, 4, 64), 8
+    x_host = random(rng, shape, F32, offset=3.0)
+    plan = gn._forward_plan(600, 16, 64, groups, F32, F32, "identity", 1e-5, True, "resident")
+    device = cupy.cuda.Device().id
+    assert plan.resident is not None and not gn._resident_fits(device, plan.resident)
+    with pytest.raises(RuntimeError, match="needs its whole grid"):
+        plan.resident.grid_on(device)
+    x = cupy.asarray(x_host)
+    y, mean, rstd = gn.group_norm(x, groups, out=poisoned(shape, F32), return_stats=True)
+    assert relative_error(y, reference.group_norm(x_host, groups)) <= TOLERANCE[F32]
+    dy_host = random(rng, shape, F32)
+    dx = gn.group_norm_backward(cupy.asarray(dy_host), x, mean, rstd, groups, out=poisoned(shape, F32))[0]
+    ref_dx = reference.group_norm_backward(dy_host, x_host, mean.get(), rstd.get(), groups)[0]
+    assert relative_error(dx, ref_dx) <= TOLERANCE[F32]
+    assert _kernels() == {"dwgn_gn_stats", "dwgn_gn_fwd_apply", "dwgn_gn_bwd_reduce", "dwgn_gn_bwd_dx"}
 
 
 def test_zero_size():
