@@ -1478,34 +1478,14 @@ namespace gn {
 // instructions per group and tile in the resident forward, 44% of its 25 us.)
 template <int NUM, typename Sum, typename Load, typename Done>
 __device__ __forceinline__ void segment_sums(int segments, int count, Sum* scratch, Load load, Done done) {
-  const int K = static_cast<int>(blockDim.x) / segments;
-  if (K <= 1) {  // a segment per thread
-    for (int seg = threadIdx.x; seg < segments; seg += blockDim.x) {
-      Sum total[NUM];
+  const int K = max(1, static_cast<int>(blockDim.x) / segments);
+  // K > 1: segments * K <= blockDim.x, one (segment, k) item per thread at
+  // most; K = 1: each thread takes whole segments.
+  for (int item = threadIdx.x; item < segments * K; item += blockDim.x) {
+    const int seg = item % segments, k = item / segments;
+    Sum part[NUM];
 #pragma unroll
-      for (int q = 0; q < NUM; ++q) total[q] = Sum(0);
-      batched_walk<kFinalizeBatch>(
-          0, count, 1,
-          [&](long long i) {
-            Vec<Sum, NUM> v;
-            load(seg, static_cast<int>(i), v.v);
-            return v;
-          },
-          [&](const Vec<Sum, NUM>& v) {
-#pragma unroll
-            for (int q = 0; q < NUM; ++q) total[q] += v.v[q];
-          });
-      done(seg, total);
-    }
-    __syncthreads();  // (block-uniform branch) what done wrote is visible
-    return;
-  }
-  const int seg = static_cast<int>(threadIdx.x) % segments;
-  const int k = static_cast<int>(threadIdx.x) / segments;
-  Sum part[NUM];
-#pragma unroll
-  for (int q = 0; q < NUM; ++q) part[q] = Sum(0);
-  if (k < K) {
+    for (int q = 0; q < NUM; ++q) part[q] = Sum(0);
     batched_walk<kFinalizeBatch>(
         k, count, K,
         [&](long long i) {
@@ -1517,10 +1497,15 @@ __device__ __forceinline__ void segment_sums(int segments, int count, Sum* scrat
 #pragma unroll
           for (int q = 0; q < NUM; ++q) part[q] += v.v[q];
         });
+    if (K == 1) {
+      done(seg, part);
+    } else {
 #pragma unroll
-    for (int q = 0; q < NUM; ++q) scratch[q * blockDim.x + k * segments + seg] = part[q];
+      for (int q = 0; q < NUM; ++q) scratch[q * blockDim.x + item] = part[q];
+    }
   }
-  __syncthreads();  // the partial sums are in scratch
+  __syncthreads();  // K = 1: what done wrote is visible; else the partial sums are in scratch
+  if (K == 1) return;  // block-uniform
   if (static_cast<int>(threadIdx.x) < segments) {
     Sum total[NUM];
 #pragma unroll
@@ -1530,7 +1515,7 @@ __device__ __forceinline__ void segment_sums(int segments, int count, Sum* scrat
     }
     done(static_cast<int>(threadIdx.x), total);
   }
-  __syncthreads();  // scratch may be reused right after
+  __syncthreads();  // what done wrote is visible; scratch may be reused
 }
 
 // A resident block's place: its tile (sample n, tile j of B, rows [row0,
