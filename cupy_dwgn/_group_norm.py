@@ -120,7 +120,7 @@ _ONEPASS_GRID_LIMIT = 2**16
 
 # The resident kernels' grid: about this many blocks in all (one per SM of
 # an H200's 132; B = _RESIDENT_BLOCKS // N per sample), tiles of at most
-# _RESIDENT_MAX_TILE bytes of x, blocks of at most _RESIDENT_MAX_BLOCK
+# _RESIDENT_MAX_TILE bytes (x, or x and grad_out), blocks of at most _RESIDENT_MAX_BLOCK
 # threads (the kernel's __launch_bounds__).  64 or 32 blocks in all
 # measured mixed against 128 (H200, the --paths run above: within -3.5 to
 # +5.6 us per cell).
@@ -281,7 +281,7 @@ class _Plan(typing.NamedTuple):
     temporaries: tuple  # ((shape, dtype) of the partial sums, of the coefficients)
     statistics: tuple = None  # (shape, dtype) of mean and of rstd (forward)
     onepass: _launch.Launch = None  # the one-pass kernel (then first/finalize/elementwise are None)
-    resident: _launch.Launch = None  # the resident forward (likewise)
+    resident: _launch.Launch = None  # the resident kernel, forward or backward (likewise)
 
 
 def _vector_width(dtype, channels, aligned):
@@ -311,7 +311,7 @@ def _path(setting):
 
 
 def _resident_block(cols):
-    """Block size of the resident forward for rows of ``cols`` vectors: the
+    """Block size of the resident kernels for rows of ``cols`` vectors: the
     multiple of 32 in [64, _RESIDENT_MAX_BLOCK] holding lanes = block //
     cols whole rows with the smallest idle fraction (ties: the larger).
     None when a row does not fit."""
