@@ -63,12 +63,8 @@ def served(g):
     )
 
 
-@functools.lru_cache(maxsize=None)
-@functools.cache  # a device's limit never changes; plan() asks on every call
-def _shared_limit(device_id):
-    from cupy.cuda import runtime
-
-    return int(runtime.deviceGetAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id))
+# A device's opt-in shared-memory limit per block (cached: plan() asks on every call).
+_shared_limit = _launch.max_shared_per_block
 
 
 _BANKS = 32

@@ -123,7 +123,7 @@ class Launch:
         # launched the same way, with an ordinary launch.
         self.persistent = bool(persistent)
         # A cooperative kernel whose every block owns a piece of the work
-        # (the resident GroupNorm forward) needs its whole grid: grid_on
+        # (the resident GroupNorm kernels) needs its whole grid: grid_on
         # raises rather than trim it (the caller checks it fits first).
         self.whole_grid = bool(whole_grid)
         if (self.cooperative or self.persistent) and self.grid[1:] != (1, 1):
@@ -324,13 +324,13 @@ _MAX_SHARED = {}  # device -> the dynamic shared memory a block may opt in to
 
 def max_shared_per_block(device):
     """Bytes of shared memory a block may use on ``device`` when its kernel
-    opts in (227 KB on an H200, 163 KB on an A100; cached)."""
+    opts in (227 KB on an H200, 163 KB on an A100; cached per device)."""
     limit = _MAX_SHARED.get(device)
     if limit is None:
         if _runtime is None:
             _import_cuda()
-        limit = _MAX_SHARED[device] = _runtime.deviceGetAttribute(
-            _runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, device
+        limit = _MAX_SHARED[device] = int(
+            _runtime.deviceGetAttribute(_runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, device)
         )
     return limit
 
