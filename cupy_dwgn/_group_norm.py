@@ -354,6 +354,16 @@ def _resident_geometry(batch, rows, channels, groups, dtype, vec, backward=False
     return block, per_sample, rows_per_block, shared
 
 
+def _plan_on(device, build, plan_args, aligned, setting):
+    """The plan ``build`` (_forward_plan, _backward_plan) makes for the
+    path ``setting`` on ``device``: a resident plan whose grid cannot all be
+    resident there gives way to the two launches."""
+    plan = build(*plan_args, aligned, _path(setting))
+    if plan.resident is not None and not _resident_fits(device, plan.resident):
+        plan = build(*plan_args, aligned, "fused")
+    return plan
+
+
 def _resident_fits(device, launch):
     """Whether every block of the resident ``launch`` can be resident at
     once on ``device`` (its shared memory within the device's per-block
@@ -560,6 +570,8 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
                 cooperative=True, whole_grid=True,
             ),
         )
+    if path == "resident":  # where the resident backward does not apply
+        path = "fused"
     onepass = _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=True)
     if onepass is not None:
         block, rows_per_chunk, num_chunks, wanted = onepass
@@ -575,7 +587,7 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
     rows_per_chunk, num_chunks, column_blocks, cols = _split(
         batch, rows, channels // vec, vec > 1, numpy.dtype(dtype).itemsize
     )
-    fused = path in ("fused", "resident")  # "resident" where the resident kernel does not apply
+    fused = path == "fused"
     common = (i32(batch), i32(rows), i32(channels), i32(groups))
     return _Plan(
         _column_launch(
@@ -756,9 +768,7 @@ def _forward(device, x, weight, bias, out, mean_out, rstd_out, return_stats, ent
     key = ((addresses[0] | addresses[3]) & 15, mean is None, rstd is None, device, FORWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
-        plan = _forward_plan(*entry.plan_args, key[0] == 0, _path(FORWARD_PATH))
-        if plan.resident is not None and not _resident_fits(device, plan.resident):
-            plan = _forward_plan(*entry.plan_args, key[0] == 0, "fused")
+        plan = _plan_on(device, _forward_plan, entry.plan_args, key[0] == 0, FORWARD_PATH)
         steps = entry.steps[key] = _forward_steps(plan, mean is None, rstd is None)
     steps.run(device, addresses)
     return (y, mean, rstd) if return_stats else y
@@ -878,10 +888,8 @@ def _backward(device, grad_out, x, mean, rstd, weight, bias, out, grad_weight_ou
     key = ((addresses[0] | addresses[1] | addresses[6]) & 15, device, BACKWARD_PATH)
     steps = entry.steps.get(key)
     if steps is None:
-        plan = _backward_plan(*entry.plan_args, key[0] == 0, _path(BACKWARD_PATH))
-        if plan.resident is not None and not _resident_fits(device, plan.resident):
-            plan = _backward_plan(*entry.plan_args, key[0] == 0, "fused")
-        steps = entry.steps[key] = _backward_steps(plan)
+        steps = entry.steps[key] = _backward_steps(
+            _plan_on(device, _backward_plan, entry.plan_args, key[0] == 0, BACKWARD_PATH))
     steps.run(device, addresses)
     return grad_in, grad_weight, grad_bias
 
