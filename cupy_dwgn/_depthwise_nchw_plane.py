@@ -1,7 +1,8 @@
-"""NCHW whole-plane kernel (kernels/depthwise_nchw_plane.cu): forward and
-backward-input for 3x3, 5x5 and 7x7 filters at stride 1, dilation 1 and
-depth multiplier 1, on planes of at most 256 thread items, in float32,
-float16 and bfloat16 (float64 keeps the window kernel).
+"""NCHW whole-plane kernel (kernels/depthwise_nchw_plane.cu): the forward at
+stride 1 or 2 and the backward-input (stride 1) for 3x3, 5x5 and 7x7
+filters at dilation 1 and depth multiplier 1, on planes of at most 256
+thread items, in float32, float16 and bfloat16 (float64 keeps the window
+kernel).
 
 Launch rule (no user tuning), from the destination plane size:
 
@@ -98,6 +99,8 @@ def preferred(g, dtype, backward):
     width = g.width if backward else g.out_width
     itemsize = numpy.dtype(dtype).itemsize
     size = g.filter_height
+    if g.stride_h != 1:
+        return _preferred_at_stride_2(g, itemsize)
     if width < 10 or width > 64:
         return False
     if itemsize == 2:
@@ -115,22 +118,57 @@ def preferred(g, dtype, backward):
     return False
 
 
+def _preferred_at_stride_2(g, itemsize):
+    """The stride-2 forward (the ops ask after the row kernel, which takes
+    destinations of at most 10 columns): where three source planes fit the
+    cp.async buffers, and the window kernel cannot stage its rows in 16-byte
+    copies (source width not a multiple of 16 bytes, or half-type rows under
+    32), or (half types) filters of 5x5 and 7x7.  Measured on an H200
+    (2026-12-02, benchmarks/depthwise_kernels.py --forward-only, GPU time per
+    launch, us, plane / window; N = 64, "same" padding):
+
+    * half types (bfloat16 within 1% of float16): 64x288x38 3x3 34.7 / 86.1;
+      64x816x19 5x5 45.0 / 188.5; 64x192x75 5x5 129.9 / 331.5; 64x240x28 3x3
+      24.6 / 43.9; 64x384x28 5x5 45.9 / 136.3; 64x192x28 7x7 35.1 / 87.5;
+      64x240x56 5x5 82.2 / 98.9.  The window kernel wins 3x3 on 16-byte rows
+      of 32 values and more: 64x144x56 38.5 / 35.5, 64x96x112 106.2 / 63.5
+      (112x112 planes pass 48 KB: the plane kernel's element path).
+    * float32: 64x288x38 3x3 64.3 / 78.1; 64x816x19 5x5 47.2 / 169.0;
+      64x672x14 5x5 25.5 / 77.3 (the row kernel takes it: 28.6).  The window
+      kernel wins on 16-byte rows: 64x240x28 3x3 33.8 / 31.5, 64x384x28 5x5
+      62.0 / 57.9, 64x192x28 7x7 43.9 / 40.0, 64x144x56 3x3 63.2 / 54.0,
+      64x240x56 5x5 130.2 / 105.4, 64x512x16 3x3 32.1 / 22.6; and where the
+      planes pass 48 KB (64x192x75 5x5 207.2 / 188.9).
+    """
+    if itemsize not in (2, 4) or _BUFFERS * (_round16(g.height * g.width * itemsize) + 16) > _SHARED_LIMIT:
+        return False
+    row_bytes = g.width * itemsize
+    if itemsize == 2:
+        return g.filter_height > 3 or row_bytes % 16 != 0 or g.width < 32
+    return row_bytes % 16 != 0
+
+
 def _round16(n):
     return -(-n // 16) * 16
 
 
-def _expression(dtype, size, backward, index):
-    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), size[0], size[1], "true" if backward else "false", index)
+def _expression(dtype, size, stride, backward, index):
+    return _compile.name_expression(
+        KERNEL, _dtypes.ctype(dtype), size[0], size[1], stride, "true" if backward else "false", index)
+
+
+# (stride, backward) of the specializations: the backward-input is a stride-1 correlation.
+VARIANTS = ((1, False), (2, False), (1, True))
 
 
 def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True)):
     """``(file, name expression)`` of every plane-kernel specialization.
 
-    backward: None (both), False (forward) or True (backward-input)."""
+    backward: None (both), False (forward, strides 1 and 2) or True (backward-input)."""
     return _compile.filter_size_specializations(
-        KERNEL_FILE, lambda dtype, size, index, is_backward: _expression(dtype, size, is_backward, index),
+        KERNEL_FILE, lambda dtype, size, index, stride, is_backward: _expression(dtype, size, stride, is_backward, index),
         DTYPES, FILTER_SIZES, dtypes, filter_sizes, large_index,
-        [(False,), (True,)] if backward is None else [(backward,)])
+        [v for v in VARIANTS if backward is None or v[1] == backward])
 
 
 @functools.lru_cache(maxsize=512)
@@ -139,9 +177,11 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     serve it.  ``src_alignment`` / ``dst_alignment``: the largest of 16, 8,
     4, 2, 1 dividing the source's / destination's address."""
     size = (g.filter_height, g.filter_width)
+    stride = g.stride_h
     if (
         size not in FILTER_SIZES
-        or (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w) != (1, 1, 1, 1)
+        or (stride, backward) not in VARIANTS
+        or (g.stride_w, g.dilation_h, g.dilation_w) != (stride, 1, 1)
         or g.multiplier != 1
         or numpy.dtype(dtype) not in DTYPES
     ):
@@ -191,7 +231,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     assert _BUFFERS * raw_bytes + out_stage_bytes <= _SHARED_LIMIT
     return _launch.Launch(
         KERNEL_FILE,
-        _expression(dtype, size, backward, index),
+        _expression(dtype, size, stride, backward, index),
         (min(units, _MAX_GRID),),
         (threads,),
         _BUFFERS * raw_bytes + out_stage_bytes,

@@ -1,9 +1,9 @@
 // Depthwise 2-D convolution, NCHW, small planes (at most 256 thread items
 // of 4 x 4 outputs; the ops send it rows of 10 to 64 values): whole source
 // planes copied into shared memory as they are (no padding, no
-// conversion), for 3x3, 5x5 and 7x7 filters at stride 1 and dilation 1,
-// depth multiplier 1 (forward, and backward-input as the forward
-// correlation with the rotated filter).
+// conversion), for 3x3, 5x5 and 7x7 filters at dilation 1, depth
+// multiplier 1: the forward at stride 1 or 2, and backward-input (stride 1)
+// as the forward correlation with the rotated filter.
 //
 // Why a kernel of its own: at 28x28 and below the register window kernel
 // (depthwise_nchw_window.cu) spends more issue slots than bytes on its
@@ -28,8 +28,12 @@
 // t / items_per_plane of the unit, then row block rb and column block cb of
 // that plane: destination rows rb*R .. rb*R+R-1, columns cb*V .. cb*V+V-1
 // (outputs past the plane's edge are computed and dropped).  Destination
-// row y, tap kh reads source row y - offset_top + kh (forward: offset =
-// padding; backward-input: KH-1-pad, may be negative); columns likewise.
+// row y, tap kh reads source row y * STRIDE - offset_top + kh (forward:
+// offset = padding; backward-input: KH-1-pad, may be negative); columns
+// likewise.  At stride 2 an item's R x V outputs read (R-1)*2 + KH rows of
+// (V-1)*2 + KW values: the small stride-2 planes of EfficientNet and
+// MobileNet (38x38 -> 19x19, 19x19 -> 10x10) whose rows the window kernel
+// stages 4 bytes at a time.
 //
 // Load forms: async (src 16-byte aligned: host raw_bytes > 0, each raw
 // buffer raw_bytes apart) or, for other pointers, reads straight from global
@@ -49,7 +53,8 @@
 // 2026-12-02: 64x1136x22 fp16 3x3 forward 126 us against 59 for 20-wide
 // planes of the same size).  Otherwise element stores.
 //
-// Template parameters: T, KH, KW (equal, 3/5/7), BACKWARD, IndexT (int, or
+// Template parameters: T, KH, KW (equal, 3/5/7), STRIDE (1 or 2; 1 when
+// BACKWARD), BACKWARD, IndexT (int, or
 // long long when a tensor has >= 2**31 elements: only plane offsets use it).
 // The host (cupy_dwgn/_depthwise_nchw_plane.py) picks P and the forms.
 
@@ -67,8 +72,10 @@ constexpr int kColumns = 4;
 template <typename T, int KH> constexpr int kRows = (sizeof(T) == 8 && KH > 3) ? 2 : 4;
 // Blocks per SM the register budget is set for (256 threads each): 3x3 at
 // 4 (56 registers; the output buffer's pointers took it from 64 to 72, 3
-// blocks), 5x5 at 3 (80), 7x7 at 2.
-template <typename T, int KH> constexpr int kMinBlocks = sizeof(T) == 8 ? (KH > 3 ? 1 : 2) : (KH == 7 ? 2 : KH == 5 ? 3 : 4);
+// blocks; 64 at stride 2), 5x5 at 3 (80; at stride 2, whose source rows
+// hold 11 values, NVRTC 13.0 spilled at 80 on sm_80: 2), 7x7 at 2.
+template <typename T, int KH, int STRIDE>
+constexpr int kMinBlocks = sizeof(T) == 8 ? (KH > 3 ? 1 : 2) : (KH == 7 ? 2 : KH == 5 ? (STRIDE == 1 ? 3 : 2) : 4);
 // Raw buffers of a unit each (host: _BUFFERS).
 constexpr int kBuffers = 3;
 
@@ -122,14 +129,14 @@ __device__ __forceinline__ void store_unit(const unsigned char* stage, T* __rest
 // plane `values` (shared or global), stored to `out`: the destination plane
 // in dst, or its place in the unit's shared output buffer (vectors = false).
 // `column_ok` bit k: source column col0 + k is inside the image.
-template <typename T, int KH, int KW, bool BACKWARD>
+template <typename T, int KH, int KW, int STRIDE, bool BACKWARD>
 __device__ __forceinline__ void compute_item(const T* values, int plane, int rb, int cb, unsigned column_ok,
                                              const T* __restrict__ weight, const T* __restrict__ bias,
                                              T* __restrict__ out, bool vectors, const Args& a) {
   using Acc = typename AccType<T>::type;
   constexpr int R = kRows<T, KH>;
   constexpr int V = kColumns;
-  constexpr int SPAN = V + KW - 1;
+  constexpr int SPAN = (V - 1) * STRIDE + KW;
   const int channel = plane % a.channels;
   Acc w[KH][KW];
 #pragma unroll
@@ -145,12 +152,12 @@ __device__ __forceinline__ void compute_item(const T* values, int plane, int rb,
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[i][j] = b;
 
-  const int row0 = rb * R - a.offset_top;
-  const int col0 = cb * V - a.offset_left;
-  // Source row t of the item feeds its output rows i = t - kh; rows outside
-  // the image are zero padding and add nothing.
+  const int row0 = rb * R * STRIDE - a.offset_top;
+  const int col0 = cb * V * STRIDE - a.offset_left;
+  // Source row t of the item feeds its output rows i = (t - kh) / STRIDE;
+  // rows outside the image are zero padding and add nothing.
 #pragma unroll
-  for (int t = 0; t < R + KH - 1; ++t) {
+  for (int t = 0; t < (R - 1) * STRIDE + KH; ++t) {
     const int source_row = row0 + t;
     if (source_row < 0 || source_row >= a.src_height) continue;
     const T* row_values = values + source_row * a.src_width + col0;
@@ -159,12 +166,12 @@ __device__ __forceinline__ void compute_item(const T* values, int plane, int rb,
     for (int k = 0; k < SPAN; ++k) row[k] = (column_ok >> k) & 1u ? to_acc(row_values[k]) : Acc(0);
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-      const int kh = t - i;
+      const int kh = t - i * STRIDE;
       if (kh < 0 || kh >= KH) continue;
 #pragma unroll
       for (int kw = 0; kw < KW; ++kw)
 #pragma unroll
-        for (int j = 0; j < V; ++j) acc[i][j] = fma(w[kh][kw], row[j + kw], acc[i][j]);
+        for (int j = 0; j < V; ++j) acc[i][j] = fma(w[kh][kw], row[j * STRIDE + kw], acc[i][j]);
     }
   }
 
@@ -191,14 +198,15 @@ __device__ __forceinline__ void compute_item(const T* values, int plane, int rb,
 
 }  // namespace dwgn_plane
 
-template <typename T, int KH, int KW, bool BACKWARD, typename IndexT>
-__global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH>) dwgn_dwconv2d_plane(
+template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, typename IndexT>
+__global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE>) dwgn_dwconv2d_plane(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias,
     T* __restrict__ dst, int channels, int num_planes, int src_height, int src_width, int dst_height,
     int dst_width, int offset_top, int offset_left, int planes_per_unit, int row_blocks, int col_blocks,
     int raw_bytes, int vector_stores, int out_stage_bytes) {
+  static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "backward-input takes this kernel at stride 1 only");
   using dwgn_plane::kBuffers;
-  constexpr int SPAN = dwgn_plane::kColumns + KW - 1;
+  constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + KW;  // <= 32: column_ok's bits
   extern __shared__ __align__(16) unsigned char raw[];
   const dwgn_plane::Args a{channels, num_planes, src_height, src_width, dst_height, dst_width, offset_top,
                            offset_left, planes_per_unit, row_blocks, col_blocks, raw_bytes, vector_stores,
@@ -214,7 +222,7 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH>) dwgn_dwcon
   unsigned column_ok = 0;
 #pragma unroll
   for (int k = 0; k < SPAN; ++k) {
-    const int column = cb * dwgn_plane::kColumns - offset_left + k;
+    const int column = cb * dwgn_plane::kColumns * STRIDE - offset_left + k;
     column_ok |= (column >= 0 && column < src_width ? 1u : 0u) << k;
   }
   const int num_units = (num_planes + planes_per_unit - 1) / planes_per_unit;
@@ -227,7 +235,7 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH>) dwgn_dwcon
   if (raw_bytes == 0) {  // element path: read the planes from global memory
     for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x)
       if (local_plane * src_plane < unit_count(unit))
-        dwgn_plane::compute_item<T, KH, KW, BACKWARD>(unit_src(unit) + local_plane * src_plane,
+        dwgn_plane::compute_item<T, KH, KW, STRIDE, BACKWARD>(unit_src(unit) + local_plane * src_plane,
                                                       unit * planes_per_unit + local_plane, rb, cb, column_ok,
                                                       weight, bias, unit_dst(unit) + local_plane * dst_plane,
                                                       vector_stores != 0, a);
@@ -251,7 +259,7 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH>) dwgn_dwcon
     T* out_unit = out_stage_bytes ? reinterpret_cast<T*>(stage + dwgn_plane::head_bytes(unit_dst(unit)))
                                   : unit_dst(unit);
     if (local_plane * src_plane < unit_count(unit))
-      dwgn_plane::compute_item<T, KH, KW, BACKWARD>(values + local_plane * src_plane,
+      dwgn_plane::compute_item<T, KH, KW, STRIDE, BACKWARD>(values + local_plane * src_plane,
                                                     unit * planes_per_unit + local_plane, rb, cb, column_ok, weight,
                                                     bias, out_unit + local_plane * dst_plane,
                                                     vector_stores != 0 && !out_stage_bytes, a);

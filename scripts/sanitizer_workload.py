@@ -283,19 +283,22 @@ def nchw_plane():
     # build it): units starting between 16-byte boundaries (odd plane sizes,
     # copied from the boundary below), outputs through the shared output
     # buffer into an aligned and a misaligned destination, vector stores,
-    # a partial last unit, the element path (misaligned source).
+    # a partial last unit, the element path (misaligned source); the
+    # stride-2 forward (odd and even planes, 5x5 and 7x7).
     from cupy_dwgn import _depthwise_nchw_plane, _dtypes, _validate, depthwise as dw
 
     for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
-        for x_shape, k, padding in [((3, 7, 13, 11), 3, 1), ((4, 70, 21, 21), 3, 1), ((2, 33, 14, 14), 5, 2),
-                                    ((2, 5, 29, 31), 5, ((0, 4), (3, 1))), ((2, 24, 15, 15), 7, 3),
-                                    ((4, 40, 28, 28), 3, 1)]:
+        for x_shape, k, padding, stride in [
+                ((3, 7, 13, 11), 3, 1, 1), ((4, 70, 21, 21), 3, 1, 1), ((2, 33, 14, 14), 5, 2, 1),
+                ((2, 5, 29, 31), 5, ((0, 4), (3, 1)), 1), ((2, 24, 15, 15), 7, 3, 1), ((4, 40, 28, 28), 3, 1, 1),
+                ((4, 40, 38, 38), 3, 1, 2), ((3, 50, 19, 19), 5, 2, 2), ((2, 6, 27, 28), 7, 3, 2)]:
             w_shape = (x_shape[1], 1, k, k)
-            g = _validate.conv_geometry(x_shape, w_shape, 1, padding, 1)
+            g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
             y_shape = (g.batch, x_shape[1], g.out_height, g.out_width)
             w = rng.standard_normal(w_shape, dtype=cupy.float32).astype(dtype)
             b = rng.standard_normal(w_shape[:1], dtype=cupy.float32).astype(dtype)
-            for backward, src_shape, dst_shape in ((False, x_shape, y_shape), (True, y_shape, x_shape)):
+            directions = ((False, x_shape, y_shape), (True, y_shape, x_shape)) if stride == 1 else ((False, x_shape, y_shape),)
+            for backward, src_shape, dst_shape in directions:
                 src = rng.standard_normal(src_shape, dtype=cupy.float32).astype(dtype)
                 for src_view, dst in ((src, cupy.empty(dst_shape, dtype)),
                                       (src, _misaligned(cupy.empty(dst_shape, dtype))),

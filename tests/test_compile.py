@@ -403,7 +403,7 @@ def test_nchw_plane_rule_follows_the_width_sweep():
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as plane
-    from cupy_dwgn import _validate
+    from cupy_dwgn import _dtypes, _validate
 
     half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
     for hw, k, dtype, plane_wins in [
@@ -424,6 +424,19 @@ def test_nchw_plane_rule_follows_the_width_sweep():
     # short, wide planes (under 256 items, rows past the sweeps) keep the window kernel
     g = _validate.conv_geometry((8, 16, 4, 200), (16, 1, 3, 3), 1, 1, 1)
     assert plane.plan(g, single, False, "int", 16, 16) is not None and not plane.preferred(g, single, False)
+    # stride 2 (forward), against the stride-2 sweep of 2026-12-02 (source width, filter, winner)
+    bf16 = numpy.dtype(_dtypes.bfloat16)
+    for hw, k, dtype, plane_wins in [
+        (38, 3, half, True), (19, 5, half, True), (75, 5, half, True), (28, 3, half, True), (28, 5, half, True),
+        (28, 7, half, True), (56, 5, half, True), (38, 3, bf16, True), (56, 3, half, False), (112, 3, half, False),
+        (38, 3, single, True), (19, 5, single, True), (75, 5, single, False), (28, 3, single, False),
+        (28, 5, single, False), (28, 7, single, False), (56, 3, single, False), (56, 5, single, False),
+        (112, 3, single, False), (38, 3, numpy.dtype(numpy.float64), False),
+    ]:
+        g = _validate.conv_geometry((64, 96, hw, hw), (96, 1, k, k), 2, k // 2, 1)
+        assert plane.preferred(g, dtype, False) == plane_wins, (hw, k, dtype)
+        if plane_wins:  # and serves it from shared memory
+            assert int(plane.plan(g, dtype, False, "int", 16, 16).scalars[-3]) > 0
 
 
 @pytest.mark.parametrize("case", [((2, 9, 11, 16), 3, 1, 1), ((1, 7, 10, 24), 5, 1, ((0, 4), (3, 1))),
@@ -506,7 +519,7 @@ def test_nhwc_direct_rule():
         g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation, layout="NHWC")
         assert direct.plan(g, single, False, "int", 16, 16) is None
 
-def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offset=0):
+def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offset=0, stride=1):
     """What kernels/depthwise_nchw_plane.cu computes for ``launch`` (a
     NumPy transcription of its thread -> item mapping, its walk over units
     with ``grid`` blocks, its row skips and column masks and its stores,
@@ -514,7 +527,7 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
     copy), in float64, with a count of the writes to each destination value.
     ``src``: (planes, H, W) source planes; ``weight``: (C, KH, KW);
     ``dst_offset``: dst's address modulo 16 (src is at a 16-byte boundary
-    on the cp.async path)."""
+    on the cp.async path); ``stride``: the kernel's STRIDE."""
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
@@ -526,7 +539,7 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
     assert raw_bytes % 16 == 0 and (out_stage_bytes == 0 or raw_bytes > 0)
     kh_size, kw_size = weight.shape[1:]
     rows, columns = nchw_plane.rows(src.dtype.itemsize, kh_size), nchw_plane.COLUMNS
-    span = columns + kw_size - 1
+    span = (columns - 1) * stride + kw_size
     items = row_blocks * col_blocks
     assert launch.block[0] % 32 == 0 and per_unit * items <= launch.block[0] <= 256
     assert src.shape == (planes, src_h, src_w)
@@ -552,18 +565,18 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
                 if backward:
                     w = w[::-1, ::-1]
                 acc = numpy.full((rows, columns), 0.0 if bias is None else float(bias[plane % channels]))
-                row0, col0 = rb * rows - offset_top, cb * columns - offset_left
-                for t in range(rows + kh_size - 1):
+                row0, col0 = rb * rows * stride - offset_top, cb * columns * stride - offset_left
+                for t in range((rows - 1) * stride + kh_size):
                     source_row = row0 + t
                     if not 0 <= source_row < src_h:
                         continue
                     row = numpy.array([src[plane, source_row, col0 + k] if 0 <= col0 + k < src_w else 0.0
                                        for k in range(span)], numpy.float64)
                     for i in range(rows):
-                        kh = t - i
+                        kh = t - i * stride
                         if 0 <= kh < kh_size:
                             for kw in range(kw_size):
-                                acc[i] += w[kh, kw] * row[kw:kw + columns]
+                                acc[i] += w[kh, kw] * row[kw:kw + (columns - 1) * stride + 1:stride]
                 for i in range(rows):
                     y = rb * rows + i
                     if y >= dst_h:
@@ -599,25 +612,32 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
     return out, writes
 
 
-# (x NCHW shape, filter size, padding): odd sizes, every padding form, more
-# planes than one unit, widths that are and are not multiples of 4.
+# (x NCHW shape, filter size, padding, stride): odd sizes, every padding
+# form, more planes than one unit, widths that are and are not multiples of
+# 4; at stride 2 odd and even sources, padding larger than the filter's
+# half, and a source narrower than an item's reach.
 _PLANE_GEOMETRIES = [
-    ((2, 3, 13, 11), 3, 1), ((1, 5, 9, 10), 5, ((0, 4), (3, 1))), ((2, 2, 7, 7), 7, 3),
-    ((1, 4, 8, 8), 3, "valid"), ((3, 50, 6, 5), 3, 1), ((1, 2, 5, 9), 7, 8), ((1, 3, 1, 12), 3, (1, 0)),
+    ((2, 3, 13, 11), 3, 1, 1), ((1, 5, 9, 10), 5, ((0, 4), (3, 1)), 1), ((2, 2, 7, 7), 7, 3, 1),
+    ((1, 4, 8, 8), 3, "valid", 1), ((3, 50, 6, 5), 3, 1, 1), ((1, 2, 5, 9), 7, 8, 1), ((1, 3, 1, 12), 3, (1, 0), 1),
+    ((2, 3, 19, 19), 3, 1, 2), ((1, 4, 38, 38), 3, 1, 2), ((3, 30, 10, 9), 5, 2, 2), ((1, 2, 13, 12), 7, 3, 2),
+    ((1, 3, 9, 11), 5, ((0, 4), (3, 1)), 2), ((2, 5, 4, 7), 3, "valid", 2), ((1, 2, 5, 6), 7, 6, 2),
 ]
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
-@pytest.mark.parametrize("case", _PLANE_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}")
+@pytest.mark.parametrize("case", _PLANE_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[3]}")
 def test_plane_kernel_index_math_covers_every_output_once(case, backward):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
     from cupy_dwgn import _validate, reference
 
-    x_shape, k, padding = case
+    x_shape, k, padding, stride = case
     n, c = x_shape[:2]
-    g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1)
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
+    if backward and stride != 1:  # the backward-input takes the plane kernel at stride 1 only
+        assert nchw_plane.plan(g, numpy.dtype(numpy.float32), True, "int", 16, 16) is None
+        return
     y_shape = (n, c, g.out_height, g.out_width)
     rng = numpy.random.default_rng(3)
     for dtype in nchw_plane.DTYPES:
@@ -635,8 +655,9 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
             dst_offset = 0 if dst_alignment == 16 else src.dtype.itemsize
             # a grid smaller than the units: blocks walk several
             grid = min(launch.grid[0], 3)
+            assert launch.expression.split(", ")[3] == str(stride)  # <T, KH, KW, STRIDE, BACKWARD, IndexT>
             got, writes = _plane_kernel_emulation(
-                launch, src.reshape(-1, *src.shape[2:]), weight[:, 0], bias, backward, grid, dst_offset
+                launch, src.reshape(-1, *src.shape[2:]), weight[:, 0], bias, backward, grid, dst_offset, stride
             )
             assert (writes == 1).all()
             src64, w64 = src.astype(numpy.float64), weight.astype(numpy.float64)
@@ -644,7 +665,7 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
                 want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, padding=padding)
             else:
                 want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64),
-                                                  padding=padding)
+                                                  stride=stride, padding=padding)
             numpy.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
 
 

@@ -254,8 +254,10 @@ def _direct_launch_data(x_shape, w_shape, padding, dtype, backward, rng, stride=
 # against the element path (misaligned source); outputs through the shared
 # output buffer where rows are not vector-stored, into an aligned or a
 # misaligned destination (guard values on both sides stay untouched).
+# Stride 2 (forward only): the EfficientNet / MobileNet planes (38 -> 19,
+# 19 -> 10, 75 -> 38), odd and even sources, padding past the filter's half.
 PLANE_CASES = [
-    # (label, x shape, filter size, padding, takes the cp.async path when aligned)
+    # (label, x shape, filter size, padding, takes the cp.async path when aligned[, stride])
     ("28x28 3x3 p1", (4, 40, 28, 28), 3, 1, True),
     ("13x11 3x3 p1", (3, 7, 13, 11), 3, 1, True),
     ("7x7 3x3 p1 many planes", (8, 300, 7, 7), 3, 1, True),
@@ -268,6 +270,12 @@ PLANE_CASES = [
     ("1x31 3x3 p1", (2, 5, 1, 31), 3, 1, None),
     ("56x56 3x3 p1", (1, 6, 56, 56), 3, 1, True),
     ("5x5 image 7x7 p3", (2, 3, 5, 5), 7, 3, None),
+    ("38x38 3x3 p1 s2", (4, 40, 38, 38), 3, 1, True, 2),
+    ("19x19 5x5 p2 s2", (3, 50, 19, 19), 5, 2, True, 2),
+    ("75x75 5x5 p2 s2", (2, 3, 75, 75), 5, 2, None, 2),  # float32: 3 planes pass 48 KB (the element path)
+    ("28x28 7x7 p3 s2", (2, 6, 28, 28), 7, 3, True, 2),
+    ("13x16 3x3 per-side padding s2", (2, 5, 13, 16), 3, ((0, 1), (1, 0)), None, 2),
+    ("9x9 5x5 p4 s2", (1, 7, 9, 9), 5, 4, None, 2),
 ]
 
 
@@ -276,8 +284,12 @@ PLANE_CASES = [
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nchw_plane.DTYPES], ids=str)
 @pytest.mark.parametrize("case", PLANE_CASES, ids=lambda c: c[0])
 def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
-    _, x_shape, k, padding, copies_async = case
-    g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, k, k), padding, dtype, backward, rng)
+    _, x_shape, k, padding, copies_async, *more = case
+    stride = more[0] if more else 1
+    g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, k, k), padding, dtype, backward, rng, stride)
+    if backward and stride != 1:  # a strided backward-input is no correlation: the plane kernel declines it
+        assert _depthwise_nchw_plane.plan(g, numpy.dtype(dtype), True, "int", 16, 16) is None
+        return
     src_shape, dst_shape = src.shape, want.shape
     # dst with a NaN guard value on each side, one element past a 16-byte boundary unless aligned
     size = int(numpy.prod(dst_shape))
@@ -316,6 +328,15 @@ def test_plane_kernel_rule_and_dispatch():
     g = _validate.conv_geometry(x.shape, (8, 1, 3, 3), 1, 1, 1)
     steps = depthwise._forward_steps(g, "NCHW", x, x)
     assert steps.launches[0].expression.startswith(_depthwise_nchw_plane.KERNEL)
+    # stride 2: EfficientNet's 38 -> 19 in half types, through the public op on poisoned outputs
+    x = cupy.asarray(random(numpy.random.default_rng(5), (2, 8, 38, 38), numpy.float16))
+    w = cupy.asarray(random(numpy.random.default_rng(6), (8, 1, 3, 3), numpy.float16))
+    g = _validate.conv_geometry(x.shape, w.shape, 2, 1, 1)
+    steps = depthwise._forward_steps(g, "NCHW", x, x)
+    assert steps.launches[0].expression == f"{_depthwise_nchw_plane.KERNEL}<__half, 3, 3, 2, false, int>"
+    y = cupy_dwgn.depthwise_conv2d(x, w, stride=2, padding=1, out=poisoned((2, 8, 19, 19), numpy.float16))
+    want = reference.depthwise_conv2d(cupy.asnumpy(x), cupy.asnumpy(w), stride=2, padding=1)
+    assert relative_error(y, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
 
 
 
