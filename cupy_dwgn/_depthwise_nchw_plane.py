@@ -1,21 +1,24 @@
 """NCHW whole-plane kernel (kernels/depthwise_nchw_plane.cu): the forward at
 stride 1 or 2 and the backward-input (stride 1) for 3x3, 5x5 and 7x7
-filters at dilation 1 and depth multiplier 1, on planes of at most 256
-thread items, in float32, float16 and bfloat16 (float64 keeps the window
-kernel).
+filters at dilation 1 and depth multiplier 1, in float32, float16 and
+bfloat16 (float64 keeps the window kernel).
 
 Launch rule (no user tuning), from the destination plane size:
 
 * A thread owns R x V = 4 x 4 destination values (float64 5x5 and 7x7:
-  2 x 4) and reads its window straight from the unit's raw source planes
+  2 x 4) and reads its window straight from the unit's raw source rows
   (padding skipped or masked in registers).
-* A block takes P = min(256 // items, 48 KB // (3 source planes + the
-  destination plane when outputs go through the shared buffer)) planes, fewer
-  when that would leave under _MIN_UNITS units for the whole call (small
-  batches still spread over the SMs), rounded down to a multiple that keeps
-  every unit 16-byte aligned; its threads are the unit's items rounded up
-  to a warp.  The grid is persistent: at most the blocks resident at once
-  (Launch.persistent), each walking units grid-size apart.
+* Planes of at most 256 items whose buffers fit 48 KB: a block takes P =
+  min(256 // items, 48 KB // (3 source planes + the destination plane when
+  outputs go through the shared buffer)) planes, fewer when that would
+  leave under _MIN_UNITS units for the whole call (small batches still
+  spread over the SMs), rounded down to a multiple that keeps every unit
+  16-byte aligned.  Larger planes: units of one band of rows of one plane,
+  the fewest bands (as even as they can be) whose items fit 256 threads and
+  whose source rows and outputs fit the buffers.  A block's threads are the
+  unit's items rounded up to a warp.  The grid is persistent: at most the
+  blocks resident at once (Launch.persistent), each walking units
+  grid-size apart.
 * Sources are copied with 16-byte cp.async into three raw shared buffers,
   one unit ahead, when the source is 16-byte aligned (a unit that starts
   between 16-byte boundaries is copied from the boundary below it, 16 more
@@ -48,6 +51,8 @@ _MIN_UNITS = 264
 # Raw source buffers per block (kernel: kBuffers).
 _BUFFERS = 3
 _MAX_GRID = 2**20
+# Rows wider than this keep the window kernel (the widest measured: 150).
+_MAX_PREFERRED_WIDTH = 160
 
 
 
@@ -83,9 +88,17 @@ def preferred(g, dtype, backward):
     * At width 10 and below the ops try the row kernel first
       (_depthwise_nchw_rows.preferred); below 10, where it is not taken,
       the window kernel (7-wide 3x3 fp16: window 15.8, plane 23.7 us at
-      64x960x7).  Above 64 (short, wide planes: square ones have more than
-      256 items) the window kernel: not measured, and a plane over 16 KB
-      leaves the cp.async path.
+      64x960x7).
+    * Wider planes, in bands (2026-12-02, benchmarks/depthwise_kernels.py,
+      plane / window, forward; backward-input alike): half types 3x3
+      64x192x75 160.6 / 279.7, 64x40x150 133.7 / 143.1, 64x24x150 82.8 /
+      87.3, 64x64x100 83.9 / 112.4, 64x96x57 47.6 / 69.8, but 64x32x112
+      53.8 / 52.0 (16-byte rows); 5x5 64x192x75 235.0 / 330.3, 64x96x61
+      76.2 / 97.7.  float32 3x3 64x192x75 220.8 / 300.4, 64x32x112 63.0 /
+      67.1, 64x96x57 74.2 / 74.6, 64x64x100 105.5 / 104.4, but 64x40x150
+      173.8 / 165.5 and 64x24x150 110.9 / 101.1; 5x5 64x192x75 311.9 /
+      376.3, 64x96x61 93.9 / 96.1.  7x7 wider than 64 and any row over 160
+      values: the window kernel (not measured).
     * The sweeps were square planes in float16 and float32; bfloat16
       follows float16 (it did within a few percent in every kernel-to-kernel
       comparison of 2026-12-01 and 2026-12-02, benchmarks/depthwise_kernels.py
@@ -101,17 +114,17 @@ def preferred(g, dtype, backward):
     size = g.filter_height
     if g.stride_h != 1:
         return _preferred_at_stride_2(g, itemsize)
-    if width < 10 or width > 64:
+    if width < 10 or width > _MAX_PREFERRED_WIDTH:
         return False
     if itemsize == 2:
         if size == 3:
             return not (width % 8 == 0 and width >= 32)
         if size == 5:
-            return width < 32
+            return width < 32 or width % 8 != 0
         return width < 16 or (width % 4 == 0 and 16 < width < 32)
     if itemsize == 4:
         if size == 3:
-            return width != 16
+            return width != 16 and width <= 128
         if size == 5:
             return width < 16 or width % 4 != 0
         return width < 14 or width == 15
@@ -120,19 +133,22 @@ def preferred(g, dtype, backward):
 
 def _preferred_at_stride_2(g, itemsize):
     """The stride-2 forward (the ops ask after the row kernel, which takes
-    destinations of at most 10 columns): where three source planes fit the
-    cp.async buffers, and the window kernel cannot stage its rows in 16-byte
-    copies (source width not a multiple of 16 bytes, or half-type rows under
-    32), or (half types) filters of 5x5 and 7x7.  Measured on an H200
+    destinations of at most 10 columns), on sources of at most 160 columns:
+    half types where the window kernel cannot stage its rows in 16-byte
+    copies (source width not a multiple of 16 bytes, or rows under 32), and
+    5x5 and 7x7 filters; float32 likewise where three source planes fit the
+    cp.async buffers (whole planes per unit: in bands it lost, 64x192x75 5x5
+    207.3 / 189.3, 64x144x150 3x3 497.9 / 437.6).  Measured on an H200
     (2026-12-02, benchmarks/depthwise_kernels.py --forward-only, GPU time per
     launch, us, plane / window; N = 64, "same" padding):
 
     * half types (bfloat16 within 1% of float16): 64x288x38 3x3 34.7 / 86.1;
       64x816x19 5x5 45.0 / 188.5; 64x192x75 5x5 129.9 / 331.5; 64x240x28 3x3
       24.6 / 43.9; 64x384x28 5x5 45.9 / 136.3; 64x192x28 7x7 35.1 / 87.5;
-      64x240x56 5x5 82.2 / 98.9.  The window kernel wins 3x3 on 16-byte rows
-      of 32 values and more: 64x144x56 38.5 / 35.5, 64x96x112 106.2 / 63.5
-      (112x112 planes pass 48 KB: the plane kernel's element path).
+      64x240x56 5x5 82.2 / 98.9; in bands 64x144x150 3x3 281.0 / 299.9.  The
+      window kernel wins 3x3 on 16-byte rows of 32 values and more:
+      64x144x56 38.5 / 35.5, 64x96x112 92.7 / 63.7 (in bands), 64x32x224
+      110.0 / 84.3.
     * float32: 64x288x38 3x3 64.3 / 78.1; 64x816x19 5x5 47.2 / 169.0;
       64x672x14 5x5 25.5 / 77.3 (the row kernel takes it: 28.6).  The window
       kernel wins on 16-byte rows: 64x240x28 3x3 33.8 / 31.5, 64x384x28 5x5
@@ -140,16 +156,49 @@ def _preferred_at_stride_2(g, itemsize):
       64x240x56 5x5 130.2 / 105.4, 64x512x16 3x3 32.1 / 22.6; and where the
       planes pass 48 KB (64x192x75 5x5 207.2 / 188.9).
     """
-    if itemsize not in (2, 4) or _BUFFERS * (_round16(g.height * g.width * itemsize) + 16) > _SHARED_LIMIT:
+    if itemsize not in (2, 4) or g.width > _MAX_PREFERRED_WIDTH:
         return False
     row_bytes = g.width * itemsize
     if itemsize == 2:
         return g.filter_height > 3 or row_bytes % 16 != 0 or g.width < 32
-    return row_bytes % 16 != 0
+    return row_bytes % 16 != 0 and _BUFFERS * (_round16(g.height * g.width * itemsize) + 16) <= _SHARED_LIMIT
 
 
 def _round16(n):
     return -(-n // 16) * 16
+
+
+def _shared_bytes(src_bytes, dst_bytes):
+    """Shared memory of a unit of ``src_bytes`` source and ``dst_bytes``
+    staged destination bytes (0: stored from registers): three raw buffers
+    and the output buffer, each with 16 bytes of rounding and 16 for a range
+    that starts between 16-byte boundaries."""
+    return _BUFFERS * (_round16(src_bytes) + 16) + (_round16(dst_bytes) + 16 if dst_bytes else 0)
+
+
+def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment):
+    """(P, raw_bytes, out_stage_bytes) of units of P whole planes."""
+    # Shared memory per unit plane; with an output buffer also per block
+    # (each buffer's rounding and its room for a unit starting between
+    # 16-byte boundaries: at most 31 bytes).
+    per_plane, fixed = _BUFFERS * plane_bytes, 0
+    if stage_outputs:
+        per_plane, fixed = per_plane + dst_plane_bytes, 32 * (_BUFFERS + 1)
+        if (_SHARED_LIMIT - fixed) // per_plane == 0:
+            stage_outputs, per_plane, fixed = False, _BUFFERS * plane_bytes, 0
+    per_unit = min(_MAX_THREADS // items, (_SHARED_LIMIT - fixed) // per_plane, planes)
+    per_unit = max(1, min(per_unit, -(-planes // _MIN_UNITS)))
+    # Every unit starts 16-byte aligned when P is a multiple of this.
+    aligned_step = 16 // math.gcd(plane_bytes, 16)
+    if per_unit >= aligned_step:
+        per_unit -= per_unit % aligned_step
+    # Units start 16-byte aligned when P planes are a multiple of 16 bytes
+    # (and src is aligned); otherwise each buffer has 16 bytes more for the
+    # copy from the boundary below.
+    raw_bytes = _round16(per_unit * plane_bytes) + (0 if (per_unit * plane_bytes) % 16 == 0 else 16)
+    if src_alignment % 16 or _BUFFERS * raw_bytes > _SHARED_LIMIT:
+        return per_unit, 0, 0
+    return per_unit, raw_bytes, _round16(per_unit * dst_plane_bytes) + 16 if stage_outputs else 0
 
 
 def _expression(dtype, size, stride, backward, index):
@@ -188,46 +237,50 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         return None
     src_h, src_w, dst_h, dst_w, offset_top, offset_left = _validate.correlation_frame(g, backward)
     planes = g.batch * g.channels
-    if min(src_h, src_w, dst_h, dst_w) <= 0 or planes >= 2**31 - _MAX_GRID:
+    if min(src_h, src_w, dst_h, dst_w) <= 0 or planes >= 2**31 - _MAX_GRID or max(src_h * src_w, dst_h * dst_w) >= 2**31:
         return None
     itemsize = numpy.dtype(dtype).itemsize
     item_rows = rows(itemsize, g.filter_height)
     row_blocks, col_blocks = -(-dst_h // item_rows), -(-dst_w // COLUMNS)
-    items = row_blocks * col_blocks
-    if items > _MAX_THREADS:
+    if col_blocks > _MAX_THREADS:
         return None
     plane_bytes = src_h * src_w * itemsize
     dst_plane_bytes = dst_h * dst_w * itemsize
     pack = min(16, COLUMNS * itemsize)
     vector_stores = int(dst_w % COLUMNS == 0 and dst_alignment % pack == 0)
-    # Shared memory per unit plane; with an output buffer also per block
-    # (each buffer's rounding and its room for a unit starting between
-    # 16-byte boundaries: at most 31 bytes).
+    # Outputs through the shared output buffer where rows are not stored as
+    # vectors and the source takes the cp.async path (16-byte aligned).
     stage_outputs = not vector_stores and src_alignment % 16 == 0
-    per_plane, fixed = _BUFFERS * plane_bytes, 0
-    if stage_outputs:
-        per_plane, fixed = per_plane + dst_plane_bytes, 32 * (_BUFFERS + 1)
-        if (_SHARED_LIMIT - fixed) // per_plane == 0:
-            stage_outputs, per_plane, fixed = False, _BUFFERS * plane_bytes, 0
-    per_unit = min(_MAX_THREADS // items, (_SHARED_LIMIT - fixed) // per_plane, planes)
-    per_unit = max(1, min(per_unit, -(-planes // _MIN_UNITS)))
-    # Every unit starts 16-byte aligned when P is a multiple of this.
-    aligned_step = 16 // math.gcd(plane_bytes, 16)
-    if per_unit >= aligned_step:
-        per_unit -= per_unit % aligned_step
-    if per_unit * src_h * src_w >= 2**31:  # in-unit offsets are int
+    if row_blocks * col_blocks <= _MAX_THREADS and (
+            src_alignment % 16 or _shared_bytes(plane_bytes, dst_plane_bytes if stage_outputs else 0) <= _SHARED_LIMIT):
+        num_bands = 1
+        per_unit, raw_bytes, out_stage_bytes = _whole_plane_units(
+            planes, row_blocks * col_blocks, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment)
+        if per_unit * src_h * src_w >= 2**31:  # in-unit offsets are int
+            return None
+    else:
+        # Bands: the fewest (of as even a size as they can be) whose items
+        # fit a block and whose source rows (an item reaches (R - 1) *
+        # stride + KH rows) fit the buffers.
+        per_unit = 1
+        for wanted in range(-(-row_blocks * col_blocks // _MAX_THREADS), row_blocks + 1):
+            band_blocks = -(-row_blocks // wanted)
+            band_rows = band_blocks * item_rows
+            src_bytes = min(src_h, (band_rows - 1) * stride + g.filter_height) * src_w * itemsize
+            dst_bytes = band_rows * dst_w * itemsize if stage_outputs else 0
+            if band_blocks * col_blocks <= _MAX_THREADS and (
+                    src_alignment % 16 or _shared_bytes(src_bytes, dst_bytes) <= _SHARED_LIMIT):
+                break
+        else:
+            return None
+        num_bands, row_blocks = -(-row_blocks // band_blocks), band_blocks
+        raw_bytes = _round16(src_bytes) + 16 if src_alignment % 16 == 0 else 0
+        out_stage_bytes = _round16(dst_bytes) + 16 if stage_outputs else 0
+    units = -(-planes // per_unit) * num_bands
+    if units >= 2**31 - _MAX_GRID:
         return None
-    units = -(-planes // per_unit)
-    threads = -(-per_unit * items // 32) * 32
-    # Units start 16-byte aligned when P planes are a multiple of 16 bytes
-    # (and src is aligned); otherwise each buffer has 16 bytes more for the
-    # copy from the boundary below.
-    raw_bytes = _round16(per_unit * plane_bytes) + (0 if (per_unit * plane_bytes) % 16 == 0 else 16)
-    copy_async = src_alignment % 16 == 0 and _BUFFERS * raw_bytes <= _SHARED_LIMIT
-    if not copy_async:
-        raw_bytes, stage_outputs = 0, False
-    out_stage_bytes = _round16(per_unit * dst_plane_bytes) + 16 if stage_outputs else 0
-    # P was bounded with the output buffer and 31 bytes of rounding per buffer.
+    threads = -(-per_unit * row_blocks * col_blocks // 32) * 32
+    # The buffers were bounded with 16 bytes of rounding and 16 for a copy from the boundary below.
     assert _BUFFERS * raw_bytes + out_stage_bytes <= _SHARED_LIMIT
     return _launch.Launch(
         KERNEL_FILE,
@@ -237,8 +290,8 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         _BUFFERS * raw_bytes + out_stage_bytes,
         (
             i32(g.channels), i32(planes), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top),
-            i32(offset_left), i32(per_unit), i32(row_blocks), i32(col_blocks), i32(raw_bytes), i32(vector_stores),
-            i32(out_stage_bytes),
+            i32(offset_left), i32(per_unit), i32(num_bands), i32(row_blocks), i32(col_blocks), i32(raw_bytes),
+            i32(vector_stores), i32(out_stage_bytes),
         ),
         persistent=True,
     )

@@ -1,9 +1,9 @@
-// Depthwise 2-D convolution, NCHW, small planes (at most 256 thread items
-// of 4 x 4 outputs; the ops send it rows of 10 to 64 values): whole source
-// planes copied into shared memory as they are (no padding, no
-// conversion), for 3x3, 5x5 and 7x7 filters at dilation 1, depth
-// multiplier 1: the forward at stride 1 or 2, and backward-input (stride 1)
-// as the forward correlation with the rotated filter.
+// Depthwise 2-D convolution, NCHW, planes of rows of 10 values and up:
+// whole source planes (or bands of their rows) copied into shared memory as
+// they are (no padding, no conversion), for 3x3, 5x5 and 7x7 filters at
+// dilation 1, depth multiplier 1: the forward at stride 1 or 2, and
+// backward-input (stride 1) as the forward correlation with the rotated
+// filter.
 //
 // Why a kernel of its own: at 28x28 and below the register window kernel
 // (depthwise_nchw_window.cu) spends more issue slots than bytes on its
@@ -22,9 +22,14 @@
 // the kernel's life), and each value is converted as it is read
 // ((R + KH - 1) x (V + KW - 1) conversions per R x V outputs).
 //
-// Work unit = P consecutive planes (N*C planes are contiguous in NCHW); a
-// persistent block (the grid is at most the blocks resident at once) walks
-// units grid-size apart.  Thread t of the block owns item t: plane
+// Work unit = P consecutive planes (N*C planes are contiguous in NCHW), or,
+// for planes of more than 256 items (num_bands > 1), a band of row_blocks *
+// R destination rows of one plane with the source rows its items read (one
+// contiguous range too; neighbouring bands re-read KH - STRIDE rows): the
+// wide planes of EfficientNet's first stages (75x75, 150x150), whose rows of
+// odd or unaligned widths the window kernel stages with shared-memory
+// expansion or 4-byte copies.  A persistent block (the grid is at most the
+// blocks resident at once) walks units grid-size apart.  Thread t of the block owns item t: plane
 // t / items_per_plane of the unit, then row block rb and column block cb of
 // that plane: destination rows rb*R .. rb*R+R-1, columns cb*V .. cb*V+V-1
 // (outputs past the plane's edge are computed and dropped).  Destination
@@ -71,11 +76,14 @@ namespace dwgn_plane {
 constexpr int kColumns = 4;
 template <typename T, int KH> constexpr int kRows = (sizeof(T) == 8 && KH > 3) ? 2 : 4;
 // Blocks per SM the register budget is set for (256 threads each): 3x3 at
-// 4 (56 registers; the output buffer's pointers took it from 64 to 72, 3
-// blocks; 64 at stride 2), 5x5 at 3 (80; at stride 2, whose source rows
-// hold 11 values, NVRTC 13.0 spilled at 80 on sm_80: 2), 7x7 at 2.
+// 4 (64 registers; the output buffer's pointers took it from 64 to 72, 3
+// blocks), 5x5 at 3 (80), 7x7 at 2.  At stride 2 (source rows of 9 and 11
+// values; NVRTC 13.0 spilled 3x3 at 64 and 5x5 at 80 on sm_80) one step
+// fewer: the stride-2 planes' blocks are small (5 planes of 25 items at
+// 38x38) and shared memory holds them to 4 per SM anyway.
 template <typename T, int KH, int STRIDE>
-constexpr int kMinBlocks = sizeof(T) == 8 ? (KH > 3 ? 1 : 2) : (KH == 7 ? 2 : KH == 5 ? (STRIDE == 1 ? 3 : 2) : 4);
+constexpr int kMinBlocks =
+    sizeof(T) == 8 ? (KH > 3 ? 1 : 2) : (KH == 7 ? 2 : KH == 5 ? (STRIDE == 1 ? 3 : 2) : (STRIDE == 1 ? 4 : 3));
 // Raw buffers of a unit each (host: _BUFFERS).
 constexpr int kBuffers = 3;
 
@@ -85,10 +93,44 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
   T v[N];
 };
 
+// row_blocks: R-row blocks of a unit's destination rows (all of a plane's,
+// or, with num_bands > 1, one band's).
 struct Args {
   int channels, num_planes, src_height, src_width, dst_height, dst_width, offset_top, offset_left;
-  int planes_per_unit, row_blocks, col_blocks, raw_bytes, vector_stores, out_stage_bytes;
+  int planes_per_unit, num_bands, row_blocks, col_blocks, raw_bytes, vector_stores, out_stage_bytes;
 };
+
+// Work unit `index`: planes_per_unit whole planes (num_bands == 1), or band
+// `index % num_bands` of plane `index / num_bands`: destination rows
+// [dst_row0, dst_row0 + row_blocks * R) of it and the source rows its items
+// read, [src_row0, src_row1) clipped to the image.  Each is one contiguous
+// range of src / dst (src_count / dst_count values; a band of padding rows
+// only has src_count 0).
+struct Unit {
+  int first_plane, planes, src_row0, dst_row0, src_count, dst_count;
+};
+template <int R, int STRIDE, int KH>
+__device__ __forceinline__ Unit unit_of(int index, const Args& a) {
+  Unit u;
+  if (a.num_bands == 1) {  // grid-uniform
+    u.first_plane = index * a.planes_per_unit;
+    u.planes = min(a.planes_per_unit, a.num_planes - u.first_plane);
+    u.src_row0 = u.dst_row0 = 0;
+    u.src_count = u.planes * a.src_height * a.src_width;
+    u.dst_count = u.planes * a.dst_height * a.dst_width;
+    return u;
+  }
+  u.first_plane = static_cast<int>(static_cast<unsigned>(index) / static_cast<unsigned>(a.num_bands));
+  u.planes = 1;
+  const int band_rows = a.row_blocks * R;
+  u.dst_row0 = (index - u.first_plane * a.num_bands) * band_rows;
+  const int first = u.dst_row0 * STRIDE - a.offset_top;  // the band's items' first and last source rows
+  const int last = (u.dst_row0 + band_rows - 1) * STRIDE - a.offset_top + KH - 1;
+  u.src_row0 = max(first, 0);
+  u.src_count = max(0, min(last + 1, a.src_height) - u.src_row0) * a.src_width;
+  u.dst_count = min(band_rows, a.dst_height - u.dst_row0) * a.dst_width;
+  return u;
+}
 
 // Bytes from the 16-byte boundary at or below p to p.
 __device__ __forceinline__ int head_bytes(const void* p) {
@@ -126,13 +168,15 @@ __device__ __forceinline__ void store_unit(const unsigned char* stage, T* __rest
 }
 
 // One item's R x V outputs of destination plane `plane` from its source
-// plane `values` (shared or global), stored to `out`: the destination plane
-// in dst, or its place in the unit's shared output buffer (vectors = false).
+// plane's rows from src_row0 on, `values` (shared or global), stored to
+// `out`, the plane's rows from dst_row0 on: in dst, or in the unit's shared
+// output buffer (vectors = false).  rb: the item's row block in the plane.
 // `column_ok` bit k: source column col0 + k is inside the image.
 template <typename T, int KH, int KW, int STRIDE, bool BACKWARD>
-__device__ __forceinline__ void compute_item(const T* values, int plane, int rb, int cb, unsigned column_ok,
-                                             const T* __restrict__ weight, const T* __restrict__ bias,
-                                             T* __restrict__ out, bool vectors, const Args& a) {
+__device__ __forceinline__ void compute_item(const T* values, int src_row0, int plane, int rb, int cb,
+                                             unsigned column_ok, const T* __restrict__ weight,
+                                             const T* __restrict__ bias, T* __restrict__ out, int dst_row0,
+                                             bool vectors, const Args& a) {
   using Acc = typename AccType<T>::type;
   constexpr int R = kRows<T, KH>;
   constexpr int V = kColumns;
@@ -160,7 +204,7 @@ __device__ __forceinline__ void compute_item(const T* values, int plane, int rb,
   for (int t = 0; t < (R - 1) * STRIDE + KH; ++t) {
     const int source_row = row0 + t;
     if (source_row < 0 || source_row >= a.src_height) continue;
-    const T* row_values = values + source_row * a.src_width + col0;
+    const T* row_values = values + (source_row - src_row0) * a.src_width + col0;
     Acc row[SPAN];
 #pragma unroll
     for (int k = 0; k < SPAN; ++k) row[k] = (column_ok >> k) & 1u ? to_acc(row_values[k]) : Acc(0);
@@ -180,7 +224,7 @@ __device__ __forceinline__ void compute_item(const T* values, int plane, int rb,
   for (int i = 0; i < R; ++i) {
     const int y = rb * R + i;
     if (y >= a.dst_height) break;
-    T* out_row = out + y * a.dst_width + out_col;
+    T* out_row = out + (y - dst_row0) * a.dst_width + out_col;
     if (vectors) {  // dst_width % V == 0 and rows aligned to the pack
       if (out_col < a.dst_width) {
         Pack<T, V> packed;
@@ -202,73 +246,83 @@ template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, typename IndexT
 __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE>) dwgn_dwconv2d_plane(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias,
     T* __restrict__ dst, int channels, int num_planes, int src_height, int src_width, int dst_height,
-    int dst_width, int offset_top, int offset_left, int planes_per_unit, int row_blocks, int col_blocks,
-    int raw_bytes, int vector_stores, int out_stage_bytes) {
+    int dst_width, int offset_top, int offset_left, int planes_per_unit, int num_bands, int row_blocks,
+    int col_blocks, int raw_bytes, int vector_stores, int out_stage_bytes) {
   static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "backward-input takes this kernel at stride 1 only");
   using dwgn_plane::kBuffers;
+  constexpr int R = dwgn_plane::kRows<T, KH>;
   constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + KW;  // <= 32: column_ok's bits
   extern __shared__ __align__(16) unsigned char raw[];
-  const dwgn_plane::Args a{channels, num_planes, src_height, src_width, dst_height, dst_width, offset_top,
-                           offset_left, planes_per_unit, row_blocks, col_blocks, raw_bytes, vector_stores,
-                           out_stage_bytes};
+  const dwgn_plane::Args a{channels,   num_planes, src_height, src_width,     dst_height,   dst_width,
+                           offset_top, offset_left, planes_per_unit, num_bands, row_blocks, col_blocks,
+                           raw_bytes,  vector_stores, out_stage_bytes};
   const int src_plane = src_height * src_width;
   const int dst_plane = dst_height * dst_width;
   const int items_per_plane = row_blocks * col_blocks;
   // threadIdx.x < 2**22: small_div is exact.
   const int local_plane = dwgn::small_div(threadIdx.x, __frcp_rn(static_cast<float>(items_per_plane)));
   const int item = threadIdx.x - local_plane * items_per_plane;
-  const int rb = dwgn::small_div(item, __frcp_rn(static_cast<float>(col_blocks)));
-  const int cb = item - rb * col_blocks;
+  const int rb_in_unit = dwgn::small_div(item, __frcp_rn(static_cast<float>(col_blocks)));
+  const int cb = item - rb_in_unit * col_blocks;
   unsigned column_ok = 0;
 #pragma unroll
   for (int k = 0; k < SPAN; ++k) {
     const int column = cb * dwgn_plane::kColumns * STRIDE - offset_left + k;
     column_ok |= (column >= 0 && column < src_width ? 1u : 0u) << k;
   }
-  const int num_units = (num_planes + planes_per_unit - 1) / planes_per_unit;
-  // A unit's first source value, and its count of values.
-  auto unit_src = [&](int unit) { return src + static_cast<IndexT>(unit) * planes_per_unit * src_plane; };
-  auto unit_count = [&](int unit) { return min(planes_per_unit, num_planes - unit * planes_per_unit) * src_plane; };
-  auto unit_dst = [&](int unit) { return dst + static_cast<IndexT>(unit) * planes_per_unit * dst_plane; };
+  const int num_units = (num_planes + planes_per_unit - 1) / planes_per_unit * num_bands;
+  // A unit's first source value, and its first destination value.
+  auto unit_src = [&](const dwgn_plane::Unit& u) {
+    return src + static_cast<IndexT>(u.first_plane) * src_plane + static_cast<IndexT>(u.src_row0) * src_width;
+  };
+  auto unit_dst = [&](const dwgn_plane::Unit& u) {
+    return dst + static_cast<IndexT>(u.first_plane) * dst_plane + static_cast<IndexT>(u.dst_row0) * dst_width;
+  };
+  // This thread's item of unit u, from the unit's source rows `values` into `out` (dst or the output buffer).
+  auto compute = [&](const dwgn_plane::Unit& u, const T* values, T* out, bool vectors) {
+    if (local_plane < u.planes)
+      dwgn_plane::compute_item<T, KH, KW, STRIDE, BACKWARD>(
+          values + local_plane * src_plane, u.src_row0, u.first_plane + local_plane, u.dst_row0 / R + rb_in_unit,
+          cb, column_ok, weight, bias, out + local_plane * dst_plane, u.dst_row0, vectors, a);
+  };
   constexpr int S = static_cast<int>(sizeof(T));
 
   if (raw_bytes == 0) {  // element path: read the planes from global memory
-    for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x)
-      if (local_plane * src_plane < unit_count(unit))
-        dwgn_plane::compute_item<T, KH, KW, STRIDE, BACKWARD>(unit_src(unit) + local_plane * src_plane,
-                                                      unit * planes_per_unit + local_plane, rb, cb, column_ok,
-                                                      weight, bias, unit_dst(unit) + local_plane * dst_plane,
-                                                      vector_stores != 0, a);
+    for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x) {
+      const dwgn_plane::Unit u = dwgn_plane::unit_of<R, STRIDE, KH>(unit, a);
+      compute(u, unit_src(u), unit_dst(u), vector_stores != 0);
+    }
     return;
   }
   // The unit's output buffer, after the raw ones (raw_bytes is a multiple of 16).
   unsigned char* stage = raw + kBuffers * raw_bytes;
-  if (blockIdx.x < num_units) dwgn_plane::copy_async(unit_src(blockIdx.x), raw, unit_count(blockIdx.x) * S);
+  if (blockIdx.x < num_units) {
+    const dwgn_plane::Unit first = dwgn_plane::unit_of<R, STRIDE, KH>(blockIdx.x, a);
+    dwgn_plane::copy_async(unit_src(first), raw, first.src_count * S);
+  }
   for (int unit = blockIdx.x, step = 0; unit < num_units; unit += gridDim.x, ++step) {
     const int next = unit + gridDim.x;
     // Buffer (step + 1) % 3 was last read in step - 2, which every thread
     // finished before the barrier of step - 1.
-    if (next < num_units)
-      dwgn_plane::copy_async(unit_src(next), raw + ((step + 1) % kBuffers) * raw_bytes, unit_count(next) * S);
-    else
+    if (next < num_units) {
+      const dwgn_plane::Unit n = dwgn_plane::unit_of<R, STRIDE, KH>(next, a);
+      dwgn_plane::copy_async(unit_src(n), raw + ((step + 1) % kBuffers) * raw_bytes, n.src_count * S);
+    } else {
       dwgn::cp_async_commit();  // an empty group keeps the wait count uniform
+    }
     dwgn::cp_async_wait<1>();  // this thread's part of the unit has landed
     __syncthreads();           // every thread's part has
+    const dwgn_plane::Unit u = dwgn_plane::unit_of<R, STRIDE, KH>(unit, a);
     const T* values = reinterpret_cast<const T*>(raw + (step % kBuffers) * raw_bytes +
-                                                 dwgn_plane::head_bytes(unit_src(unit)));
-    T* out_unit = out_stage_bytes ? reinterpret_cast<T*>(stage + dwgn_plane::head_bytes(unit_dst(unit)))
-                                  : unit_dst(unit);
-    if (local_plane * src_plane < unit_count(unit))
-      dwgn_plane::compute_item<T, KH, KW, STRIDE, BACKWARD>(values + local_plane * src_plane,
-                                                    unit * planes_per_unit + local_plane, rb, cb, column_ok, weight,
-                                                    bias, out_unit + local_plane * dst_plane,
-                                                    vector_stores != 0 && !out_stage_bytes, a);
+                                                 dwgn_plane::head_bytes(unit_src(u)));
     if (out_stage_bytes) {
+      compute(u, values, reinterpret_cast<T*>(stage + dwgn_plane::head_bytes(unit_dst(u))), false);
       // Every output of the unit is in the buffer; the next write to it
       // follows the next step's barrier, after every thread's stores here.
       __syncthreads();
-      dwgn_plane::store_unit(stage, unit_dst(unit),
-                             min(planes_per_unit, num_planes - unit * planes_per_unit) * dst_plane);
+      dwgn_plane::store_unit(stage, unit_dst(u), u.dst_count);
+    } else {
+      compute(u, values, unit_dst(u), vector_stores != 0);
     }
   }
 }

@@ -284,14 +284,18 @@ def nchw_plane():
     # copied from the boundary below), outputs through the shared output
     # buffer into an aligned and a misaligned destination, vector stores,
     # a partial last unit, the element path (misaligned source); the
-    # stride-2 forward (odd and even planes, 5x5 and 7x7).
+    # stride-2 forward (odd and even planes, 5x5 and 7x7); bands of one
+    # plane (planes of more than 256 items, float32 planes too large for
+    # the buffers).
     from cupy_dwgn import _depthwise_nchw_plane, _dtypes, _validate, depthwise as dw
 
     for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
         for x_shape, k, padding, stride in [
                 ((3, 7, 13, 11), 3, 1, 1), ((4, 70, 21, 21), 3, 1, 1), ((2, 33, 14, 14), 5, 2, 1),
                 ((2, 5, 29, 31), 5, ((0, 4), (3, 1)), 1), ((2, 24, 15, 15), 7, 3, 1), ((4, 40, 28, 28), 3, 1, 1),
-                ((4, 40, 38, 38), 3, 1, 2), ((3, 50, 19, 19), 5, 2, 2), ((2, 6, 27, 28), 7, 3, 2)]:
+                ((4, 40, 38, 38), 3, 1, 2), ((3, 50, 19, 19), 5, 2, 2), ((2, 6, 27, 28), 7, 3, 2),
+                ((2, 3, 75, 75), 3, 1, 1), ((2, 4, 60, 61), 3, 1, 1), ((1, 3, 70, 66), 7, 8, 1),
+                ((1, 3, 150, 150), 3, 1, 2)]:
             w_shape = (x_shape[1], 1, k, k)
             g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
             y_shape = (g.batch, x_shape[1], g.out_height, g.out_width)

@@ -415,6 +415,11 @@ def test_nchw_plane_rule_follows_the_width_sweep():
         (14, 3, single, True), (30, 3, single, True), (56, 3, single, True), (16, 3, single, False),
         (12, 5, single, True), (21, 5, single, True), (16, 5, single, False), (24, 5, single, False),
         (12, 7, single, True), (14, 7, single, False), (17, 7, single, False), (8, 3, half, False),
+        # wider planes (bands), the sweep of 2026-12-02
+        (75, 3, half, True), (150, 3, half, True), (100, 3, half, True), (57, 3, half, True), (112, 3, half, False),
+        (75, 5, half, True), (61, 5, half, True), (75, 3, single, True), (112, 3, single, True),
+        (150, 3, single, False), (75, 5, single, True), (61, 5, single, True), (75, 7, half, False),
+        (168, 3, half, False), (165, 5, single, False),
     ]:
         for backward in (False, True):
             g = _validate.conv_geometry((64, 96, hw, hw), (96, 1, k, k), 1, k // 2, 1)
@@ -431,7 +436,8 @@ def test_nchw_plane_rule_follows_the_width_sweep():
         (28, 7, half, True), (56, 5, half, True), (38, 3, bf16, True), (56, 3, half, False), (112, 3, half, False),
         (38, 3, single, True), (19, 5, single, True), (75, 5, single, False), (28, 3, single, False),
         (28, 5, single, False), (28, 7, single, False), (56, 3, single, False), (56, 5, single, False),
-        (112, 3, single, False), (38, 3, numpy.dtype(numpy.float64), False),
+        (112, 3, single, False), (38, 3, numpy.dtype(numpy.float64), False), (150, 3, half, True),
+        (150, 3, single, False), (224, 3, half, False), (165, 5, half, False),
     ]:
         g = _validate.conv_geometry((64, 96, hw, hw), (96, 1, k, k), 2, k // 2, 1)
         assert plane.preferred(g, dtype, False) == plane_wins, (hw, k, dtype)
@@ -522,9 +528,11 @@ def test_nhwc_direct_rule():
 def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offset=0, stride=1):
     """What kernels/depthwise_nchw_plane.cu computes for ``launch`` (a
     NumPy transcription of its thread -> item mapping, its walk over units
-    with ``grid`` blocks, its row skips and column masks and its stores,
-    direct or through the unit's shared output buffer and store_unit's flat
-    copy), in float64, with a count of the writes to each destination value.
+    (whole planes, or bands of one plane: dwgn_plane::unit_of) with ``grid``
+    blocks, its row skips and column masks and its stores, direct or
+    through the unit's shared output buffer and store_unit's flat copy), in
+    float64, with a count of the writes to each destination value; every
+    source row an item reads inside the image must be one its unit staged.
     ``src``: (planes, H, W) source planes; ``weight``: (C, KH, KW);
     ``dst_offset``: dst's address modulo 16 (src is at a 16-byte boundary
     on the cp.async path); ``stride``: the kernel's STRIDE."""
@@ -532,35 +540,50 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
 
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
 
-    (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, row_blocks, col_blocks,
-     raw_bytes, vector_stores, out_stage_bytes) = (int(v) for v in launch.scalars)
+    (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, num_bands, row_blocks,
+     col_blocks, raw_bytes, vector_stores, out_stage_bytes) = (int(v) for v in launch.scalars)
     size = src.dtype.itemsize
     assert launch.shared_mem == 3 * raw_bytes + out_stage_bytes <= 48 * 1024
     assert raw_bytes % 16 == 0 and (out_stage_bytes == 0 or raw_bytes > 0)
+    assert num_bands == 1 or per_unit == 1
     kh_size, kw_size = weight.shape[1:]
     rows, columns = nchw_plane.rows(src.dtype.itemsize, kh_size), nchw_plane.COLUMNS
     span = (columns - 1) * stride + kw_size
     items = row_blocks * col_blocks
+    band_rows = row_blocks * rows
+    assert num_bands == -(-dst_h // band_rows) and (num_bands > 1 or band_rows >= dst_h)
     assert launch.block[0] % 32 == 0 and per_unit * items <= launch.block[0] <= 256
     assert src.shape == (planes, src_h, src_w)
     out = numpy.full((planes, dst_h, dst_w), numpy.nan)
     writes = numpy.zeros(out.shape, numpy.int64)
-    num_units = -(-planes // per_unit)
+    num_units = -(-planes // per_unit) * num_bands
     for block in range(grid):
         for unit in range(block, num_units, grid):
-            unit_planes = min(per_unit, planes - unit * per_unit)
+            if num_bands == 1:
+                first_plane = unit * per_unit
+                unit_planes = min(per_unit, planes - first_plane)
+                src_row0, src_row1, dst_row0, dst_rows = 0, src_h, 0, dst_h
+            else:
+                first_plane, band = divmod(unit, num_bands)
+                unit_planes, dst_row0 = 1, band * band_rows
+                src_row0 = max(dst_row0 * stride - offset_top, 0)
+                src_row1 = max(src_row0, min((dst_row0 + band_rows - 1) * stride - offset_top + kh_size, src_h))
+                dst_rows = min(band_rows, dst_h - dst_row0)
+            src_count = unit_planes * (src_row1 - src_row0) * src_w
+            dst_count = unit_planes * dst_rows * dst_w
             if raw_bytes:  # copy_async's 16-byte vectors from the boundary below the unit fit the buffer
-                head = unit * per_unit * src_h * src_w * size % 16
-                assert -(-(head + unit_planes * src_h * src_w * size) // 16) * 16 <= raw_bytes
-            # the unit's destination planes as a flat range, and its output buffer
-            unit_out = numpy.full(unit_planes * dst_h * dst_w, numpy.nan)
+                head = (first_plane * src_h + src_row0) * src_w * size % 16
+                assert -(-(head + src_count * size) // 16) * 16 <= raw_bytes
+            # the unit's destination rows as a flat range, and its output buffer
+            unit_out = numpy.full(dst_count, numpy.nan)
             stage_writes = numpy.zeros(unit_out.shape, numpy.int64)
             for thread in range(launch.block[0]):
                 local_plane, item = divmod(thread, items)
                 if local_plane >= unit_planes:
                     continue
                 rb, cb = divmod(item, col_blocks)
-                plane = unit * per_unit + local_plane
+                rb += dst_row0 // rows
+                plane = first_plane + local_plane
                 w = weight[plane % channels].astype(numpy.float64)
                 if backward:
                     w = w[::-1, ::-1]
@@ -570,6 +593,7 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
                     source_row = row0 + t
                     if not 0 <= source_row < src_h:
                         continue
+                    assert src_row0 <= source_row < src_row1, "a read of a row the unit did not stage"
                     row = numpy.array([src[plane, source_row, col0 + k] if 0 <= col0 + k < src_w else 0.0
                                        for k in range(span)], numpy.float64)
                     for i in range(rows):
@@ -586,7 +610,7 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
                         assert dst_w % columns == 0
                     keep = x < dst_w
                     if out_stage_bytes:
-                        flat = (local_plane * dst_h + y) * dst_w + x[keep]
+                        flat = (local_plane * dst_rows + y - dst_row0) * dst_w + x[keep]
                         unit_out[flat] = acc[i][keep]
                         stage_writes[flat] += 1
                     else:
@@ -594,11 +618,11 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
                         writes[plane, y, x[keep]] += 1
             if out_stage_bytes:  # store_unit: every thread's 16-byte chunks of [head, end)
                 assert (stage_writes == 1).all()
-                head = (dst_offset + unit * per_unit * dst_h * dst_w * size) % 16
+                first = (first_plane * dst_h + dst_row0) * dst_w
+                head = (dst_offset + first * size) % 16
                 end = head + unit_out.size * size
                 assert end <= out_stage_bytes
                 flat_out, flat_writes = out.reshape(-1), writes.reshape(-1)
-                first = unit * per_unit * dst_h * dst_w
                 for thread in range(launch.block[0]):
                     for o in range(thread * 16, end, launch.block[0] * 16):
                         if o >= head and o + 16 <= end:
@@ -621,6 +645,10 @@ _PLANE_GEOMETRIES = [
     ((1, 4, 8, 8), 3, "valid", 1), ((3, 50, 6, 5), 3, 1, 1), ((1, 2, 5, 9), 7, 8, 1), ((1, 3, 1, 12), 3, (1, 0), 1),
     ((2, 3, 19, 19), 3, 1, 2), ((1, 4, 38, 38), 3, 1, 2), ((3, 30, 10, 9), 5, 2, 2), ((1, 2, 13, 12), 7, 3, 2),
     ((1, 3, 9, 11), 5, ((0, 4), (3, 1)), 2), ((2, 5, 4, 7), 3, "valid", 2), ((1, 2, 5, 6), 7, 6, 2),
+    # bands (planes of more than 256 items, or whose buffers pass 48 KB): 2 and 3 bands, padding past
+    # the filter's half, stride 2, a float32 plane of 240 items too large for the buffers
+    ((1, 2, 75, 75), 3, 1, 1), ((1, 1, 150, 30), 5, 2, 1), ((1, 1, 60, 70), 7, 8, 1), ((1, 1, 99, 99), 3, 1, 2),
+    ((1, 1, 60, 61), 3, 1, 1), ((1, 1, 150, 44), 3, 1, 1),
 ]
 
 
@@ -650,8 +678,16 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
             assert launch is not None and launch.persistent
             raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[-3:])
             assert raw_bytes > 0 if src_alignment == 16 else raw_bytes == out_stage_bytes == 0
-            # outputs through the shared buffer exactly where rows are not stored as vectors (these planes fit)
+            # outputs through the shared buffer exactly where rows are not stored as vectors
             assert (out_stage_bytes > 0) == (src_alignment == 16 and not vector_stores)
+            # bands where a plane has more than 256 items or (cp.async path) its buffers pass 48 KB
+            itemsize = numpy.dtype(dtype).itemsize
+            items = -(-(y_shape if not backward else x_shape)[2] // nchw_plane.rows(itemsize, k)) * -(
+                -(y_shape if not backward else x_shape)[3] // 4)
+            plane_bytes = src_shape[2] * src_shape[3] * itemsize
+            dst_bytes = numpy.prod((x_shape if backward else y_shape)[2:]) * itemsize if out_stage_bytes else 0
+            too_large = src_alignment == 16 and nchw_plane._shared_bytes(plane_bytes, dst_bytes) > 48 * 1024
+            assert (int(launch.scalars[9]) > 1) == (items > 256 or too_large), (launch.scalars[9], items)
             dst_offset = 0 if dst_alignment == 16 else src.dtype.itemsize
             # a grid smaller than the units: blocks walk several
             grid = min(launch.grid[0], 3)

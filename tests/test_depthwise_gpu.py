@@ -272,10 +272,17 @@ PLANE_CASES = [
     ("5x5 image 7x7 p3", (2, 3, 5, 5), 7, 3, None),
     ("38x38 3x3 p1 s2", (4, 40, 38, 38), 3, 1, True, 2),
     ("19x19 5x5 p2 s2", (3, 50, 19, 19), 5, 2, True, 2),
-    ("75x75 5x5 p2 s2", (2, 3, 75, 75), 5, 2, None, 2),  # float32: 3 planes pass 48 KB (the element path)
+    ("75x75 5x5 p2 s2", (2, 3, 75, 75), 5, 2, True, 2),  # float32: bands (3 planes pass 48 KB)
     ("28x28 7x7 p3 s2", (2, 6, 28, 28), 7, 3, True, 2),
     ("13x16 3x3 per-side padding s2", (2, 5, 13, 16), 3, ((0, 1), (1, 0)), None, 2),
     ("9x9 5x5 p4 s2", (1, 7, 9, 9), 5, 4, None, 2),
+    # bands: planes of more than 256 items (2 and 3 bands of one plane a unit), and float32 planes whose
+    # buffers pass 48 KB; padding past the filter's half; stride 2 onto 75 x 75
+    ("75x75 3x3 p1 bands", (2, 5, 75, 75), 3, 1, True),
+    ("150x44 5x5 p2 bands", (1, 3, 150, 44), 5, 2, True),
+    ("60x61 3x3 p1 float32 bands", (2, 4, 60, 61), 3, 1, True),
+    ("70x66 7x7 p8 bands", (1, 3, 70, 66), 7, 8, True),
+    ("150x150 3x3 p1 s2 bands", (1, 3, 150, 150), 3, 1, True, 2),
 ]
 
 
@@ -307,11 +314,8 @@ def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
         assert raw_bytes == 0 and out_stage_bytes == 0
     elif copies_async is not None:
         assert (raw_bytes > 0) == copies_async
-        # outputs through the shared buffer where rows are not vector-stored and the buffers fit in 48 KB
-        # (not 56x56 float32: 3 raw planes of 12544 bytes and the output plane)
-        plane, dst_plane = src_shape[2] * src_shape[3], dst_shape[2] * dst_shape[3]
-        fits = (3 * plane + dst_plane) * numpy.dtype(dtype).itemsize + 128 <= 48 * 1024
-        assert (out_stage_bytes > 0) == (copies_async and not vector_stores and fits)
+        # outputs through the shared buffer where rows are not vector-stored (planes too large for it: bands)
+        assert (out_stage_bytes > 0) == (copies_async and not vector_stores)
     launch(src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
     assert bool(cupy.isnan(guarded[lead - 1])) and bool(cupy.isnan(guarded[-1])), "a store outside dst"
     error = relative_error(dst, want)
@@ -337,6 +341,19 @@ def test_plane_kernel_rule_and_dispatch():
     y = cupy_dwgn.depthwise_conv2d(x, w, stride=2, padding=1, out=poisoned((2, 8, 19, 19), numpy.float16))
     want = reference.depthwise_conv2d(cupy.asnumpy(x), cupy.asnumpy(w), stride=2, padding=1)
     assert relative_error(y, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+    # bands: EfficientNet's 75 x 75 planes (361 items each), forward and backward-input through the ops
+    x = cupy.asarray(random(numpy.random.default_rng(7), (2, 4, 75, 75), numpy.float16))
+    w = w[:4]
+    g = _validate.conv_geometry(x.shape, w.shape, 1, 1, 1)
+    for steps in (depthwise._forward_steps(g, "NCHW", x, x), depthwise._backward_input_steps(g, "NCHW", x, x)):
+        assert steps.launches[0].expression.startswith(_depthwise_nchw_plane.KERNEL)
+        assert int(steps.launches[0].scalars[9]) == 2  # num_bands
+    y = cupy_dwgn.depthwise_conv2d(x, w, padding=1, out=poisoned(x.shape, numpy.float16))
+    dx = cupy_dwgn.depthwise_conv2d_backward_input(x, w, x.shape, padding=1, out=poisoned(x.shape, numpy.float16))
+    x64, w64 = cupy.asnumpy(x), cupy.asnumpy(w)
+    assert relative_error(y, reference.depthwise_conv2d(x64, w64, padding=1)) <= TOLERANCE[numpy.dtype(numpy.float16)]
+    want = reference.depthwise_conv2d_backward_input(x64, w64, x.shape, padding=1)
+    assert relative_error(dx, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
 
 
 
