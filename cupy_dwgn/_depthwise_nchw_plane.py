@@ -82,9 +82,12 @@ def preferred(g, dtype, backward):
     * float32, 3x3: every width but 16 (14: 100.8 / 115.3, 28: 77.7 / 82.5,
       56: 72.4 / 79.7; 16: 95.0 / 86.2).  5x5: below 16 and widths that are
       not a multiple of 4 (14: 152.7 / 175.0, 21: 153.9 / 198.5; 16: 142.4 /
-      113.4, 24: 120.1 / 108.8).  7x7: below 14 and at 15 (12: 171.9 /
-      196.3, 15: 201.1 / 208.7; 14: 219.5 / 214.3, and at 64x384x14 41.6 /
-      37.8; 17: 263.6 / 226.6).
+      113.4, 24: 120.1 / 108.8).  7x7: up to 15 (12: 171.9 / 196.3, 15:
+      201.1 / 208.7; 17: 263.6 / 226.6); 14 was the window kernel's (219.5
+      / 214.3, and at 64x384x14 41.6 / 37.8) until it measured 50.6 / 50.8
+      there against the plane kernel's 37.5 / 35.6 (2026-12-02, same run;
+      the table's cell went 37.6 -> 51.6 us between the tables of cbceaef
+      and 623decc with the window kernel's launch unchanged: not bisected).
     * At width 10 and below the ops try the row kernel first
       (_depthwise_nchw_rows.preferred); below 10, where it is not taken,
       the window kernel (7-wide 3x3 fp16: window 15.8, plane 23.7 us at
@@ -127,7 +130,7 @@ def preferred(g, dtype, backward):
             return width != 16 and width <= 128
         if size == 5:
             return width < 16 or width % 4 != 0
-        return width < 14 or width == 15
+        return width <= 15
     return False
 
 

@@ -414,7 +414,7 @@ def test_nchw_plane_rule_follows_the_width_sweep():
         (17, 7, half, False), (21, 7, half, False), (32, 7, half, False), (12, 3, single, True),
         (14, 3, single, True), (30, 3, single, True), (56, 3, single, True), (16, 3, single, False),
         (12, 5, single, True), (21, 5, single, True), (16, 5, single, False), (24, 5, single, False),
-        (12, 7, single, True), (14, 7, single, False), (17, 7, single, False), (8, 3, half, False),
+        (12, 7, single, True), (14, 7, single, True), (17, 7, single, False), (8, 3, half, False),
         # wider planes (bands), the sweep of 2026-12-02
         (75, 3, half, True), (150, 3, half, True), (100, 3, half, True), (57, 3, half, True), (112, 3, half, False),
         (75, 5, half, True), (61, 5, half, True), (75, 3, single, True), (112, 3, single, True),
