@@ -93,7 +93,8 @@ def preferred(g, dtype, backward):
       the window kernel (7-wide 3x3 fp16: window 15.8, plane 23.7 us at
       64x960x7).
     * Wider planes, in bands (2026-12-02, benchmarks/depthwise_kernels.py,
-      plane / window, forward; backward-input alike): half types 3x3
+      plane / window, forward; backward-input alike;
+      benchmarks/results/depthwise_kernels_sweep_stride2_bands_h200_2026-12-02.txt): half types 3x3
       64x192x75 160.6 / 279.7, 64x40x150 133.7 / 143.1, 64x24x150 82.8 /
       87.3, 64x64x100 83.9 / 112.4, 64x96x57 47.6 / 69.8, but 64x32x112
       53.8 / 52.0 (16-byte rows); 5x5 64x192x75 235.0 / 330.3, 64x96x61
@@ -143,7 +144,8 @@ def _preferred_at_stride_2(g, itemsize):
     cp.async buffers (whole planes per unit: in bands it lost, 64x192x75 5x5
     207.3 / 189.3, 64x144x150 3x3 497.9 / 437.6).  Measured on an H200
     (2026-12-02, benchmarks/depthwise_kernels.py --forward-only, GPU time per
-    launch, us, plane / window; N = 64, "same" padding):
+    launch, us, plane / window; N = 64, "same" padding;
+    benchmarks/results/depthwise_kernels_sweep_stride2_bands_h200_2026-12-02.txt):
 
     * half types (bfloat16 within 1% of float16): 64x288x38 3x3 34.7 / 86.1;
       64x816x19 5x5 45.0 / 188.5; 64x192x75 5x5 129.9 / 331.5; 64x240x28 3x3
