@@ -85,9 +85,9 @@ def preferred(g, dtype, backward):
       113.4, 24: 120.1 / 108.8).  7x7: up to 15 (12: 171.9 / 196.3, 15:
       201.1 / 208.7; 17: 263.6 / 226.6); 14 was the window kernel's (219.5
       / 214.3, and at 64x384x14 41.6 / 37.8) until it measured 50.6 / 50.8
-      there against the plane kernel's 37.5 / 35.6 (2026-12-02, same run;
-      the table's cell went 37.6 -> 51.6 us between the tables of cbceaef
-      and 623decc with the window kernel's launch unchanged: not bisected).
+      there against the plane kernel's 37.5 / 35.6 (2026-12-02, same run,
+      twice: the window kernel slowed at this shape since the first sweep,
+      with its launch unchanged; not bisected).
     * At width 10 and below the ops try the row kernel first
       (_depthwise_nchw_rows.preferred); below 10, where it is not taken,
       the window kernel (7-wide 3x3 fp16: window 15.8, plane 23.7 us at
