@@ -14,7 +14,10 @@ backward, float16 / float32), gn_sd (2x64x64x320 float16 SiLU, both
 directions), dw_fp16_3x3 (64x144x56 3x3 float16 forward and backward-input,
 NCHW and NHWC), dw_s2 (64x96x112 3x3 stride-2 forward, float32 and float16,
 both layouts), dw_wgrad (weight gradients: 64x384x28 3x3 float32 and float16,
-64x384x14 7x7 float16, both layouts).
+64x384x14 7x7 float16, both layouts), dw_effnet (EfficientNet-B3's odd
+widths in NCHW float16: 64x192x75 3x3 forward and backward-input, the
+whole-plane kernel in bands, and its weight gradient; 64x288x38 3x3
+stride-2 forward).
 """
 import sys
 
@@ -57,6 +60,9 @@ CASES = {
     "gn_sd": lambda: gn((2, 64, 64, 320), cupy.float16, "silu"),
     "dw_fp16_3x3": lambda: dw(64, 144, 56, 3, 1, cupy.float16),
     "dw_s2": lambda: [dw(64, 96, 112, 3, 2, t, directions=("forward",)) for t in (cupy.float32, cupy.float16)],
+    "dw_effnet": lambda: [dw(64, 192, 75, 3, 1, cupy.float16, layouts=("NCHW",),
+                             directions=("forward", "backward_input", "backward_weight")),
+                          dw(64, 288, 38, 3, 2, cupy.float16, layouts=("NCHW",), directions=("forward",))],
     "dw_wgrad": lambda: [dw(64, 384, 28, 3, 1, t, directions=("backward_weight",)) for t in (cupy.float32, cupy.float16)]
     + [dw(64, 384, 14, 7, 1, cupy.float16, directions=("backward_weight",))],
 }
