@@ -256,8 +256,14 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     # Outputs through the shared output buffer where rows are not stored as
     # vectors and the source takes the cp.async path (16-byte aligned).
     stage_outputs = not vector_stores and src_alignment % 16 == 0
-    if row_blocks * col_blocks <= _MAX_THREADS and (
-            src_alignment % 16 or _shared_bytes(plane_bytes, dst_plane_bytes if stage_outputs else 0) <= _SHARED_LIMIT):
+    whole = row_blocks * col_blocks <= _MAX_THREADS and (
+        src_alignment % 16 or _shared_bytes(plane_bytes, dst_plane_bytes if stage_outputs else 0) <= _SHARED_LIMIT)
+    if not whole and row_blocks == 1:
+        # One row block a plane, and the plane passes the buffers (a source
+        # far taller than the rows its outputs read: the backward-input with
+        # padding past the image): whole planes read from global memory.
+        whole, src_alignment, stage_outputs = True, 1, False
+    if whole:
         num_bands = 1
         per_unit, raw_bytes, out_stage_bytes = _whole_plane_units(
             planes, row_blocks * col_blocks, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment)
@@ -266,9 +272,11 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     else:
         # Bands: the fewest (of as even a size as they can be) whose items
         # fit a block and whose source rows (an item reaches (R - 1) *
-        # stride + KH rows) fit the buffers.
+        # stride + KH rows) fit the buffers; at least two (the kernel
+        # takes num_bands == 1 for units of whole planes, which would
+        # stage all of a plane's source rows).
         per_unit = 1
-        for wanted in range(-(-row_blocks * col_blocks // _MAX_THREADS), row_blocks + 1):
+        for wanted in range(max(2, -(-row_blocks * col_blocks // _MAX_THREADS)), row_blocks + 1):
             band_blocks = -(-row_blocks // wanted)
             band_rows = band_blocks * item_rows
             src_bytes = min(src_h, (band_rows - 1) * stride + g.filter_height) * src_w * itemsize
@@ -279,6 +287,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         else:
             return None
         num_bands, row_blocks = -(-row_blocks // band_blocks), band_blocks
+        assert num_bands > 1
         raw_bytes = _round16(src_bytes) + 16 if src_alignment % 16 == 0 else 0
         out_stage_bytes = _round16(dst_bytes) + 16 if stage_outputs else 0
     units = -(-planes // per_unit) * num_bands

@@ -100,7 +100,8 @@ struct Args {
   int planes_per_unit, num_bands, row_blocks, col_blocks, raw_bytes, vector_stores, out_stage_bytes;
 };
 
-// Work unit `index`: planes_per_unit whole planes (num_bands == 1), or band
+// Work unit `index`: planes_per_unit whole planes (num_bands == 1), or (the
+// host passes at least two bands or none) band
 // `index % num_bands` of plane `index / num_bands`: destination rows
 // [dst_row0, dst_row0 + row_blocks * R) of it and the source rows its items
 // read, [src_row0, src_row1) clipped to the image.  Each is one contiguous
@@ -126,7 +127,9 @@ __device__ __forceinline__ Unit unit_of(int index, const Args& a) {
   u.dst_row0 = (index - u.first_plane * a.num_bands) * band_rows;
   const int first = u.dst_row0 * STRIDE - a.offset_top;  // the band's items' first and last source rows
   const int last = (u.dst_row0 + band_rows - 1) * STRIDE - a.offset_top + KH - 1;
-  u.src_row0 = max(first, 0);
+  // Clamped to the image: a band of padding rows below it (padding past a
+  // band's height) stages nothing from the plane's end, never past it.
+  u.src_row0 = min(max(first, 0), a.src_height);
   u.src_count = max(0, min(last + 1, a.src_height) - u.src_row0) * a.src_width;
   u.dst_count = min(band_rows, a.dst_height - u.dst_row0) * a.dst_width;
   return u;

@@ -566,11 +566,13 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
             else:
                 first_plane, band = divmod(unit, num_bands)
                 unit_planes, dst_row0 = 1, band * band_rows
-                src_row0 = max(dst_row0 * stride - offset_top, 0)
+                src_row0 = min(max(dst_row0 * stride - offset_top, 0), src_h)
                 src_row1 = max(src_row0, min((dst_row0 + band_rows - 1) * stride - offset_top + kh_size, src_h))
                 dst_rows = min(band_rows, dst_h - dst_row0)
             src_count = unit_planes * (src_row1 - src_row0) * src_w
             dst_count = unit_planes * dst_rows * dst_w
+            # the staged range lies inside the tensor (a band of padding rows stages nothing past it)
+            assert 0 <= src_row0 <= src_row1 <= src_h
             if raw_bytes:  # copy_async's 16-byte vectors from the boundary below the unit fit the buffer
                 head = (first_plane * src_h + src_row0) * src_w * size % 16
                 assert -(-(head + src_count * size) // 16) * 16 <= raw_bytes
@@ -648,7 +650,8 @@ _PLANE_GEOMETRIES = [
     # bands (planes of more than 256 items, or whose buffers pass 48 KB): 2 and 3 bands, padding past
     # the filter's half, stride 2, a float32 plane of 240 items too large for the buffers
     ((1, 2, 75, 75), 3, 1, 1), ((1, 1, 150, 30), 5, 2, 1), ((1, 1, 60, 70), 7, 8, 1), ((1, 1, 99, 99), 3, 1, 2),
-    ((1, 1, 60, 61), 3, 1, 1), ((1, 1, 150, 44), 3, 1, 1),
+    ((1, 1, 60, 61), 3, 1, 1), ((1, 1, 150, 44), 3, 1, 1), ((1, 2, 20, 70), 3, ((0, 60), (1, 1)), 1),
+    ((1, 2, 20, 70), 3, ((60, 0), (1, 1)), 1), ((1, 1, 4, 90), 3, ((0, 100), (1, 1)), 1),
 ]
 
 
@@ -677,17 +680,21 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
             launch = nchw_plane.plan(g, dtype, backward, "int", src_alignment, dst_alignment)
             assert launch is not None and launch.persistent
             raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[-3:])
-            assert raw_bytes > 0 if src_alignment == 16 else raw_bytes == out_stage_bytes == 0
-            # outputs through the shared buffer exactly where rows are not stored as vectors
-            assert (out_stage_bytes > 0) == (src_alignment == 16 and not vector_stores)
-            # bands where a plane has more than 256 items or (cp.async path) its buffers pass 48 KB
+            # bands where a plane has more than 256 items or (cp.async path) its buffers pass 48 KB;
+            # a plane of one row block that passes them is read from global memory (the element path)
             itemsize = numpy.dtype(dtype).itemsize
-            items = -(-(y_shape if not backward else x_shape)[2] // nchw_plane.rows(itemsize, k)) * -(
-                -(y_shape if not backward else x_shape)[3] // 4)
+            dst_shape = x_shape if backward else y_shape
+            row_blocks = -(-dst_shape[2] // nchw_plane.rows(itemsize, k))
+            items = row_blocks * -(-dst_shape[3] // 4)
             plane_bytes = src_shape[2] * src_shape[3] * itemsize
-            dst_bytes = numpy.prod((x_shape if backward else y_shape)[2:]) * itemsize if out_stage_bytes else 0
+            dst_bytes = 0 if vector_stores else dst_shape[2] * dst_shape[3] * itemsize
             too_large = src_alignment == 16 and nchw_plane._shared_bytes(plane_bytes, dst_bytes) > 48 * 1024
-            assert (int(launch.scalars[9]) > 1) == (items > 256 or too_large), (launch.scalars[9], items)
+            element = src_alignment != 16 or (too_large and row_blocks == 1)
+            assert raw_bytes > 0 if not element else raw_bytes == out_stage_bytes == 0
+            # outputs through the shared buffer exactly where rows are not stored as vectors
+            assert (out_stage_bytes > 0) == (not element and not vector_stores)
+            num_bands = int(launch.scalars[9])
+            assert (num_bands > 1) == (items > 256 or (too_large and row_blocks > 1)), (num_bands, items)
             dst_offset = 0 if dst_alignment == 16 else src.dtype.itemsize
             # a grid smaller than the units: blocks walk several
             grid = min(launch.grid[0], 3)

@@ -283,6 +283,11 @@ PLANE_CASES = [
     ("60x61 3x3 p1 float32 bands", (2, 4, 60, 61), 3, 1, True),
     ("70x66 7x7 p8 bands", (1, 3, 70, 66), 7, 8, True),
     ("150x150 3x3 p1 s2 bands", (1, 3, 150, 150), 3, 1, True, 2),
+    # a band wholly in the padding below (above) the image: it stages nothing, its outputs are the bias
+    ("20x70 3x3 bottom padding 60 bands", (1, 2, 20, 70), 3, ((0, 60), (1, 1)), True),
+    ("20x70 3x3 top padding 60 bands", (1, 2, 20, 70), 3, ((60, 0), (1, 1)), True),
+    # backward-input: one row block of dx per plane from a far taller grad_out plane (global reads)
+    ("4x90 3x3 bottom padding 100", (1, 3, 4, 90), 3, ((0, 100), (1, 1)), None),
 ]
 
 
