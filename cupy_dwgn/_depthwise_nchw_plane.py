@@ -166,7 +166,7 @@ def _preferred_at_stride_2(g, itemsize):
     row_bytes = g.width * itemsize
     if itemsize == 2:
         return g.filter_height > 3 or row_bytes % 16 != 0 or g.width < 32
-    return row_bytes % 16 != 0 and _BUFFERS * (_round16(g.height * g.width * itemsize) + 16) <= _SHARED_LIMIT
+    return row_bytes % 16 != 0 and _shared_bytes(g.height * g.width * itemsize, 0) <= _SHARED_LIMIT
 
 
 def _round16(n):
@@ -179,6 +179,28 @@ def _shared_bytes(src_bytes, dst_bytes):
     and the output buffer, each with 16 bytes of rounding and 16 for a range
     that starts between 16-byte boundaries."""
     return _BUFFERS * (_round16(src_bytes) + 16) + (_round16(dst_bytes) + 16 if dst_bytes else 0)
+
+
+def _bands(row_blocks, col_blocks, item_rows, stride, filter_height, src_h, src_w, dst_w, itemsize, stage_outputs,
+           copy_async):
+    """(num_bands, row blocks a band, raw_bytes, out_stage_bytes) of units of
+    one band of one plane, or None: the fewest bands (as even as they can
+    be) whose items fit a block and whose source rows (an item reaches (R -
+    1) * stride + KH rows) and outputs fit the buffers; at least two (the
+    kernel takes num_bands == 1 for units of whole planes, which stage all of
+    a plane's source rows)."""
+    for wanted in range(max(2, -(-row_blocks * col_blocks // _MAX_THREADS)), row_blocks + 1):
+        band_blocks = -(-row_blocks // wanted)
+        band_rows = band_blocks * item_rows
+        src_bytes = min(src_h, (band_rows - 1) * stride + filter_height) * src_w * itemsize
+        dst_bytes = band_rows * dst_w * itemsize if stage_outputs else 0
+        if band_blocks * col_blocks <= _MAX_THREADS and (
+                not copy_async or _shared_bytes(src_bytes, dst_bytes) <= _SHARED_LIMIT):
+            num_bands = -(-row_blocks // band_blocks)
+            assert num_bands > 1
+            return (num_bands, band_blocks, _round16(src_bytes) + 16 if copy_async else 0,
+                    _round16(dst_bytes) + 16 if stage_outputs else 0)
+    return None
 
 
 def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment):
@@ -270,26 +292,12 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         if per_unit * src_h * src_w >= 2**31:  # in-unit offsets are int
             return None
     else:
-        # Bands: the fewest (of as even a size as they can be) whose items
-        # fit a block and whose source rows (an item reaches (R - 1) *
-        # stride + KH rows) fit the buffers; at least two (the kernel
-        # takes num_bands == 1 for units of whole planes, which would
-        # stage all of a plane's source rows).
-        per_unit = 1
-        for wanted in range(max(2, -(-row_blocks * col_blocks // _MAX_THREADS)), row_blocks + 1):
-            band_blocks = -(-row_blocks // wanted)
-            band_rows = band_blocks * item_rows
-            src_bytes = min(src_h, (band_rows - 1) * stride + g.filter_height) * src_w * itemsize
-            dst_bytes = band_rows * dst_w * itemsize if stage_outputs else 0
-            if band_blocks * col_blocks <= _MAX_THREADS and (
-                    src_alignment % 16 or _shared_bytes(src_bytes, dst_bytes) <= _SHARED_LIMIT):
-                break
-        else:
+        bands = _bands(row_blocks, col_blocks, item_rows, stride, g.filter_height, src_h, src_w, dst_w, itemsize,
+                       stage_outputs, src_alignment % 16 == 0)
+        if bands is None:
             return None
-        num_bands, row_blocks = -(-row_blocks // band_blocks), band_blocks
-        assert num_bands > 1
-        raw_bytes = _round16(src_bytes) + 16 if src_alignment % 16 == 0 else 0
-        out_stage_bytes = _round16(dst_bytes) + 16 if stage_outputs else 0
+        per_unit = 1
+        num_bands, row_blocks, raw_bytes, out_stage_bytes = bands
     units = -(-planes // per_unit) * num_bands
     if units >= 2**31 - _MAX_GRID:
         return None

@@ -23,7 +23,8 @@
 // ((R + KH - 1) x (V + KW - 1) conversions per R x V outputs).
 //
 // Work unit = P consecutive planes (N*C planes are contiguous in NCHW), or,
-// for planes of more than 256 items (num_bands > 1), a band of row_blocks *
+// for planes of more than 256 items or whose buffers pass 48 KB (num_bands
+// > 1), a band of row_blocks *
 // R destination rows of one plane with the source rows its items read (one
 // contiguous range too; neighbouring bands re-read KH - STRIDE rows): the
 // wide planes of EfficientNet's first stages (75x75, 150x150), whose rows of
