@@ -49,7 +49,7 @@ _SHARED_LIMIT = 48 * 1024
 # an H200's 132 SMs): P shrinks for small batches.
 _MIN_UNITS = 264
 # Raw source buffers per block (kernel: kBuffers).
-_BUFFERS = 3
+BUFFERS = 3
 _MAX_GRID = 2**20
 # Rows wider than this keep the window kernel (the widest measured: 150).
 _MAX_PREFERRED_WIDTH = 160
@@ -169,7 +169,7 @@ def _preferred_at_stride_2(g, itemsize):
     return row_bytes % 16 != 0 and _shared_bytes(g.height * g.width * itemsize, 0) <= _SHARED_LIMIT
 
 
-def _round16(n):
+def round16(n):
     return -(-n // 16) * 16
 
 
@@ -178,29 +178,44 @@ def _shared_bytes(src_bytes, dst_bytes):
     staged destination bytes (0: stored from registers): three raw buffers
     and the output buffer, each with 16 bytes of rounding and 16 for a range
     that starts between 16-byte boundaries."""
-    return _BUFFERS * (_round16(src_bytes) + 16) + (_round16(dst_bytes) + 16 if dst_bytes else 0)
+    return BUFFERS * (round16(src_bytes) + 16) + (round16(dst_bytes) + 16 if dst_bytes else 0)
+
+
+def band_count(row_blocks, col_blocks, fits):
+    """(num_bands, row blocks a band) of units of one band of one plane, or
+    None: the fewest bands (as even as they can be) whose items fit a block
+    and for whose row blocks ``fits(band_blocks)`` holds; at least two (the
+    kernels take num_bands == 1 for units of whole planes)."""
+    for wanted in range(max(2, -(-row_blocks * col_blocks // _MAX_THREADS)), row_blocks + 1):
+        band_blocks = -(-row_blocks // wanted)
+        if band_blocks * col_blocks <= _MAX_THREADS and fits(band_blocks):
+            num_bands = -(-row_blocks // band_blocks)
+            assert num_bands > 1
+            return num_bands, band_blocks
+    return None
+
+
+def band_source_rows(band_blocks, item_rows, stride, filter_height, src_h):
+    """Source rows a band of ``band_blocks`` row blocks reads at most (an
+    item reaches (R - 1) * stride + KH rows)."""
+    return min(src_h, (band_blocks * item_rows - 1) * stride + filter_height)
 
 
 def _bands(row_blocks, col_blocks, item_rows, stride, filter_height, src_h, src_w, dst_w, itemsize, stage_outputs,
            copy_async):
     """(num_bands, row blocks a band, raw_bytes, out_stage_bytes) of units of
-    one band of one plane, or None: the fewest bands (as even as they can
-    be) whose items fit a block and whose source rows (an item reaches (R -
-    1) * stride + KH rows) and outputs fit the buffers; at least two (the
-    kernel takes num_bands == 1 for units of whole planes, which stage all of
-    a plane's source rows)."""
-    for wanted in range(max(2, -(-row_blocks * col_blocks // _MAX_THREADS)), row_blocks + 1):
-        band_blocks = -(-row_blocks // wanted)
-        band_rows = band_blocks * item_rows
-        src_bytes = min(src_h, (band_rows - 1) * stride + filter_height) * src_w * itemsize
-        dst_bytes = band_rows * dst_w * itemsize if stage_outputs else 0
-        if band_blocks * col_blocks <= _MAX_THREADS and (
-                not copy_async or _shared_bytes(src_bytes, dst_bytes) <= _SHARED_LIMIT):
-            num_bands = -(-row_blocks // band_blocks)
-            assert num_bands > 1
-            return (num_bands, band_blocks, _round16(src_bytes) + 16 if copy_async else 0,
-                    _round16(dst_bytes) + 16 if stage_outputs else 0)
-    return None
+    one band of one plane (band_count) whose source rows and outputs fit the
+    buffers, or None."""
+    def byte_counts(band_blocks):
+        src_bytes = band_source_rows(band_blocks, item_rows, stride, filter_height, src_h) * src_w * itemsize
+        return src_bytes, band_blocks * item_rows * dst_w * itemsize if stage_outputs else 0
+
+    bands = band_count(row_blocks, col_blocks,
+                       lambda band_blocks: not copy_async or _shared_bytes(*byte_counts(band_blocks)) <= _SHARED_LIMIT)
+    if bands is None:
+        return None
+    src_bytes, dst_bytes = byte_counts(bands[1])
+    return (*bands, round16(src_bytes) + 16 if copy_async else 0, round16(dst_bytes) + 16 if stage_outputs else 0)
 
 
 def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment):
@@ -208,11 +223,11 @@ def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_output
     # Shared memory per unit plane; with an output buffer also per block
     # (each buffer's rounding and its room for a unit starting between
     # 16-byte boundaries: at most 31 bytes).
-    per_plane, fixed = _BUFFERS * plane_bytes, 0
+    per_plane, fixed = BUFFERS * plane_bytes, 0
     if stage_outputs:
-        per_plane, fixed = per_plane + dst_plane_bytes, 32 * (_BUFFERS + 1)
+        per_plane, fixed = per_plane + dst_plane_bytes, 32 * (BUFFERS + 1)
         if (_SHARED_LIMIT - fixed) // per_plane == 0:
-            stage_outputs, per_plane, fixed = False, _BUFFERS * plane_bytes, 0
+            stage_outputs, per_plane, fixed = False, BUFFERS * plane_bytes, 0
     per_unit = min(_MAX_THREADS // items, (_SHARED_LIMIT - fixed) // per_plane, planes)
     per_unit = max(1, min(per_unit, -(-planes // _MIN_UNITS)))
     # Every unit starts 16-byte aligned when P is a multiple of this.
@@ -222,10 +237,10 @@ def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_output
     # Units start 16-byte aligned when P planes are a multiple of 16 bytes
     # (and src is aligned); otherwise each buffer has 16 bytes more for the
     # copy from the boundary below.
-    raw_bytes = _round16(per_unit * plane_bytes) + (0 if (per_unit * plane_bytes) % 16 == 0 else 16)
-    if src_alignment % 16 or _BUFFERS * raw_bytes > _SHARED_LIMIT:
+    raw_bytes = round16(per_unit * plane_bytes) + (0 if (per_unit * plane_bytes) % 16 == 0 else 16)
+    if src_alignment % 16 or BUFFERS * raw_bytes > _SHARED_LIMIT:
         return per_unit, 0, 0
-    return per_unit, raw_bytes, _round16(per_unit * dst_plane_bytes) + 16 if stage_outputs else 0
+    return per_unit, raw_bytes, round16(per_unit * dst_plane_bytes) + 16 if stage_outputs else 0
 
 
 def _expression(dtype, size, stride, backward, index):
@@ -303,13 +318,13 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         return None
     threads = -(-per_unit * row_blocks * col_blocks // 32) * 32
     # The buffers were bounded with 16 bytes of rounding and 16 for a copy from the boundary below.
-    assert _BUFFERS * raw_bytes + out_stage_bytes <= _SHARED_LIMIT
+    assert BUFFERS * raw_bytes + out_stage_bytes <= _SHARED_LIMIT
     return _launch.Launch(
         KERNEL_FILE,
         _expression(dtype, size, stride, backward, index),
         (min(units, _MAX_GRID),),
         (threads,),
-        _BUFFERS * raw_bytes + out_stage_bytes,
+        BUFFERS * raw_bytes + out_stage_bytes,
         (
             i32(g.channels), i32(planes), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top),
             i32(offset_left), i32(per_unit), i32(num_bands), i32(row_blocks), i32(col_blocks), i32(raw_bytes),

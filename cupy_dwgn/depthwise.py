@@ -13,7 +13,9 @@ kernel does not serve the geometry), in this order:
 * NCHW backward-input: large filter -> rows (stride 1, where preferred) ->
                   whole plane (where preferred) -> register window (stride 1)
                   -> tiled (stride 1) / direct gather (any stride)
-* NCHW backward-weight: transposed to NHWC around the NHWC register-tap
+* NCHW backward-weight: whole plane (3x3/5x5/7x7, stride 1 or 2, where
+                  _depthwise_nchw_plane_wgrad.preferred) -> transposed to
+                  NHWC around the NHWC register-tap
                   kernel (half-type 5x5 at stride 1 where the NCHW register
                   kernel would read one column per lane,
                   _depthwise_nchw_via_nhwc.preferred) -> register
@@ -46,6 +48,7 @@ from . import (
     _depthwise_nchw,
     _depthwise_nchw_large,
     _depthwise_nchw_plane,
+    _depthwise_nchw_plane_wgrad,
     _depthwise_nchw_rows,
     _depthwise_nchw_via_nhwc,
     _depthwise_nchw_wgrad,
@@ -103,6 +106,7 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                 if large_filters:
                     specs += _depthwise_nchw_large.specializations(dtypes, large_index)
             else:
+                specs += _depthwise_nchw_plane_wgrad.specializations(dtypes, sizes, large_index)
                 specs += _depthwise_nchw_via_nhwc.specializations(dtypes, sizes, large_index)
                 specs += _depthwise_nchw_wgrad_regs.specializations(dtypes, sizes, large_index)
                 specs += _depthwise_nchw_wgrad.specializations(dtypes, sizes, large_index)
@@ -489,10 +493,13 @@ def _backward_weight_steps(g, layout, grad_out, x):
         planned = (_depthwise_nhwc_wgrad.select(g, x.dtype, index, _alignment(grad_out), _alignment(x))
                    or _depthwise_nhwc.backward_weight_plan(g, x.dtype, index, _vector_aligned(grad_out, x)))
     else:
-        routed = _depthwise_nchw_via_nhwc.backward_weight_steps(g, x.dtype, index, _alignment(grad_out), _alignment(x))
-        if routed is not None:
-            return _launch.Steps(*routed)
-        planned = _depthwise_nchw_wgrad_regs.select(g, x.dtype, _alignment(grad_out), _alignment(x))
+        planned = _depthwise_nchw_plane_wgrad.select(g, x.dtype, _alignment(grad_out), _alignment(x))
+        if planned is None:
+            routed = _depthwise_nchw_via_nhwc.backward_weight_steps(
+                g, x.dtype, index, _alignment(grad_out), _alignment(x))
+            if routed is not None:
+                return _launch.Steps(*routed)
+            planned = _depthwise_nchw_wgrad_regs.select(g, x.dtype, _alignment(grad_out), _alignment(x))
     if planned is not None:  # partial sums + the shared finalize
         (partial, finalize), temporary = planned
         return _launch.Steps(((partial, (0, 1, 4)), (finalize, (4, 3))), (temporary,))

@@ -101,9 +101,8 @@ struct Args {
   int planes_per_unit, num_bands, row_blocks, col_blocks, raw_bytes, vector_stores, out_stage_bytes;
 };
 
-// Work unit `index`: planes_per_unit whole planes (num_bands == 1), or (the
-// host passes at least two bands or none) band
-// `index % num_bands` of plane `index / num_bands`: destination rows
+// A unit: planes_per_unit whole planes, or (num_bands > 1; the host passes
+// at least two bands or none) one band of one plane: destination rows
 // [dst_row0, dst_row0 + row_blocks * R) of it and the source rows its items
 // read, [src_row0, src_row1) clipped to the image.  Each is one contiguous
 // range of src / dst (src_count / dst_count values; a band of padding rows
@@ -111,21 +110,22 @@ struct Args {
 struct Unit {
   int first_plane, planes, src_row0, dst_row0, src_count, dst_count;
 };
-template <int R, int STRIDE, int KH>
-__device__ __forceinline__ Unit unit_of(int index, const Args& a) {
+__device__ __forceinline__ Unit planes_of(int first_plane, int planes, const Args& a) {
   Unit u;
-  if (a.num_bands == 1) {  // grid-uniform
-    u.first_plane = index * a.planes_per_unit;
-    u.planes = min(a.planes_per_unit, a.num_planes - u.first_plane);
-    u.src_row0 = u.dst_row0 = 0;
-    u.src_count = u.planes * a.src_height * a.src_width;
-    u.dst_count = u.planes * a.dst_height * a.dst_width;
-    return u;
-  }
-  u.first_plane = static_cast<int>(static_cast<unsigned>(index) / static_cast<unsigned>(a.num_bands));
+  u.first_plane = first_plane;
+  u.planes = planes;
+  u.src_row0 = u.dst_row0 = 0;
+  u.src_count = planes * a.src_height * a.src_width;
+  u.dst_count = planes * a.dst_height * a.dst_width;
+  return u;
+}
+template <int R, int STRIDE, int KH>
+__device__ __forceinline__ Unit band_of(int plane, int band, const Args& a) {
+  Unit u;
+  u.first_plane = plane;
   u.planes = 1;
   const int band_rows = a.row_blocks * R;
-  u.dst_row0 = (index - u.first_plane * a.num_bands) * band_rows;
+  u.dst_row0 = band * band_rows;
   const int first = u.dst_row0 * STRIDE - a.offset_top;  // the band's items' first and last source rows
   const int last = (u.dst_row0 + band_rows - 1) * STRIDE - a.offset_top + KH - 1;
   // Clamped to the image: a band of padding rows below it (padding past a
@@ -134,6 +134,44 @@ __device__ __forceinline__ Unit unit_of(int index, const Args& a) {
   u.src_count = max(0, min(last + 1, a.src_height) - u.src_row0) * a.src_width;
   u.dst_count = min(band_rows, a.dst_height - u.dst_row0) * a.dst_width;
   return u;
+}
+// Work unit `index` of the forward kernels: P consecutive planes, or band
+// `index % num_bands` of plane `index / num_bands`.
+template <int R, int STRIDE, int KH>
+__device__ __forceinline__ Unit unit_of(int index, const Args& a) {
+  if (a.num_bands == 1)  // grid-uniform
+    return planes_of(index * a.planes_per_unit, min(a.planes_per_unit, a.num_planes - index * a.planes_per_unit), a);
+  const int plane = static_cast<int>(static_cast<unsigned>(index) / static_cast<unsigned>(a.num_bands));
+  return band_of<R, STRIDE, KH>(plane, index - plane * a.num_bands, a);
+}
+
+// This thread's item of a unit: plane local_plane of the unit, row block
+// row_block of the unit's rows, column block col_block.
+struct Place {
+  int local_plane, row_block, col_block;
+};
+__device__ __forceinline__ Place place_of(const Args& a) {
+  Place p;
+  // threadIdx.x < 2**22: small_div is exact.
+  p.local_plane = dwgn::small_div(threadIdx.x, __frcp_rn(static_cast<float>(a.row_blocks * a.col_blocks)));
+  const int item = threadIdx.x - p.local_plane * a.row_blocks * a.col_blocks;
+  p.row_block = dwgn::small_div(item, __frcp_rn(static_cast<float>(a.col_blocks)));
+  p.col_block = item - p.row_block * a.col_blocks;
+  return p;
+}
+
+// Bit k: source column cb * V * STRIDE - offset_left + k of column block
+// cb's window is inside the image (fixed for the kernel's life).
+template <int SPAN, int STRIDE>
+__device__ __forceinline__ unsigned source_columns(int cb, const Args& a) {
+  static_assert(SPAN <= 32, "one bit per window column");
+  unsigned column_ok = 0;
+#pragma unroll
+  for (int k = 0; k < SPAN; ++k) {
+    const int column = cb * kColumns * STRIDE - a.offset_left + k;
+    column_ok |= (column >= 0 && column < a.src_width ? 1u : 0u) << k;
+  }
+  return column_ok;
 }
 
 // Bytes from the 16-byte boundary at or below p to p.
@@ -144,12 +182,16 @@ __device__ __forceinline__ int head_bytes(const void* p) {
 // cp.async of a unit's `bytes` source bytes at `src` into `raw`, from the
 // 16-byte boundary at or below src: the unit lands at raw + head_bytes(src).
 // The last vector may be partial (zero-filled, never read).
-__device__ __forceinline__ void copy_async(const void* src, unsigned char* raw, int bytes) {
+// The copies join the thread's current group (copy_async commits it).
+__device__ __forceinline__ void copy_range_async(const void* src, unsigned char* raw, int bytes) {
   const int head = head_bytes(src);
   const unsigned char* from = static_cast<const unsigned char*>(src) - head;
   bytes += head;
   for (int o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16)
     dwgn::cp_async<16>(raw + o, from + o, min(16, bytes - o));
+}
+__device__ __forceinline__ void copy_async(const void* src, unsigned char* raw, int bytes) {
+  copy_range_async(src, raw, bytes);
   dwgn::cp_async_commit();
 }
 
@@ -169,6 +211,14 @@ __device__ __forceinline__ void store_unit(const unsigned char* stage, T* __rest
         *reinterpret_cast<T*>(to + b) = *reinterpret_cast<const T*>(stage + b);
     }
   }
+}
+
+// The SPAN source values of a window row from `values` (shared or global),
+// zero in the columns outside the image (column_ok bit k clear).
+template <typename T, typename Acc, int SPAN>
+__device__ __forceinline__ void read_window_row(const T* values, unsigned column_ok, Acc (&row)[SPAN]) {
+#pragma unroll
+  for (int k = 0; k < SPAN; ++k) row[k] = (column_ok >> k) & 1u ? to_acc(values[k]) : Acc(0);
 }
 
 // One item's R x V outputs of destination plane `plane` from its source
@@ -210,8 +260,7 @@ __device__ __forceinline__ void compute_item(const T* values, int src_row0, int 
     if (source_row < 0 || source_row >= a.src_height) continue;
     const T* row_values = values + (source_row - src_row0) * a.src_width + col0;
     Acc row[SPAN];
-#pragma unroll
-    for (int k = 0; k < SPAN; ++k) row[k] = (column_ok >> k) & 1u ? to_acc(row_values[k]) : Acc(0);
+    read_window_row(row_values, column_ok, row);
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int kh = t - i * STRIDE;
@@ -255,25 +304,16 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE>) dw
   static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "backward-input takes this kernel at stride 1 only");
   using dwgn_plane::kBuffers;
   constexpr int R = dwgn_plane::kRows<T, KH>;
-  constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + KW;  // <= 32: column_ok's bits
+  constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + KW;
   extern __shared__ __align__(16) unsigned char raw[];
   const dwgn_plane::Args a{channels,   num_planes, src_height, src_width,     dst_height,   dst_width,
                            offset_top, offset_left, planes_per_unit, num_bands, row_blocks, col_blocks,
                            raw_bytes,  vector_stores, out_stage_bytes};
   const int src_plane = src_height * src_width;
   const int dst_plane = dst_height * dst_width;
-  const int items_per_plane = row_blocks * col_blocks;
-  // threadIdx.x < 2**22: small_div is exact.
-  const int local_plane = dwgn::small_div(threadIdx.x, __frcp_rn(static_cast<float>(items_per_plane)));
-  const int item = threadIdx.x - local_plane * items_per_plane;
-  const int rb_in_unit = dwgn::small_div(item, __frcp_rn(static_cast<float>(col_blocks)));
-  const int cb = item - rb_in_unit * col_blocks;
-  unsigned column_ok = 0;
-#pragma unroll
-  for (int k = 0; k < SPAN; ++k) {
-    const int column = cb * dwgn_plane::kColumns * STRIDE - offset_left + k;
-    column_ok |= (column >= 0 && column < src_width ? 1u : 0u) << k;
-  }
+  const dwgn_plane::Place place = dwgn_plane::place_of(a);
+  const int local_plane = place.local_plane, rb_in_unit = place.row_block, cb = place.col_block;
+  const unsigned column_ok = dwgn_plane::source_columns<SPAN, STRIDE>(cb, a);
   const int num_units = (num_planes + planes_per_unit - 1) / planes_per_unit * num_bands;
   // A unit's first source value, and its first destination value.
   auto unit_src = [&](const dwgn_plane::Unit& u) {
@@ -329,4 +369,196 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE>) dw
       compute(u, values, unit_dst(u), vector_stores != 0);
     }
   }
+}
+
+// ---------------------------------------------------------------------------
+// Weight gradient on the same units (3x3, 5x5, 7x7, stride 1 or 2, dilation
+// 1, depth multiplier 1; float32, float16, bfloat16):
+//
+//   partial[split][kh * K + kw][c] = sum over this split's (n, y, x) of
+//       grad_out[n][c][y][x] * x[n][c][y * STRIDE - pad_top + kh][x * STRIDE - pad_left + kw]
+//
+// (float), then the shared finalize adds the splits in split order:
+// deterministic, no atomics.  Why: the NCHW weight gradients on rows of odd
+// width (EfficientNet's 19, 75, 150) read one 2- or 4-byte column per lane
+// (depthwise_nchw_wgrad_regs.cu at VW = 1) or stage rows element by element
+// (depthwise_nchw_wgrad.cu), at 12-30% of the copy bandwidth (H200,
+// 2026-12-02: 64x192x75 fp16 3x3 351 us, cuDNN 159).  Here a unit's x rows
+// and grad_out rows are each one contiguous range copied with 16-byte
+// cp.async, three buffers deep as in the forward kernel.
+//
+// Block (blockIdx.x, blockIdx.y): channels c0 = blockIdx.x * P .. c0 + P - 1
+// (P = planes_per_unit consecutive planes of one image are one range), split
+// blockIdx.y: the block's units are a contiguous run of the `units` = N *
+// num_bands (image, band) pairs, units_per_split each.  Thread t owns the
+// same item (local plane, row block, column block) in every unit and keeps
+// K x K float sums of its own products; its R x V grad_out values are zero
+// past the plane's edge (rows past dst_height, columns past dst_width), so
+// an item that overhangs the plane adds nothing for them.  At the end the
+// block sums each plane's items in a fixed order (reduce_taps).
+//
+// Buffer layout (raw_bytes each): x rows at 0, grad_out rows at grad_offset
+// (each range copied from the 16-byte boundary below it).
+namespace dwgn_plane {
+
+// Blocks per SM the register budget is set for (256 threads): K x K sums,
+// R x V grad_out values and a window row per thread; as the forward.
+template <int K, int STRIDE>
+constexpr int kWgradMinBlocks = K == 7 ? 2 : K == 5 ? (STRIDE == 1 ? 3 : 2) : (STRIDE == 1 ? 4 : 3);
+
+// Adds the item's products to acc: grad_out values of destination rows
+// rb * R .. and columns cb * V .. times the source values each tap pairs
+// them with.  x_values / grad_values: the unit's staged rows of this plane
+// from src_row0 / dst_row0 on.
+template <typename T, int K, int STRIDE>
+__device__ __forceinline__ void accumulate_item(const T* x_values, int src_row0, const T* grad_values, int dst_row0,
+                                                int rb, int cb, unsigned column_ok, float (&acc)[K][K],
+                                                const Args& a) {
+  constexpr int R = kRows<T, K>;
+  constexpr int V = kColumns;
+  constexpr int SPAN = (V - 1) * STRIDE + K;
+  float grad[R][V];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int y = rb * R + i;
+    const T* grad_row = grad_values + (y - dst_row0) * a.dst_width + cb * V;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      grad[i][j] = (y < a.dst_height && cb * V + j < a.dst_width) ? to_acc(grad_row[j]) : 0.0f;
+  }
+  const int row0 = rb * R * STRIDE - a.offset_top;
+  const int col0 = cb * V * STRIDE - a.offset_left;
+  // Source row t of the item meets output rows i = (t - kh) / STRIDE; rows
+  // outside the image are zero padding and add nothing.
+#pragma unroll
+  for (int t = 0; t < (R - 1) * STRIDE + K; ++t) {
+    const int source_row = row0 + t;
+    if (source_row < 0 || source_row >= a.src_height) continue;
+    float row[SPAN];
+    read_window_row(x_values + (source_row - src_row0) * a.src_width + col0, column_ok, row);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int kh = t - i * STRIDE;
+      if (kh < 0 || kh >= K) continue;
+#pragma unroll
+      for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[kh][kw] = fmaf(grad[i][j], row[j * STRIDE + kw], acc[kh][kw]);
+    }
+  }
+}
+
+// Sums every thread's acc over the items of each of the block's `planes`
+// planes (threads p * items .. p * items + items - 1), in a fixed order:
+// for each filter row, runs of 16 items, then the runs in order.  Writes
+// partial[split][tap][first_channel + p].  scratch: 2 * K * blockDim.x
+// floats (the buffers, no longer read); every thread calls it.
+template <int K>
+__device__ __forceinline__ void reduce_taps(const float (&acc)[K][K], float* scratch, int planes, int items,
+                                            int first_channel, int channels, float* __restrict__ partial,
+                                            int split) {
+  constexpr int kRun = 16;
+  const int threads = blockDim.x;
+  float* values = scratch;                  // [K][threads]: one filter row's sums per thread
+  float* run_sums = scratch + K * threads;  // [planes][K][runs], at most K * threads
+  const int runs = (items + kRun - 1) / kRun;
+#pragma unroll
+  for (int kh = 0; kh < K; ++kh) {
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw) values[kw * threads + threadIdx.x] = acc[kh][kw];
+    __syncthreads();  // the row's sums are in; the previous row's run sums were read before this
+    for (int w = threadIdx.x; w < planes * K * runs; w += threads) {
+      const int plane_tap = w / runs;
+      const int run = w - plane_tap * runs;
+      const int p = plane_tap / K;
+      const float* v = values + (plane_tap - p * K) * threads + p * items + run * kRun;
+      const int count = min(kRun, items - run * kRun);
+      float sum = 0.0f;
+      for (int e = 0; e < count; ++e) sum += v[e];
+      run_sums[w] = sum;
+    }
+    __syncthreads();  // the run sums are in; `values` is free for the next row
+    for (int w = threadIdx.x; w < planes * K; w += threads) {
+      const int p = w / K;
+      float sum = 0.0f;
+      for (int run = 0; run < runs; ++run) sum += run_sums[w * runs + run];
+      partial[(static_cast<long long>(split) * K * K + kh * K + (w - p * K)) * channels + first_channel + p] = sum;
+    }
+  }
+}
+
+}  // namespace dwgn_plane
+
+template <typename T, int K, int STRIDE>
+__global__ void __launch_bounds__(256, dwgn_plane::kWgradMinBlocks<K, STRIDE>) dwgn_nchw_plane_wgrad(
+    const T* __restrict__ grad_out, const T* __restrict__ x, float* __restrict__ partial, int channels,
+    int src_height, int src_width, int dst_height, int dst_width, int pad_top, int pad_left, int planes_per_unit,
+    int num_bands, int row_blocks, int col_blocks, int raw_bytes, int grad_offset, int units, int units_per_split) {
+  using dwgn_plane::kBuffers;
+  constexpr int R = dwgn_plane::kRows<T, K>;
+  constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + K;
+  constexpr int S = static_cast<int>(sizeof(T));
+  extern __shared__ __align__(16) unsigned char raw[];
+  const dwgn_plane::Args a{channels,  0,        src_height,      src_width, dst_height, dst_width,
+                           pad_top,   pad_left, planes_per_unit, num_bands, row_blocks, col_blocks,
+                           raw_bytes, 0,        0};
+  const int first_channel = blockIdx.x * planes_per_unit;
+  const int planes = min(planes_per_unit, channels - first_channel);
+  const int src_plane = src_height * src_width;
+  const int dst_plane = dst_height * dst_width;
+  const dwgn_plane::Place place = dwgn_plane::place_of(a);
+  const unsigned column_ok = dwgn_plane::source_columns<SPAN, STRIDE>(place.col_block, a);
+  // Unit u: band u % num_bands of image u / num_bands (its planes first_channel ..).
+  auto unit_at = [&](int u) {
+    const int n = static_cast<int>(static_cast<unsigned>(u) / static_cast<unsigned>(num_bands));
+    const int plane = n * channels + first_channel;
+    return num_bands == 1 ? dwgn_plane::planes_of(plane, planes, a)
+                          : dwgn_plane::band_of<R, STRIDE, K>(plane, u - n * num_bands, a);
+  };
+  auto x_at = [&](const dwgn_plane::Unit& u) {
+    return x + static_cast<long long>(u.first_plane) * src_plane + static_cast<long long>(u.src_row0) * src_width;
+  };
+  auto grad_at = [&](const dwgn_plane::Unit& u) {
+    return grad_out + static_cast<long long>(u.first_plane) * dst_plane +
+           static_cast<long long>(u.dst_row0) * dst_width;
+  };
+  auto copy = [&](const dwgn_plane::Unit& u, unsigned char* buffer) {
+    dwgn_plane::copy_range_async(x_at(u), buffer, u.src_count * S);
+    dwgn_plane::copy_async(grad_at(u), buffer + grad_offset, u.dst_count * S);
+  };
+
+  float acc[K][K];
+#pragma unroll
+  for (int kh = 0; kh < K; ++kh)
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw) acc[kh][kw] = 0.0f;
+  // The host gives every split at least one unit.
+  const int first_unit = blockIdx.y * units_per_split;
+  const int end_unit = min(units, first_unit + units_per_split);
+  copy(unit_at(first_unit), raw);
+  for (int unit = first_unit, step = 0; unit < end_unit; ++unit, ++step) {
+    // Buffer (step + 1) % 3 was last read in step - 2, which every thread
+    // finished before the barrier of step - 1.
+    if (unit + 1 < end_unit) {
+      copy(unit_at(unit + 1), raw + ((step + 1) % kBuffers) * raw_bytes);
+    } else {
+      dwgn::cp_async_commit();  // an empty group keeps the wait count uniform
+    }
+    dwgn::cp_async_wait<1>();  // this thread's part of the unit has landed
+    __syncthreads();           // every thread's part has
+    const dwgn_plane::Unit u = unit_at(unit);
+    if (place.local_plane < planes) {
+      const unsigned char* buffer = raw + (step % kBuffers) * raw_bytes;
+      dwgn_plane::accumulate_item<T, K, STRIDE>(
+          reinterpret_cast<const T*>(buffer + dwgn_plane::head_bytes(x_at(u))) + place.local_plane * src_plane,
+          u.src_row0,
+          reinterpret_cast<const T*>(buffer + grad_offset + dwgn_plane::head_bytes(grad_at(u))) +
+              place.local_plane * dst_plane,
+          u.dst_row0, u.dst_row0 / R + place.row_block, place.col_block, column_ok, acc, a);
+    }
+  }
+  dwgn::cp_async_wait_all();
+  __syncthreads();  // every thread's last reads of the buffers are done: they become the reduction's scratch
+  dwgn_plane::reduce_taps<K>(acc, reinterpret_cast<float*>(raw), planes, row_blocks * col_blocks, first_channel,
+                             channels, partial, blockIdx.y);
 }

@@ -129,9 +129,10 @@ def nchw_wgrad_regs():
     # stride 1 and 2 (MODE "always", the call-signature cache cleared): odd
     # widths (VW = 1), per-side and oversized padding, a 1-row plane, rows
     # wider than a warp (segments, dead lanes), an x view 4 bytes off 16.
-    from cupy_dwgn import _depthwise_nchw_wgrad_regs, _dtypes, depthwise as dw
+    from cupy_dwgn import _depthwise_nchw_plane_wgrad, _depthwise_nchw_wgrad_regs, _dtypes, depthwise as dw
 
-    _depthwise_nchw_wgrad_regs.MODE, dw._SIGNATURES = "always", {}
+    # The whole-plane weight gradient comes first where it serves: off.
+    _depthwise_nchw_wgrad_regs.MODE, _depthwise_nchw_plane_wgrad.MODE, dw._SIGNATURES = "always", "never", {}
     try:
         for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
             for x_shape, k, stride, padding in [
@@ -150,7 +151,35 @@ def nchw_wgrad_regs():
                 offset[...] = x
                 cupy_dwgn.depthwise_conv2d_backward_weight(dy, offset, (c, 1, k, k), **conv)
     finally:
-        _depthwise_nchw_wgrad_regs.MODE, dw._SIGNATURES = "rule", {}
+        _depthwise_nchw_wgrad_regs.MODE, _depthwise_nchw_plane_wgrad.MODE, dw._SIGNATURES = "rule", "rule", {}
+
+
+def nchw_plane_wgrad():
+    # The NCHW whole-plane weight gradient for every 3x3/5x5/7x7 NCHW call
+    # at stride 1 and 2 (MODE "always", the call-signature cache cleared):
+    # units of several planes with a short last group, odd widths, per-side
+    # and oversized padding, stride 2 on odd and even sources, bands (75x75,
+    # 150x150 s2, padding rows past a band), several units per split.
+    from cupy_dwgn import _depthwise_nchw_plane_wgrad, _dtypes, depthwise as dw
+
+    _depthwise_nchw_plane_wgrad.MODE, dw._SIGNATURES = "always", {}
+    try:
+        for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
+            for x_shape, k, stride, padding in [
+                ((2, 7, 13, 11), 3, 1, 1), ((1, 5, 9, 10), 5, 1, ((0, 4), (3, 1))), ((3, 3, 7, 7), 7, 1, 3),
+                ((1, 2, 5, 9), 7, 1, ((8, 2), (0, 8))), ((3, 50, 6, 5), 3, 1, 1), ((2, 5, 4, 7), 3, 2, 0),
+                ((2, 3, 19, 19), 5, 2, 2), ((1, 2, 15, 15), 7, 2, 3), ((3, 40, 19, 19), 3, 1, 1),
+                ((2, 2, 75, 75), 3, 1, 1), ((2, 2, 75, 75), 5, 2, 2), ((1, 1, 150, 150), 3, 2, 1),
+                ((2, 1, 60, 70), 7, 1, 8), ((1, 2, 20, 70), 3, 1, ((0, 60), (1, 1))),
+            ]:
+                c = x_shape[1]
+                conv = dict(stride=stride, padding=padding)
+                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+                y_shape = cupy_dwgn.depthwise_conv2d(x, cupy.zeros((c, 1, k, k), dtype), **conv).shape
+                dy = rng.standard_normal(y_shape, dtype=cupy.float32).astype(dtype)
+                cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), **conv)
+    finally:
+        _depthwise_nchw_plane_wgrad.MODE, dw._SIGNATURES = "rule", {}
 
 
 def nchw_rows():
@@ -373,11 +402,11 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "nchw_window", "nchw_plane", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_rows", "nhwc_direct",
+    families = sys.argv[1:] or ["depthwise", "nchw_window", "nchw_plane", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_plane_wgrad", "nchw_rows", "nhwc_direct",
                                 "nhwc_phase", "group_norm"]
     for family in families:
         {"depthwise": depthwise, "nchw_window": nchw_window, "nchw_plane": nchw_plane, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
-         "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_rows": nchw_rows, "nhwc_direct": nhwc_direct,
+         "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_plane_wgrad": nchw_plane_wgrad, "nchw_rows": nchw_rows, "nhwc_direct": nhwc_direct,
          "nhwc_phase": nhwc_phase,
          "group_norm": group_norm, "gn_resident": gn_resident}[family]()
     cupy.cuda.Device().synchronize()

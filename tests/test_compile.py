@@ -712,6 +712,160 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
             numpy.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
 
 
+def _plane_wgrad_emulation(launch, x, grad_out, k, stride, x_offset=0, grad_offset=0):
+    """What dwgn_nchw_plane_wgrad (kernels/depthwise_nchw_plane.cu) computes
+    for ``launch``: a NumPy transcription of its blocks (channel groups x
+    splits), each split's run of (image, band) units (dwgn_plane::planes_of /
+    band_of), the staged x and grad_out ranges in one buffer, the thread ->
+    item mapping and its masks, in float64; returns the (C, K, K) sums and
+    the number of times each grad_out value was counted.  Every x row an
+    item reads inside the image must be one its unit staged, and each range
+    (from the 16-byte boundary below it; ``*_offset``: the array's address
+    modulo 16) must fit its part of the buffer."""
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
+
+    (channels, src_h, src_w, dst_h, dst_w, pad_top, pad_left, per_unit, num_bands, row_blocks, col_blocks,
+     raw_bytes, grad_at, units, per_split) = (int(v) for v in launch.scalars)
+    n = x.shape[0]
+    size = x.dtype.itemsize
+    assert x.shape == (n, channels, src_h, src_w) and grad_out.shape == (n, channels, dst_h, dst_w)
+    assert launch.shared_mem == max(3 * raw_bytes, 2 * k * launch.block[0] * 4) <= 48 * 1024
+    assert raw_bytes % 16 == 0 and grad_at % 16 == 0 and grad_at < raw_bytes
+    rows, columns = nchw_plane.rows(size, k), nchw_plane.COLUMNS
+    span = (columns - 1) * stride + k
+    items = row_blocks * col_blocks
+    band_rows = row_blocks * rows
+    assert num_bands == 1 or per_unit == 1
+    assert num_bands == -(-dst_h // band_rows) and (num_bands > 1 or band_rows >= dst_h)
+    assert units == n * num_bands and launch.block[0] % 32 == 0 and per_unit * items <= launch.block[0] <= 256
+    groups, splits = launch.grid[:2]
+    assert groups == -(-channels // per_unit) and splits == -(-units // per_split)
+    assert (splits - 1) * per_split < units  # every split has a unit
+    x64, grad64 = x.astype(numpy.float64), grad_out.astype(numpy.float64)
+    total = numpy.zeros((channels, k, k))
+    counted = numpy.zeros(grad_out.shape, numpy.int64)
+    for group in range(groups):
+        first_channel = group * per_unit
+        planes = min(per_unit, channels - first_channel)
+        for split in range(splits):
+            acc = numpy.zeros((launch.block[0], k, k))
+            for unit in range(split * per_split, min(units, split * per_split + per_split)):
+                image, band = divmod(unit, num_bands)
+                if num_bands == 1:
+                    src_row0, src_row1, dst_row0, dst_rows = 0, src_h, 0, dst_h
+                else:
+                    dst_row0 = band * band_rows
+                    src_row0 = min(max(dst_row0 * stride - pad_top, 0), src_h)
+                    src_row1 = max(src_row0, min((dst_row0 + band_rows - 1) * stride - pad_top + k, src_h))
+                    dst_rows = min(band_rows, dst_h - dst_row0)
+                assert 0 <= src_row0 <= src_row1 <= src_h
+                first_plane = image * channels + first_channel
+                x_head = (x_offset + (first_plane * src_h + src_row0) * src_w * size) % 16
+                grad_head = (grad_offset + (first_plane * dst_h + dst_row0) * dst_w * size) % 16
+                assert -(-(x_head + planes * (src_row1 - src_row0) * src_w * size) // 16) * 16 <= grad_at
+                assert grad_at + -(-(grad_head + planes * dst_rows * dst_w * size) // 16) * 16 <= raw_bytes
+                for thread in range(launch.block[0]):
+                    local_plane, item = divmod(thread, items)
+                    if local_plane >= planes:
+                        continue
+                    rb, cb = divmod(item, col_blocks)
+                    rb += dst_row0 // rows
+                    c = first_channel + local_plane
+                    grad = numpy.zeros((rows, columns))
+                    for i in range(rows):
+                        y = rb * rows + i
+                        for j in range(columns):
+                            if y < dst_h and cb * columns + j < dst_w:
+                                assert dst_row0 <= y < dst_row0 + dst_rows, "a grad_out row the unit did not stage"
+                                grad[i, j] = grad64[image, c, y, cb * columns + j]
+                                counted[image, c, y, cb * columns + j] += 1
+                    row0, col0 = rb * rows * stride - pad_top, cb * columns * stride - pad_left
+                    for t in range((rows - 1) * stride + k):
+                        source_row = row0 + t
+                        if not 0 <= source_row < src_h:
+                            continue
+                        assert src_row0 <= source_row < src_row1, "an x row the unit did not stage"
+                        row = numpy.array([x64[image, c, source_row, col0 + e] if 0 <= col0 + e < src_w else 0.0
+                                           for e in range(span)])
+                        for i in range(rows):
+                            kh = t - i * stride
+                            if 0 <= kh < k:
+                                for kw in range(k):
+                                    acc[thread, kh, kw] += grad[i] @ row[kw:kw + (columns - 1) * stride + 1:stride]
+            for p in range(planes):
+                total[first_channel + p] += acc[p * items:(p + 1) * items].sum(axis=0)
+    return total, counted
+
+
+# (x NCHW shape, filter size, padding, stride) for the weight gradient's
+# index math: units of several channels' planes (and a last group of
+# fewer), bands (2-4, padding past the filter's half, stride 2), widths that
+# are and are not multiples of 4, every padding form.
+_PLANE_WGRAD_GEOMETRIES = [
+    ((2, 7, 13, 11), 3, 1, 1), ((1, 5, 9, 10), 5, ((0, 4), (3, 1)), 1), ((2, 3, 7, 7), 7, 3, 1),
+    ((3, 50, 6, 5), 3, 1, 1), ((2, 5, 4, 7), 3, "valid", 2), ((1, 2, 5, 6), 7, 6, 2), ((2, 3, 19, 19), 5, 2, 2),
+    ((2, 2, 75, 75), 3, 1, 1), ((1, 1, 150, 30), 5, 2, 1), ((1, 1, 60, 70), 7, 8, 1), ((1, 2, 99, 99), 3, 1, 2),
+    ((1, 1, 20, 70), 3, ((0, 60), (1, 1)), 1), ((1, 1, 20, 70), 3, ((60, 0), (1, 1)), 1),
+]
+
+
+@pytest.mark.parametrize("case", _PLANE_WGRAD_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[3]}")
+def test_plane_wgrad_index_math_counts_every_output_once(case):
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane_wgrad as plane_wgrad
+    from cupy_dwgn import _validate, reference
+
+    x_shape, k, padding, stride = case
+    n, c = x_shape[:2]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
+    rng = numpy.random.default_rng(5)
+    for dtype in (numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)):
+        x = rng.standard_normal(x_shape).astype(dtype)
+        grad_out = rng.standard_normal((n, c, g.out_height, g.out_width)).astype(dtype)
+        (partial, finalize), (partial_shape, partial_dtype) = plane_wgrad.plan(g, dtype, 16, 16)
+        assert partial.expression == f"{plane_wgrad.KERNEL}<{'__half' if dtype.itemsize == 2 else 'float'}, {k}, {stride}>"
+        assert partial_shape == (partial.grid[1], k * k, c) and partial_dtype == numpy.float32
+        assert plane_wgrad.plan(g, dtype, 8, 16) is None and plane_wgrad.plan(g, dtype, 16, 2) is None
+        got, counted = _plane_wgrad_emulation(partial, x, grad_out, k, stride)
+        assert (counted == 1).all()
+        want = reference.depthwise_conv2d_backward_weight(
+            grad_out.astype(numpy.float64), x.astype(numpy.float64), (c, 1, k, k), stride=stride, padding=padding)
+        numpy.testing.assert_allclose(got, want[:, 0], rtol=1e-12, atol=1e-12)
+
+
+def test_plane_wgrad_rule():
+    # The measured rule (preferred's docstring): the whole-plane weight
+    # gradient where the NCHW register kernel would not take the call or would
+    # read one or two columns per lane (7x7 at two stays there); the register
+    # kernel keeps its 8- and 16-byte vector rows.  The ops' dispatch follows.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane_wgrad as plane_wgrad
+    from cupy_dwgn import _depthwise_nchw_wgrad_regs as regs
+    from cupy_dwgn import _dtypes, _validate
+
+    assert plane_wgrad.MODE == "rule"
+    half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    plane_cells = {
+        (75, 3, 1), (75, 5, 2), (150, 3, 1), (150, 3, 2), (38, 5, 1), (38, 3, 2), (19, 3, 1), (19, 5, 1),
+        (19, 5, 2), (10, 3, 1), (10, 5, 1), (7, 3, 1), (65, 3, 1), (15, 7, 1),
+    }
+    for hw, k, stride in sorted(plane_cells | {(56, 3, 1), (112, 3, 2), (28, 3, 1), (28, 5, 1), (56, 7, 1),
+                                                (14, 7, 1)}):
+        g = _validate.conv_geometry((64, 32, hw, hw), (32, 1, k, k), stride, k // 2, 1)
+        for dtype in (half, _dtypes.bfloat16, single):
+            staged = dtype == single and k >= 5 and g.out_width >= 28
+            vw = regs.vector_width(g, dtype, 16, 16)
+            assert plane_wgrad.preferred(g, dtype) == (staged or vw == 1 or (vw == 2 and k < 7)), (hw, k, stride, dtype)
+            assert plane_wgrad.preferred(g, dtype) == ((hw, k, stride) in plane_cells or staged), (hw, k, stride, dtype)
+            selected = plane_wgrad.select(g, dtype, 16, 16)
+            assert (selected is not None) == plane_wgrad.preferred(g, dtype)
+            assert plane_wgrad.select(g, dtype, 8, 16) is None  # cp.async needs 16-byte alignment
+
+
 def _column_kernel_coverage(launch, batch, rows, channels, vec, grid):
     """How often the statistics / backward-reduce kernel of ``launch``,
     launched with ``grid`` blocks, reads each (n, row, channel vector) of x

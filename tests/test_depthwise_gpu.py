@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_plane, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
+    _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
     _launch, _validate, depthwise, reference,
 )
 
@@ -938,6 +938,7 @@ def test_nchw_wgrad_regs_dispatch_follows_the_mode(dtype, rng, monkeypatch):
     # kernel; results match the reference and repeat bit for bit.  Float64,
     # dilation 2 and multiplier 2 keep the other kernels.
     x_shape = (2, 6, 20, 23)
+    monkeypatch.setattr(_depthwise_nchw_plane_wgrad, "MODE", "never")  # it comes first where it serves
     for mode in ("always", "rule", "never"):
         monkeypatch.setattr(_depthwise_nchw_wgrad_regs, "MODE", mode)
         monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
@@ -965,6 +966,107 @@ def test_nchw_wgrad_regs_dispatch_follows_the_mode(dtype, rng, monkeypatch):
         dy_gpu = cupy.zeros((2, w_shape[0], g.out_height, g.out_width), dtype)
         steps = depthwise._backward_weight_steps(g, "NCHW", dy_gpu, x_gpu)
         assert not steps.launches[0].expression.startswith(_depthwise_nchw_wgrad_regs.KERNEL)
+
+
+# The NCHW whole-plane weight gradient (_depthwise_nchw_plane_wgrad),
+# launched directly on NaN-poisoned partial sums and grad_weight: units of
+# several channels' planes (C not a multiple of P: a last group of fewer),
+# odd widths (grad_out and x rows between 16-byte boundaries), per-side and
+# oversized padding, stride 2 on odd and even sources, bands (75x75, 150x150
+# stride 2, 60x70 7x7 with padding past the filter's half, bands wholly in
+# the padding), the EfficientNet and benchmark shapes at small N; a second
+# run must be bit-identical.
+NCHW_PLANE_WGRAD_CASES = [
+    # (label, NCHW x shape, filter size, stride, padding)
+    ("13x11 C=7 3x3 s1 p1", (2, 7, 13, 11), 3, 1, 1),
+    ("9x10 C=5 5x5 s1 per-side", (1, 5, 9, 10), 5, 1, ((0, 4), (3, 1))),
+    ("7x7 C=3 7x7 s1 p3", (3, 3, 7, 7), 7, 1, 3),
+    ("5x9 C=2 7x7 s1 padding > filter", (1, 2, 5, 9), 7, 1, ((8, 2), (0, 8))),
+    ("6x5 C=50 3x3 s1 p1", (3, 50, 6, 5), 3, 1, 1),
+    ("4x7 C=5 3x3 s2 valid", (2, 5, 4, 7), 3, 2, 0),
+    ("19x19 C=3 5x5 s2 p2", (2, 3, 19, 19), 5, 2, 2),
+    ("15x15 C=2 7x7 s2 p3", (1, 2, 15, 15), 7, 2, 3),
+    ("12x16 C=2 3x3 s2 TF same", (1, 2, 12, 16), 3, 2, ((1, 1), (0, 1))),
+    ("19x19 C=576 3x3 s1", (3, 576, 19, 19), 3, 1, 1),
+    ("38x38 C=288 3x3 s2", (2, 288, 38, 38), 3, 2, 1),
+    ("10x10 C=1392 5x5 s1", (2, 1392, 10, 10), 5, 1, 2),
+    ("14x14 C=384 7x7 s1", (4, 384, 14, 14), 7, 1, 3),
+    ("28x28 C=384 3x3 s1", (4, 384, 28, 28), 3, 1, 1),
+    ("75x75 C=8 3x3 s1 bands", (3, 8, 75, 75), 3, 1, 1),
+    ("75x75 C=4 5x5 s2 bands", (2, 4, 75, 75), 5, 2, 2),
+    ("150x150 C=2 3x3 s2 bands", (2, 2, 150, 150), 3, 2, 1),
+    ("60x70 C=1 7x7 s1 p8 bands", (2, 1, 60, 70), 7, 1, 8),
+    ("20x70 C=2 3x3 s1 bottom padding 60", (1, 2, 20, 70), 3, 1, ((0, 60), (1, 1))),
+    ("20x70 C=2 3x3 s1 top padding 60", (1, 2, 20, 70), 3, 1, ((60, 0), (1, 1))),
+]
+NCHW_PLANE_WGRAD_DTYPES = [d for d in DTYPES if numpy.dtype(d) in _depthwise_nchw_plane.DTYPES]
+
+
+@pytest.mark.parametrize("x_offset", [0, 4], ids=["aligned", "x+4B"])
+@pytest.mark.parametrize("dtype", NCHW_PLANE_WGRAD_DTYPES, ids=str)
+@pytest.mark.parametrize("case", NCHW_PLANE_WGRAD_CASES, ids=lambda c: c[0])
+def test_nchw_plane_wgrad_kernel_matches_reference(case, dtype, x_offset, rng):
+    _, x_shape, k, stride, padding = case
+    c = x_shape[1]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
+    dy = random(rng, (g.batch, c, g.out_height, g.out_width), dtype)
+    x = random(rng, x_shape, dtype)
+    want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), stride=stride, padding=padding)
+    dy_gpu = _offset_view(dy.shape, dtype, 0, dy)
+    x_gpu = _offset_view(x.shape, dtype, x_offset, x)
+    alignments = (depthwise._alignment(dy_gpu), depthwise._alignment(x_gpu))
+    planned = _depthwise_nchw_plane_wgrad.plan(g, numpy.dtype(dtype), *alignments)
+    if x_offset:  # cp.async copies 16-byte vectors: the kernel serves 16-byte aligned arrays only
+        assert planned is None
+        dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, want.shape, stride=stride, padding=padding,
+                                                        out=poisoned(want.shape, dtype))
+        assert relative_error(dw, want) <= TOLERANCE[dtype]
+        return
+    assert planned is not None
+    out, sums = _run_nhwc_wgrad(planned, dy_gpu, x_gpu, want.shape, dtype)  # same partial/finalize arguments
+    assert bool(cupy.isfinite(sums).all()), "a partial sum was not written"
+    error = relative_error(out, want)
+    record_errors("depthwise NCHW whole-plane weight gradient", str(numpy.dtype(dtype)), {f"s{stride}": error})
+    assert error <= TOLERANCE[dtype]
+    again, _ = _run_nhwc_wgrad(planned, dy_gpu, x_gpu, want.shape, dtype)
+    bits = f"u{numpy.dtype(dtype).itemsize}"
+    assert bool((again.view(bits) == out.view(bits)).all())  # deterministic
+
+
+@pytest.mark.parametrize("dtype", NCHW_PLANE_WGRAD_DTYPES, ids=str)
+def test_nchw_plane_wgrad_dispatch_follows_the_mode(dtype, rng, monkeypatch):
+    # MODE "always" / "rule" / "never": the NCHW weight gradient launches
+    # the whole-plane kernel where it serves (and the rule prefers it), else
+    # the other kernels; results match the reference and repeat bit for bit.
+    # Dilation 2, multiplier 2 and float64 keep the other kernels.
+    x_shape = (2, 6, 20, 23)
+    for mode in ("always", "rule", "never"):
+        monkeypatch.setattr(_depthwise_nchw_plane_wgrad, "MODE", mode)
+        monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
+        for k, stride, padding in ((3, 1, 1), (5, 2, ((1, 3), (2, 2))), (7, 1, 3), (3, 2, 0), (5, 1, 2)):
+            w_shape = (6, 1, k, k)
+            g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
+            x = random(rng, x_shape, dtype)
+            dy = random(rng, (2, 6, g.out_height, g.out_width), dtype)
+            x_gpu, dy_gpu = cupy.asarray(x), cupy.asarray(dy)
+            steps = depthwise._backward_weight_steps(g, "NCHW", dy_gpu, x_gpu)
+            taken = steps.launches[0].expression.startswith(_depthwise_nchw_plane_wgrad.KERNEL)
+            assert taken == (mode == "always" or (mode == "rule" and _depthwise_nchw_plane_wgrad.preferred(g, dtype)))
+            conv = dict(stride=stride, padding=padding)
+            dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, out=poisoned(w_shape, dtype),
+                                                            **conv)
+            want = reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)
+            assert relative_error(dw, want) <= TOLERANCE[dtype], (mode, k, stride)
+            again = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, **conv)
+            bits = f"u{numpy.dtype(dtype).itemsize}"
+            assert bool((again.view(bits) == dw.view(bits)).all())
+    monkeypatch.setattr(_depthwise_nchw_plane_wgrad, "MODE", "always")
+    for w_shape, dilation in (((6, 1, 3, 3), 2), ((12, 1, 3, 3), 1)):
+        g = _validate.conv_geometry(x_shape, w_shape, 1, 1, dilation)
+        x_gpu = cupy.zeros(x_shape, dtype)
+        dy_gpu = cupy.zeros((2, w_shape[0], g.out_height, g.out_width), dtype)
+        steps = depthwise._backward_weight_steps(g, "NCHW", dy_gpu, x_gpu)
+        assert not steps.launches[0].expression.startswith(_depthwise_nchw_plane_wgrad.KERNEL)
 
 
 # The NHWC stride-2 backward-input kernel (_depthwise_nhwc_phase), launched
@@ -1143,6 +1245,7 @@ def test_nchw_weight_gradient_via_nhwc(case, dtype, rng, monkeypatch):
     want = reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)
     transpose = _depthwise_nhwc_large.KERNEL_FILE
     routed_by_rule = _depthwise_nchw_via_nhwc.preferred(g, dtype, 16, 16)
+    monkeypatch.setattr(_depthwise_nchw_plane_wgrad, "MODE", "never")  # it comes first where it serves
     for mode in ("rule", "always"):
         monkeypatch.setattr(_depthwise_nchw_via_nhwc, "MODE", mode)
         monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode

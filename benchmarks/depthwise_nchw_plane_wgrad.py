@@ -1,0 +1,87 @@
+"""NCHW weight gradient: the whole-plane kernel (_depthwise_nchw_plane_wgrad,
+MODE "always") against what the ops take without it (MODE "never": the
+register kernel, the NHWC detour or the staged kernel), each with its
+finalize; GPU time per call (harness.steps_time_us: CUDA events around 20
+calls over 3 rotating input copies after a warm-up pass; the Steps, with
+their workspace, are built once), the fraction of the memory floor (x +
+grad_out read once at the copy bandwidth measured in this run), the largest
+difference between the two relative to the largest output, and with
+--torch PyTorch's NCHW and channels_last weight gradients
+(aten.convolution_backward, weight only, cudnn.benchmark on) on the same
+data.  The rule of _depthwise_nchw_plane_wgrad.preferred comes from it.
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/depthwise_nchw_plane_wgrad.py [--shapes 64x192x75x3x1 ...]
+        [--dtypes float16 ...] [--torch]
+
+Prints one line per (shape, dtype).
+"""
+import argparse
+
+import cupy
+import harness
+import numpy
+from depthwise_nchw_wgrad import _view
+from depthwise_nhwc_wgrad import torch_us
+
+from cupy_dwgn import _depthwise_nchw_plane_wgrad as plane_wgrad
+from cupy_dwgn import _validate, depthwise
+from cupy_dwgn._dtypes import bfloat16
+
+# (N, C, H = W, filter size, stride); padding K // 2: EfficientNet-B3's
+# stages (odd widths, bands at 75 and 150), the depthwise table's cases,
+# and widths between.
+SHAPES = [
+    (64, 40, 150, 3, 1), (64, 144, 150, 3, 2), (64, 192, 75, 3, 1), (64, 192, 75, 5, 2), (64, 288, 38, 5, 1),
+    (64, 288, 38, 3, 2), (64, 576, 19, 3, 1), (64, 576, 19, 5, 1), (64, 816, 19, 5, 2), (64, 1392, 10, 3, 1),
+    (64, 1392, 10, 5, 1), (64, 144, 56, 3, 1), (64, 96, 112, 3, 2), (64, 384, 28, 3, 1), (64, 960, 7, 3, 1),
+    (64, 240, 28, 5, 1), (64, 96, 56, 7, 1), (64, 384, 14, 7, 1), (64, 96, 65, 3, 1), (64, 384, 15, 7, 1),
+]
+DTYPES = [numpy.float16, bfloat16, numpy.float32]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", type=harness.conv_shape, nargs="+", default=SHAPES)
+    parser.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--torch", action="store_true")
+    args = parser.parse_args()
+    if args.torch:
+        import torch
+
+        torch.backends.cudnn.benchmark = True
+    dtypes = [numpy.dtype(d) for d in DTYPES if args.dtypes is None or numpy.dtype(d).name in args.dtypes]
+    bandwidth = harness.copy_bandwidth_bytes_per_us()
+    print(f"copy bandwidth {bandwidth / 1e6:.2f} TB/s", flush=True)
+    for n, c, hw, k, stride in args.shapes:
+        x_shape = (n, c, hw, hw)
+        g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, k // 2, 1)
+        dy_shape = (n, c, g.out_height, g.out_width)
+        for dt in dtypes:
+            xs = [cupy.random.standard_normal(x_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
+            dys = [cupy.random.standard_normal(dy_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
+            outs = [cupy.empty((c, 1, k, k), dt) for _ in range(3)]
+            arrays = [(dy, x, 0, o) for dy, x, o in zip(dys, xs, outs)]
+            floor_us = (xs[0].nbytes + dys[0].nbytes) / bandwidth
+            times, results, kernels = {}, {}, {}
+            for name, mode in (("plane", "always"), ("other", "never")):
+                steps = harness.steps_with_mode(plane_wgrad, mode, depthwise._backward_weight_steps, g, "NCHW",
+                                                dys[0], xs[0])
+                kernels[name] = next(launch.expression for launch in steps.launches
+                                     if "transpose" not in launch.expression)
+                times[name] = harness.steps_time_us(steps, arrays)
+                results[name] = outs[0].astype(numpy.float32)
+            ref = results["other"]
+            diff = float(cupy.max(cupy.abs(results["plane"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
+            line = (f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} plane {times['plane']:7.1f} us "
+                    f"({floor_us / times['plane']:4.0%})  other {times['other']:7.1f} us "
+                    f"({floor_us / times['other']:4.0%})  x{times['other'] / times['plane']:.2f}  "
+                    f"floor {floor_us:5.1f}  reldiff {diff:.1e}")
+            if args.torch:
+                line += "".join(f"  torch {fmt} {torch_us(dys, xs, k, stride, c, _view(fmt == 'channels_last')):7.1f}"
+                                for fmt in ("NCHW", "channels_last"))
+            print(line, f"[{kernels['other'].split('<')[0]}]", flush=True)
+            del xs, dys, outs, arrays
+
+
+if __name__ == "__main__":
+    main()
