@@ -11,7 +11,7 @@ difference between the two relative to the largest output, and with
 data.  The rule of _depthwise_nchw_plane_wgrad.preferred comes from it.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/depthwise_nchw_plane_wgrad.py [--shapes 64x192x75x3x1 ...]
-        [--dtypes float16 ...] [--torch]
+        [--dtypes float16 ...] [--torch] [--target-blocks 264 528 ...]
 
 Prints one line per (shape, dtype).
 """
@@ -44,6 +44,8 @@ def main():
     parser.add_argument("--shapes", type=harness.conv_shape, nargs="+", default=SHAPES)
     parser.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--torch", action="store_true")
+    parser.add_argument("--target-blocks", type=int, nargs="+", metavar="BLOCKS",
+                        help="also time the plane kernel with each TARGET_BLOCKS (the split's constant)")
     args = parser.parse_args()
     if args.torch:
         import torch
@@ -70,6 +72,17 @@ def main():
                                      if "transpose" not in launch.expression)
                 times[name] = harness.steps_time_us(steps, arrays)
                 results[name] = outs[0].astype(numpy.float32)
+            for blocks in args.target_blocks or ():
+                saved = plane_wgrad.TARGET_BLOCKS
+                plane_wgrad.TARGET_BLOCKS = blocks
+                plane_wgrad.plan.cache_clear()
+                try:
+                    steps = harness.steps_with_mode(plane_wgrad, "always", depthwise._backward_weight_steps, g,
+                                                    "NCHW", dys[0], xs[0])
+                    times[f"plane@{blocks}"] = harness.steps_time_us(steps, arrays)
+                finally:
+                    plane_wgrad.TARGET_BLOCKS = saved
+                    plane_wgrad.plan.cache_clear()
             ref = results["other"]
             diff = float(cupy.max(cupy.abs(results["plane"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
             line = (f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} plane {times['plane']:7.1f} us "
@@ -79,6 +92,7 @@ def main():
             if args.torch:
                 line += "".join(f"  torch {fmt} {torch_us(dys, xs, k, stride, c, _view(fmt == 'channels_last')):7.1f}"
                                 for fmt in ("NCHW", "channels_last"))
+            line += "".join(f"  @{key.split('@')[1]} {t:6.1f}" for key, t in times.items() if "@" in key)
             print(line, f"[{kernels['other'].split('<')[0]}]", flush=True)
             del xs, dys, outs, arrays
 

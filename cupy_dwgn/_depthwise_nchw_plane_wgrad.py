@@ -23,8 +23,11 @@ Launch rule (no user tuning), from the shape only:
   with 16 bytes of rounding and 16 for a copy from the 16-byte boundary
   below it), at most 48 KB in all.
 * Grid: (ceil(C / P) channel groups, splits); a split takes a contiguous run
-  of the (image, band) units, splits = ceil(TARGET_BLOCKS / groups) at most
-  the units, evened out so that none is empty.  TARGET_BLOCKS is a constant,
+  of the (image, band) units, splits = ceil(TARGET_BLOCKS / groups), at most
+  units / MIN_UNITS_PER_SPLIT (a block's first copy and its reduction are
+  paid once per split: 64x384x14 7x7 float16 at 2 units a split 67 us, at 6
+  46; 64x960x7 3x3 at 1 18.3, at 4 14.9; H200, 2026-12-03), evened out so
+  that none is empty.  TARGET_BLOCKS and MIN_UNITS_PER_SPLIT are constants,
   not the SM count: the split, hence the summation order, depends on the
   shape only.
 """
@@ -46,6 +49,9 @@ MODE = "rule"
 KERNEL = "dwgn_nchw_plane_wgrad"
 STRIDES = (1, 2)
 TARGET_BLOCKS = 1056
+#: Units per split at least (module docstring; a block's prologue and
+#: reduction are paid once per split).
+MIN_UNITS_PER_SPLIT = 4
 _MAX_THREADS = 256
 _SHARED_LIMIT = 48 * 1024
 _BUFFERS = plane.BUFFERS
@@ -84,6 +90,8 @@ def preferred(g, dtype):
     s2 99.6 / 59.9, 64x384x28 48.2 / 47.1, 5x5 64x240x28 59.2 / 45.0, 7x7
     64x96x56 151 / 83.5; the staged kernel's float32 64x240x28 5x5 68.4 /
     72.4, 7x7 64x96x56 142 / 165 (bfloat16 as float16 throughout)."""
+    if numpy.dtype(dtype) not in plane.DTYPES or (g.filter_height, g.filter_width) not in plane.FILTER_SIZES:
+        return False  # not served: plan() says None
     if not regs.preferred(g, dtype):
         return True
     vw = regs.vector_width(g, dtype, 16, 16)
@@ -164,7 +172,7 @@ def plan(g, dtype, grad_out_alignment, x_alignment):
     total_units = g.batch * num_bands
     if total_units >= 2**31:
         return None
-    splits = max(1, min(-(-TARGET_BLOCKS // groups), total_units, _launch.MAX_GRID_Y))
+    splits = max(1, min(-(-TARGET_BLOCKS // groups), total_units // MIN_UNITS_PER_SPLIT, _launch.MAX_GRID_Y))
     per_split = -(-total_units // splits)
     splits = -(-total_units // per_split)  # every split non-empty
     threads = -(-per_unit * row_blocks * col_blocks // 32) * 32

@@ -808,6 +808,7 @@ _PLANE_WGRAD_GEOMETRIES = [
     ((3, 50, 6, 5), 3, 1, 1), ((2, 5, 4, 7), 3, "valid", 2), ((1, 2, 5, 6), 7, 6, 2), ((2, 3, 19, 19), 5, 2, 2),
     ((2, 2, 75, 75), 3, 1, 1), ((1, 1, 150, 30), 5, 2, 1), ((1, 1, 60, 70), 7, 8, 1), ((1, 2, 99, 99), 3, 1, 2),
     ((1, 1, 20, 70), 3, ((0, 60), (1, 1)), 1), ((1, 1, 20, 70), 3, ((60, 0), (1, 1)), 1),
+    ((9, 3, 7, 7), 3, 1, 1), ((5, 1, 60, 70), 7, 8, 1),  # two splits of several units (the last one shorter)
 ]
 
 
@@ -864,6 +865,17 @@ def test_plane_wgrad_rule():
             selected = plane_wgrad.select(g, dtype, 16, 16)
             assert (selected is not None) == plane_wgrad.preferred(g, dtype)
             assert plane_wgrad.select(g, dtype, 8, 16) is None  # cp.async needs 16-byte alignment
+    # The index-math geometries include splits of several units.
+    walks = []
+    for x_shape, k, padding, stride in _PLANE_WGRAD_GEOMETRIES:
+        g = _validate.conv_geometry(x_shape, (x_shape[1], 1, k, k), stride, padding, 1)
+        (partial, _), _ = plane_wgrad.plan(g, half, 16, 16)
+        walks.append((partial.grid[1], int(partial.scalars[-1])))
+    assert any(splits > 1 and per_split > 1 for splits, per_split in walks), walks
+    # Calls it does not serve: no rule to apply (the register kernel's tables have no such keys).
+    for dtype, k in ((numpy.dtype(numpy.float64), 3), (half, 9), (single, 1), (half, 4)):
+        g = _validate.conv_geometry((2, 8, 19, 19), (8, 1, k, k), 1, k // 2, 1)
+        assert not plane_wgrad.preferred(g, dtype) and plane_wgrad.select(g, dtype, 16, 16) is None
 
 
 def _column_kernel_coverage(launch, batch, rows, channels, vec, grid):
