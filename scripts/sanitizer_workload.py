@@ -124,6 +124,20 @@ def nhwc_wgrad():
         _depthwise_nhwc_wgrad.MODE, dw._SIGNATURES = "rule", {}
 
 
+def _nchw_weight_gradient(x_shape, k, stride, padding, dtype, x_offsets):
+    # One NCHW weight gradient on random x and grad_out, with x at each of
+    # x_offsets bytes past a 16-byte boundary (a view into a larger buffer).
+    c = x_shape[1]
+    conv = dict(stride=stride, padding=padding)
+    x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+    y_shape = cupy_dwgn.depthwise_conv2d(x, cupy.zeros((c, 1, k, k), dtype), **conv).shape
+    dy = rng.standard_normal(y_shape, dtype=cupy.float32).astype(dtype)
+    for offset in x_offsets:
+        shifted = cupy.empty(x.size + offset // x.itemsize, dtype)[offset // x.itemsize:].reshape(x.shape)
+        shifted[...] = x
+        cupy_dwgn.depthwise_conv2d_backward_weight(dy, shifted, (c, 1, k, k), **conv)
+
+
 def nchw_wgrad_regs():
     # The NCHW register weight gradient for every 3x3/5x5/7x7 NCHW call at
     # stride 1 and 2 (MODE "always", the call-signature cache cleared): odd
@@ -141,15 +155,7 @@ def nchw_wgrad_regs():
                 ((1, 2, 17, 16), 5, 2, ((4, 0), (1, 2))), ((1, 2, 15, 15), 7, 2, 3), ((3, 8, 40, 32), 3, 1, 1),
                 ((1, 2, 6, 272), 3, 1, 1), ((2, 4, 28, 28), 7, 1, 3),
             ]:
-                c = x_shape[1]
-                conv = dict(stride=stride, padding=padding)
-                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
-                y_shape = cupy_dwgn.depthwise_conv2d(x, cupy.zeros((c, 1, k, k), dtype), **conv).shape
-                dy = rng.standard_normal(y_shape, dtype=cupy.float32).astype(dtype)
-                cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), **conv)
-                offset = cupy.empty(x.size + 4 // x.itemsize, dtype)[4 // x.itemsize:].reshape(x.shape)
-                offset[...] = x
-                cupy_dwgn.depthwise_conv2d_backward_weight(dy, offset, (c, 1, k, k), **conv)
+                _nchw_weight_gradient(x_shape, k, stride, padding, dtype, x_offsets=(0, 4))
     finally:
         _depthwise_nchw_wgrad_regs.MODE, _depthwise_nchw_plane_wgrad.MODE, dw._SIGNATURES = "rule", "rule", {}
 
@@ -172,12 +178,7 @@ def nchw_plane_wgrad():
                 ((2, 2, 75, 75), 3, 1, 1), ((2, 2, 75, 75), 5, 2, 2), ((1, 1, 150, 150), 3, 2, 1),
                 ((2, 1, 60, 70), 7, 1, 8), ((1, 2, 20, 70), 3, 1, ((0, 60), (1, 1))), ((9, 3, 7, 7), 3, 1, 1),
             ]:
-                c = x_shape[1]
-                conv = dict(stride=stride, padding=padding)
-                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
-                y_shape = cupy_dwgn.depthwise_conv2d(x, cupy.zeros((c, 1, k, k), dtype), **conv).shape
-                dy = rng.standard_normal(y_shape, dtype=cupy.float32).astype(dtype)
-                cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), **conv)
+                _nchw_weight_gradient(x_shape, k, stride, padding, dtype, x_offsets=(0,))
     finally:
         _depthwise_nchw_plane_wgrad.MODE, dw._SIGNATURES = "rule", {}
 

@@ -525,6 +525,16 @@ def test_nhwc_direct_rule():
         g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation, layout="NHWC")
         assert direct.plan(g, single, False, "int", 16, 16) is None
 
+def _plane_band_rows(band, band_rows, stride, offset_top, filter_height, src_h, dst_h):
+    """(src_row0, src_row1, dst_row0, dst_rows) of band ``band`` in the plane
+    kernels (dwgn_plane::band_of): its destination rows, and the source rows
+    its items read clipped to the image (a band of padding rows stages none)."""
+    dst_row0 = band * band_rows
+    src_row0 = min(max(dst_row0 * stride - offset_top, 0), src_h)
+    src_row1 = max(src_row0, min((dst_row0 + band_rows - 1) * stride - offset_top + filter_height, src_h))
+    return src_row0, src_row1, dst_row0, min(band_rows, dst_h - dst_row0)
+
+
 def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offset=0, stride=1):
     """What kernels/depthwise_nchw_plane.cu computes for ``launch`` (a
     NumPy transcription of its thread -> item mapping, its walk over units
@@ -565,10 +575,9 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
                 src_row0, src_row1, dst_row0, dst_rows = 0, src_h, 0, dst_h
             else:
                 first_plane, band = divmod(unit, num_bands)
-                unit_planes, dst_row0 = 1, band * band_rows
-                src_row0 = min(max(dst_row0 * stride - offset_top, 0), src_h)
-                src_row1 = max(src_row0, min((dst_row0 + band_rows - 1) * stride - offset_top + kh_size, src_h))
-                dst_rows = min(band_rows, dst_h - dst_row0)
+                unit_planes = 1
+                src_row0, src_row1, dst_row0, dst_rows = _plane_band_rows(band, band_rows, stride, offset_top, kh_size,
+                                                                          src_h, dst_h)
             src_count = unit_planes * (src_row1 - src_row0) * src_w
             dst_count = unit_planes * dst_rows * dst_w
             # the staged range lies inside the tensor (a band of padding rows stages nothing past it)
@@ -756,10 +765,8 @@ def _plane_wgrad_emulation(launch, x, grad_out, k, stride, x_offset=0, grad_offs
                 if num_bands == 1:
                     src_row0, src_row1, dst_row0, dst_rows = 0, src_h, 0, dst_h
                 else:
-                    dst_row0 = band * band_rows
-                    src_row0 = min(max(dst_row0 * stride - pad_top, 0), src_h)
-                    src_row1 = max(src_row0, min((dst_row0 + band_rows - 1) * stride - pad_top + k, src_h))
-                    dst_rows = min(band_rows, dst_h - dst_row0)
+                    src_row0, src_row1, dst_row0, dst_rows = _plane_band_rows(band, band_rows, stride, pad_top, k,
+                                                                              src_h, dst_h)
                 assert 0 <= src_row0 <= src_row1 <= src_h
                 first_plane = image * channels + first_channel
                 x_head = (x_offset + (first_plane * src_h + src_row0) * src_w * size) % 16

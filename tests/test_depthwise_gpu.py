@@ -931,26 +931,25 @@ def test_nchw_wgrad_regs_kernel_matches_reference(case, dtype, x_offset, rng):
     assert bool((again.view(bits) == out.view(bits)).all())  # deterministic
 
 
-@pytest.mark.parametrize("dtype", NCHW_WGRAD_REGS_DTYPES, ids=str)
-def test_nchw_wgrad_regs_dispatch_follows_the_mode(dtype, rng, monkeypatch):
-    # MODE "always" / "rule" / "never": the NCHW weight gradient launches
-    # this kernel where it serves (and the rule prefers it), else the staged
-    # kernel; results match the reference and repeat bit for bit.  Float64,
-    # dilation 2 and multiplier 2 keep the other kernels.
+def _check_nchw_wgrad_dispatch(module, cases, dtype, rng, monkeypatch):
+    # MODE "always" / "rule" / "never" of `module` (an NCHW weight-gradient
+    # kernel's host module): the op launches module.KERNEL exactly where the
+    # mode says (and module.preferred where it is "rule"), results match the
+    # reference and repeat bit for bit.  Dilation 2 and multiplier 2 keep the
+    # other kernels even under "always".
     x_shape = (2, 6, 20, 23)
-    monkeypatch.setattr(_depthwise_nchw_plane_wgrad, "MODE", "never")  # it comes first where it serves
     for mode in ("always", "rule", "never"):
-        monkeypatch.setattr(_depthwise_nchw_wgrad_regs, "MODE", mode)
+        monkeypatch.setattr(module, "MODE", mode)
         monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
-        for k, stride, padding in ((3, 1, 1), (5, 2, ((1, 3), (2, 2))), (7, 1, 3), (3, 2, 0)):
+        for k, stride, padding in cases:
             w_shape = (6, 1, k, k)
             g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
             x = random(rng, x_shape, dtype)
             dy = random(rng, (2, 6, g.out_height, g.out_width), dtype)
             x_gpu, dy_gpu = cupy.asarray(x), cupy.asarray(dy)
             steps = depthwise._backward_weight_steps(g, "NCHW", dy_gpu, x_gpu)
-            taken = steps.launches[0].expression.startswith(_depthwise_nchw_wgrad_regs.KERNEL)
-            assert taken == (mode == "always" or (mode == "rule" and _depthwise_nchw_wgrad_regs.preferred(g, dtype)))
+            taken = steps.launches[0].expression.startswith(module.KERNEL)
+            assert taken == (mode == "always" or (mode == "rule" and module.preferred(g, dtype)))
             conv = dict(stride=stride, padding=padding)
             dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, out=poisoned(w_shape, dtype),
                                                             **conv)
@@ -959,13 +958,23 @@ def test_nchw_wgrad_regs_dispatch_follows_the_mode(dtype, rng, monkeypatch):
             again = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, **conv)
             bits = f"u{numpy.dtype(dtype).itemsize}"
             assert bool((again.view(bits) == dw.view(bits)).all())
-    monkeypatch.setattr(_depthwise_nchw_wgrad_regs, "MODE", "always")
+    monkeypatch.setattr(module, "MODE", "always")
     for w_shape, dilation in (((6, 1, 3, 3), 2), ((12, 1, 3, 3), 1)):
         g = _validate.conv_geometry(x_shape, w_shape, 1, 1, dilation)
         x_gpu = cupy.zeros(x_shape, dtype)
         dy_gpu = cupy.zeros((2, w_shape[0], g.out_height, g.out_width), dtype)
         steps = depthwise._backward_weight_steps(g, "NCHW", dy_gpu, x_gpu)
-        assert not steps.launches[0].expression.startswith(_depthwise_nchw_wgrad_regs.KERNEL)
+        assert not steps.launches[0].expression.startswith(module.KERNEL)
+
+
+@pytest.mark.parametrize("dtype", NCHW_WGRAD_REGS_DTYPES, ids=str)
+def test_nchw_wgrad_regs_dispatch_follows_the_mode(dtype, rng, monkeypatch):
+    # The register kernel where it serves (and its rule prefers it), else the
+    # staged kernel; the whole-plane weight gradient, which comes first where
+    # it serves, off.
+    monkeypatch.setattr(_depthwise_nchw_plane_wgrad, "MODE", "never")
+    _check_nchw_wgrad_dispatch(_depthwise_nchw_wgrad_regs, ((3, 1, 1), (5, 2, ((1, 3), (2, 2))), (7, 1, 3), (3, 2, 0)),
+                               dtype, rng, monkeypatch)
 
 
 # The NCHW whole-plane weight gradient (_depthwise_nchw_plane_wgrad),
@@ -1037,38 +1046,11 @@ def test_nchw_plane_wgrad_kernel_matches_reference(case, dtype, x_offset, rng):
 
 @pytest.mark.parametrize("dtype", NCHW_PLANE_WGRAD_DTYPES, ids=str)
 def test_nchw_plane_wgrad_dispatch_follows_the_mode(dtype, rng, monkeypatch):
-    # MODE "always" / "rule" / "never": the NCHW weight gradient launches
-    # the whole-plane kernel where it serves (and the rule prefers it), else
-    # the other kernels; results match the reference and repeat bit for bit.
-    # Dilation 2, multiplier 2 and float64 keep the other kernels.
-    x_shape = (2, 6, 20, 23)
-    for mode in ("always", "rule", "never"):
-        monkeypatch.setattr(_depthwise_nchw_plane_wgrad, "MODE", mode)
-        monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
-        for k, stride, padding in ((3, 1, 1), (5, 2, ((1, 3), (2, 2))), (7, 1, 3), (3, 2, 0), (5, 1, 2)):
-            w_shape = (6, 1, k, k)
-            g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
-            x = random(rng, x_shape, dtype)
-            dy = random(rng, (2, 6, g.out_height, g.out_width), dtype)
-            x_gpu, dy_gpu = cupy.asarray(x), cupy.asarray(dy)
-            steps = depthwise._backward_weight_steps(g, "NCHW", dy_gpu, x_gpu)
-            taken = steps.launches[0].expression.startswith(_depthwise_nchw_plane_wgrad.KERNEL)
-            assert taken == (mode == "always" or (mode == "rule" and _depthwise_nchw_plane_wgrad.preferred(g, dtype)))
-            conv = dict(stride=stride, padding=padding)
-            dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, out=poisoned(w_shape, dtype),
-                                                            **conv)
-            want = reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)
-            assert relative_error(dw, want) <= TOLERANCE[dtype], (mode, k, stride)
-            again = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, **conv)
-            bits = f"u{numpy.dtype(dtype).itemsize}"
-            assert bool((again.view(bits) == dw.view(bits)).all())
-    monkeypatch.setattr(_depthwise_nchw_plane_wgrad, "MODE", "always")
-    for w_shape, dilation in (((6, 1, 3, 3), 2), ((12, 1, 3, 3), 1)):
-        g = _validate.conv_geometry(x_shape, w_shape, 1, 1, dilation)
-        x_gpu = cupy.zeros(x_shape, dtype)
-        dy_gpu = cupy.zeros((2, w_shape[0], g.out_height, g.out_width), dtype)
-        steps = depthwise._backward_weight_steps(g, "NCHW", dy_gpu, x_gpu)
-        assert not steps.launches[0].expression.startswith(_depthwise_nchw_plane_wgrad.KERNEL)
+    # The whole-plane weight gradient where it serves (and its rule prefers
+    # it), else the other kernels.
+    _check_nchw_wgrad_dispatch(_depthwise_nchw_plane_wgrad,
+                               ((3, 1, 1), (5, 2, ((1, 3), (2, 2))), (7, 1, 3), (3, 2, 0), (5, 1, 2)),
+                               dtype, rng, monkeypatch)
 
 
 # The NHWC stride-2 backward-input kernel (_depthwise_nhwc_phase), launched
