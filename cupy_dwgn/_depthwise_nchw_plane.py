@@ -43,8 +43,10 @@ FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
 DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16)
 
 COLUMNS = 4
-_MAX_THREADS = 256
-_SHARED_LIMIT = 48 * 1024
+# A block's threads and shared memory at most (the forward and weight
+# gradient kernels alike: __launch_bounds__(256), no opt-in past 48 KB).
+MAX_THREADS = 256
+SHARED_LIMIT = 48 * 1024
 # At least this many units per call where planes allow (2 blocks on each of
 # an H200's 132 SMs): P shrinks for small batches.
 _MIN_UNITS = 264
@@ -166,7 +168,7 @@ def _preferred_at_stride_2(g, itemsize):
     row_bytes = g.width * itemsize
     if itemsize == 2:
         return g.filter_height > 3 or row_bytes % 16 != 0 or g.width < 32
-    return row_bytes % 16 != 0 and _shared_bytes(g.height * g.width * itemsize, 0) <= _SHARED_LIMIT
+    return row_bytes % 16 != 0 and _shared_bytes(g.height * g.width * itemsize, 0) <= SHARED_LIMIT
 
 
 def round16(n):
@@ -186,9 +188,9 @@ def band_count(row_blocks, col_blocks, fits):
     None: the fewest bands (as even as they can be) whose items fit a block
     and for whose row blocks ``fits(band_blocks)`` holds; at least two (the
     kernels take num_bands == 1 for units of whole planes)."""
-    for wanted in range(max(2, -(-row_blocks * col_blocks // _MAX_THREADS)), row_blocks + 1):
+    for wanted in range(max(2, -(-row_blocks * col_blocks // MAX_THREADS)), row_blocks + 1):
         band_blocks = -(-row_blocks // wanted)
-        if band_blocks * col_blocks <= _MAX_THREADS and fits(band_blocks):
+        if band_blocks * col_blocks <= MAX_THREADS and fits(band_blocks):
             num_bands = -(-row_blocks // band_blocks)
             assert num_bands > 1
             return num_bands, band_blocks
@@ -211,7 +213,7 @@ def _bands(row_blocks, col_blocks, item_rows, stride, filter_height, src_h, src_
         return src_bytes, band_blocks * item_rows * dst_w * itemsize if stage_outputs else 0
 
     bands = band_count(row_blocks, col_blocks,
-                       lambda band_blocks: not copy_async or _shared_bytes(*byte_counts(band_blocks)) <= _SHARED_LIMIT)
+                       lambda band_blocks: not copy_async or _shared_bytes(*byte_counts(band_blocks)) <= SHARED_LIMIT)
     if bands is None:
         return None
     src_bytes, dst_bytes = byte_counts(bands[1])
@@ -226,9 +228,9 @@ def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_output
     per_plane, fixed = BUFFERS * plane_bytes, 0
     if stage_outputs:
         per_plane, fixed = per_plane + dst_plane_bytes, 32 * (BUFFERS + 1)
-        if (_SHARED_LIMIT - fixed) // per_plane == 0:
+        if (SHARED_LIMIT - fixed) // per_plane == 0:
             stage_outputs, per_plane, fixed = False, BUFFERS * plane_bytes, 0
-    per_unit = min(_MAX_THREADS // items, (_SHARED_LIMIT - fixed) // per_plane, planes)
+    per_unit = min(MAX_THREADS // items, (SHARED_LIMIT - fixed) // per_plane, planes)
     per_unit = max(1, min(per_unit, -(-planes // _MIN_UNITS)))
     # Every unit starts 16-byte aligned when P is a multiple of this.
     aligned_step = 16 // math.gcd(plane_bytes, 16)
@@ -238,7 +240,7 @@ def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_output
     # (and src is aligned); otherwise each buffer has 16 bytes more for the
     # copy from the boundary below.
     raw_bytes = round16(per_unit * plane_bytes) + (0 if (per_unit * plane_bytes) % 16 == 0 else 16)
-    if src_alignment % 16 or BUFFERS * raw_bytes > _SHARED_LIMIT:
+    if src_alignment % 16 or BUFFERS * raw_bytes > SHARED_LIMIT:
         return per_unit, 0, 0
     return per_unit, raw_bytes, round16(per_unit * dst_plane_bytes) + 16 if stage_outputs else 0
 
@@ -284,7 +286,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     itemsize = numpy.dtype(dtype).itemsize
     item_rows = rows(itemsize, g.filter_height)
     row_blocks, col_blocks = -(-dst_h // item_rows), -(-dst_w // COLUMNS)
-    if col_blocks > _MAX_THREADS:
+    if col_blocks > MAX_THREADS:
         return None
     plane_bytes = src_h * src_w * itemsize
     dst_plane_bytes = dst_h * dst_w * itemsize
@@ -293,8 +295,8 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     # Outputs through the shared output buffer where rows are not stored as
     # vectors and the source takes the cp.async path (16-byte aligned).
     stage_outputs = not vector_stores and src_alignment % 16 == 0
-    whole = row_blocks * col_blocks <= _MAX_THREADS and (
-        src_alignment % 16 or _shared_bytes(plane_bytes, dst_plane_bytes if stage_outputs else 0) <= _SHARED_LIMIT)
+    whole = row_blocks * col_blocks <= MAX_THREADS and (
+        src_alignment % 16 or _shared_bytes(plane_bytes, dst_plane_bytes if stage_outputs else 0) <= SHARED_LIMIT)
     if not whole and row_blocks == 1:
         # One row block a plane, and the plane passes the buffers (a source
         # far taller than the rows its outputs read: the backward-input with
@@ -318,7 +320,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         return None
     threads = -(-per_unit * row_blocks * col_blocks // 32) * 32
     # The buffers were bounded with 16 bytes of rounding and 16 for a copy from the boundary below.
-    assert BUFFERS * raw_bytes + out_stage_bytes <= _SHARED_LIMIT
+    assert BUFFERS * raw_bytes + out_stage_bytes <= SHARED_LIMIT
     return _launch.Launch(
         KERNEL_FILE,
         _expression(dtype, size, stride, backward, index),

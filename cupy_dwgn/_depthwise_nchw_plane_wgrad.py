@@ -52,9 +52,6 @@ TARGET_BLOCKS = 1056
 #: Units per split at least (module docstring; a block's prologue and
 #: reduction are paid once per split).
 MIN_UNITS_PER_SPLIT = 4
-_MAX_THREADS = 256
-_SHARED_LIMIT = 48 * 1024
-_BUFFERS = plane.BUFFERS
 
 
 def _expression(dtype, k, stride):
@@ -117,14 +114,14 @@ def units_of(g, itemsize):
     k, stride = g.filter_height, g.stride_h
     item_rows = plane.rows(itemsize, k)
     row_blocks, col_blocks = -(-g.out_height // item_rows), -(-g.out_width // plane.COLUMNS)
-    if col_blocks > _MAX_THREADS:
+    if col_blocks > plane.MAX_THREADS:
         return None
     items = row_blocks * col_blocks
     x_plane = g.height * g.width * itemsize
     grad_plane = g.out_height * g.out_width * itemsize
-    if items <= _MAX_THREADS and _BUFFERS * _buffer_bytes(x_plane, grad_plane) <= _SHARED_LIMIT:
-        most = min(_MAX_THREADS // items, g.channels)
-        while most > 1 and _BUFFERS * _buffer_bytes(most * x_plane, most * grad_plane) > _SHARED_LIMIT:
+    if items <= plane.MAX_THREADS and plane.BUFFERS * _buffer_bytes(x_plane, grad_plane) <= plane.SHARED_LIMIT:
+        most = min(plane.MAX_THREADS // items, g.channels)
+        while most > 1 and plane.BUFFERS * _buffer_bytes(most * x_plane, most * grad_plane) > plane.SHARED_LIMIT:
             most -= 1
         per_unit = -(-g.channels // -(-g.channels // most))
         return per_unit, 1, row_blocks, col_blocks, per_unit * x_plane, per_unit * grad_plane
@@ -134,7 +131,8 @@ def units_of(g, itemsize):
         return x_rows * g.width * itemsize, band_blocks * item_rows * g.out_width * itemsize
 
     bands = plane.band_count(row_blocks, col_blocks,
-                             lambda band_blocks: _BUFFERS * _buffer_bytes(*byte_counts(band_blocks)) <= _SHARED_LIMIT)
+                             lambda band_blocks: plane.BUFFERS * _buffer_bytes(*byte_counts(band_blocks))
+                             <= plane.SHARED_LIMIT)
     if bands is None:
         return None
     num_bands, band_blocks = bands
@@ -162,7 +160,8 @@ def plan(g, dtype, grad_out_alignment, x_alignment):
     if min(g.batch, g.channels, g.height, g.width, g.out_height, g.out_width) <= 0:
         return None
     # In-unit offsets (P planes, band rows) are int; plane offsets 64-bit.
-    if g.batch * g.channels >= 2**31 or max(g.height * g.width, g.out_height * g.out_width) * _MAX_THREADS >= 2**31:
+    largest_plane = max(g.height * g.width, g.out_height * g.out_width)
+    if g.batch * g.channels >= 2**31 or largest_plane * plane.MAX_THREADS >= 2**31:
         return None
     units = units_of(g, dtype.itemsize)
     if units is None:
@@ -178,8 +177,8 @@ def plan(g, dtype, grad_out_alignment, x_alignment):
     threads = -(-per_unit * row_blocks * col_blocks // 32) * 32
     raw_bytes = _buffer_bytes(x_bytes, grad_bytes)
     # The reduction reuses the buffers: 2 * K * threads floats.
-    shared = max(_BUFFERS * raw_bytes, 2 * k * threads * 4)
-    assert shared <= _SHARED_LIMIT
+    shared = max(plane.BUFFERS * raw_bytes, 2 * k * threads * 4)
+    assert shared <= plane.SHARED_LIMIT
     scalars = (
         i32(g.channels), i32(g.height), i32(g.width), i32(g.out_height), i32(g.out_width), i32(g.pad_top),
         i32(g.pad_left), i32(per_unit), i32(num_bands), i32(row_blocks), i32(col_blocks), i32(raw_bytes),
