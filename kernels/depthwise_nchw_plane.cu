@@ -186,9 +186,12 @@ __device__ __forceinline__ int head_bytes(const void* p) {
 __device__ __forceinline__ void copy_range_async(const void* src, unsigned char* raw, int bytes) {
   const int head = head_bytes(src);
   const unsigned char* from = static_cast<const unsigned char*>(src) - head;
-  bytes += head;
-  for (int o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16)
-    dwgn::cp_async<16>(raw + o, from + o, min(16, bytes - o));
+  const int total = bytes + head;
+  const int whole = total & ~15;  // bytes in whole 16-byte vectors
+  int o = threadIdx.x * 16;
+  for (; o < whole; o += blockDim.x * 16) dwgn::cp_async<16>(raw + o, from + o);
+  // The last, partial vector: the one thread whose walk stopped on it.
+  if (o < total) dwgn::cp_async<16>(raw + o, from + o, total - o);
 }
 __device__ __forceinline__ void copy_async(const void* src, unsigned char* raw, int bytes) {
   copy_range_async(src, raw, bytes);
