@@ -186,9 +186,12 @@ __device__ __forceinline__ int head_bytes(const void* p) {
 __device__ __forceinline__ void copy_range_async(const void* src, unsigned char* raw, int bytes) {
   const int head = head_bytes(src);
   const unsigned char* from = static_cast<const unsigned char*>(src) - head;
-  bytes += head;
-  for (int o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16)
-    dwgn::cp_async<16>(raw + o, from + o, min(16, bytes - o));
+  const int total = bytes + head;
+  const int whole = total & ~15;  // bytes in whole 16-byte vectors
+  int o = threadIdx.x * 16;
+  for (; o < whole; o += blockDim.x * 16) dwgn::cp_async<16>(raw + o, from + o);
+  // The last, partial vector: the one thread whose walk stopped on it.
+  if (o < total) dwgn::cp_async<16>(raw + o, from + o, total - o);
 }
 __device__ __forceinline__ void copy_async(const void* src, unsigned char* raw, int bytes) {
   copy_range_async(src, raw, bytes);
@@ -508,12 +511,14 @@ __global__ void __launch_bounds__(256, dwgn_plane::kWgradMinBlocks<K, STRIDE>) d
   const int dst_plane = dst_height * dst_width;
   const dwgn_plane::Place place = dwgn_plane::place_of(a);
   const unsigned column_ok = dwgn_plane::source_columns<SPAN, STRIDE>(place.col_block, a);
-  // Unit u: band u % num_bands of image u / num_bands (its planes first_channel ..).
-  auto unit_at = [&](int u) {
-    const int n = static_cast<int>(static_cast<unsigned>(u) / static_cast<unsigned>(num_bands));
+  // Unit (image n, band b): band b of image n's planes first_channel ..;
+  // the split's units are consecutive, so (n, b) steps instead of dividing.
+  auto unit_at = [&](int n, int b) {
     const int plane = n * channels + first_channel;
-    return num_bands == 1 ? dwgn_plane::planes_of(plane, planes, a)
-                          : dwgn_plane::band_of<R, STRIDE, K>(plane, u - n * num_bands, a);
+    return num_bands == 1 ? dwgn_plane::planes_of(plane, planes, a) : dwgn_plane::band_of<R, STRIDE, K>(plane, b, a);
+  };
+  auto next = [&](int& n, int& b) {
+    if (++b == num_bands) b = 0, ++n;
   };
   auto x_at = [&](const dwgn_plane::Unit& u) {
     return x + static_cast<long long>(u.first_plane) * src_plane + static_cast<long long>(u.src_row0) * src_width;
@@ -535,18 +540,24 @@ __global__ void __launch_bounds__(256, dwgn_plane::kWgradMinBlocks<K, STRIDE>) d
   // The host gives every split at least one unit.
   const int first_unit = blockIdx.y * units_per_split;
   const int end_unit = min(units, first_unit + units_per_split);
-  copy(unit_at(first_unit), raw);
+  // (image, band) of the unit computed.
+  int n = static_cast<int>(static_cast<unsigned>(first_unit) / static_cast<unsigned>(num_bands));
+  int b = first_unit - n * num_bands;
+  copy(unit_at(n, b), raw);
   for (int unit = first_unit, step = 0; unit < end_unit; ++unit, ++step) {
     // Buffer (step + 1) % 3 was last read in step - 2, which every thread
     // finished before the barrier of step - 1.
     if (unit + 1 < end_unit) {
-      copy(unit_at(unit + 1), raw + ((step + 1) % kBuffers) * raw_bytes);
+      int ahead_n = n, ahead_b = b;
+      next(ahead_n, ahead_b);
+      copy(unit_at(ahead_n, ahead_b), raw + ((step + 1) % kBuffers) * raw_bytes);
     } else {
       dwgn::cp_async_commit();  // an empty group keeps the wait count uniform
     }
     dwgn::cp_async_wait<1>();  // this thread's part of the unit has landed
     __syncthreads();           // every thread's part has
-    const dwgn_plane::Unit u = unit_at(unit);
+    const dwgn_plane::Unit u = unit_at(n, b);
+    next(n, b);
     if (place.local_plane < planes) {
       const unsigned char* buffer = raw + (step % kBuffers) * raw_bytes;
       dwgn_plane::accumulate_item<T, K, STRIDE>(
