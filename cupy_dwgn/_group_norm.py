@@ -107,6 +107,16 @@ _BWD_RESIDENT = "dwgn_gn_bwd_resident"
 #     - a row of C channels in one block (C / VEC <= _RESIDENT_MAX_BLOCK);
 #     - fewer than 2**31 elements;
 #   else the two launches run ("fused"; "split" without cooperative launches).
+#
+# Also measured on an H200 and dropped (2026-12-03, the SD-size forward at
+# 15.3 us against the 12; results/group_norm_sd_designs_h200_2026-12-03.txt):
+# a last-block ("ticket") finalize per sample instead of the grid barrier
+# (statistics kernel 9-30 us: one block's chain of L2 round trips); the
+# apply kernel finalizing for itself from grouped partials (statistics 6.4-8
+# us without its finalize, but 16.1-17.1 us in all at 2x64x64x320 fp16); the
+# elementwise kernels by column with each column's coefficients loaded once
+# (apply alone up to 19% faster, the op's forward -3% to +6%, backward 1-15%
+# slower).
 FORWARD_PATH = "auto"  # "auto", "fused", "split", "onepass" or "resident" (tests and benchmarks force a path)
 BACKWARD_PATH = "auto"
 # Phase-1 work items (n, chunk of rows): about this many in all, each at
