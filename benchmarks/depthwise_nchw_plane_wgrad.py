@@ -59,19 +59,9 @@ def main():
         g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, k // 2, 1)
         dy_shape = (n, c, g.out_height, g.out_width)
         for dt in dtypes:
-            xs = [cupy.random.standard_normal(x_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
-            dys = [cupy.random.standard_normal(dy_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
-            outs = [cupy.empty((c, 1, k, k), dt) for _ in range(3)]
-            arrays = [(dy, x, 0, o) for dy, x, o in zip(dys, xs, outs)]
+            times, results, kernels, (dys, xs, arrays) = harness.compare_wgrad_modes(
+                plane_wgrad, (("plane", "always"), ("other", "never")), g, "NCHW", x_shape, dy_shape, dt)
             floor_us = (xs[0].nbytes + dys[0].nbytes) / bandwidth
-            times, results, kernels = {}, {}, {}
-            for name, mode in (("plane", "always"), ("other", "never")):
-                steps = harness.steps_with_mode(plane_wgrad, mode, depthwise._backward_weight_steps, g, "NCHW",
-                                                dys[0], xs[0])
-                kernels[name] = next(launch.expression for launch in steps.launches
-                                     if "transpose" not in launch.expression)
-                times[name] = harness.steps_time_us(steps, arrays)
-                results[name] = outs[0].astype(numpy.float32)
             for blocks in args.target_blocks or ():
                 saved = plane_wgrad.TARGET_BLOCKS
                 plane_wgrad.TARGET_BLOCKS = blocks
@@ -94,7 +84,7 @@ def main():
                                 for fmt in ("NCHW", "channels_last"))
             line += "".join(f"  @{key.split('@')[1]} {t:6.1f}" for key, t in times.items() if "@" in key)
             print(line, f"[{kernels['other'].split('<')[0]}]", flush=True)
-            del xs, dys, outs, arrays
+            del xs, dys, arrays
 
 
 if __name__ == "__main__":

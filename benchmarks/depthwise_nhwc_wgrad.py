@@ -20,7 +20,7 @@ import harness
 import numpy
 
 from cupy_dwgn import _depthwise_nhwc_wgrad as wgrad
-from cupy_dwgn import _dtypes, _validate, depthwise
+from cupy_dwgn import _dtypes, _validate
 
 # (N, C, H = W, filter size, stride); padding K // 2.
 SHAPES = [(64, 144, 56, 3, 1), (64, 384, 28, 3, 1), (64, 96, 112, 3, 2), (64, 240, 28, 5, 1), (64, 96, 56, 7, 1),
@@ -63,17 +63,9 @@ def compare(module, layout, other, torch_columns, quick=False, with_torch=False)
         g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, k // 2, 1, layout=layout)
         dy_shape = (n, g.out_height, g.out_width, c) if layout == "NHWC" else (n, c, g.out_height, g.out_width)
         for dt in [numpy.dtype(numpy.float16)] if quick else DTYPES:
-            xs = [cupy.random.standard_normal(x_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
-            dys = [cupy.random.standard_normal(dy_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
-            outs = [cupy.empty((c, 1, k, k), dt) for _ in range(3)]
-            arrays = [(dy, x, 0, o) for dy, x, o in zip(dys, xs, outs)]
+            times, results, kernels, (dys, xs, arrays) = harness.compare_wgrad_modes(
+                module, (("regs", "always"), (other, "never")), g, layout, x_shape, dy_shape, dt)
             floor_us = (xs[0].nbytes + dys[0].nbytes) / bandwidth
-            times, results, kernels = {}, {}, {}
-            for name, mode in (("regs", "always"), (other, "never")):
-                steps = harness.steps_with_mode(module, mode, depthwise._backward_weight_steps, g, layout, dys[0], xs[0])
-                kernels[name] = steps.launches[0].expression
-                times[name] = harness.steps_time_us(steps, arrays)
-                results[name] = outs[0].astype(numpy.float32)
             ref = results[other]
             diff = float(cupy.max(cupy.abs(results["regs"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
             line = (f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} regs {times['regs']:7.1f} us "
@@ -83,7 +75,7 @@ def compare(module, layout, other, torch_columns, quick=False, with_torch=False)
             if with_torch:
                 line += "".join(f"  torch {name} {us:7.1f} us" for name, us in torch_columns(dys, xs, k, stride, c).items())
             print(line, f"[{kernels['regs']}]", flush=True)
-            del xs, dys, outs, arrays
+            del xs, dys, arrays
 
 
 def main(quick=False, with_torch=False):

@@ -86,6 +86,31 @@ def steps_time_us(steps, arrays_list, reps=20):
     return cupy.cuda.get_elapsed_time(start, end) * 1000 / reps
 
 
+def compare_wgrad_modes(module, modes, g, layout, x_shape, dy_shape, dtype, copies=3):
+    """The weight-gradient kernel comparisons' measurement: ``copies``
+    rotating random (x, grad_out) pairs of ``dtype`` and, per (name, mode) of
+    ``modes``, the Steps the ops build with ``module.MODE`` = mode, timed by
+    steps_time_us.  Returns (times, results, kernels, (dys, xs, arrays)):
+    per name the us per call, the float32 result and the first launch's
+    kernel expression (not a layout transpose); the inputs and the argument
+    tuples (grad_out, x, NULL, grad_weight) of further timings."""
+    import numpy
+    from cupy_dwgn import depthwise
+
+    c, k = g.channels, g.filter_height
+    xs = [cupy.random.standard_normal(x_shape, dtype=cupy.float32).astype(dtype) for _ in range(copies)]
+    dys = [cupy.random.standard_normal(dy_shape, dtype=cupy.float32).astype(dtype) for _ in range(copies)]
+    outs = [cupy.empty((c, 1, k, k), dtype) for _ in range(copies)]
+    arrays = [(dy, x, 0, o) for dy, x, o in zip(dys, xs, outs)]
+    times, results, kernels = {}, {}, {}
+    for name, mode in modes:
+        steps = steps_with_mode(module, mode, depthwise._backward_weight_steps, g, layout, dys[0], xs[0])
+        kernels[name] = next(launch.expression for launch in steps.launches if "transpose" not in launch.expression)
+        times[name] = steps_time_us(steps, arrays)
+        results[name] = outs[0].astype(numpy.float32)
+    return times, results, kernels, (dys, xs, arrays)
+
+
 def rotating(calls):
     """One callable that calls the next of ``calls`` each time (the calls
     read rotating copies of their inputs, so none finds its data in L2)."""
