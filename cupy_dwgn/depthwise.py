@@ -25,7 +25,9 @@ kernel does not serve the geometry), in this order:
                   -> two-pass kernel (_depthwise_nchw)
 * NHWC, all three ops: large filter (>= 9x9, stride 1: transposed to NCHW
                   around the NCHW large-filter kernels, _depthwise_nhwc_large)
-* NHWC forward and backward-input: -> direct (3x3/5x5, forward stride 1 or
+* NHWC forward and backward-input: -> row ring (3x3, forward stride 1 or
+                  2, backward-input stride 1, rows copied whole into shared
+                  memory, where _depthwise_nhwc_ring.preferred) -> direct (3x3/5x5, forward stride 1 or
                   2, backward-input stride 1, 16-byte channel vectors, where
                   _depthwise_nhwc_direct.preferred) -> register window
                   (3x3/5x5/7x7, stride 1, where
@@ -58,6 +60,7 @@ from . import (
     _depthwise_nhwc_direct,
     _depthwise_nhwc_large,
     _depthwise_nhwc_phase,
+    _depthwise_nhwc_ring,
     _depthwise_nhwc_wgrad,
     _depthwise_nhwc_window,
     _interop,
@@ -115,6 +118,8 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
             if name != "depthwise_conv2d_backward_weight":
                 # One kernel serves forward and backward-input.
                 specs += _depthwise_nhwc_window.specializations(dtypes, sizes, large_index)
+                specs += _depthwise_nhwc_ring.specializations(
+                    dtypes, sizes, name == "depthwise_conv2d_backward_input", large_index)
                 specs += _depthwise_nhwc_direct.specializations(
                     dtypes, sizes, name == "depthwise_conv2d_backward_input", large_index)
             else:
@@ -434,7 +439,8 @@ def _forward_steps(g, layout, x, out):
         routed = _depthwise_nhwc_large.forward_steps(g, x.dtype, False)
         if routed is not None:
             return _launch.Steps(*routed)
-        launch = (_depthwise_nhwc_direct.select(g, x.dtype, False, index, _alignment(x), _alignment(out))
+        launch = (_depthwise_nhwc_ring.select(g, x.dtype, False, index, _alignment(x), _alignment(out))
+                  or _depthwise_nhwc_direct.select(g, x.dtype, False, index, _alignment(x), _alignment(out))
                   or _depthwise_nhwc_window.select(g, x.dtype, False, index, _alignment(x), _alignment(out)))
         launches = (launch,) if launch else _depthwise_nhwc.forward_plan(g, x.dtype, index, _vector_aligned(x, out))
     else:
@@ -457,7 +463,8 @@ def _backward_input_steps(g, layout, grad_out, out):
         if routed is not None:
             return _launch.Steps(*routed)
         # The stride-1 vector case runs a forward kernel (bias slot: NULL).
-        launch = (_depthwise_nhwc_direct.select(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
+        launch = (_depthwise_nhwc_ring.select(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
+                  or _depthwise_nhwc_direct.select(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
                   or _depthwise_nhwc_window.select(g, grad_out.dtype, True, index, _alignment(grad_out),
                                                    _alignment(out)))
         if launch:

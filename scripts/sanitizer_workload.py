@@ -239,6 +239,40 @@ def nhwc_direct():
         _depthwise_nhwc_direct.MODE, dw._SIGNATURES = "rule", {}
 
 
+def nhwc_ring():
+    # The NHWC row-ring kernel for every 3x3 NHWC forward (stride 1 and 2) and
+    # stride-1 backward-input call it serves (MODE "always", the call-signature
+    # cache cleared), with bulk copies (the ops' path), then launched with the
+    # block's cp.async pieces on 3 blocks: strips cut by the right edge,
+    # padding past the filter, per-side padding, a 1x1 image, 74 vectors.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_ring, _dtypes, _launch, _validate, depthwise as dw
+
+    _depthwise_nhwc_ring.MODE, dw._SIGNATURES = "always", {}
+    try:
+        for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
+            for x_shape, stride, padding in [
+                ((2, 13, 11, 32), 1, 1), ((1, 9, 10, 16), 1, ((0, 2), (2, 1))), ((1, 5, 3, 8), 1, 4),
+                ((3, 1, 1, 24), 1, 1), ((2, 7, 7, 296), 1, 1), ((2, 15, 13, 40), 2, 1),
+                ((1, 17, 16, 16), 2, ((2, 0), (1, 2))), ((4, 28, 28, 96), 1, 1),
+            ]:
+                c = x_shape[3]
+                conv = dict(stride=stride, padding=padding, layout="NHWC")
+                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+                w = rng.standard_normal((c, 1, 3, 3), dtype=cupy.float32).astype(dtype)
+                b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
+                y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
+                if stride == 1:
+                    cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
+                g = _validate.conv_geometry(x_shape, (c, 1, 3, 3), stride, padding, 1, layout="NHWC")
+                launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), False, "int", 16, 16, None, False)
+                _launch.Launch(launch.file, launch.expression, (3,), launch.block, launch.shared_mem, launch.scalars,
+                               persistent=True)(x, w, b, cupy.empty_like(y))
+    finally:
+        _depthwise_nhwc_ring.MODE, dw._SIGNATURES = "rule", {}
+
+
 def nhwc_phase():
     # The NHWC stride-2 backward-input kernel for every stride-2 3x3/5x5/7x7
     # NHWC call it serves (MODE "always", the call-signature cache cleared),
@@ -404,11 +438,11 @@ if __name__ == "__main__":
     import sys
 
     families = sys.argv[1:] or ["depthwise", "nchw_window", "nchw_plane", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_plane_wgrad", "nchw_rows", "nhwc_direct",
-                                "nhwc_phase", "group_norm"]
+                                "nhwc_ring", "nhwc_phase", "group_norm"]
     for family in families:
         {"depthwise": depthwise, "nchw_window": nchw_window, "nchw_plane": nchw_plane, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
          "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_plane_wgrad": nchw_plane_wgrad, "nchw_rows": nchw_rows, "nhwc_direct": nhwc_direct,
-         "nhwc_phase": nhwc_phase,
+         "nhwc_ring": nhwc_ring, "nhwc_phase": nhwc_phase,
          "group_norm": group_norm, "gn_resident": gn_resident}[family]()
     cupy.cuda.Device().synchronize()
     print("sanitizer workload done")

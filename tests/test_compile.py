@@ -201,6 +201,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
     from cupy_dwgn import _depthwise_nchw_wgrad_regs as nchw_wgrad_regs
     from cupy_dwgn import _depthwise_nhwc as nhwc
     from cupy_dwgn import _depthwise_nhwc_direct as nhwc_direct
+    from cupy_dwgn import _depthwise_nhwc_ring as nhwc_ring
     from cupy_dwgn import _depthwise_nhwc_wgrad as nhwc_wgrad
     from cupy_dwgn import _depthwise_nhwc_window as nhwc_window
     from cupy_dwgn import _validate
@@ -223,6 +224,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
             for backward in (False, True):
                 launches.append(nchw_rows.plan(g, dtype, backward, index))
                 launches.append(nhwc_direct.plan(g, dtype, backward, index, 16, 16))
+                launches.append(nhwc_ring.plan(g, dtype, backward, index, 16, 16))
                 for alignment in (16, 2):
                     launches.append(nchw_plane.plan(g, dtype, backward, index, alignment, alignment))
                     launches.append(nhwc_window.plan(g, dtype, backward, index, alignment, alignment))
@@ -395,6 +397,169 @@ def _emulate_nhwc_direct(launch, src, weight, bias, backward):
                             out[img, oh, ow0 + t, cs] = acc[t]
                             writes[img, oh, ow0 + t, cs] += 1
     return out, writes
+
+
+def _emulate_nhwc_ring(launch, src, weight, bias, backward, blocks):
+    """What kernels/depthwise_nhwc_ring.cu computes for ``launch`` on a grid of
+    ``blocks`` blocks, in float64, following its stream logic: each block's
+    contiguous output rows, the input-row stream per image segment, the ring
+    (slot = entry % ring, filled only when the entries it held are done), the
+    zeroed padding columns and the strips of TW columns per thread.  Checks
+    that every entry a row reads is issued and still in its slot; returns the
+    destination and how often each value was written."""
+    import numpy
+
+    (src_h, src_w, dst_h, dst_w, channels, off_top, off_left, lead, slot_pixels, ring, total_rows,
+     _bulk) = (int(v) for v in launch.scalars)
+    k, stride, tw = (int(v) for v in launch.expression.split("<")[1].split(", ")[1:4])
+    vectors = channels // 4
+    assert launch.block[0] % vectors == 0 and launch.block[0] <= 512
+    groups = launch.block[0] // vectors
+    strips = -(-dst_w // tw)
+    assert (strips * tw - 1) * stride + k - 1 - off_left + lead < slot_pixels  # reads stay in the slot
+    x = src.astype(numpy.float64)
+    w = weight.astype(numpy.float64).reshape(channels, k, k)
+    if backward:
+        w = w[:, ::-1, ::-1]
+    b = numpy.zeros(channels) if bias is None else bias.astype(numpy.float64)
+    out = numpy.full((src.shape[0], dst_h, dst_w, channels), numpy.nan)
+    writes = numpy.zeros(out.shape, numpy.int64)
+
+    def segments(begin, end):
+        row = begin
+        while row < end:
+            n, first = divmod(row, dst_h)
+            rows = min(dst_h - first, end - row)
+            yield n, first, rows
+            row += rows
+
+    for block in range(blocks):
+        begin, end = block * total_rows // blocks, (block + 1) * total_rows // blocks
+        stream = [(n, first * stride - off_top + local)
+                  for n, first, rows in segments(begin, end) for local in range((rows - 1) * stride + k)]
+        slots = [None] * ring  # (entry, padded row or None for a padding row)
+        issued = 0
+
+        def issue_until(limit):
+            nonlocal issued
+            while issued < min(limit, len(stream)):
+                n, ih = stream[issued]
+                row = None
+                if 0 <= ih < src_h:
+                    row = numpy.zeros((slot_pixels, channels))
+                    row[lead:lead + src_w] = x[n, ih]
+                slots[issued % ring] = (issued, row)
+                issued += 1
+
+        issue_until(ring)
+        q0 = 0
+        for n, first, rows in segments(begin, end):
+            for r in range(rows):
+                oh = first + r
+                q_first = q0 + r * stride
+                assert q_first + k <= issued
+                for kh in range(k):
+                    entry, row = slots[(q_first + kh) % ring]
+                    assert entry == q_first + kh and stream[entry] == (n, oh * stride - off_top + kh)
+                for group in range(groups):
+                    for strip in range(group, strips, groups):
+                        ow0 = strip * tw
+                        acc = numpy.tile(b, (tw, 1))
+                        for kh in range(k):
+                            row = slots[(q_first + kh) % ring][1]
+                            if row is None:
+                                continue
+                            for t in range(tw):
+                                for kw in range(k):
+                                    acc[t] += w[:, kh, kw] * row[(ow0 + t) * stride - off_left + lead + kw]
+                        for t in range(tw):
+                            if ow0 + t < dst_w:
+                                out[n, oh, ow0 + t] = acc[t]
+                                writes[n, oh, ow0 + t] += 1
+                keep = q_first + stride if r + 1 < rows else q0 + (rows - 1) * stride + k
+                issue_until(keep + ring)
+            q0 += (rows - 1) * stride + k
+        assert issued == len(stream)
+    return out, writes
+
+
+@pytest.mark.parametrize("case", [((2, 9, 11, 16), 1, 1), ((1, 7, 10, 24), 1, ((0, 4), (3, 1))),
+                                  ((2, 5, 3, 8), 1, 4), ((3, 9, 13, 40), 2, 1), ((2, 11, 8, 16), 2, ((3, 0), (0, 2))),
+                                  ((3, 1, 1, 8), 1, 1), ((2, 12, 12, 16), 1, "valid")],
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-s{c[1]}")
+def test_nhwc_ring_kernel_stream_matches_the_reference(case):
+    # Every destination value written once and equal to the float64 reference,
+    # both directions, float32 and float16, for grids of 1, 2, 5 and 7 blocks
+    # (segments crossing images, blocks with one row or none), with the
+    # plan's ring and with the smallest (K rows, nothing prefetched).
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_ring as ring
+    from cupy_dwgn import _validate, reference
+
+    x_shape, stride, padding = case
+    c = x_shape[3]
+    g = _validate.conv_geometry(x_shape, (c, 1, 3, 3), stride, padding, 1, layout="NHWC")
+    rng = numpy.random.default_rng(12)
+    conv = dict(stride=stride, padding=padding, layout="NHWC")
+    for dtype in (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16)):
+        weight = rng.standard_normal((c, 1, 3, 3)).astype(dtype)
+        for backward in (False, True) if stride == 1 else (False,):
+            y_shape = (x_shape[0], g.out_height, g.out_width, c)
+            src = rng.standard_normal(y_shape if backward else x_shape).astype(dtype)
+            bias = None if backward else rng.standard_normal(c).astype(dtype)
+            w64, src64 = weight.astype(numpy.float64), src.astype(numpy.float64)
+            if backward:
+                want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, **conv)
+            else:
+                want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64), **conv)
+            for setting in (None, (4, 64, 0), (2, 256, 3)):
+                launch = ring.plan.__wrapped__(g, dtype, backward, "int", 16, 16, setting)
+                assert launch is not None and launch.persistent
+                for blocks in (1, 2, 5, 7):
+                    got, writes = _emulate_nhwc_ring(launch, src, weight, bias, backward, blocks)
+                    assert (writes == 1).all()
+                    numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_nhwc_ring_plan():
+    # What the ring kernel serves (3x3, forward stride 1/2, backward-input
+    # stride 1, C * itemsize a multiple of 16, aligned arrays, C / 4 <= 512,
+    # rows that fit) and its block, ring and shared memory.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_ring as ring
+    from cupy_dwgn import _validate
+
+    shipped = set(ALL_SPECIALIZATIONS)
+    half, single, double = (numpy.dtype(t) for t in (numpy.float16, numpy.float32, numpy.float64))
+    for c, hw, k, stride, dtype, backward, alignment, served in [
+        (144, 56, 3, 1, half, False, 16, True), (144, 56, 3, 1, half, True, 16, True),
+        (96, 112, 3, 2, half, False, 16, True), (96, 112, 3, 2, half, True, 16, False),
+        (144, 56, 3, 1, single, False, 16, True), (2048, 1, 3, 1, half, False, 16, True),
+        (2056, 1, 3, 1, half, False, 16, False), (12, 28, 3, 1, half, False, 16, False),
+        (12, 28, 3, 1, single, False, 16, True), (144, 56, 3, 1, half, False, 8, False),
+        (144, 56, 5, 1, half, False, 16, False), (144, 56, 3, 1, double, False, 16, False),
+        (1024, 64, 3, 1, single, False, 16, False),  # three rows pass the shared-memory cap
+    ]:
+        g = _validate.conv_geometry((4, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
+        launch = ring.plan(g, dtype, backward, "int", alignment, alignment)
+        assert (launch is not None) == served, (c, hw, k, stride, dtype, backward, alignment)
+        if launch is None:
+            continue
+        assert (launch.file, launch.expression) in shipped
+        tw, threads, ahead = ring.SETTINGS[k, stride, dtype.itemsize]
+        vectors = c // 4
+        assert launch.block[0] % vectors == 0 and launch.block[0] <= 512
+        assert launch.block[0] == vectors or launch.block[0] <= max(threads, vectors)
+        slots = int(launch.scalars[9])
+        slot_pixels = int(launch.scalars[8])
+        assert k <= slots <= k + ahead * stride
+        assert launch.shared_mem == -(-slots * 8 // 16) * 16 + slots * slot_pixels * c * dtype.itemsize <= ring.MAX_SHARED
+    # 56x56 half: 36 vectors x 7 column groups (2 strips of 4 each), a ring of 5 rows of 58 pixels
+    g = _validate.conv_geometry((4, 56, 56, 144), (144, 1, 3, 3), 1, 1, 1, layout="NHWC")
+    launch = ring.plan(g, half, False, "int", 16, 16)
+    assert launch.block[0] == 252 and [int(v) for v in launch.scalars[7:10]] == [1, 58, 5]
 
 
 def test_nchw_plane_rule_follows_the_width_sweep():

@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
+    _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
     _launch, _validate, depthwise, reference,
 )
 
@@ -605,6 +605,87 @@ def test_nhwc_direct_kernel_dispatch_follows_the_mode(rng, monkeypatch):
             y = cupy_dwgn.depthwise_conv2d(x, w, stride=stride, padding=1, layout="NHWC")
             want = reference.depthwise_conv2d(x.get(), w.get(), None, stride=stride, padding=1, layout="NHWC")
             assert relative_error(y, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+
+# The NHWC row-ring kernel (_depthwise_nhwc_ring), launched directly on
+# poisoned outputs, with bulk copies (sm_90+) and with the block's cp.async
+# pieces, on the plan's persistent grid and on 3 blocks (segments crossing
+# images): (name, x shape (N, H, W, C), stride, padding).  Strips cut by the
+# right edge, padding larger than the filter, per-side padding, a 1x1 image,
+# one channel vector, 296 channels (74 vectors: block not a multiple of 32),
+# stride 2 with odd sizes.
+NHWC_RING_CASES = [
+    ("13x11 C=32 p1", (2, 13, 11, 32), 1, 1),
+    ("9x10 C=16 per-side", (1, 9, 10, 16), 1, ((0, 2), (2, 1))),
+    ("5x3 C=8 padding > filter", (1, 5, 3, 8), 1, 4),
+    ("1x1 C=24 p1", (3, 1, 1, 24), 1, 1),
+    ("7x7 C=296 p1", (2, 7, 7, 296), 1, 1),
+    ("12x12 C=16 valid", (2, 12, 12, 16), 1, "valid"),
+    ("19x6 C=72 p1", (3, 19, 6, 72), 1, 1),
+    ("15x13 C=40 s2 p1", (2, 15, 13, 40), 2, 1),
+    ("17x16 C=16 s2 per-side", (1, 17, 16, 16), 2, ((2, 0), (1, 2))),
+]
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "pieces"])
+@pytest.mark.parametrize("index", ["int", "long long"])
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nhwc_ring.DTYPES], ids=str)
+@pytest.mark.parametrize("case", NHWC_RING_CASES, ids=lambda c: c[0])
+def test_nhwc_ring_kernel_matches_reference(case, dtype, backward, index, bulk, rng):
+    _, x_shape, stride, padding = case
+    n, c = x_shape[0], x_shape[3]
+    w_shape = (c, 1, 3, 3)
+    g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1, layout="NHWC")
+    y_shape = (n, g.out_height, g.out_width, c)
+    launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), backward, index, 16, 16, None, bulk)
+    if backward and stride != 1:
+        assert launch is None
+        return
+    assert launch is not None and launch.expression.endswith(f"{index}>") and int(launch.scalars[-1]) == bulk
+    conv = dict(stride=stride, padding=padding, layout="NHWC")
+    w = cupy.asarray(random(rng, w_shape, dtype))
+    if backward:
+        src = random(rng, y_shape, dtype)
+        want = reference.depthwise_conv2d_backward_input(src, w.get(), x_shape, **conv)
+        b, dst_shape = None, x_shape
+    else:
+        src = random(rng, x_shape, dtype)
+        b = random(rng, c, dtype)
+        want = reference.depthwise_conv2d(src, w.get(), b, **conv)
+        dst_shape = y_shape
+    three = _launch.Launch(launch.file, launch.expression, (3,), launch.block, launch.shared_mem, launch.scalars,
+                           persistent=True)
+    for run in (launch, three):
+        dst = poisoned(dst_shape, dtype)
+        run(cupy.asarray(src), w, 0 if b is None else cupy.asarray(b), dst)
+        error = relative_error(dst, want)
+        record_errors("depthwise NHWC ring kernel", str(numpy.dtype(dtype)),
+                      {("backward_input" if backward else f"forward s{stride}"): error})
+        assert error <= TOLERANCE[numpy.dtype(dtype)]
+
+
+def test_nhwc_ring_kernel_dispatch_follows_the_mode(rng, monkeypatch):
+    x = cupy.asarray(random(rng, (2, 9, 9, 16), numpy.float16))
+    w = cupy.asarray(random(rng, (16, 1, 3, 3), numpy.float16))
+    monkeypatch.setattr(depthwise, "_SIGNATURES", {})
+    for stride in (1, 2):
+        g = _validate.conv_geometry(x.shape, w.shape, stride, 1, 1, layout="NHWC")
+        for mode, taken in (("always", True), ("never", False)):
+            monkeypatch.setattr(_depthwise_nhwc_ring, "MODE", mode)
+            forward = depthwise._forward_steps(g, "NHWC", x, x).launches[0].expression
+            assert forward.startswith(_depthwise_nhwc_ring.KERNEL) == taken
+            if stride == 1:
+                backward = depthwise._backward_input_steps(g, "NHWC", x, x).launches[0].expression
+                assert backward.startswith(_depthwise_nhwc_ring.KERNEL) == taken
+            depthwise._SIGNATURES.clear()
+            y = cupy_dwgn.depthwise_conv2d(x, w, stride=stride, padding=1, layout="NHWC")
+            want = reference.depthwise_conv2d(x.get(), w.get(), None, stride=stride, padding=1, layout="NHWC")
+            assert relative_error(y, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+            if stride == 1:
+                dx = cupy_dwgn.depthwise_conv2d_backward_input(y, w, x.shape, padding=1, layout="NHWC")
+                want = reference.depthwise_conv2d_backward_input(y.get(), w.get(), x.shape, padding=1, layout="NHWC")
+                assert relative_error(dx, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+
 
 # The NHWC register-window kernel (_depthwise_nhwc_window), launched
 # directly: odd sizes, every padding form (asymmetric, "valid", larger than
@@ -1568,6 +1649,37 @@ def test_nhwc_window_kernel_over_2_31_elements(backward):
         got = dst[..., c : c + 1]
         assert relative_error(got, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
         assert relative_error(got[:, 1024:], want[:, 1024:]) <= TOLERANCE[numpy.dtype(numpy.float16)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+def test_nhwc_ring_kernel_over_2_31_elements(backward):
+    # NHWC (1, 140000, 60, 256) float16 = 2**31 + 2916352 elements: row h
+    # starts at h * 15360, so rows 139811 and on lie past 2**31 (a 30 KB
+    # row, one bulk copy each); the ring kernel with 64-bit offsets,
+    # launched directly.  Checked on channels whole and on those rows alone.
+    shape = (1, 140000, 60, 256)
+    assert numpy.prod(shape) >= 2**31 and 139811 * 60 * 256 > 2**31
+    g = _validate.conv_geometry(shape, (256, 1, 3, 3), 1, 1, 1, layout="NHWC")
+    src = cupy.random.default_rng(12).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
+    w_host = random(numpy.random.default_rng(12), (256, 1, 3, 3), numpy.float16)
+    b_host = None if backward else random(numpy.random.default_rng(13), 256, numpy.float16)
+    dst = cupy.full(shape, numpy.nan, cupy.float16)
+    index = _launch.index_type(src.size, dst.size)
+    assert index == "long long"
+    launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(numpy.float16), backward, index, 16, 16)
+    assert launch is not None
+    launch(src, cupy.asarray(w_host), 0 if b_host is None else cupy.asarray(b_host), dst)
+    for c in (0, 129, 255):
+        plane, wc = src[..., c : c + 1].get(), w_host[c : c + 1]
+        if backward:
+            want = reference.depthwise_conv2d_backward_input(plane, wc, plane.shape, padding=1, layout="NHWC")
+        else:
+            want = reference.depthwise_conv2d(plane, wc, b_host[c : c + 1], padding=1, layout="NHWC")
+        got = dst[..., c : c + 1]
+        assert relative_error(got, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+        assert relative_error(got[:, 139811:], want[:, 139811:]) <= TOLERANCE[numpy.dtype(numpy.float16)]
+    del src, dst
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from cupy.cuda import memory  # noqa: E402
 
 from cupy_dwgn import _compile, _dtypes, _group_norm, _launch, _validate, _workspace, depthwise  # noqa: E402
 from cupy_dwgn import (  # noqa: E402
-    _depthwise_nchw_large, _depthwise_nchw_window, _depthwise_nhwc_direct, _depthwise_nhwc_phase, _depthwise_nhwc_window,
+    _depthwise_nchw_large, _depthwise_nchw_window, _depthwise_nhwc_direct, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_window,
 )
 
 DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float64)]
@@ -80,16 +80,16 @@ def _steps_of_every_path(monkeypatch):
                     steps.append(((dtype,) * 4, depthwise._forward_steps(g, layout, x_off, y)))
                     steps.append(((dtype, dtype, None, dtype), depthwise._backward_input_steps(g, layout, y, x_off)))
                     steps.append(((dtype, dtype, None, dtype), depthwise._backward_weight_steps(g, layout, y, x_off)))
-                    if layout == "NHWC":  # the register-window and direct kernels wherever they serve the call
-                        for module, other in ((_depthwise_nhwc_window, _depthwise_nhwc_direct),
-                                              (_depthwise_nhwc_direct, _depthwise_nhwc_window)):
-                            monkeypatch.setattr(module, "MODE", "always")
-                            monkeypatch.setattr(other, "MODE", "never")
+                    if layout == "NHWC":  # the ring, register-window and direct kernels wherever they serve the call
+                        kernels = (_depthwise_nhwc_ring, _depthwise_nhwc_window, _depthwise_nhwc_direct)
+                        for module in kernels:
+                            for each in kernels:
+                                monkeypatch.setattr(each, "MODE", "always" if each is module else "never")
                             steps.append(((dtype,) * 4, depthwise._forward_steps(g, layout, x_off, y)))
                             steps.append(((dtype, dtype, None, dtype),
                                           depthwise._backward_input_steps(g, layout, y, x_off)))
-                            monkeypatch.setattr(module, "MODE", "rule")
-                            monkeypatch.setattr(other, "MODE", "rule")
+                        for each in kernels:
+                            monkeypatch.setattr(each, "MODE", "rule")
     for n, s, c, groups in NORMS:
         for dtype in DTYPES:
             acc = _dtypes.accumulator_dtype(dtype)

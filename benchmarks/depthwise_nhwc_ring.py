@@ -1,0 +1,114 @@
+"""The NHWC row-ring kernel (_depthwise_nhwc_ring) against the kernel the ops
+launch without it (direct, register-window or tiled, whichever the rule
+picks) and PyTorch channels_last (cudnn.benchmark on; forward conv2d(groups=C),
+backward-input aten.convolution_backward), forward at stride 1 and 2 and
+backward-input at stride 1, for each setting in --settings (TW output columns
+x threads aimed at x output rows prefetched; "pieces" after a setting: the
+block's cp.async copies instead of bulk copies).  GPU time per launch (CUDA
+events around 20 launches over 3 rotating copies, after a warm-up pass), the
+memory floor (source + destination bytes at COPY_BYTES_PER_US), and the ring
+kernel's largest difference from the other kernel relative to the largest
+output, plus its unwritten (NaN) outputs.  The figures behind
+_depthwise_nhwc_ring.preferred() and SETTINGS come from it.
+
+    PYTHONPATH=. python benchmarks/depthwise_nhwc_ring.py [--dtypes float16 ...]
+        [--shapes 64x144x56x3x1 ...] [--settings 4x256x2 2x256x2 4x256x2pieces] [--no-torch]
+"""
+import argparse
+import re
+
+import cupy
+import harness
+import numpy
+
+from cupy_dwgn import _depthwise_nhwc_ring as ring
+from cupy_dwgn import _launch, _validate, depthwise
+from cupy_dwgn._dtypes import bfloat16
+
+# (N, C, H = W, filter size, stride); padding 1.  The depthwise table's NHWC
+# 3x3 cells and MobileNet/EfficientNet layers.
+SHAPES = [(64, 144, 56, 3, 1), (64, 96, 112, 3, 2), (64, 384, 28, 3, 1), (64, 960, 7, 3, 1), (64, 192, 56, 3, 1),
+          (64, 32, 112, 3, 1), (64, 576, 14, 3, 1), (64, 144, 56, 3, 2), (8, 256, 64, 3, 1)]
+DTYPES = {"float16": numpy.dtype(numpy.float16), "bfloat16": bfloat16, "float32": numpy.dtype(numpy.float32)}
+COPY_BYTES_PER_US = 4.2e6
+
+
+def _setting(text):
+    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)(pieces)?", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected TWxTHREADSxAHEAD[pieces] (4x256x2), got {text!r}")
+    return tuple(int(v) for v in match.groups()[:3]), match.group(4) is None
+
+
+def _torch_us(torch, g, dt, backward, stride):
+    """PyTorch channels_last on the same shape, or None without torch."""
+    n, c, hw = g.batch, g.channels, g.height
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dt.name]
+    x = torch.randn(n, c, hw, hw, device="cuda", dtype=tdt).to(memory_format=torch.channels_last)
+    w = torch.randn(c, 1, 3, 3, device="cuda", dtype=tdt)
+    b = torch.randn(c, device="cuda", dtype=tdt)
+    if not backward:
+        return harness.time_us(lambda: torch.nn.functional.conv2d(x, w, b, stride, 1, 1, c))
+    dy = torch.randn(n, c, g.out_height, g.out_width, device="cuda", dtype=tdt).to(memory_format=torch.channels_last)
+    mask = [True, False, False]
+    return harness.time_us(lambda: torch.ops.aten.convolution_backward(
+        dy, x, w, None, [stride] * 2, [1, 1], [1, 1], False, [0, 0], c, mask))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["float16", "bfloat16", "float32"])
+    parser.add_argument("--shapes", nargs="+", type=harness.conv_shape, default=SHAPES)
+    parser.add_argument("--settings", nargs="+", type=_setting, default=None)
+    parser.add_argument("--no-torch", action="store_true")
+    args = parser.parse_args()
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch
+
+            torch.backends.cudnn.benchmark = True
+        except ImportError:
+            torch = None
+    for n, c, hw, k, stride in args.shapes:
+        g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
+        out_shape = (n, g.out_height, g.out_width, c)
+        for name in args.dtypes:
+            dt = DTYPES[name]
+            for backward in (False, True) if stride == 1 else (False,):
+                src_shape, dst_shape = (out_shape, (n, hw, hw, c)) if backward else ((n, hw, hw, c), out_shape)
+                srcs = [cupy.random.standard_normal(src_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
+                w = cupy.random.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dt)
+                b = None if backward else cupy.random.standard_normal((c,), dtype=cupy.float32).astype(dt)
+                dsts = [cupy.full(dst_shape, numpy.nan, dtype=dt) for _ in range(3)]
+                arrays = [(s, w, 0 if b is None else b, d) for s, d in zip(srcs, dsts)]
+                build = depthwise._backward_input_steps if backward else depthwise._forward_steps
+                steps = harness.steps_with_mode(ring, "never", build, g, "NHWC", srcs[0], dsts[0])
+                other = steps.launches[0].expression.split("<")[0].replace("dwgn_dwconv_nhwc_", "")
+                times = {other: harness.steps_time_us(steps, arrays)}
+                if torch is not None:
+                    times["torch_cl"] = _torch_us(torch, g, dt, backward, stride)
+                ref = dsts[0].astype(numpy.float32)
+                diff, nans = 0.0, 0
+                index = _launch.index_type(srcs[0].size, dsts[0].size)
+                for setting, bulk in args.settings or [(ring.SETTINGS[k, stride, dt.itemsize], True)]:
+                    for d in dsts:
+                        d.fill(numpy.nan)
+                    launch = ring.plan(g, dt, backward, index, 16, 16, setting, bulk)
+                    label = "x".join(map(str, setting)) + ("" if bulk else "p")
+                    if launch is None:
+                        times[label] = float("nan")
+                        continue
+                    times[label] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
+                    got = dsts[0].astype(numpy.float32)
+                    diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))
+                    nans += int(cupy.isnan(got).sum())
+                floor = (srcs[0].nbytes + dsts[0].nbytes) / COPY_BYTES_PER_US
+                print(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
+                      + " ".join(f"{label} {v:6.1f}" for label, v in times.items())
+                      + f"  reldiff {diff:.1e} unwritten {nans}", flush=True)
+                del srcs, dsts, arrays
+
+
+if __name__ == "__main__":
+    main()
