@@ -13,6 +13,7 @@ _depthwise_nhwc_ring.preferred() and SETTINGS come from it.
 
     PYTHONPATH=. python benchmarks/depthwise_nhwc_ring.py [--dtypes float16 ...]
         [--shapes 64x144x56x3x1 ...] [--settings 4x256x2 2x256x2 4x256x2pieces] [--no-torch]
+        [--max-shared BYTES]
 """
 import argparse
 import re
@@ -61,7 +62,11 @@ def main():
     parser.add_argument("--shapes", nargs="+", type=harness.conv_shape, default=SHAPES)
     parser.add_argument("--settings", nargs="+", type=_setting, default=None)
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--max-shared", type=int, default=ring.MAX_SHARED,
+                        help="shared memory a block may take, bytes (the ring shortens to fit)")
     args = parser.parse_args()
+    ring.MAX_SHARED = args.max_shared
+    ring.plan.cache_clear()
     torch = None
     if not args.no_torch:
         try:
@@ -103,10 +108,13 @@ def main():
                     got = dsts[0].astype(numpy.float32)
                     diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))
                     nans += int(cupy.isnan(got).sum())
+                rings = {int(ring.plan(g, dt, backward, index, 16, 16, setting, bulk).scalars[9])
+                         for setting, bulk in args.settings or [(ring.SETTINGS[k, stride, dt.itemsize], True)]
+                         if ring.plan(g, dt, backward, index, 16, 16, setting, bulk) is not None}
                 floor = (srcs[0].nbytes + dsts[0].nbytes) / COPY_BYTES_PER_US
                 print(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
                       + " ".join(f"{label} {v:6.1f}" for label, v in times.items())
-                      + f"  reldiff {diff:.1e} unwritten {nans}", flush=True)
+                      + f"  rings {sorted(rings)} reldiff {diff:.1e} unwritten {nans}", flush=True)
                 del srcs, dsts, arrays
 
 
