@@ -62,10 +62,11 @@ def nhwc_window():
     # oversized padding (negative backward offsets), several channel tiles
     # and spatial tiles, a 4-byte offset destination, and channel-tile groups
     # of 1, 2 and 4 (launched directly).
-    from cupy_dwgn import _depthwise_nhwc_direct, _depthwise_nhwc_window, _validate, depthwise as dw
+    from cupy_dwgn import _depthwise_nhwc_direct, _depthwise_nhwc_ring, _depthwise_nhwc_window, _validate, depthwise as dw
 
-    # The direct kernel, ahead of the window kernel in the dispatch, is off.
+    # The ring and direct kernels, ahead of the window kernel in the dispatch, are off.
     _depthwise_nhwc_window.MODE, _depthwise_nhwc_direct.MODE, dw._SIGNATURES = "always", "never", {}
+    _depthwise_nhwc_ring.MODE = "never"
     try:
         for dtype in (cupy.float32, cupy.float16):
             for x_shape, k, padding in [
@@ -84,6 +85,7 @@ def nhwc_window():
                     _depthwise_nhwc_window.plan(g, x.dtype, False, "int", 16, 16, group)(x, w, b, y)
     finally:
         _depthwise_nhwc_window.MODE, _depthwise_nhwc_direct.MODE, dw._SIGNATURES = "rule", "rule", {}
+        _depthwise_nhwc_ring.MODE = "rule"
 
 
 def nhwc_wgrad():
@@ -217,9 +219,9 @@ def nhwc_direct():
     # and stride-1 backward-input call it serves (MODE "always", the
     # call-signature cache cleared): strips cut by the right edge, padding
     # past the filter, per-side padding, uneven channel tiles, a 1x1 image.
-    from cupy_dwgn import _depthwise_nhwc_direct, _dtypes, depthwise as dw
+    from cupy_dwgn import _depthwise_nhwc_direct, _depthwise_nhwc_ring, _dtypes, depthwise as dw
 
-    _depthwise_nhwc_direct.MODE, dw._SIGNATURES = "always", {}
+    _depthwise_nhwc_direct.MODE, _depthwise_nhwc_ring.MODE, dw._SIGNATURES = "always", "never", {}
     try:
         for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
             for x_shape, k, stride, padding in [
@@ -236,7 +238,7 @@ def nhwc_direct():
                 if stride == 1:
                     cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
     finally:
-        _depthwise_nhwc_direct.MODE, dw._SIGNATURES = "rule", {}
+        _depthwise_nhwc_direct.MODE, _depthwise_nhwc_ring.MODE, dw._SIGNATURES = "rule", "rule", {}
 
 
 def nhwc_ring():

@@ -591,6 +591,7 @@ def test_nhwc_direct_kernel_matches_reference(case, dtype, backward, index, rng)
 
 
 def test_nhwc_direct_kernel_dispatch_follows_the_mode(rng, monkeypatch):
+    monkeypatch.setattr(_depthwise_nhwc_ring, "MODE", "never")  # ahead of it in the dispatch
     x = cupy.asarray(random(rng, (2, 9, 9, 16), numpy.float16))
     w = cupy.asarray(random(rng, (16, 1, 3, 3), numpy.float16))
     for stride in (1, 2):
@@ -779,9 +780,10 @@ def test_nhwc_window_kernel_matches_reference(case, dtype, backward, dst_offset,
 def test_nhwc_window_dispatch_when_forced(dtype, rng, monkeypatch):
     # With MODE "always", the NHWC ops launch the window kernel for every stride-1 3x3/5x5/7x7 forward and
     # backward-input (also where the rule prefers the tiled kernels), and match the reference; the other shapes keep
-    # their kernels.  (The direct kernel, ahead of it in the dispatch, is off.)
+    # their kernels.  (The ring and direct kernels, ahead of it in the dispatch, are off.)
     monkeypatch.setattr(_depthwise_nhwc_window, "MODE", "always")
     monkeypatch.setattr(_depthwise_nhwc_direct, "MODE", "never")
+    monkeypatch.setattr(_depthwise_nhwc_ring, "MODE", "never")
     monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under the rule
     x_shape = (2, 20, 23, 32)  # NHWC
     for k, padding in ((3, 1), (5, ((1, 3), (2, 2))), (7, 3)):
