@@ -17,8 +17,8 @@ Launch rule (no user tuning), from the shape only:
   a contiguous 1/grid share of the (image, output row) sequence.
 * Requires C * itemsize % 16 == 0, 16-byte aligned arrays, rows under 1 MB.
 
-The ops take it where ``preferred`` says so; ``MODE`` overrides that for
-tests and benchmarks.
+The ops take it where ``preferred`` says so (3x3 on rows at least 42 wide,
+and half types at stride 2); ``MODE`` overrides that for tests and benchmarks.
 """
 
 import functools
@@ -47,8 +47,14 @@ MAX_SHARED = 99 * 1024
 #: Bulk copies complete an mbarrier transaction count (< 2**20 bytes).
 MAX_ROW_BYTES = 2**20 - 16
 #: (K, stride, itemsize) -> (TW output columns per strip, threads aimed at,
-#: output rows prefetched).
-SETTINGS = {(3, 1, 2): (4, 256, 2), (3, 1, 4): (4, 256, 2), (3, 2, 2): (2, 256, 2), (3, 2, 4): (2, 256, 2)}
+#: output rows prefetched), the fastest on the H200 (benchmarks/depthwise_nhwc_ring.py,
+#: 2026-12-03, GPU us per launch): stride 1 prefetches one row (64x144x56
+#: float16 forward 46.3 against 47.7 with two, 49.8 with three: the shorter
+#: ring lets 3 blocks share an SM; 64x32x112 float32 63.8 against 70.5); 128
+#: or 512 threads slower on the 56-wide rows (57.4, 54.7); TW 2 slower at
+#: stride 1 (52.5), even at stride 2 (64x96x112 float16 58.0 / 58.3,
+#: 64x144x56 29.2 / 28.6).
+SETTINGS = {(3, 1, 2): (4, 256, 1), (3, 1, 4): (4, 256, 1), (3, 2, 2): (4, 256, 2), (3, 2, 4): (4, 256, 2)}
 
 
 def _expression(dtype, k, stride, backward, index, columns=None):
@@ -67,8 +73,31 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 
 
 def preferred(g, dtype, backward):
-    """Whether the ops take the ring kernel for ``g`` (where it serves the call)."""
-    return False
+    """Whether the ops take the ring kernel for ``g`` (where it serves the
+    call): destinations at least 42 columns wide at stride 1 (half types with
+    at least 64 channels), and half types at stride 2 on destinations at least
+    28 wide.  Measured on an H200 (2026-12-03, benchmarks/depthwise_nhwc_ring.py,
+    GPU us per launch, ring against the kernel the ops took before):
+
+    * float16 / bfloat16, stride 1: 64x144x56 forward 46.3 / 72.8 (window
+      kernel; PyTorch channels_last 50.4 in the table), bfloat16 48.0 / 73.2,
+      backward-input 44.7 / 67.9 and 46.7 / 68.5; 64x192x56 59.9 / 79.3.
+      Not 32 channels at 112x112 (50.4 / 46.4: 8 channel vectors a pixel),
+      nor 28x28 and smaller (64x384x28 36.4 / 35.1, 64x576x14 24.2 / 17.6,
+      64x960x7 10.6 / 10.9).
+    * float16 / bfloat16, stride 2: 64x96x112 58.3 / 67.8 (direct kernel)
+      and 59.4 / 74.4 (tiled), 64x144x56 28.6 / 31.5 and 28.7 / 34.7.
+    * float32, stride 1: 64x144x56 75.5 / 81.8 (tiled), backward-input 75.4 /
+      79.9; 64x32x112 63.8 / 66.0.  Rows wider than a third of MAX_SHARED
+      (64x192x56, 64x384x28) are not served; stride 2 about even (64x144x56
+      43.8 / 45.1) and not taken.
+    """
+    dtype = numpy.dtype(dtype)
+    stride = g.stride_h
+    dst_width = g.width if backward else g.out_width
+    if dtype.itemsize == 2:
+        return dst_width >= 42 and g.channels >= 64 if stride == 1 else dst_width >= 28
+    return dtype == numpy.float32 and stride == 1 and dst_width >= 42
 
 
 def select(g, dtype, backward, index, src_alignment, dst_alignment):

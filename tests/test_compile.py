@@ -556,10 +556,34 @@ def test_nhwc_ring_plan():
         slot_pixels = int(launch.scalars[8])
         assert k <= slots <= k + ahead * stride
         assert launch.shared_mem == -(-slots * 8 // 16) * 16 + slots * slot_pixels * c * dtype.itemsize <= ring.MAX_SHARED
-    # 56x56 half: 36 vectors x 7 column groups (2 strips of 4 each), a ring of 5 rows of 58 pixels
+    # 56x56 half: 36 vectors x 7 column groups (2 strips of 4 each), a ring of 4 rows of 58 pixels
     g = _validate.conv_geometry((4, 56, 56, 144), (144, 1, 3, 3), 1, 1, 1, layout="NHWC")
     launch = ring.plan(g, half, False, "int", 16, 16)
-    assert launch.block[0] == 252 and [int(v) for v in launch.scalars[7:10]] == [1, 58, 5]
+    assert launch.block[0] == 252 and [int(v) for v in launch.scalars[7:10]] == [1, 58, 4]
+
+
+def test_nhwc_ring_rule():
+    # Where the ops take the ring kernel (preferred's docstring, the H200
+    # sweep of 2026-12-03): (C, H = W, stride, dtype, backward, taken).
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_ring as ring
+    from cupy_dwgn import _dtypes, _validate
+
+    half, bf16, single = numpy.dtype(numpy.float16), numpy.dtype(_dtypes.bfloat16), numpy.dtype(numpy.float32)
+    for c, hw, stride, dtype, backward, taken in [
+        (144, 56, 1, half, False, True), (144, 56, 1, bf16, True, True), (192, 56, 1, half, False, True),
+        (32, 112, 1, half, False, False), (384, 28, 1, half, False, False), (576, 14, 1, bf16, True, False),
+        (960, 7, 1, half, False, False), (96, 112, 2, half, False, True), (144, 56, 2, bf16, False, True),
+        (384, 28, 2, half, False, False), (144, 56, 1, single, False, True), (144, 56, 1, single, True, True),
+        (32, 112, 1, single, False, True), (384, 28, 1, single, False, False), (144, 56, 2, single, False, False),
+    ]:
+        g = _validate.conv_geometry((4, hw, hw, c), (c, 1, 3, 3), stride, 1, 1, layout="NHWC")
+        assert ring.preferred(g, dtype, backward) == taken, (c, hw, stride, dtype, backward)
+        launch = ring.plan(g, dtype, backward, "int", 16, 16)
+        assert ring.select(g, dtype, backward, "int", 16, 16) is (launch if taken else None)
+        if taken:
+            assert launch is not None
 
 
 def test_nchw_plane_rule_follows_the_width_sweep():
