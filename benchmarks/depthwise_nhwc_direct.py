@@ -19,7 +19,7 @@ import harness
 import numpy
 
 from cupy_dwgn import _depthwise_nhwc_direct as direct
-from cupy_dwgn import _launch, _validate, depthwise
+from cupy_dwgn import _launch, _validate
 from cupy_dwgn._dtypes import bfloat16
 
 # (N, C, H = W, filter size, stride); padding K // 2.  The depthwise table's
@@ -38,43 +38,34 @@ def main():
     args = parser.parse_args()
     for n, c, hw, k, stride in SHAPES:
         g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
-        out_shape = (n, g.out_height, g.out_width, c)
         for dtype in [numpy.float16] if args.quick else DTYPES:
             dt = numpy.dtype(dtype)
             for backward in (False, True) if stride == 1 else (False,):
-                src_shape, dst_shape = (out_shape, (n, hw, hw, c)) if backward else ((n, hw, hw, c), out_shape)
-                srcs = [cupy.random.standard_normal(src_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
-                w = cupy.random.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dt)
-                b = None if backward else cupy.random.standard_normal((c,), dtype=cupy.float32).astype(dt)
-                dsts = [cupy.full(dst_shape, numpy.nan, dtype=dt) for _ in range(3)]
-                arrays = [(s, w, 0 if b is None else b, d) for s, d in zip(srcs, dsts)]
-                build = depthwise._backward_input_steps if backward else depthwise._forward_steps
-                steps = harness.steps_with_mode(direct, "never", build, g, "NHWC", srcs[0], dsts[0])
-                other = steps.launches[0].expression.split("<")[0].replace("dwgn_dwconv_nhwc_", "")
-                times = {other: harness.steps_time_us(steps, arrays)}
-                ref = dsts[0].astype(numpy.float32)
+                arrays, other, other_us, ref = harness.nhwc_kernel_baseline(direct, g, dt, backward)
+                times = {other: other_us}
+                src, dst = arrays[0][0], arrays[0][3]
                 diff, nans = 0.0, 0
                 saved = dict(direct.COLUMNS)
                 for tw in args.columns:
                     direct.COLUMNS[k, stride, dt.itemsize] = tw
                     direct.plan.cache_clear()
-                    for d in dsts:
-                        d.fill(numpy.nan)
-                    launch = direct.plan(g, dt, backward, _launch.index_type(srcs[0].size, dsts[0].size), 16, 16)
+                    for a in arrays:
+                        a[3].fill(numpy.nan)
+                    launch = direct.plan(g, dt, backward, _launch.index_type(src.size, dst.size), 16, 16)
                     times[f"direct{tw}"] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
-                    got = dsts[0].astype(numpy.float32)
+                    got = dst.astype(numpy.float32)
                     diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))
                     nans += int(cupy.isnan(got).sum())
                 direct.COLUMNS.clear()
                 direct.COLUMNS.update(saved)
                 direct.plan.cache_clear()
-                floor = (srcs[0].nbytes + dsts[0].nbytes) / COPY_BYTES_PER_US
+                floor = (src.nbytes + dst.nbytes) / COPY_BYTES_PER_US
                 best = min((v, name) for name, v in times.items() if name.startswith("direct"))
                 print(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
                       + " ".join(f"{name} {v:6.1f}" for name, v in times.items())
                       + f"  best {best[1]} x{times[other] / best[0]:.2f}  reldiff {diff:.1e} unwritten {nans}",
                       flush=True)
-                del srcs, dsts, arrays
+                del arrays, src, dst
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import harness
 import numpy
 
 from cupy_dwgn import _depthwise_nhwc_ring as ring
-from cupy_dwgn import _launch, _validate, depthwise
+from cupy_dwgn import _launch, _validate
 from cupy_dwgn._dtypes import bfloat16
 
 # (N, C, H = W, filter size, stride); padding 1.  The depthwise table's NHWC
@@ -77,45 +77,36 @@ def main():
             torch = None
     for n, c, hw, k, stride in args.shapes:
         g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
-        out_shape = (n, g.out_height, g.out_width, c)
         for name in args.dtypes:
             dt = DTYPES[name]
             for backward in (False, True) if stride == 1 else (False,):
-                src_shape, dst_shape = (out_shape, (n, hw, hw, c)) if backward else ((n, hw, hw, c), out_shape)
-                srcs = [cupy.random.standard_normal(src_shape, dtype=cupy.float32).astype(dt) for _ in range(3)]
-                w = cupy.random.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dt)
-                b = None if backward else cupy.random.standard_normal((c,), dtype=cupy.float32).astype(dt)
-                dsts = [cupy.full(dst_shape, numpy.nan, dtype=dt) for _ in range(3)]
-                arrays = [(s, w, 0 if b is None else b, d) for s, d in zip(srcs, dsts)]
-                build = depthwise._backward_input_steps if backward else depthwise._forward_steps
-                steps = harness.steps_with_mode(ring, "never", build, g, "NHWC", srcs[0], dsts[0])
-                other = steps.launches[0].expression.split("<")[0].replace("dwgn_dwconv_nhwc_", "")
-                times = {other: harness.steps_time_us(steps, arrays)}
+                arrays, other, other_us, ref = harness.nhwc_kernel_baseline(ring, g, dt, backward)
+                times = {other: other_us}
                 if torch is not None:
                     times["torch_cl"] = _torch_us(torch, g, dt, backward, stride)
-                ref = dsts[0].astype(numpy.float32)
                 diff, nans = 0.0, 0
-                index = _launch.index_type(srcs[0].size, dsts[0].size)
+                src, dst = arrays[0][0], arrays[0][3]
+                index = _launch.index_type(src.size, dst.size)
                 for setting, bulk in args.settings or [(ring.SETTINGS[k, stride, dt.itemsize], True)]:
-                    for d in dsts:
-                        d.fill(numpy.nan)
+                    for a in arrays:
+                        a[3].fill(numpy.nan)
                     launch = ring.plan(g, dt, backward, index, 16, 16, setting, bulk)
                     label = "x".join(map(str, setting)) + ("" if bulk else "p")
                     if launch is None:
                         times[label] = float("nan")
                         continue
                     times[label] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
-                    got = dsts[0].astype(numpy.float32)
+                    got = dst.astype(numpy.float32)
                     diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))
                     nans += int(cupy.isnan(got).sum())
                 rings = {int(ring.plan(g, dt, backward, index, 16, 16, setting, bulk).scalars[9])
                          for setting, bulk in args.settings or [(ring.SETTINGS[k, stride, dt.itemsize], True)]
                          if ring.plan(g, dt, backward, index, 16, 16, setting, bulk) is not None}
-                floor = (srcs[0].nbytes + dsts[0].nbytes) / COPY_BYTES_PER_US
+                floor = (src.nbytes + dst.nbytes) / COPY_BYTES_PER_US
                 print(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
                       + " ".join(f"{label} {v:6.1f}" for label, v in times.items())
                       + f"  rings {sorted(rings)} reldiff {diff:.1e} unwritten {nans}", flush=True)
-                del srcs, dsts, arrays
+                del arrays, src, dst
 
 
 if __name__ == "__main__":

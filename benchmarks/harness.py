@@ -68,6 +68,30 @@ def steps_with_mode(module, mode, build, *args):
         module.MODE = saved
 
 
+def nhwc_kernel_baseline(module, g, dtype, backward, copies=3):
+    """The NHWC forward / backward-input kernel comparisons' setup: for
+    geometry ``g`` (layout NHWC), ``copies`` rotating (src, weight, bias or
+    0, dst) argument tuples of random data in ``dtype`` (destinations NaN),
+    and the kernel the ops launch with ``module.MODE`` "never" timed on them.
+    Returns (arrays, name of that kernel, its GPU us per launch, its output
+    as float32)."""
+    import numpy
+
+    from cupy_dwgn import depthwise
+
+    n, c, k = g.batch, g.channels, g.filter_height
+    x_shape, y_shape = (n, g.height, g.width, c), (n, g.out_height, g.out_width, c)
+    src_shape, dst_shape = (y_shape, x_shape) if backward else (x_shape, y_shape)
+    srcs = [cupy.random.standard_normal(src_shape, dtype=cupy.float32).astype(dtype) for _ in range(copies)]
+    w = cupy.random.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
+    b = 0 if backward else cupy.random.standard_normal((c,), dtype=cupy.float32).astype(dtype)
+    arrays = [(s, w, b, cupy.full(dst_shape, numpy.nan, dtype=dtype)) for s in srcs]
+    build = depthwise._backward_input_steps if backward else depthwise._forward_steps
+    steps = steps_with_mode(module, "never", build, g, "NHWC", srcs[0], arrays[0][3])
+    name = steps.launches[0].expression.split("<")[0].replace("dwgn_dwconv_nhwc_", "")
+    return arrays, name, steps_time_us(steps, arrays), arrays[0][3].astype(numpy.float32)
+
+
 def steps_time_us(steps, arrays_list, reps=20):
     """Mean GPU time (us) of one run of ``steps`` (a cupy_dwgn._launch.Steps,
     built once by the caller) over ``reps`` runs cycling through

@@ -337,6 +337,18 @@ def filter_size_specializations(file, expression, supported_dtypes, supported_si
     ]
 
 
+def direction_specializations(file, expression, supported_dtypes, supported_sizes, variants, dtypes=None,
+                              filter_sizes=None, backward=None, large_index=(False, True)):
+    """filter_size_specializations of a kernel whose variants are (stride,
+    backward) and whose ``expression(dtype, k, stride, backward, index)``
+    names a square-filter specialization; ``backward``: None (both), False
+    (forward) or True (backward-input)."""
+    return filter_size_specializations(
+        file, lambda dtype, size, index, stride, is_backward: expression(dtype, size[0], stride, is_backward, index),
+        supported_dtypes, supported_sizes, dtypes, filter_sizes, large_index,
+        [v for v in variants if backward is None or v[1] == backward])
+
+
 def nvrtc_compile(filename, expressions, arch):
     """Compile ``expressions`` of ``filename`` for ``sm_<arch>`` with NVRTC alone.
 

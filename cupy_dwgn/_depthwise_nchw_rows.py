@@ -117,10 +117,7 @@ def plan(g, dtype, backward, index):
     stride = g.stride_h
     if (
         size not in FILTER_SIZES
-        or g.stride_w != stride
-        or stride not in ((1,) if backward else (1, 2))
-        or (g.dilation_h, g.dilation_w) != (1, 1)
-        or g.multiplier != 1
+        or not _validate.plain_stride_one_or_two(g, backward)
         or dtype not in DTYPES
     ):
         return None

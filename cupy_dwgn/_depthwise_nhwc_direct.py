@@ -56,10 +56,8 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
     """``(file, name expression)`` of every direct-kernel specialization.
 
     backward: None (both), False (forward) or True (backward-input)."""
-    return _compile.filter_size_specializations(
-        KERNEL_FILE, lambda dtype, size, index, stride, is_backward: _expression(dtype, size[0], stride, is_backward, index),
-        DTYPES, FILTER_SIZES, dtypes, filter_sizes, large_index,
-        [v for v in VARIANTS if backward is None or v[1] == backward])
+    return _compile.direction_specializations(KERNEL_FILE, _expression, DTYPES, FILTER_SIZES, VARIANTS, dtypes,
+                                              filter_sizes, backward, large_index)
 
 
 def preferred(g, dtype, backward):
@@ -109,10 +107,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     vec = VECTOR_BYTES // dtype.itemsize
     if (
         size not in FILTER_SIZES
-        or g.stride_w != stride
-        or stride not in ((1,) if backward else (1, 2))
-        or (g.dilation_h, g.dilation_w) != (1, 1)
-        or g.multiplier != 1
+        or not _validate.plain_stride_one_or_two(g, backward)
         or dtype not in DTYPES
         or g.channels % vec != 0
         or src_alignment % VECTOR_BYTES != 0

@@ -237,6 +237,14 @@ def correlation_frame(g, backward):
     return g.height, g.width, g.out_height, g.out_width, g.pad_top, g.pad_left
 
 
+def plain_stride_one_or_two(g, backward):
+    """Whether ``g`` is what the direct-style kernels serve: the same stride
+    on both axes, 1 or 2 for the forward and 1 for the backward-input (their
+    stride-1 correlation), dilation 1, depth multiplier 1."""
+    return (g.stride_w == g.stride_h and g.stride_h in ((1,) if backward else (1, 2))
+            and (g.dilation_h, g.dilation_w) == (1, 1) and g.multiplier == 1)
+
+
 def _padding(padding, filter_size, dilation, stride):
     """int | (h, w) | ((top, bottom), (left, right)) | 'same' | 'valid' -> 4 ints."""
     # Fast paths: plain in-range ints as an int, (h, w) or ((top, bottom), (left, right)).

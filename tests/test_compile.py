@@ -350,6 +350,32 @@ def test_nchw_rows_rule():
         g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation)
         assert rows.plan(g, single, False, "int") is None
 
+def _nhwc_reference_cases(x_shape, k, stride, padding, seed):
+    """(dtype, backward, weight, src, bias or None, float64 reference) for
+    the NHWC kernels' index-math emulations: float32 and float16, forward
+    and (stride 1) backward-input, random data of ``seed``."""
+    import numpy
+
+    from cupy_dwgn import _validate, reference
+
+    c = x_shape[3]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
+    rng = numpy.random.default_rng(seed)
+    conv = dict(stride=stride, padding=padding, layout="NHWC")
+    for dtype in (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16)):
+        weight = rng.standard_normal((c, 1, k, k)).astype(dtype)
+        for backward in (False, True) if stride == 1 else (False,):
+            y_shape = (x_shape[0], g.out_height, g.out_width, c)
+            src = rng.standard_normal(y_shape if backward else x_shape).astype(dtype)
+            bias = None if backward else rng.standard_normal(c).astype(dtype)
+            w64, src64 = weight.astype(numpy.float64), src.astype(numpy.float64)
+            if backward:
+                want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, **conv)
+            else:
+                want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64), **conv)
+            yield dtype, backward, weight, src, bias, want
+
+
 def _emulate_nhwc_direct(launch, src, weight, bias, backward):
     """What kernels/depthwise_nhwc_direct.cu computes for ``launch``, in
     float64, following its index math (channel tile x vector lane, items
@@ -495,31 +521,18 @@ def test_nhwc_ring_kernel_stream_matches_the_reference(case):
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_ring as ring
-    from cupy_dwgn import _validate, reference
+    from cupy_dwgn import _validate
 
     x_shape, stride, padding = case
-    c = x_shape[3]
-    g = _validate.conv_geometry(x_shape, (c, 1, 3, 3), stride, padding, 1, layout="NHWC")
-    rng = numpy.random.default_rng(12)
-    conv = dict(stride=stride, padding=padding, layout="NHWC")
-    for dtype in (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16)):
-        weight = rng.standard_normal((c, 1, 3, 3)).astype(dtype)
-        for backward in (False, True) if stride == 1 else (False,):
-            y_shape = (x_shape[0], g.out_height, g.out_width, c)
-            src = rng.standard_normal(y_shape if backward else x_shape).astype(dtype)
-            bias = None if backward else rng.standard_normal(c).astype(dtype)
-            w64, src64 = weight.astype(numpy.float64), src.astype(numpy.float64)
-            if backward:
-                want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, **conv)
-            else:
-                want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64), **conv)
-            for setting in (None, (4, 64, 0), (2, 256, 3)):
-                launch = ring.plan.__wrapped__(g, dtype, backward, "int", 16, 16, setting)
-                assert launch is not None and launch.persistent
-                for blocks in (1, 2, 5, 7):
-                    got, writes = _emulate_nhwc_ring(launch, src, weight, bias, backward, blocks)
-                    assert (writes == 1).all()
-                    numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    g = _validate.conv_geometry(x_shape, (x_shape[3], 1, 3, 3), stride, padding, 1, layout="NHWC")
+    for dtype, backward, weight, src, bias, want in _nhwc_reference_cases(x_shape, 3, stride, padding, 12):
+        for setting in (None, (4, 64, 0), (2, 256, 3)):
+            launch = ring.plan.__wrapped__(g, dtype, backward, "int", 16, 16, setting)
+            assert launch is not None and launch.persistent
+            for blocks in (1, 2, 5, 7):
+                got, writes = _emulate_nhwc_ring(launch, src, weight, bias, backward, blocks)
+                assert (writes == 1).all()
+                numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_nhwc_ring_plan():
@@ -645,31 +658,20 @@ def test_nhwc_direct_kernel_index_math_matches_the_reference(case, monkeypatch):
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_direct as direct
-    from cupy_dwgn import _launch, _validate, reference
+    from cupy_dwgn import _launch, _validate
 
     x_shape, k, stride, padding = case
     c = x_shape[3]
     g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
-    rng = numpy.random.default_rng(11)
-    conv = dict(stride=stride, padding=padding, layout="NHWC")
-    for dtype in (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16)):
-        weight = rng.standard_normal((c, 1, k, k)).astype(dtype)
-        for backward in (False, True) if stride == 1 else (False,):
-            y_shape = (x_shape[0], g.out_height, g.out_width, c)
-            src = rng.standard_normal(y_shape if backward else x_shape).astype(dtype)
-            bias = None if backward else rng.standard_normal(c).astype(dtype)
-            w64, src64 = weight.astype(numpy.float64), src.astype(numpy.float64)
-            if backward:
-                want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, **conv)
-            else:
-                want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64), **conv)
-            for max_grid_y in (_launch.MAX_GRID_Y, 2):
-                monkeypatch.setattr(_launch, "MAX_GRID_Y", max_grid_y)
-                launch = direct.plan.__wrapped__(g, dtype, backward, "int", 16, 16)
-                assert launch.grid[1] <= max_grid_y
-                got, writes = _emulate_nhwc_direct(launch, src, weight, bias, backward)
-                assert (writes == 1).all()
-                numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    for dtype, backward, weight, src, bias, want in _nhwc_reference_cases(x_shape, k, stride, padding, 11):
+        for max_grid_y in (_launch.MAX_GRID_Y, 2):
+            monkeypatch.setattr(_launch, "MAX_GRID_Y", max_grid_y)
+            launch = direct.plan.__wrapped__(g, dtype, backward, "int", 16, 16)
+            assert launch.grid[1] <= max_grid_y
+            got, writes = _emulate_nhwc_direct(launch, src, weight, bias, backward)
+            assert (writes == 1).all()
+            numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
 
 def test_nhwc_direct_rule():
     # Where the ops take the NHWC direct kernel (preferred's docstring), its

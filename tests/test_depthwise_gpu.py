@@ -590,22 +590,36 @@ def test_nhwc_direct_kernel_matches_reference(case, dtype, backward, index, rng)
     assert error <= TOLERANCE[numpy.dtype(dtype)]
 
 
-def test_nhwc_direct_kernel_dispatch_follows_the_mode(rng, monkeypatch):
-    monkeypatch.setattr(_depthwise_nhwc_ring, "MODE", "never")  # ahead of it in the dispatch
+def _check_nhwc_dispatch_follows_the_mode(module, rng, monkeypatch):
+    # With ``module.MODE`` "always" the NHWC ops launch its kernel for 3x3
+    # forwards at stride 1 and 2 and the stride-1 backward-input, with
+    # "never" another; the results match the reference either way.
+    monkeypatch.setattr(depthwise, "_SIGNATURES", {})
     x = cupy.asarray(random(rng, (2, 9, 9, 16), numpy.float16))
     w = cupy.asarray(random(rng, (16, 1, 3, 3), numpy.float16))
     for stride in (1, 2):
         g = _validate.conv_geometry(x.shape, w.shape, stride, 1, 1, layout="NHWC")
+        conv = dict(stride=stride, padding=1, layout="NHWC")
         for mode, taken in (("always", True), ("never", False)):
-            monkeypatch.setattr(_depthwise_nhwc_direct, "MODE", mode)
+            monkeypatch.setattr(module, "MODE", mode)
+            depthwise._SIGNATURES.clear()
             forward = depthwise._forward_steps(g, "NHWC", x, x).launches[0].expression
-            assert forward.startswith(_depthwise_nhwc_direct.KERNEL) == taken
+            assert forward.startswith(module.KERNEL) == taken
+            y = cupy_dwgn.depthwise_conv2d(x, w, **conv)
+            assert relative_error(y, reference.depthwise_conv2d(x.get(), w.get(), None, **conv)) <= TOLERANCE[
+                numpy.dtype(numpy.float16)]
             if stride == 1:
                 backward = depthwise._backward_input_steps(g, "NHWC", x, x).launches[0].expression
-                assert backward.startswith(_depthwise_nhwc_direct.KERNEL) == taken
-            y = cupy_dwgn.depthwise_conv2d(x, w, stride=stride, padding=1, layout="NHWC")
-            want = reference.depthwise_conv2d(x.get(), w.get(), None, stride=stride, padding=1, layout="NHWC")
-            assert relative_error(y, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+                assert backward.startswith(module.KERNEL) == taken
+                dx = cupy_dwgn.depthwise_conv2d_backward_input(y, w, x.shape, **conv)
+                want = reference.depthwise_conv2d_backward_input(y.get(), w.get(), x.shape, **conv)
+                assert relative_error(dx, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+
+
+def test_nhwc_direct_kernel_dispatch_follows_the_mode(rng, monkeypatch):
+    monkeypatch.setattr(_depthwise_nhwc_ring, "MODE", "never")  # ahead of it in the dispatch
+    _check_nhwc_dispatch_follows_the_mode(_depthwise_nhwc_direct, rng, monkeypatch)
+
 
 # The NHWC row-ring kernel (_depthwise_nhwc_ring), launched directly on
 # poisoned outputs, with bulk copies (sm_90+) and with the block's cp.async
@@ -666,26 +680,7 @@ def test_nhwc_ring_kernel_matches_reference(case, dtype, backward, index, bulk, 
 
 
 def test_nhwc_ring_kernel_dispatch_follows_the_mode(rng, monkeypatch):
-    x = cupy.asarray(random(rng, (2, 9, 9, 16), numpy.float16))
-    w = cupy.asarray(random(rng, (16, 1, 3, 3), numpy.float16))
-    monkeypatch.setattr(depthwise, "_SIGNATURES", {})
-    for stride in (1, 2):
-        g = _validate.conv_geometry(x.shape, w.shape, stride, 1, 1, layout="NHWC")
-        for mode, taken in (("always", True), ("never", False)):
-            monkeypatch.setattr(_depthwise_nhwc_ring, "MODE", mode)
-            forward = depthwise._forward_steps(g, "NHWC", x, x).launches[0].expression
-            assert forward.startswith(_depthwise_nhwc_ring.KERNEL) == taken
-            if stride == 1:
-                backward = depthwise._backward_input_steps(g, "NHWC", x, x).launches[0].expression
-                assert backward.startswith(_depthwise_nhwc_ring.KERNEL) == taken
-            depthwise._SIGNATURES.clear()
-            y = cupy_dwgn.depthwise_conv2d(x, w, stride=stride, padding=1, layout="NHWC")
-            want = reference.depthwise_conv2d(x.get(), w.get(), None, stride=stride, padding=1, layout="NHWC")
-            assert relative_error(y, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
-            if stride == 1:
-                dx = cupy_dwgn.depthwise_conv2d_backward_input(y, w, x.shape, padding=1, layout="NHWC")
-                want = reference.depthwise_conv2d_backward_input(y.get(), w.get(), x.shape, padding=1, layout="NHWC")
-                assert relative_error(dx, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+    _check_nhwc_dispatch_follows_the_mode(_depthwise_nhwc_ring, rng, monkeypatch)
 
 
 # The NHWC register-window kernel (_depthwise_nhwc_window), launched
