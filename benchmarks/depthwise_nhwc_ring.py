@@ -84,7 +84,7 @@ def main():
                 times = {other: other_us}
                 if torch is not None:
                     times["torch_cl"] = _torch_us(torch, g, dt, backward, stride)
-                diff, nans = 0.0, 0
+                diff, nans, rings = 0.0, 0, set()
                 src, dst = arrays[0][0], arrays[0][3]
                 index = _launch.index_type(src.size, dst.size)
                 for setting, bulk in args.settings or [(ring.SETTINGS[k, stride, dt.itemsize], True)]:
@@ -95,13 +95,11 @@ def main():
                     if launch is None:
                         times[label] = float("nan")
                         continue
+                    rings.add(int(launch.scalars[9]))
                     times[label] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
                     got = dst.astype(numpy.float32)
                     diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))
                     nans += int(cupy.isnan(got).sum())
-                rings = {int(ring.plan(g, dt, backward, index, 16, 16, setting, bulk).scalars[9])
-                         for setting, bulk in args.settings or [(ring.SETTINGS[k, stride, dt.itemsize], True)]
-                         if ring.plan(g, dt, backward, index, 16, 16, setting, bulk) is not None}
                 floor = (src.nbytes + dst.nbytes) / COPY_BYTES_PER_US
                 print(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
                       + " ".join(f"{label} {v:6.1f}" for label, v in times.items())

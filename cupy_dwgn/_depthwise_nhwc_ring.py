@@ -142,10 +142,14 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, setting=None, 
     lead = max(offset_left, 0)
     slot_pixels = max(lead + src_w, (strips * columns - 1) * stride + k - offset_left + lead)
     slot_bytes = slot_pixels * g.channels * dtype.itemsize
+
+    def shared_bytes(slots):  # the slots' mbarriers (8 bytes each, padded to 16), then the slots
+        return -(-slots * 8 // 16) * 16 + slots * slot_bytes
+
     ring = k + ahead * stride
-    while ring > k and -(-ring * 8 // 16) * 16 + ring * slot_bytes > MAX_SHARED:
+    while ring > k and shared_bytes(ring) > MAX_SHARED:
         ring -= 1
-    shared = -(-ring * 8 // 16) * 16 + ring * slot_bytes
+    shared = shared_bytes(ring)
     if shared > MAX_SHARED:
         return None
     total_rows = g.batch * dst_h

@@ -439,9 +439,9 @@ def _forward_steps(g, layout, x, out):
         routed = _depthwise_nhwc_large.forward_steps(g, x.dtype, False)
         if routed is not None:
             return _launch.Steps(*routed)
-        launch = (_depthwise_nhwc_ring.select(g, x.dtype, False, index, _alignment(x), _alignment(out))
-                  or _depthwise_nhwc_direct.select(g, x.dtype, False, index, _alignment(x), _alignment(out))
-                  or _depthwise_nhwc_window.select(g, x.dtype, False, index, _alignment(x), _alignment(out)))
+        signature = (g, x.dtype, False, index, _alignment(x), _alignment(out))
+        launch = (_depthwise_nhwc_ring.select(*signature) or _depthwise_nhwc_direct.select(*signature)
+                  or _depthwise_nhwc_window.select(*signature))
         launches = (launch,) if launch else _depthwise_nhwc.forward_plan(g, x.dtype, index, _vector_aligned(x, out))
     else:
         launch = (
@@ -463,10 +463,9 @@ def _backward_input_steps(g, layout, grad_out, out):
         if routed is not None:
             return _launch.Steps(*routed)
         # The stride-1 vector case runs a forward kernel (bias slot: NULL).
-        launch = (_depthwise_nhwc_ring.select(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
-                  or _depthwise_nhwc_direct.select(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
-                  or _depthwise_nhwc_window.select(g, grad_out.dtype, True, index, _alignment(grad_out),
-                                                   _alignment(out)))
+        signature = (g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
+        launch = (_depthwise_nhwc_ring.select(*signature) or _depthwise_nhwc_direct.select(*signature)
+                  or _depthwise_nhwc_window.select(*signature))
         if launch:
             forward_kernel = True
         else:
