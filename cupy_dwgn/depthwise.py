@@ -13,6 +13,9 @@ kernel does not serve the geometry), in this order:
 * NCHW backward-input: large filter -> rows (stride 1, where preferred) ->
                   whole plane (where preferred) -> register window (stride 1)
                   -> tiled (stride 1) / direct gather (any stride)
+* backward-weight, both layouts: tensor cores first (half types, 3x3/5x5/7x7
+                  at stride 1 on planes whose buffers fit in shared memory,
+                  where _depthwise_wgrad_mma.preferred), then:
 * NCHW backward-weight: whole plane (3x3/5x5/7x7, stride 1 or 2, where
                   _depthwise_nchw_plane_wgrad.preferred) -> transposed to
                   NHWC around the NHWC register-tap
@@ -63,6 +66,7 @@ from . import (
     _depthwise_nhwc_ring,
     _depthwise_nhwc_wgrad,
     _depthwise_nhwc_window,
+    _depthwise_wgrad_mma,
     _interop,
     _validate,
 )
@@ -109,6 +113,7 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                 if large_filters:
                     specs += _depthwise_nchw_large.specializations(dtypes, large_index)
             else:
+                specs += _depthwise_wgrad_mma.specializations(dtypes, sizes, large_index, "NCHW")
                 specs += _depthwise_nchw_plane_wgrad.specializations(dtypes, sizes, large_index)
                 specs += _depthwise_nchw_via_nhwc.specializations(dtypes, sizes, large_index)
                 specs += _depthwise_nchw_wgrad_regs.specializations(dtypes, sizes, large_index)
@@ -123,6 +128,7 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                 specs += _depthwise_nhwc_direct.specializations(
                     dtypes, sizes, name == "depthwise_conv2d_backward_input", large_index)
             else:
+                specs += _depthwise_wgrad_mma.specializations(dtypes, sizes, large_index, "NHWC")
                 specs += _depthwise_nhwc_wgrad.specializations(dtypes, sizes, large_index)
             if name == "depthwise_conv2d_backward_input":
                 specs += _depthwise_nhwc_phase.specializations(dtypes, sizes, large_index)
@@ -496,10 +502,12 @@ def _backward_weight_steps(g, layout, grad_out, x):
         routed = _depthwise_nhwc_large.backward_weight_steps(g, x.dtype)
         if routed is not None:
             return _launch.Steps(*routed)
-        planned = (_depthwise_nhwc_wgrad.select(g, x.dtype, index, _alignment(grad_out), _alignment(x))
+        planned = (_depthwise_wgrad_mma.select(g, x.dtype, layout, index, _alignment(grad_out), _alignment(x))
+                   or _depthwise_nhwc_wgrad.select(g, x.dtype, index, _alignment(grad_out), _alignment(x))
                    or _depthwise_nhwc.backward_weight_plan(g, x.dtype, index, _vector_aligned(grad_out, x)))
     else:
-        planned = _depthwise_nchw_plane_wgrad.select(g, x.dtype, _alignment(grad_out), _alignment(x))
+        planned = (_depthwise_wgrad_mma.select(g, x.dtype, layout, index, _alignment(grad_out), _alignment(x))
+                   or _depthwise_nchw_plane_wgrad.select(g, x.dtype, _alignment(grad_out), _alignment(x)))
         if planned is None:
             routed = _depthwise_nchw_via_nhwc.backward_weight_steps(
                 g, x.dtype, index, _alignment(grad_out), _alignment(x))

@@ -14,7 +14,9 @@ backward, float16 / float32), gn_sd (2x64x64x320 float16 SiLU, both
 directions), dw_fp16_3x3 (64x144x56 3x3 float16 forward and backward-input,
 NCHW and NHWC), dw_s2 (64x96x112 3x3 stride-2 forward, float32 and float16,
 both layouts), dw_wgrad (weight gradients: 64x384x28 3x3 float32 and float16,
-64x384x14 7x7 float16, both layouts), dw_plane_wgrad (the NCHW whole-plane
+64x384x14 7x7 float16, both layouts), dw_wgrad_mma (the tensor-core weight
+gradient, MODE "always": 64x384x14 7x7 and 64x240x28 5x5 float16, both
+layouts), dw_plane_wgrad (the NCHW whole-plane
 weight gradient, MODE "always": 64x384x14 7x7, 64x576x19 3x3, 64x192x75 3x3,
 float16), dw_effnet (EfficientNet-B3's odd
 widths in NCHW float16: 64x192x75 3x3 forward and backward-input, the
@@ -67,6 +69,9 @@ CASES = {
                           dw(64, 288, 38, 3, 2, cupy.float16, layouts=("NCHW",), directions=("forward",))],
     "dw_wgrad": lambda: [dw(64, 384, 28, 3, 1, t, directions=("backward_weight",)) for t in (cupy.float32, cupy.float16)]
     + [dw(64, 384, 14, 7, 1, cupy.float16, directions=("backward_weight",))],
+    "dw_wgrad_mma": lambda: _wgrad_mma_always(
+        lambda: [dw(64, c, h, k, 1, cupy.float16, directions=("backward_weight",))
+                 for c, h, k in ((384, 14, 7), (240, 28, 5))]),
     "dw_plane_wgrad": lambda: _plane_wgrad_always(
         lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=("NCHW",), directions=("backward_weight",))
                  for c, h, k in ((384, 14, 7), (576, 19, 3), (192, 75, 3))]),
@@ -83,6 +88,17 @@ def _plane_wgrad_always(calls):
         calls()
     finally:
         _depthwise_nchw_plane_wgrad.MODE, depthwise._SIGNATURES = "rule", {}
+
+def _wgrad_mma_always(calls):
+    # The tensor-core weight gradient wherever it serves.
+    from cupy_dwgn import _depthwise_wgrad_mma, depthwise
+
+    _depthwise_wgrad_mma.MODE, depthwise._SIGNATURES = "always", {}
+    try:
+        calls()
+    finally:
+        _depthwise_wgrad_mma.MODE, depthwise._SIGNATURES = "rule", {}
+
 
 # (ncu's metric name, the summary's label)
 SUMMARY = [("Duration", "us"), ("DRAM Throughput", "dram%"), ("Compute (SM) Throughput", "sm%"),

@@ -95,9 +95,10 @@ def nhwc_wgrad():
     # groups, several channel blocks, an x view 4 bytes off 16, and channel
     # tiles per block forced to 1, 2 and 4 (an idle tile in the last block;
     # launched directly).
-    from cupy_dwgn import _depthwise_nhwc_wgrad, _dtypes, _validate, depthwise as dw
+    from cupy_dwgn import _depthwise_nhwc_wgrad, _depthwise_wgrad_mma, _dtypes, _validate, depthwise as dw
 
-    _depthwise_nhwc_wgrad.MODE, dw._SIGNATURES = "always", {}
+    # The tensor-core weight gradient comes first where it serves: off.
+    _depthwise_nhwc_wgrad.MODE, _depthwise_wgrad_mma.MODE, dw._SIGNATURES = "always", "never", {}
     try:
         for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
             for x_shape, k, stride, padding in [
@@ -123,7 +124,7 @@ def nhwc_wgrad():
                     partial(dy, x, sums)
                     finalize(sums, cupy.empty((c, 1, k, k), dtype))
     finally:
-        _depthwise_nhwc_wgrad.MODE, dw._SIGNATURES = "rule", {}
+        _depthwise_nhwc_wgrad.MODE, _depthwise_wgrad_mma.MODE, dw._SIGNATURES = "rule", "rule", {}
 
 
 def _nchw_weight_gradient(x_shape, k, stride, padding, dtype, x_offsets):
@@ -145,10 +146,12 @@ def nchw_wgrad_regs():
     # stride 1 and 2 (MODE "always", the call-signature cache cleared): odd
     # widths (VW = 1), per-side and oversized padding, a 1-row plane, rows
     # wider than a warp (segments, dead lanes), an x view 4 bytes off 16.
-    from cupy_dwgn import _depthwise_nchw_plane_wgrad, _depthwise_nchw_wgrad_regs, _dtypes, depthwise as dw
+    from cupy_dwgn import (_depthwise_nchw_plane_wgrad, _depthwise_nchw_wgrad_regs, _depthwise_wgrad_mma, _dtypes,
+                           depthwise as dw)
 
-    # The whole-plane weight gradient comes first where it serves: off.
+    # The tensor-core and whole-plane weight gradients come first where they serve: off.
     _depthwise_nchw_wgrad_regs.MODE, _depthwise_nchw_plane_wgrad.MODE, dw._SIGNATURES = "always", "never", {}
+    _depthwise_wgrad_mma.MODE = "never"
     try:
         for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
             for x_shape, k, stride, padding in [
@@ -160,6 +163,7 @@ def nchw_wgrad_regs():
                 _nchw_weight_gradient(x_shape, k, stride, padding, dtype, x_offsets=(0, 4))
     finally:
         _depthwise_nchw_wgrad_regs.MODE, _depthwise_nchw_plane_wgrad.MODE, dw._SIGNATURES = "rule", "rule", {}
+        _depthwise_wgrad_mma.MODE = "rule"
 
 
 def nchw_plane_wgrad():
@@ -168,9 +172,10 @@ def nchw_plane_wgrad():
     # units of several planes with a short last group, odd widths, per-side
     # and oversized padding, stride 2 on odd and even sources, bands (75x75,
     # 150x150 s2, padding rows past a band), several units per split.
-    from cupy_dwgn import _depthwise_nchw_plane_wgrad, _dtypes, depthwise as dw
+    from cupy_dwgn import _depthwise_nchw_plane_wgrad, _depthwise_wgrad_mma, _dtypes, depthwise as dw
 
-    _depthwise_nchw_plane_wgrad.MODE, dw._SIGNATURES = "always", {}
+    # The tensor-core weight gradient comes first where it serves: off.
+    _depthwise_nchw_plane_wgrad.MODE, _depthwise_wgrad_mma.MODE, dw._SIGNATURES = "always", "never", {}
     try:
         for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
             for x_shape, k, stride, padding in [
@@ -182,7 +187,34 @@ def nchw_plane_wgrad():
             ]:
                 _nchw_weight_gradient(x_shape, k, stride, padding, dtype, x_offsets=(0,))
     finally:
-        _depthwise_nchw_plane_wgrad.MODE, dw._SIGNATURES = "rule", {}
+        _depthwise_nchw_plane_wgrad.MODE, _depthwise_wgrad_mma.MODE, dw._SIGNATURES = "rule", "rule", {}
+
+
+def wgrad_mma():
+    # The tensor-core weight gradient for every half-type 3x3/5x5/7x7 stride-1
+    # call it serves, NCHW and NHWC (MODE "always", the call-signature cache
+    # cleared): per-side padding and padding past the filter (border rows),
+    # 1-row and 3-column planes, 2 and 3 chunks, a 4-channel last group
+    # (NCHW), several splits, NCHW x 4 bytes off 16 (4-byte pieces).
+    from cupy_dwgn import _depthwise_wgrad_mma, _dtypes, depthwise as dw
+
+    _depthwise_wgrad_mma.MODE, dw._SIGNATURES = "always", {}
+    try:
+        for dtype in (cupy.float16, _dtypes.bfloat16):
+            for x_shape, k, padding in [
+                ((3, 16, 14, 14), 7, 3), ((2, 24, 28, 28), 5, 2), ((1, 16, 9, 10), 5, ((0, 4), (3, 1))),
+                ((1, 8, 5, 8), 7, ((8, 2), (0, 8))), ((2, 16, 28, 3), 7, ((2, 3), (3, 2))), ((2, 16, 1, 12), 3, (1, 0)),
+                ((2, 8, 8, 40), 5, 2), ((3, 20, 30, 34), 3, 0), ((24, 64, 14, 14), 7, 3), ((9, 32, 28, 28), 3, 1),
+            ]:
+                _nchw_weight_gradient(x_shape, k, 1, padding, dtype, x_offsets=(0, 4))
+                if x_shape[1] % 8 == 0:
+                    n, c, h, w = x_shape
+                    x = rng.standard_normal((n, h, w, c), dtype=cupy.float32).astype(dtype)
+                    y = cupy_dwgn.depthwise_conv2d(x, cupy.zeros((c, 1, k, k), dtype), padding=padding, layout="NHWC")
+                    dy = rng.standard_normal(y.shape, dtype=cupy.float32).astype(dtype)
+                    cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), padding=padding, layout="NHWC")
+    finally:
+        _depthwise_wgrad_mma.MODE, dw._SIGNATURES = "rule", {}
 
 
 def nchw_rows():
@@ -440,11 +472,11 @@ if __name__ == "__main__":
     import sys
 
     families = sys.argv[1:] or ["depthwise", "nchw_window", "nchw_plane", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_plane_wgrad", "nchw_rows", "nhwc_direct",
-                                "nhwc_ring", "nhwc_phase", "group_norm"]
+                                "nhwc_ring", "nhwc_phase", "wgrad_mma", "group_norm"]
     for family in families:
         {"depthwise": depthwise, "nchw_window": nchw_window, "nchw_plane": nchw_plane, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
          "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_plane_wgrad": nchw_plane_wgrad, "nchw_rows": nchw_rows, "nhwc_direct": nhwc_direct,
-         "nhwc_ring": nhwc_ring, "nhwc_phase": nhwc_phase,
+         "nhwc_ring": nhwc_ring, "nhwc_phase": nhwc_phase, "wgrad_mma": wgrad_mma,
          "group_norm": group_norm, "gn_resident": gn_resident}[family]()
     cupy.cuda.Device().synchronize()
     print("sanitizer workload done")

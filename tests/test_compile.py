@@ -204,6 +204,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
     from cupy_dwgn import _depthwise_nhwc_ring as nhwc_ring
     from cupy_dwgn import _depthwise_nhwc_wgrad as nhwc_wgrad
     from cupy_dwgn import _depthwise_nhwc_window as nhwc_window
+    from cupy_dwgn import _depthwise_wgrad_mma as wgrad_mma
     from cupy_dwgn import _validate
 
     shipped = set(ALL_SPECIALIZATIONS)
@@ -231,6 +232,9 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
                 planned = nhwc_wgrad.plan(g, dtype, index, alignment, alignment)
                 launches += planned[0] if planned else []
                 planned = nchw_wgrad_regs.plan(g, dtype, alignment, alignment)
+                launches += planned[0] if planned else []
+            for layout in ("NCHW", "NHWC"):
+                planned = wgrad_mma.plan(g, dtype, layout, index, 16, 16)
                 launches += planned[0] if planned else []
             launches = [launch for launch in launches if launch is not None]
             for launch in launches:
@@ -1511,7 +1515,7 @@ def test_nhwc_window_kernel_index_math_covers_every_output_once(case, backward):
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_window as win
-    from cupy_dwgn import _validate, reference
+    from cupy_dwgn import _validate
 
     x_shape, k, padding = case
     n, h, w, c = x_shape
@@ -2033,7 +2037,7 @@ def test_nhwc_phase_rule():
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_phase as phase
-    from cupy_dwgn import _dtypes, _validate
+    from cupy_dwgn import _validate
 
     shipped = set(ALL_SPECIALIZATIONS)
     assert phase.MODE == "rule"
@@ -2330,3 +2334,118 @@ def test_group_norm_staged_walk_reads_every_row_once_in_order(count, rb, tensors
     if count > rb:
         assert _staged_rows_walk(count, rb, batches, tensors, batches)[1] > 0
         assert _staged_rows_walk(count, rb, batches, tensors, batches - 1, slots=rb)[2] > 0
+
+
+# The tensor-core weight gradient (_depthwise_wgrad_mma): its NumPy emulation
+# (tests/_wgrad_mma_emulation.py: raw copies piece by piece, units dealt to
+# the warps, the lanes' A/B fragments by the PTX layout of mma.m16n8k16, the
+# load predicates, border rows, the warp-order reduction) against the
+# float64 reference, both layouts; an inf where some taps never read it must
+# reach exactly the taps that do.
+_WGRAD_MMA_GEOMETRIES = [
+    # (NCHW x shape, K, padding, inf at (n, c, h, w) or None, target blocks or None)
+    ((3, 8, 14, 14), 7, 3, None, None), ((2, 16, 10, 12), 5, 2, None, None), ((2, 8, 6, 6), 3, 0, None, None),
+    ((3, 8, 5, 8), 7, 3, None, None), ((5, 16, 9, 18), 3, ((0, 2), (1, 1)), None, 100),
+    ((1, 8, 5, 8), 7, ((8, 2), (0, 8)), None, None), ((2, 16, 1, 12), 3, (1, 0), None, None),
+    ((2, 8, 8, 40), 5, 2, None, None), ((3, 20, 10, 12), 3, 1, None, None),
+    ((2, 8, 12, 12), 7, 3, (0, 2, 11, 11), None), ((2, 8, 12, 12), 7, 3, (1, 3, 0, 5), None),
+    ((2, 8, 12, 12), 3, 0, (1, 3, 11, 0), None),
+]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("case", _WGRAD_MMA_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-{c[3]}")
+def test_wgrad_mma_index_math_matches_the_reference(case, layout):
+    import numpy
+
+    import _wgrad_mma_emulation as emulation
+    from cupy_dwgn import _depthwise_wgrad_mma as mma
+    from cupy_dwgn import _validate, reference
+
+    x_shape, k, padding, spot, target_blocks = case
+    c = x_shape[1]
+    rng = numpy.random.default_rng(11)
+    x = rng.standard_normal(x_shape).astype(numpy.float16)
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1)
+    dy = rng.standard_normal((x_shape[0], c, g.out_height, g.out_width)).astype(numpy.float16)
+    if spot is not None:
+        x[spot] = numpy.inf
+    if layout == "NHWC":
+        x, dy = (numpy.ascontiguousarray(a.transpose(0, 2, 3, 1)) for a in (x, dy))
+        g = _validate.conv_geometry(x.shape, (c, 1, k, k), 1, padding, 1, layout="NHWC")
+    want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), padding=padding, layout=layout)
+    planned = mma.plan.__wrapped__(g, numpy.dtype(numpy.float16), layout, "int", 16, 16, target_blocks)
+    if layout == "NHWC" and c % 8:
+        assert planned is None
+        return
+    (launch, finalize), (shape, acc) = planned
+    assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32 and int(finalize.scalars[2]) == launch.grid[1]
+    assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
+    partial = emulation.emulate(launch, dy, x)
+    assert not numpy.isnan(partial).any(), "a partial sum was not written"
+    got = partial.sum(axis=0).T.reshape(c, 1, k, k)
+    assert (numpy.isfinite(got) == numpy.isfinite(want)).all()
+    finite = numpy.isfinite(want)
+    numpy.testing.assert_allclose(got[finite], want[finite], rtol=1e-12, atol=1e-12)
+
+
+def test_wgrad_mma_plan():
+    # What the tensor-core weight gradient serves (half types, 3x3/5x5/7x7
+    # at stride 1, dilation 1, multiplier 1; NCHW: even out_w and 4-byte
+    # pieces; NHWC: C a multiple of 8, 16-byte aligned; buffers within
+    # MAX_SHARED) and its grid, stages and shared memory.
+    import numpy
+
+    from cupy_dwgn import _depthwise_wgrad_mma as mma
+    from cupy_dwgn import _dtypes, _validate
+
+    shipped = set(ALL_SPECIALIZATIONS)
+    half, bf16, single = numpy.dtype(numpy.float16), numpy.dtype(_dtypes.bfloat16), numpy.dtype(numpy.float32)
+    for layout, c, hw, k, stride, dilation, m, dtype, alignment, served in [
+        ("NCHW", 384, 14, 7, 1, 1, 1, half, 16, True), ("NHWC", 384, 14, 7, 1, 1, 1, bf16, 16, True),
+        ("NCHW", 240, 28, 5, 1, 1, 1, half, 16, True), ("NCHW", 384, 28, 3, 1, 1, 1, half, 4, True),
+        ("NCHW", 384, 28, 3, 1, 1, 1, half, 2, False), ("NHWC", 384, 28, 3, 1, 1, 1, half, 8, False),
+        ("NCHW", 20, 14, 7, 1, 1, 1, half, 16, True), ("NHWC", 20, 14, 7, 1, 1, 1, half, 16, False),
+        ("NCHW", 64, 13, 3, 1, 1, 1, half, 16, False), ("NHWC", 64, 13, 3, 1, 1, 1, half, 16, True),
+        ("NCHW", 64, 14, 7, 2, 1, 1, half, 16, False), ("NCHW", 64, 14, 3, 1, 2, 1, half, 16, False),
+        ("NCHW", 64, 14, 3, 1, 1, 2, half, 16, False), ("NCHW", 64, 14, 3, 1, 1, 1, single, 16, False),
+        ("NCHW", 64, 14, 9, 1, 1, 1, half, 16, False), ("NHWC", 64, 56, 3, 1, 1, 1, half, 16, False),
+    ]:
+        x_shape = (64, c, hw, hw) if layout == "NCHW" else (64, hw, hw, c)
+        g = _validate.conv_geometry(x_shape, (c * m, 1, k, k), stride, k // 2, dilation, layout=layout)
+        planned = mma.plan(g, dtype, layout, "int", alignment, alignment)
+        assert (planned is not None) == served, (layout, c, hw, k, stride, dilation, m, dtype, alignment)
+        if planned is None:
+            continue
+        (launch, _), _ = planned
+        assert (launch.file, launch.expression) in shipped
+        stages, shared = mma.stages_and_shared(g)
+        raw = 8 * (g.height * g.width + g.out_height * g.out_width) * 2
+        assert 2 <= stages <= mma.MAX_STAGES and shared == max(stages * raw, mma.REDUCTION_BYTES) <= mma.MAX_SHARED
+        assert launch.shared_mem == shared and int(launch.scalars[-1]) == stages
+        assert launch.grid[0] == -(-c // 8) and launch.block == (256, 1, 1)
+        splits, per_split = launch.grid[1], int(launch.scalars[8])
+        assert splits * per_split >= g.batch > (splits - 1) * per_split and per_split >= mma.MIN_IMAGES_PER_SPLIT
+
+
+def test_wgrad_mma_rule():
+    # Where the ops take the tensor-core weight gradient (preferred's
+    # docstring, the H200 sweeps of 2026-12-03): (layout, C, H = W, K, taken).
+    import numpy
+
+    from cupy_dwgn import _depthwise_wgrad_mma as mma
+    from cupy_dwgn import _validate
+
+    half = numpy.dtype(numpy.float16)
+    assert mma.MODE == "rule"
+    for layout, c, hw, k, taken in [
+        ("NCHW", 384, 14, 7, True), ("NHWC", 384, 14, 7, True), ("NHWC", 768, 14, 7, True), ("NCHW", 192, 28, 7, True),
+        ("NHWC", 768, 7, 7, False), ("NCHW", 672, 14, 5, True), ("NHWC", 672, 14, 5, False),
+        ("NCHW", 240, 28, 5, False), ("NHWC", 240, 28, 5, False), ("NCHW", 384, 28, 3, False),
+        ("NHWC", 960, 7, 3, False),
+    ]:
+        x_shape = (64, c, hw, hw) if layout == "NCHW" else (64, hw, hw, c)
+        g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, k // 2, 1, layout=layout)
+        assert mma.preferred(g, half, layout) == taken, (layout, c, hw, k)
+        planned = mma.select(g, half, layout, "int", 16, 16)
+        assert (planned is not None) == taken

@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window,
+    _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _depthwise_wgrad_mma,
     _launch, _validate, depthwise, reference,
 )
 
@@ -927,6 +927,7 @@ def test_nhwc_wgrad_dispatch_follows_the_mode(dtype, rng, monkeypatch):
     # "never" and the shapes it does not serve (dilation, C off the tile)
     # keep the other kernels.
     x_shape = (2, 20, 23, 32)
+    monkeypatch.setattr(_depthwise_wgrad_mma, "MODE", "never")  # it comes first where it serves
     for mode in ("always", "rule", "never"):
         monkeypatch.setattr(_depthwise_nhwc_wgrad, "MODE", mode)
         monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
@@ -1033,6 +1034,7 @@ def _check_nchw_wgrad_dispatch(module, cases, dtype, rng, monkeypatch):
     # reference and repeat bit for bit.  Dilation 2 and multiplier 2 keep the
     # other kernels even under "always".
     x_shape = (2, 6, 20, 23)
+    monkeypatch.setattr(_depthwise_wgrad_mma, "MODE", "never")  # it comes first where it serves
     for mode in ("always", "rule", "never"):
         monkeypatch.setattr(module, "MODE", mode)
         monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
@@ -1123,6 +1125,173 @@ def test_nchw_plane_wgrad_dispatch_follows_the_mode(dtype, rng, monkeypatch):
     _check_nchw_wgrad_dispatch(_depthwise_nchw_plane_wgrad,
                                ((3, 1, 1), (5, 2, ((1, 3), (2, 2))), (7, 1, 3), (3, 2, 0), (5, 1, 2)),
                                dtype, rng, monkeypatch)
+
+
+# The tensor-core weight gradient (_depthwise_wgrad_mma), launched directly
+# (partial sums, then the shared finalize) in both layouts: every filter
+# size, per-side padding and padding past the filter (rows r < K - 1 and
+# r >= out_h: the border products), 1-row and 3-column planes, out_w past 16
+# and 32 (2 and 3 chunks), C = 20 (NCHW: a group of 4 channels; NHWC: no
+# plan), odd planes and odd out_w (NCHW: no plan), several splits, units
+# fewer than the warps (1-row planes), x 4 bytes off 16
+# (NCHW: 4-byte pieces; NHWC: no plan); NaN-poisoned partial sums and
+# output; the same bits on a second run.
+WGRAD_MMA_CASES = [
+    # (label, NCHW x shape, filter size, padding)
+    ("14x14 C=16 7x7 p3", (3, 16, 14, 14), 7, 3),
+    ("28x28 C=24 5x5 p2", (2, 24, 28, 28), 5, 2),
+    ("13x11 C=8 3x3 p1 (odd plane)", (2, 8, 13, 11), 3, 1),
+    ("9x10 C=16 5x5 per-side", (1, 16, 9, 10), 5, ((0, 4), (3, 1))),
+    ("5x8 C=8 7x7 padding > filter", (1, 8, 5, 8), 7, ((8, 2), (0, 8))),
+    ("28x3 C=16 7x7 per-side", (2, 16, 28, 3), 7, ((2, 3), (3, 2))),
+    ("1x12 C=16 3x3 (1, 0)", (2, 16, 1, 12), 3, (1, 0)),
+    ("8x40 C=8 5x5 3 chunks", (2, 8, 8, 40), 5, 2),
+    ("30x34 C=20 3x3 p0", (3, 20, 30, 34), 3, 0),
+    ("28x28 C=384 3x3", (4, 384, 28, 28), 3, 1),
+    ("14x14 C=384 7x7 splits", (24, 384, 14, 14), 7, 3),
+    ("10x10 C=32 3x3 300 images", (300, 32, 10, 10), 3, 1),
+]
+WGRAD_MMA_DTYPES = [d for d in DTYPES if d in _depthwise_wgrad_mma.DTYPES]
+
+
+def _wgrad_mma_case(case, dtype, layout, rng):
+    """(geometry, grad_out, x, float64 reference) in ``layout``."""
+    _, x_shape, k, padding = case
+    c = x_shape[1]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1)
+    dy = random(rng, (g.batch, c, g.out_height, g.out_width), dtype)
+    x = random(rng, x_shape, dtype)
+    if layout == "NHWC":
+        dy, x = (numpy.ascontiguousarray(a.transpose(0, 2, 3, 1)) for a in (dy, x))
+        g = _validate.conv_geometry(x.shape, (c, 1, k, k), 1, padding, 1, layout="NHWC")
+    want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), padding=padding, layout=layout)
+    return g, dy, x, want
+
+
+def _wgrad_mma_served(g, layout, x_offset):
+    if layout == "NHWC":
+        return g.channels % 8 == 0 and x_offset == 0
+    return g.out_width % 2 == 0 and (g.height * g.width) % 2 == 0
+
+
+@pytest.mark.parametrize("x_offset", [0, 4], ids=["aligned", "x+4B"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", WGRAD_MMA_DTYPES, ids=str)
+@pytest.mark.parametrize("case", WGRAD_MMA_CASES, ids=lambda c: c[0])
+def test_wgrad_mma_kernel_matches_reference(case, dtype, layout, x_offset, rng):
+    g, dy, x, want = _wgrad_mma_case(case, dtype, layout, rng)
+    dy_gpu = _offset_view(dy.shape, dtype, 0, dy)
+    x_gpu = _offset_view(x.shape, dtype, x_offset, x)
+    index = _launch.index_type(dy_gpu.size, x_gpu.size)
+    alignments = (depthwise._alignment(dy_gpu), depthwise._alignment(x_gpu))
+    planned = _depthwise_wgrad_mma.plan(g, numpy.dtype(dtype), layout, index, *alignments)
+    if not _wgrad_mma_served(g, layout, x_offset):
+        assert planned is None
+        return
+    assert planned is not None
+    out, sums = _run_nhwc_wgrad(planned, dy_gpu, x_gpu, want.shape, dtype)
+    assert bool(cupy.isfinite(sums).all()), "a partial sum was not written"
+    error = relative_error(out, want)
+    record_errors(f"depthwise {layout} tensor-core weight gradient", str(numpy.dtype(dtype)), {"s1": error})
+    assert error <= TOLERANCE[dtype]
+    again, _ = _run_nhwc_wgrad(planned, dy_gpu, x_gpu, want.shape, dtype)
+    bits = f"u{numpy.dtype(dtype).itemsize}"
+    assert bool((again.view(bits) == out.view(bits)).all())  # deterministic
+    if index == "int":  # the 64-bit specialization on the same data
+        wide = _depthwise_wgrad_mma.plan(g, numpy.dtype(dtype), layout, "long long", *alignments)
+        assert wide[0][0].expression.endswith("long long>")
+        out64, _ = _run_nhwc_wgrad(wide, dy_gpu, x_gpu, want.shape, dtype)
+        assert bool((out64.view(bits) == out.view(bits)).all())
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", WGRAD_MMA_DTYPES, ids=str)
+def test_wgrad_mma_keeps_unread_non_finite_values_out(dtype, layout, rng):
+    # An inf in x where some taps never read it (the last column: read only
+    # by taps j >= pad_left + 1 ... ; a top row: not by the bottom filter
+    # rows): exactly the taps whose windows hold it are non-finite, as in
+    # the reference (the kernel multiplies no value with a tap that does not
+    # read it: masked B rows past out_w, border rows summed per lane).
+    for k, padding, spot in ((7, 3, (1, 2, 11, 11)), (7, 3, (0, 5, 0, 4)), (3, 0, (1, 3, 11, 0)), (5, 1, (0, 0, 5, 11))):
+        case = ("inf", (2, 8, 12, 12), k, padding)
+        g, dy, x, _ = _wgrad_mma_case(case, dtype, "NCHW", rng)
+        x[spot] = numpy.inf
+        if layout == "NHWC":
+            dy, x = (numpy.ascontiguousarray(a.transpose(0, 2, 3, 1)) for a in (dy, x))
+            g = _validate.conv_geometry(x.shape, (8, 1, k, k), 1, padding, 1, layout="NHWC")
+        want = reference.depthwise_conv2d_backward_weight(dy, x, (8, 1, k, k), padding=padding, layout=layout)
+        finite = numpy.isfinite(want)
+        assert finite.any() and not finite.all()
+        planned = _depthwise_wgrad_mma.plan(g, numpy.dtype(dtype), layout, "int", 16, 16)
+        out, _ = _run_nhwc_wgrad(planned, cupy.asarray(dy), cupy.asarray(x), want.shape, dtype)
+        assert bool((cupy.isfinite(out).get() == finite).all()), (k, padding, spot)
+        assert relative_error(out.get()[finite], want[finite]) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", WGRAD_MMA_DTYPES, ids=str)
+def test_wgrad_mma_dispatch_follows_the_mode(dtype, layout, rng, monkeypatch):
+    # MODE "always" / "rule" / "never": the op launches the kernel exactly
+    # where the mode says (and its rule where "rule"), results match the
+    # reference and repeat bit for bit; stride 2, dilation 2 and a depth
+    # multiplier keep the other kernels under "always".
+    for mode in ("always", "rule", "never"):
+        monkeypatch.setattr(_depthwise_wgrad_mma, "MODE", mode)
+        monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
+        for k, padding in ((3, 1), (5, ((1, 3), (2, 2))), (7, 3)):
+            g, dy, x, want = _wgrad_mma_case(("", (2, 16, 20, 22), k, padding), dtype, layout, rng)
+            x_gpu, dy_gpu = cupy.asarray(x), cupy.asarray(dy)
+            steps = depthwise._backward_weight_steps(g, layout, dy_gpu, x_gpu)
+            taken = steps.launches[0].expression.startswith(_depthwise_wgrad_mma.KERNEL)
+            assert taken == (mode == "always" or (mode == "rule" and _depthwise_wgrad_mma.preferred(g, dtype, layout)))
+            w_shape = want.shape
+            conv = dict(padding=padding, layout=layout)
+            dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, out=poisoned(w_shape, dtype), **conv)
+            assert relative_error(dw, want) <= TOLERANCE[dtype], (mode, k)
+            again = cupy_dwgn.depthwise_conv2d_backward_weight(dy_gpu, x_gpu, w_shape, **conv)
+            bits = f"u{numpy.dtype(dtype).itemsize}"
+            assert bool((again.view(bits) == dw.view(bits)).all())
+    monkeypatch.setattr(_depthwise_wgrad_mma, "MODE", "always")
+    for w_shape, stride, dilation in (((16, 1, 3, 3), 2, 1), ((16, 1, 3, 3), 1, 2), ((32, 1, 3, 3), 1, 1)):
+        x_shape = (2, 16, 20, 22) if layout == "NCHW" else (2, 20, 22, 16)
+        g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation, layout=layout)
+        x_gpu = cupy.zeros(x_shape, dtype)
+        dy_gpu = cupy.zeros(_validate.layout_shape(layout, 2, w_shape[0], g.out_height, g.out_width), dtype)
+        steps = depthwise._backward_weight_steps(g, layout, dy_gpu, x_gpu)
+        assert not steps.launches[0].expression.startswith(_depthwise_wgrad_mma.KERNEL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_wgrad_mma_kernel_over_2_31_elements(layout):
+    # x and grad_out (2800, 1024, 28, 28) float16 (NHWC: (2800, 28, 28,
+    # 1024)) = 2.25e9 elements: image n starts at n * 802816, past 2**31
+    # from n = 2675.  Both are zero but for the last 4 images, so every sum
+    # comes from past 2**31; the 64-bit specialization, launched directly,
+    # against the reference on those images (a few channels).
+    n, c, hw, k = 2800, 1024, 28, 5
+    shape = (n, c, hw, hw) if layout == "NCHW" else (n, hw, hw, c)
+    assert numpy.prod(shape) >= 2**31 and (n - 4) * c * hw * hw >= 2**31
+    g = _validate.conv_geometry(shape, (c, 1, k, k), 1, 2, 1, layout=layout)
+    gen = cupy.random.default_rng(17)
+    x = cupy.zeros(shape, cupy.float16)
+    dy = cupy.zeros(shape, cupy.float16)
+    for a in (x, dy):
+        a[n - 4 :] = gen.standard_normal((4,) + shape[1:], dtype=cupy.float32).astype(cupy.float16)
+    index = _launch.index_type(x.size, dy.size)
+    assert index == "long long"
+    planned = _depthwise_wgrad_mma.plan(g, numpy.dtype(numpy.float16), layout, index, 16, 16)
+    assert planned[0][0].expression.endswith("long long>")
+    out, sums = _run_nhwc_wgrad(planned, dy, x, (c, 1, k, k), numpy.float16)
+    assert bool(cupy.isfinite(sums).all())
+    for ch in (0, 517, c - 1):
+        if layout == "NCHW":
+            x_c, dy_c = (numpy.ascontiguousarray(a[n - 4 :, ch : ch + 1].get()) for a in (x, dy))
+        else:
+            x_c, dy_c = (numpy.ascontiguousarray(a[n - 4 :, ..., ch : ch + 1].get()) for a in (x, dy))
+        want = reference.depthwise_conv2d_backward_weight(dy_c, x_c, (1, 1, k, k), padding=2, layout=layout)
+        assert relative_error(out[ch : ch + 1], want) <= TOLERANCE[numpy.dtype(numpy.float16)], ch
+    del x, dy
 
 
 # The NHWC stride-2 backward-input kernel (_depthwise_nhwc_phase), launched
@@ -1302,6 +1471,7 @@ def test_nchw_weight_gradient_via_nhwc(case, dtype, rng, monkeypatch):
     transpose = _depthwise_nhwc_large.KERNEL_FILE
     routed_by_rule = _depthwise_nchw_via_nhwc.preferred(g, dtype, 16, 16)
     monkeypatch.setattr(_depthwise_nchw_plane_wgrad, "MODE", "never")  # it comes first where it serves
+    monkeypatch.setattr(_depthwise_wgrad_mma, "MODE", "never")  # and this one before it
     for mode in ("rule", "always"):
         monkeypatch.setattr(_depthwise_nchw_via_nhwc, "MODE", mode)
         monkeypatch.setattr(depthwise, "_SIGNATURES", {})  # no Steps resolved under another mode
