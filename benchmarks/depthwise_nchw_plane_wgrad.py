@@ -46,14 +46,7 @@ def main():
     parser.add_argument("--torch", action="store_true")
     parser.add_argument("--target-blocks", type=int, nargs="+", metavar="BLOCKS",
                         help="also time the plane kernel with each TARGET_BLOCKS (the split's constant)")
-    args = parser.parse_args()
-    if args.torch:
-        import torch
-
-        torch.backends.cudnn.benchmark = True
-    dtypes = [numpy.dtype(d) for d in DTYPES if args.dtypes is None or numpy.dtype(d).name in args.dtypes]
-    bandwidth = harness.copy_bandwidth_bytes_per_us()
-    print(f"copy bandwidth {bandwidth / 1e6:.2f} TB/s", flush=True)
+    args, dtypes, bandwidth = harness.parse_comparison(parser, DTYPES)
     for n, c, hw, k, stride in args.shapes:
         x_shape = (n, c, hw, hw)
         g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, k // 2, 1)

@@ -135,6 +135,24 @@ def compare_wgrad_modes(module, modes, g, layout, x_shape, dy_shape, dtype, copi
     return times, results, kernels, (dys, xs, arrays)
 
 
+def parse_comparison(parser, all_dtypes):
+    """The weight-gradient comparisons' common start: parse ``parser`` (which
+    has --dtypes and --torch), switch cudnn.benchmark on where --torch asks,
+    measure and print the copy bandwidth.  Returns (args, the dtypes of
+    ``all_dtypes`` that --dtypes keeps, bytes per us)."""
+    import numpy
+
+    args = parser.parse_args()
+    if args.torch:
+        import torch
+
+        torch.backends.cudnn.benchmark = True
+    dtypes = [numpy.dtype(d) for d in all_dtypes if args.dtypes is None or numpy.dtype(d).name in args.dtypes]
+    bandwidth = copy_bandwidth_bytes_per_us()
+    print(f"copy bandwidth {bandwidth / 1e6:.2f} TB/s", flush=True)
+    return args, dtypes, bandwidth
+
+
 def rotating(calls):
     """One callable that calls the next of ``calls`` each time (the calls
     read rotating copies of their inputs, so none finds its data in L2)."""
