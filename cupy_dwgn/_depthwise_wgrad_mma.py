@@ -110,6 +110,9 @@ def stages_and_shared(g, stages=None):
     buffers as fit STAGE_BYTES (2 to MAX_STAGES; ``stages``: that many
     instead), at least the final reduction's bytes."""
     raw = WARPS * (g.height * g.width + g.out_height * g.out_width) * 2
+    if stages is not None and not 2 <= stages <= MAX_STAGES:
+        # One buffer would be read before its copies land (the kernel waits on stages - 2 groups).
+        raise ValueError(f"stages: expected 2 to {MAX_STAGES} raw buffers, got {stages}")
     stages = stages or max(2, min(MAX_STAGES, STAGE_BYTES // raw))
     return stages, max(stages * raw, REDUCTION_BYTES)
 

@@ -22,11 +22,18 @@
 // M = 16 >= K filter rows (rows K.. are zero), N = 8 >= K filter columns
 // (columns K.. are computed and dropped), k = 16 output columns per chunk
 // (out_w rounded up to 16 with zero columns).  B is a Hankel matrix of one
-// x row: lane (g, t) of the warp needs x[h][k + g] for its four k, loaded as
-// 2-byte values from shared memory; A's rows are 32-bit pairs of one
-// grad_out row.  Summing over every input row and chunk gives the weight
-// gradient of the channel, in float32 (the products of two 16-bit values are
-// exact in float32).
+// x row: lane (g, t) of the warp needs x[h][k + g - pad_left] for its four
+// k (NCHW: 2-byte loads; NHWC: from 16-byte pixel vectors); A's rows are
+// pairs of one grad_out row.  Summing over every input row and chunk gives
+// the weight gradient of the channel in float32 (a product of two float16
+// values is exact in float32; of two bfloat16 values, exact unless it
+// overflows or underflows float32's range).
+//
+// grad_out values are multiplied with the x rows they meet inside the plane
+// and with padding columns (zero), but never with padding rows (those are
+// not walked): an inf or NaN in grad_out reaches the taps whose windows
+// cover it inside the plane and its padding columns, not the taps that meet
+// it only in padding rows (the float64 reference gives those NaN, 0 * inf).
 //
 // Products the convolution never forms are kept out of the sums, so a
 // non-finite value that the convolution never multiplies with a tap cannot
@@ -65,7 +72,9 @@ namespace dwgn_wgrad_mma {
 
 constexpr int kWarps = 8;  // warps per block = channels per block (one 16-byte NHWC vector of a half type)
 constexpr int kThreads = 32 * kWarps;
-constexpr int kMaxStages = 8;  // raw buffers (host: stages): images in flight + the one being worked on
+// Raw buffers (the host's `stages`, 2 to 8): images in flight + the one being
+// worked on; wait_all_but below covers up to 6 groups still in flight.
+constexpr int kMaxStages = 8;
 
 // D = A * B + C for one m16n8k16 tile.  A rows 8..15 are zero (the filter
 // has at most 8 rows), so D[2], D[3] (rows g + 8) are never used; they stay

@@ -195,8 +195,11 @@ def wgrad_mma():
     # call it serves, NCHW and NHWC (MODE "always", the call-signature cache
     # cleared): per-side padding and padding past the filter (border rows),
     # 1-row and 3-column planes, 2 and 3 chunks, a 4-channel last group
-    # (NCHW), several splits, NCHW x 4 bytes off 16 (4-byte pieces).
-    from cupy_dwgn import _depthwise_wgrad_mma, _dtypes, depthwise as dw
+    # (NCHW), several splits, NCHW x 4 bytes off 16 (4-byte pieces), rings of
+    # 2 to 8 buffers each refilled.
+    import numpy
+
+    from cupy_dwgn import _depthwise_wgrad_mma, _dtypes, _validate, depthwise as dw
 
     _depthwise_wgrad_mma.MODE, dw._SIGNATURES = "always", {}
     try:
@@ -213,6 +216,17 @@ def wgrad_mma():
                     y = cupy_dwgn.depthwise_conv2d(x, cupy.zeros((c, 1, k, k), dtype), padding=padding, layout="NHWC")
                     dy = rng.standard_normal(y.shape, dtype=cupy.float32).astype(dtype)
                     cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), padding=padding, layout="NHWC")
+            # One split of 20 images: every buffer of 2- to 8-deep rings refilled (launched directly).
+            for layout in ("NCHW", "NHWC"):
+                x_shape = (20, 16, 14, 14) if layout == "NCHW" else (20, 14, 14, 16)
+                g = _validate.conv_geometry(x_shape, (16, 1, 7, 7), 1, 3, 1, layout=layout)
+                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+                for stages in (2, 3, 5, 8):
+                    (partial, finalize), (shape, acc) = _depthwise_wgrad_mma.plan(
+                        g, numpy.dtype(dtype), layout, "int", 16, 16, 1, stages)
+                    sums = cupy.empty(shape, acc)
+                    partial(x, x, sums)  # grad_out has x's shape here (7x7, padding 3)
+                    finalize(sums, cupy.empty((16, 1, 7, 7), dtype))
     finally:
         _depthwise_wgrad_mma.MODE, dw._SIGNATURES = "rule", {}
 

@@ -3,7 +3,9 @@ _depthwise_wgrad_mma.plan: a NumPy transcription of its index math, used by
 tests/test_compile.py (CPU).  Per block (blockIdx.x = channel group,
 blockIdx.y = split) the raw copies of every image (NCHW: the group's planes
 as one flat range in pieces of ``piece`` bytes; NHWC: one 8-channel vector
-per pixel, each read asserted to lie inside the array), then the (chunk,
+per pixel, each read asserted to lie inside the array) through the ring of
+``stages`` raw buffers (_Ring: a buffer refilled only after its image was
+worked on, read only after its copies landed), then the (chunk,
 input row) units dealt to the 8 warps (unit u to warp u % 8), each running
 all 8 channels with the lanes' fragments assembled into A (16x16) and B
 (16x8) by the PTX layout of mma.m16n8k16 (lane = 4 g + t: a0 =
@@ -49,7 +51,14 @@ def emulate(launch, grad_out, x):
         group = min(warps, channels - c0)
         for split in range(splits):
             acc = numpy.zeros((warps, warps, 32, 2))  # [warp][channel][lane][d0, d1]
-            for n in range(split * per_split, min(images, (split + 1) * per_split)):
+            n_begin, n_end = split * per_split, min(images, (split + 1) * per_split)
+            ring = _Ring(stages, n_begin)
+            for s in range(stages - 1):  # the prologue: one commit each, empty past the split
+                ring.commit([ring.issue(n_begin + s, None)] if n_begin + s < n_end else [])
+            for n in range(n_begin, n_end):
+                ring.wait(stages - 2)  # then the barrier
+                ring.commit([ring.issue(n + stages - 1, n)] if n + stages - 1 < n_end else [])
+                ring.read(n)
                 raw_x, raw_dy = _stage(xf, gf, n, c0, group, channels, x_plane, dy_plane, piece, nhwc)
                 for unit in range(rows * chunks):
                     chunk, r = divmod(unit, rows)
@@ -65,6 +74,40 @@ def emulate(launch, grad_out, x):
                         if g[lane] < k and j < k:
                             partial[split, g[lane] * k + j, c0 + c] = total[lane, e]
     return partial
+
+
+class _Ring:
+    """The raw buffers' bookkeeping, as the kernel orders it: image m's
+    copies go to buffer (m - n_begin) % stages, one cp.async group per
+    commit; wait(k) completes every group but the newest k
+    (cp.async.wait_group k).  Asserts that a buffer is refilled only after
+    its image was worked on, and read only when its own image's copies have
+    landed."""
+
+    def __init__(self, stages, n_begin):
+        self.stages, self.n_begin = stages, n_begin
+        self.holds = [None] * stages  # image in each buffer
+        self.landed = [False] * stages
+        self.groups = []
+
+    def issue(self, image, current):
+        slot = (image - self.n_begin) % self.stages
+        held = self.holds[slot]
+        assert held is None or (current is not None and held < current), (image, held, current)
+        self.holds[slot], self.landed[slot] = image, False
+        return slot
+
+    def commit(self, slots):
+        self.groups.append(slots)
+
+    def wait(self, pending):
+        while len(self.groups) > max(pending, 0):
+            for slot in self.groups.pop(0):
+                self.landed[slot] = True
+
+    def read(self, image):
+        slot = (image - self.n_begin) % self.stages
+        assert self.holds[slot] == image and self.landed[slot], (image, self.holds[slot], self.landed[slot])
 
 
 def _stage(xf, gf, n, c0, group, channels, x_plane, dy_plane, piece, nhwc):

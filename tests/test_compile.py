@@ -2343,18 +2343,23 @@ def test_group_norm_staged_walk_reads_every_row_once_in_order(count, rb, tensors
 # float64 reference, both layouts; an inf where some taps never read it must
 # reach exactly the taps that do.
 _WGRAD_MMA_GEOMETRIES = [
-    # (NCHW x shape, K, padding, inf at (n, c, h, w) or None, target blocks or None)
-    ((3, 8, 14, 14), 7, 3, None, None), ((2, 16, 10, 12), 5, 2, None, None), ((2, 8, 6, 6), 3, 0, None, None),
-    ((3, 8, 5, 8), 7, 3, None, None), ((5, 16, 9, 18), 3, ((0, 2), (1, 1)), None, 100),
-    ((1, 8, 5, 8), 7, ((8, 2), (0, 8)), None, None), ((2, 16, 1, 12), 3, (1, 0), None, None),
-    ((2, 8, 8, 40), 5, 2, None, None), ((3, 20, 10, 12), 3, 1, None, None),
-    ((2, 8, 12, 12), 7, 3, (0, 2, 11, 11), None), ((2, 8, 12, 12), 7, 3, (1, 3, 0, 5), None),
-    ((2, 8, 12, 12), 3, 0, (1, 3, 11, 0), None),
+    # (NCHW x shape, K, padding, inf at (n, c, h, w) or None, target blocks or None, stages or None)
+    ((3, 8, 14, 14), 7, 3, None, None, None), ((2, 16, 10, 12), 5, 2, None, None, None),
+    ((2, 8, 6, 6), 3, 0, None, None, None), ((3, 8, 5, 8), 7, 3, None, None, None),
+    ((5, 16, 9, 18), 3, ((0, 2), (1, 1)), None, 100, None), ((1, 8, 5, 8), 7, ((8, 2), (0, 8)), None, None, None),
+    ((2, 16, 1, 12), 3, (1, 0), None, None, None), ((2, 8, 8, 40), 5, 2, None, None, None),
+    ((3, 20, 10, 12), 3, 1, None, None, None), ((2, 6, 6, 37), 3, 1, None, None, None),
+    ((2, 8, 12, 12), 7, 3, (0, 2, 11, 11), None, None), ((2, 8, 12, 12), 7, 3, (1, 3, 0, 5), None, None),
+    ((2, 8, 12, 12), 3, 0, (1, 3, 11, 0), None, None),
+    # One split of 12 images: every buffer of a 2-, 3-, 5- and 8-deep ring refilled.
+    ((12, 8, 6, 8), 5, 2, None, 1, 2), ((12, 8, 6, 8), 5, 2, None, 1, 3), ((12, 8, 6, 8), 5, 2, None, 1, 5),
+    ((12, 8, 6, 8), 5, 2, None, 1, 8),
 ]
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("case", _WGRAD_MMA_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-{c[3]}")
+@pytest.mark.parametrize("case", _WGRAD_MMA_GEOMETRIES,
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-{c[3]}-stages{c[5]}")
 def test_wgrad_mma_index_math_matches_the_reference(case, layout):
     import numpy
 
@@ -2362,7 +2367,7 @@ def test_wgrad_mma_index_math_matches_the_reference(case, layout):
     from cupy_dwgn import _depthwise_wgrad_mma as mma
     from cupy_dwgn import _validate, reference
 
-    x_shape, k, padding, spot, target_blocks = case
+    x_shape, k, padding, spot, target_blocks, stages = case
     c = x_shape[1]
     rng = numpy.random.default_rng(11)
     x = rng.standard_normal(x_shape).astype(numpy.float16)
@@ -2374,13 +2379,15 @@ def test_wgrad_mma_index_math_matches_the_reference(case, layout):
         x, dy = (numpy.ascontiguousarray(a.transpose(0, 2, 3, 1)) for a in (x, dy))
         g = _validate.conv_geometry(x.shape, (c, 1, k, k), 1, padding, 1, layout="NHWC")
     want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), padding=padding, layout=layout)
-    planned = mma.plan.__wrapped__(g, numpy.dtype(numpy.float16), layout, "int", 16, 16, target_blocks)
-    if layout == "NHWC" and c % 8:
+    planned = mma.plan.__wrapped__(g, numpy.dtype(numpy.float16), layout, "int", 16, 16, target_blocks, stages)
+    if (layout == "NHWC" and c % 8) or (layout == "NCHW" and g.out_width % 2):
         assert planned is None
         return
     (launch, finalize), (shape, acc) = planned
     assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32 and int(finalize.scalars[2]) == launch.grid[1]
     assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
+    if stages is not None:
+        assert int(launch.scalars[-1]) == stages and launch.grid[1] * stages < g.batch
     partial = emulation.emulate(launch, dy, x)
     assert not numpy.isnan(partial).any(), "a partial sum was not written"
     got = partial.sum(axis=0).T.reshape(c, 1, k, k)
@@ -2426,6 +2433,9 @@ def test_wgrad_mma_plan():
         assert launch.grid[0] == -(-c // 8) and launch.block == (256, 1, 1)
         splits, per_split = launch.grid[1], int(launch.scalars[8])
         assert splits * per_split >= g.batch > (splits - 1) * per_split and per_split >= mma.MIN_IMAGES_PER_SPLIT
+    for stages in (0, 1, mma.MAX_STAGES + 1):  # a buffer would be read before its copies land
+        with pytest.raises(ValueError, match="stages"):
+            mma.plan(g, half, "NCHW", "int", 16, 16, None, stages)
 
 
 def test_wgrad_mma_rule():

@@ -1205,6 +1205,28 @@ def test_wgrad_mma_kernel_matches_reference(case, dtype, layout, x_offset, rng):
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_wgrad_mma_ring_depths_give_the_same_bits(layout, rng):
+    # One split of 20 images per channel group (target_blocks 1), so every
+    # raw buffer of a 2-, 3-, 5- and 8-deep ring is refilled several times
+    # while later images are in flight: the sums match the reference and are
+    # bit-identical across depths (the summation order does not depend on
+    # the ring).
+    dtype = numpy.float16
+    g, dy, x, want = _wgrad_mma_case(("ring", (20, 16, 14, 14), 7, 3), dtype, layout, rng)
+    dy_gpu, x_gpu = cupy.asarray(dy), cupy.asarray(x)
+    outs = []
+    for stages in (2, 3, 5, 8):
+        planned = _depthwise_wgrad_mma.plan(g, numpy.dtype(dtype), layout, "int", 16, 16, 1, stages)
+        launch = planned[0][0]
+        assert launch.grid[1] == 1 and int(launch.scalars[-1]) == stages
+        out, sums = _run_nhwc_wgrad(planned, dy_gpu, x_gpu, want.shape, dtype)
+        assert bool(cupy.isfinite(sums).all()), stages
+        assert relative_error(out, want) <= TOLERANCE[numpy.dtype(dtype)], stages
+        outs.append(out.view(cupy.uint16))
+    assert all(bool((o == outs[0]).all()) for o in outs[1:])
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("dtype", WGRAD_MMA_DTYPES, ids=str)
 def test_wgrad_mma_keeps_unread_non_finite_values_out(dtype, layout, rng):
     # An inf in x where some taps never read it (the last column: read only
