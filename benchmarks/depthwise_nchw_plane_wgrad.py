@@ -61,7 +61,8 @@ def main():
                 plane_wgrad.plan.cache_clear()
                 try:
                     steps = harness.steps_with_mode(plane_wgrad, "always", depthwise._backward_weight_steps, g,
-                                                    "NCHW", dys[0], xs[0])
+                                                    "NCHW", dys[0], xs[0],
+                                                    off=harness.wgrad_kernels_before(plane_wgrad))
                     times[f"plane@{blocks}"] = harness.steps_time_us(steps, arrays)
                 finally:
                     plane_wgrad.TARGET_BLOCKS = saved

@@ -37,10 +37,6 @@ SHAPES = [
 DTYPES = [numpy.float16, bfloat16]
 
 
-def _arrays_in(layout, a):
-    return a if layout == "NCHW" else cupy.ascontiguousarray(a.transpose(0, 2, 3, 1))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", type=harness.conv_shape, nargs="+", default=SHAPES)

@@ -56,16 +56,30 @@ def time_us(fn, *, warmup=5, repeat=30, min_batch_us=2000.0):
     return statistics.median(times)
 
 
-def steps_with_mode(module, mode, build, *args):
+def steps_with_mode(module, mode, build, *args, off=()):
     """``build(*args)`` (e.g. depthwise._backward_input_steps) with
-    ``module.MODE`` set to ``mode`` meanwhile: the Steps the ops would run
-    under that mode, for the kernel comparisons."""
-    saved = module.MODE
-    module.MODE = mode
+    ``module.MODE`` set to ``mode`` and the modules in ``off`` (kernels the
+    ops try before it) "never" meanwhile: the Steps the ops would run under
+    that mode, for the kernel comparisons."""
+    modes = {other: "never" for other in off}
+    modes[module] = mode
+    saved = {m: m.MODE for m in modes}
+    for m, value in modes.items():
+        m.MODE = value
     try:
         return build(*args)
     finally:
-        module.MODE = saved
+        for m, value in saved.items():
+            m.MODE = value
+
+
+def wgrad_kernels_before(module):
+    """The weight-gradient kernel modules the ops try before ``module``'s
+    (the tensor-core kernel comes first for half types): what a comparison
+    of ``module`` switches off."""
+    from cupy_dwgn import _depthwise_wgrad_mma
+
+    return () if module is _depthwise_wgrad_mma else (_depthwise_wgrad_mma,)
 
 
 def nhwc_kernel_baseline(module, g, dtype, backward, copies=3):
@@ -113,7 +127,8 @@ def steps_time_us(steps, arrays_list, reps=20):
 def compare_wgrad_modes(module, modes, g, layout, x_shape, dy_shape, dtype, copies=3):
     """The weight-gradient kernel comparisons' measurement: ``copies``
     rotating random (x, grad_out) pairs of ``dtype`` and, per (name, mode) of
-    ``modes``, the Steps the ops build with ``module.MODE`` = mode, timed by
+    ``modes``, the Steps the ops build with ``module.MODE`` = mode (and the
+    kernels tried before it off: wgrad_kernels_before), timed by
     steps_time_us.  Returns (times, results, kernels, (dys, xs, arrays)):
     per name the us per call, the float32 result and the first launch's
     kernel expression (not a layout transpose); the inputs and the argument
@@ -128,7 +143,8 @@ def compare_wgrad_modes(module, modes, g, layout, x_shape, dy_shape, dtype, copi
     arrays = [(dy, x, 0, o) for dy, x, o in zip(dys, xs, outs)]
     times, results, kernels = {}, {}, {}
     for name, mode in modes:
-        steps = steps_with_mode(module, mode, depthwise._backward_weight_steps, g, layout, dys[0], xs[0])
+        steps = steps_with_mode(module, mode, depthwise._backward_weight_steps, g, layout, dys[0], xs[0],
+                                off=wgrad_kernels_before(module))
         kernels[name] = next(launch.expression for launch in steps.launches if "transpose" not in launch.expression)
         times[name] = steps_time_us(steps, arrays)
         results[name] = outs[0].astype(numpy.float32)

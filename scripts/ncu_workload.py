@@ -17,8 +17,8 @@ both layouts), dw_wgrad (weight gradients: 64x384x28 3x3 float32 and float16,
 64x384x14 7x7 float16, both layouts), dw_wgrad_mma (the tensor-core weight
 gradient, MODE "always": 64x384x14 7x7 and 64x240x28 5x5 float16, both
 layouts), dw_plane_wgrad (the NCHW whole-plane
-weight gradient, MODE "always": 64x384x14 7x7, 64x576x19 3x3, 64x192x75 3x3,
-float16), dw_effnet (EfficientNet-B3's odd
+weight gradient, MODE "always", the tensor-core one "never": 64x384x14 7x7,
+64x576x19 3x3, 64x192x75 3x3, float16), dw_effnet (EfficientNet-B3's odd
 widths in NCHW float16: 64x192x75 3x3 forward and backward-input, the
 whole-plane kernel in bands, and its weight gradient; 64x288x38 3x3
 stride-2 forward).
@@ -69,35 +69,37 @@ CASES = {
                           dw(64, 288, 38, 3, 2, cupy.float16, layouts=("NCHW",), directions=("forward",))],
     "dw_wgrad": lambda: [dw(64, 384, 28, 3, 1, t, directions=("backward_weight",)) for t in (cupy.float32, cupy.float16)]
     + [dw(64, 384, 14, 7, 1, cupy.float16, directions=("backward_weight",))],
-    "dw_wgrad_mma": lambda: _wgrad_mma_always(
+    "dw_wgrad_mma": lambda: _always("_depthwise_wgrad_mma",
         lambda: [dw(64, c, h, k, 1, cupy.float16, directions=("backward_weight",))
                  for c, h, k in ((384, 14, 7), (240, 28, 5))]),
-    "dw_plane_wgrad": lambda: _plane_wgrad_always(
+    "dw_plane_wgrad": lambda: _always("_depthwise_nchw_plane_wgrad",
         lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=("NCHW",), directions=("backward_weight",))
-                 for c, h, k in ((384, 14, 7), (576, 19, 3), (192, 75, 3))]),
+                 for c, h, k in ((384, 14, 7), (576, 19, 3), (192, 75, 3))],
+        off=("_depthwise_wgrad_mma",)),
 }
 
 
-def _plane_wgrad_always(calls):
-    # The NCHW whole-plane weight gradient wherever it serves (its rule keeps
-    # 7x7 at 14x14 on the register kernel).
-    from cupy_dwgn import _depthwise_nchw_plane_wgrad, depthwise
+def _always(module_name, calls, off=()):
+    # `calls` with one kernel module's MODE "always" (it serves wherever it
+    # can, whatever its rule prefers; e.g. the whole-plane weight gradient's
+    # rule keeps 7x7 at 14x14 on the register kernel) and the modules in
+    # `off` (kernels tried before it) "never", the call-signature cache
+    # cleared around them.
+    import importlib
 
-    _depthwise_nchw_plane_wgrad.MODE, depthwise._SIGNATURES = "always", {}
+    from cupy_dwgn import depthwise
+
+    modes = {importlib.import_module(f"cupy_dwgn.{name}"): "never" for name in off}
+    modes[importlib.import_module(f"cupy_dwgn.{module_name}")] = "always"
+    depthwise._SIGNATURES = {}
+    for module, mode in modes.items():
+        module.MODE = mode
     try:
         calls()
     finally:
-        _depthwise_nchw_plane_wgrad.MODE, depthwise._SIGNATURES = "rule", {}
-
-def _wgrad_mma_always(calls):
-    # The tensor-core weight gradient wherever it serves.
-    from cupy_dwgn import _depthwise_wgrad_mma, depthwise
-
-    _depthwise_wgrad_mma.MODE, depthwise._SIGNATURES = "always", {}
-    try:
-        calls()
-    finally:
-        _depthwise_wgrad_mma.MODE, depthwise._SIGNATURES = "rule", {}
+        for module in modes:
+            module.MODE = "rule"
+        depthwise._SIGNATURES = {}
 
 
 # (ncu's metric name, the summary's label)
