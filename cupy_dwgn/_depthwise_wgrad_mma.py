@@ -22,6 +22,8 @@ Launch rule (no user tuning), from the shape only:
 * Shared memory: ``stages`` raw buffers (x and grad_out of 8 channels of one
   image, as copied; ``stages_and_shared``), at least the 16 KB of the final
   reduction; the plan is refused past ``MAX_SHARED``.
+* Padding rows at most K - 1 on each side (every grad_out row meets a row
+  of the plane; the kernel's header says why).
 * NCHW copies whole plane ranges in pieces of 16, 8 or 4 bytes (the largest
   dividing the planes' bytes and both addresses' alignment) and needs an
   even out_w (A's pairs are 32-bit loads); NHWC copies 16-byte pixel vectors
@@ -134,6 +136,9 @@ def plan(g, dtype, layout, index, grad_out_alignment, x_alignment, target_blocks
         or dtype not in DTYPES
         or min(g.batch, g.channels, g.height, g.width, g.out_height, g.out_width) <= 0
         or g.pad_top < 0 or g.pad_left < 0
+        # A grad_out row that meets padding rows must meet a plane row too
+        # (the kernel flags its non-finite values from the edge rows' tiles).
+        or g.pad_top > k - 1 or g.pad_bottom > k - 1
     ):
         return None
     x_plane, dy_plane = g.height * g.width, g.out_height * g.out_width

@@ -30,11 +30,17 @@
 // overflows or underflows float32's range).
 //
 // grad_out values are multiplied with the x rows they meet inside the plane
-// and with padding columns (zero), but never with padding rows (those are
-// not walked): an inf or NaN in grad_out reaches the taps whose windows
-// cover it inside the plane and its padding columns, not the taps that meet
-// it only in padding rows (the float64 reference gives those NaN, 0 * inf).
-//
+// and with padding columns (zero); padding rows are not walked.  A grad_out
+// row that meets padding rows (filter rows i < pad_top - oh above the plane,
+// i >= height + pad_top - oh below) is row g = pad_top - oh of the first
+// input row's tile (h = 0) or row g = height - 1 + pad_top - oh of the last
+// one's (host: pad_top, pad_bottom <= K - 1, so every such row is there):
+// where that tile's A row holds an inf or NaN, the filter rows below g (top)
+// or above g (bottom) are made NaN at the store, as 0 * inf does in the
+// float64 reference.  The test costs the two edge rows' units a few integer
+// instructions per channel; the flagging itself runs only when some value
+// is non-finite.
+
 // Products the convolution never forms are kept out of the sums, so a
 // non-finite value that the convolution never multiplies with a tap cannot
 // reach that tap (0 * inf is NaN):
@@ -155,6 +161,16 @@ __device__ __forceinline__ unsigned pair_of(const uint4& v0, const uint4& v1) {
   return __byte_perm(w0, w1, C % 2 ? 0x7632 : 0x5410);
 }
 
+// Non-zero where a half of the 32-bit word w (two raw float16 or bfloat16
+// values) is inf or NaN (exponent all ones): the exponent field plus one
+// carries into the half's sign bit exactly then.
+template <typename T>
+__device__ __forceinline__ unsigned non_finite_halves(unsigned w) {
+  constexpr unsigned kExponents = dwgn::kBfloat16<T> ? 0x7F807F80u : 0x7C007C00u;
+  constexpr unsigned kExponentOnes = dwgn::kBfloat16<T> ? 0x00800080u : 0x04000400u;
+  return ((w & kExponents) + kExponentOnes) & 0x80008000u;
+}
+
 }  // namespace dwgn_wgrad_mma
 
 template <typename T, int K, bool NHWC, typename IndexT>
@@ -191,6 +207,10 @@ __global__ void __launch_bounds__(dwgn_wgrad_mma::kThreads) dwgn_dwconv_wgrad_mm
   const int rows = max(0, r_end - r_begin), units = rows * chunks;
   const float inv_rows = 1.0f / static_cast<float>(max(rows, 1));
   float acc[kWarps][4] = {};
+  // Per channel of the group: bit i set where filter row i's taps are NaN
+  // through a non-finite grad_out value that meets padding rows (header).
+  __shared__ unsigned poisoned_rows[kWarps];
+  if (threadIdx.x < kWarps) poisoned_rows[threadIdx.x] = 0u;  // (the image loop's barrier orders it)
 
   for (int n = n_begin; n < n_end; ++n) {
     wait_all_but(stages - 2);
@@ -256,6 +276,19 @@ __global__ void __launch_bounds__(dwgn_wgrad_mma::kThreads) dwgn_dwconv_wgrad_mm
           b1[c] = v8 | (v9 << 16);
         }
       }
+      if (h == 0 || h == height - 1) {  // the tiles whose grad_out rows can meet padding rows (header)
+        unsigned any = 0u;
+#pragma unroll
+        for (int c = 0; c < kWarps; ++c) any |= non_finite_halves<T>(a0[c]) | non_finite_halves<T>(a2[c]);
+        if (any) {  // rare
+          const unsigned below_g = (1u << g) - 1u, above_g = ((1u << K) - 1u) & ~((2u << g) - 1u);
+          const unsigned rows = (h == 0 ? below_g : 0u) | (h == height - 1 ? above_g : 0u);
+#pragma unroll
+          for (int c = 0; c < kWarps; ++c)
+            if (c < group && rows && (non_finite_halves<T>(a0[c]) | non_finite_halves<T>(a2[c])))
+              atomicOr(&poisoned_rows[c], rows);
+        }
+      }
       if (interior) {
 #pragma unroll
         for (int c = 0; c < kWarps; ++c) mma<T>(acc[c], a0[c], a2[c], b0[c], b1[c], acc[c]);
@@ -294,7 +327,8 @@ __global__ void __launch_bounds__(dwgn_wgrad_mma::kThreads) dwgn_dwconv_wgrad_mm
       sum.y += v.y;
     }
     float* out = partial + static_cast<long long>(blockIdx.y) * (K * K) * channels + c0 + channel;
-    const float sums[2] = {sum.x, sum.y};
+    const bool poisoned = (poisoned_rows[channel] >> g) & 1u;
+    const float sums[2] = {poisoned ? __int_as_float(0x7fffffff) : sum.x, poisoned ? __int_as_float(0x7fffffff) : sum.y};
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int j = 2 * t + e;

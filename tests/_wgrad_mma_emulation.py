@@ -13,7 +13,9 @@ A[g][2t..2t+1], a2 = A[g][2t+8..2t+9], b0 = B[2t..2t+1][g], b1 =
 B[2t+8..2t+9][g], d0/d1 = D[g][2t..2t+1]) from the raw buffer's offsets
 (zero where the kernel's load predicates are off), the border rows' fresh
 product added where the lane's row is real, the warps' sums added in warp
-order, the partial stores.  float64 sums (the kernel's are float32);
+order, the filter rows made NaN by a non-finite grad_out value in the
+A rows of the first and last input row's tiles (rows below / above it meet
+padding rows), the partial stores.  float64 sums (the kernel's are float32);
 partial entries never written stay NaN."""
 
 import numpy
@@ -51,6 +53,7 @@ def emulate(launch, grad_out, x):
         group = min(warps, channels - c0)
         for split in range(splits):
             acc = numpy.zeros((warps, warps, 32, 2))  # [warp][channel][lane][d0, d1]
+            poisoned = [0] * warps  # per channel: filter rows made NaN through padding rows
             n_begin, n_end = split * per_split, min(images, (split + 1) * per_split)
             ring = _Ring(stages, n_begin)
             for s in range(stages - 1):  # the prologue: one commit each, empty past the split
@@ -62,8 +65,8 @@ def emulate(launch, grad_out, x):
                 raw_x, raw_dy = _stage(xf, gf, n, c0, group, channels, x_plane, dy_plane, piece, nhwc)
                 for unit in range(rows * chunks):
                     chunk, r = divmod(unit, rows)
-                    _products(acc[unit % warps], raw_x, raw_dy, chunk, r_begin + r, k, height, width, out_h, out_w,
-                              pad_top, pad_left, group, nhwc, g, t)
+                    _products(acc[unit % warps], poisoned, raw_x, raw_dy, chunk, r_begin + r, k, height, width, out_h,
+                              out_w, pad_top, pad_left, group, nhwc, g, t)
             for c in range(group):
                 total = acc[0, c].copy()
                 for w in range(1, warps):
@@ -72,7 +75,8 @@ def emulate(launch, grad_out, x):
                     for e in range(2):
                         j = 2 * t[lane] + e
                         if g[lane] < k and j < k:
-                            partial[split, g[lane] * k + j, c0 + c] = total[lane, e]
+                            nan = (poisoned[c] >> g[lane]) & 1
+                            partial[split, g[lane] * k + j, c0 + c] = numpy.nan if nan else total[lane, e]
     return partial
 
 
@@ -131,8 +135,12 @@ def _stage(xf, gf, n, c0, group, channels, x_plane, dy_plane, piece, nhwc):
     return raw_x, raw_dy
 
 
-def _products(acc, raw_x, raw_dy, chunk, r, k, height, width, out_h, out_w, pad_top, pad_left, group, nhwc, g, t):
-    """One unit (chunk, input row r) of one warp: every channel's product."""
+def _products(acc, poisoned, raw_x, raw_dy, chunk, r, k, height, width, out_h, out_w, pad_top, pad_left, group, nhwc,
+              g, t):
+    """One unit (chunk, input row r) of one warp: every channel's product;
+    in the first and last input row's tiles, the filter rows below (top) or
+    above (bottom) an A row with a non-finite value are flagged in
+    ``poisoned[channel]``."""
     x_plane, dy_plane = height * width, out_h * out_w
     h = r - pad_top
     interior = k - 1 <= r < out_h
@@ -151,6 +159,12 @@ def _products(acc, raw_x, raw_dy, chunk, r, k, height, width, out_h, out_w, pad_
                 if kk < out_w and 0 <= w < width:
                     p = h * width + w
                     b[kk - 16 * chunk, gl] = raw_x[p * 8 + c if nhwc else c * x_plane + p]
+        for row in range(k):
+            if not numpy.isfinite(a[row]).all():
+                if h == 0:
+                    poisoned[c] |= (1 << row) - 1
+                if h == height - 1:
+                    poisoned[c] |= ((1 << k) - 1) & ~((2 << row) - 1)
         with numpy.errstate(invalid="ignore", over="ignore"):
             d = a @ b
         d = numpy.stack([d[g, 2 * t], d[g, 2 * t + 1]], axis=1)  # [lane][d0, d1]

@@ -2340,17 +2340,22 @@ def test_group_norm_staged_walk_reads_every_row_once_in_order(count, rb, tensors
 # (tests/_wgrad_mma_emulation.py: raw copies piece by piece, units dealt to
 # the warps, the lanes' A/B fragments by the PTX layout of mma.m16n8k16, the
 # load predicates, border rows, the warp-order reduction) against the
-# float64 reference, both layouts; an inf where some taps never read it must
-# reach exactly the taps that do.
+# float64 reference, both layouts; an inf in x where some taps never read it
+# must reach exactly the taps that do, and an inf in grad_out the taps that
+# multiply it (padding included: 0 * inf is NaN in the reference).
 _WGRAD_MMA_GEOMETRIES = [
     # (NCHW x shape, K, padding, inf at (n, c, h, w) or None, target blocks or None, stages or None)
     ((3, 8, 14, 14), 7, 3, None, None, None), ((2, 16, 10, 12), 5, 2, None, None, None),
     ((2, 8, 6, 6), 3, 0, None, None, None), ((3, 8, 5, 8), 7, 3, None, None, None),
-    ((5, 16, 9, 18), 3, ((0, 2), (1, 1)), None, 100, None), ((1, 8, 5, 8), 7, ((8, 2), (0, 8)), None, None, None),
+    ((5, 16, 9, 18), 3, ((0, 2), (1, 1)), None, 100, None), ((1, 8, 5, 8), 7, ((6, 2), (0, 9)), None, None, None),
     ((2, 16, 1, 12), 3, (1, 0), None, None, None), ((2, 8, 8, 40), 5, 2, None, None, None),
     ((3, 20, 10, 12), 3, 1, None, None, None), ((2, 6, 6, 37), 3, 1, None, None, None),
-    ((2, 8, 12, 12), 7, 3, (0, 2, 11, 11), None, None), ((2, 8, 12, 12), 7, 3, (1, 3, 0, 5), None, None),
-    ((2, 8, 12, 12), 3, 0, (1, 3, 11, 0), None, None),
+    ((2, 8, 12, 12), 7, 3, ("x", 0, 2, 11, 11), None, None), ((2, 8, 12, 12), 7, 3, ("x", 1, 3, 0, 5), None, None),
+    ((2, 8, 12, 12), 3, 0, ("x", 1, 3, 11, 0), None, None),
+    # grad_out values that meet padding rows (top, bottom, both, and a middle one that does not)
+    ((2, 8, 12, 12), 7, 3, ("dy", 0, 0, 0, 0), None, None), ((2, 8, 12, 12), 7, 3, ("dy", 1, 5, 11, 7), None, None),
+    ((2, 8, 4, 12), 7, 3, ("dy", 1, 2, 2, 3), None, None), ((2, 8, 12, 12), 5, ((1, 3), (2, 2)), ("dy", 0, 7, 11, 4), None, None),
+    ((2, 8, 12, 12), 7, 3, ("dy", 0, 1, 6, 6), None, None),
     # One split of 12 images: every buffer of a 2-, 3-, 5- and 8-deep ring refilled.
     ((12, 8, 6, 8), 5, 2, None, 1, 2), ((12, 8, 6, 8), 5, 2, None, 1, 3), ((12, 8, 6, 8), 5, 2, None, 1, 5),
     ((12, 8, 6, 8), 5, 2, None, 1, 8),
@@ -2374,7 +2379,7 @@ def test_wgrad_mma_index_math_matches_the_reference(case, layout):
     g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1)
     dy = rng.standard_normal((x_shape[0], c, g.out_height, g.out_width)).astype(numpy.float16)
     if spot is not None:
-        x[spot] = numpy.inf
+        (x if spot[0] == "x" else dy)[spot[1:]] = numpy.inf
     if layout == "NHWC":
         x, dy = (numpy.ascontiguousarray(a.transpose(0, 2, 3, 1)) for a in (x, dy))
         g = _validate.conv_geometry(x.shape, (c, 1, k, k), 1, padding, 1, layout="NHWC")
@@ -2389,7 +2394,8 @@ def test_wgrad_mma_index_math_matches_the_reference(case, layout):
     if stages is not None:
         assert int(launch.scalars[-1]) == stages and launch.grid[1] * stages < g.batch
     partial = emulation.emulate(launch, dy, x)
-    assert not numpy.isnan(partial).any(), "a partial sum was not written"
+    if spot is None:  # (with an inf, NaN sums are answers)
+        assert not numpy.isnan(partial).any(), "a partial sum was not written"
     got = partial.sum(axis=0).T.reshape(c, 1, k, k)
     assert (numpy.isfinite(got) == numpy.isfinite(want)).all()
     finite = numpy.isfinite(want)
@@ -2433,6 +2439,12 @@ def test_wgrad_mma_plan():
         assert launch.grid[0] == -(-c // 8) and launch.block == (256, 1, 1)
         splits, per_split = launch.grid[1], int(launch.scalars[8])
         assert splits * per_split >= g.batch > (splits - 1) * per_split and per_split >= mma.MIN_IMAGES_PER_SPLIT
+    # Padding rows up to K - 1 a side (the edge rows' tiles see every
+    # grad_out row that meets padding rows); columns any.
+    for padding, served in [(((6, 6), (3, 3)), True), (((7, 0), (3, 3)), False), (((0, 7), (3, 3)), False),
+                            (((3, 3), (9, 9)), True)]:
+        g7 = _validate.conv_geometry((4, 16, 14, 14), (16, 1, 7, 7), 1, padding, 1)
+        assert (mma.plan(g7, half, "NCHW", "int", 16, 16) is not None) == served, padding
     for stages in (0, 1, mma.MAX_STAGES + 1):  # a buffer would be read before its copies land
         with pytest.raises(ValueError, match="stages"):
             mma.plan(g, half, "NCHW", "int", 16, 16, None, stages)

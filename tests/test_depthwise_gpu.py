@@ -1142,7 +1142,7 @@ WGRAD_MMA_CASES = [
     ("28x28 C=24 5x5 p2", (2, 24, 28, 28), 5, 2),
     ("13x11 C=8 3x3 p1 (odd plane)", (2, 8, 13, 11), 3, 1),
     ("9x10 C=16 5x5 per-side", (1, 16, 9, 10), 5, ((0, 4), (3, 1))),
-    ("5x8 C=8 7x7 padding > filter", (1, 8, 5, 8), 7, ((8, 2), (0, 8))),
+    ("5x8 C=8 7x7 padding K-1 rows, > K columns", (1, 8, 5, 8), 7, ((6, 2), (0, 9))),
     ("28x3 C=16 7x7 per-side", (2, 16, 28, 3), 7, ((2, 3), (3, 2))),
     ("1x12 C=16 3x3 (1, 0)", (2, 16, 1, 12), 3, (1, 0)),
     ("8x40 C=8 5x5 3 chunks", (2, 8, 8, 40), 5, 2),
@@ -1233,11 +1233,18 @@ def test_wgrad_mma_keeps_unread_non_finite_values_out(dtype, layout, rng):
     # by taps j >= pad_left + 1 ... ; a top row: not by the bottom filter
     # rows): exactly the taps whose windows hold it are non-finite, as in
     # the reference (the kernel multiplies no value with a tap that does not
-    # read it: masked B rows past out_w, border rows summed per lane).
-    for k, padding, spot in ((7, 3, (1, 2, 11, 11)), (7, 3, (0, 5, 0, 4)), (3, 0, (1, 3, 11, 0)), (5, 1, (0, 0, 5, 11))):
+    # read it: masked B rows past out_w, border rows summed per lane).  An
+    # inf in grad_out: exactly the taps that multiply it, padding included
+    # (0 * inf is NaN in the reference: padding_row_poison for the padding
+    # rows the kernel does not walk); a middle row's meets no padding row.
+    for tensor, k, padding, spot in (
+        ("x", 7, 3, (1, 2, 11, 11)), ("x", 7, 3, (0, 5, 0, 4)), ("x", 3, 0, (1, 3, 11, 0)), ("x", 5, 1, (0, 0, 5, 11)),
+        ("dy", 7, 3, (0, 0, 0, 0)), ("dy", 7, 3, (1, 5, 11, 7)), ("dy", 5, ((1, 3), (2, 2)), (0, 7, 11, 4)),
+        ("dy", 7, 3, (0, 1, 6, 6)),
+    ):
         case = ("inf", (2, 8, 12, 12), k, padding)
         g, dy, x, _ = _wgrad_mma_case(case, dtype, "NCHW", rng)
-        x[spot] = numpy.inf
+        (x if tensor == "x" else dy)[spot] = numpy.inf
         if layout == "NHWC":
             dy, x = (numpy.ascontiguousarray(a.transpose(0, 2, 3, 1)) for a in (dy, x))
             g = _validate.conv_geometry(x.shape, (8, 1, k, k), 1, padding, 1, layout="NHWC")
@@ -1246,7 +1253,7 @@ def test_wgrad_mma_keeps_unread_non_finite_values_out(dtype, layout, rng):
         assert finite.any() and not finite.all()
         planned = _depthwise_wgrad_mma.plan(g, numpy.dtype(dtype), layout, "int", 16, 16)
         out, _ = _run_nhwc_wgrad(planned, cupy.asarray(dy), cupy.asarray(x), want.shape, dtype)
-        assert bool((cupy.isfinite(out).get() == finite).all()), (k, padding, spot)
+        assert bool((cupy.isfinite(out).get() == finite).all()), (tensor, k, padding, spot)
         assert relative_error(out.get()[finite], want[finite]) <= TOLERANCE[dtype]
 
 
