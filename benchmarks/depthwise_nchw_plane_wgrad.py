@@ -17,7 +17,6 @@ Prints one line per (shape, dtype).
 """
 import argparse
 
-import cupy
 import harness
 import numpy
 from depthwise_nchw_wgrad import _view
@@ -67,12 +66,8 @@ def main():
                 finally:
                     plane_wgrad.TARGET_BLOCKS = saved
                     plane_wgrad.plan.cache_clear()
-            ref = results["other"]
-            diff = float(cupy.max(cupy.abs(results["plane"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
-            line = (f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} plane {times['plane']:7.1f} us "
-                    f"({floor_us / times['plane']:4.0%})  other {times['other']:7.1f} us "
-                    f"({floor_us / times['other']:4.0%})  x{times['other'] / times['plane']:.2f}  "
-                    f"floor {floor_us:5.1f}  reldiff {diff:.1e}")
+            line = harness.wgrad_comparison_line(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8}", "plane", "other",
+                                                 times, results, floor_us)
             if args.torch:
                 line += "".join(f"  torch {fmt} {torch_us(dys, xs, k, stride, c, _view(fmt == 'channels_last')):7.1f}"
                                 for fmt in ("NCHW", "channels_last"))

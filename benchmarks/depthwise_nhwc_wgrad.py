@@ -15,7 +15,6 @@ the same data.  The cases: the depthwise table's NHWC weight-gradient cells.
 """
 import sys
 
-import cupy
 import harness
 import numpy
 
@@ -66,12 +65,8 @@ def compare(module, layout, other, torch_columns, quick=False, with_torch=False)
             times, results, kernels, (dys, xs, arrays) = harness.compare_wgrad_modes(
                 module, (("regs", "always"), (other, "never")), g, layout, x_shape, dy_shape, dt)
             floor_us = (xs[0].nbytes + dys[0].nbytes) / bandwidth
-            ref = results[other]
-            diff = float(cupy.max(cupy.abs(results["regs"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
-            line = (f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} regs {times['regs']:7.1f} us "
-                    f"({floor_us / times['regs']:4.0%} of floor)  {other} {times[other]:7.1f} us "
-                    f"({floor_us / times[other]:4.0%})  x{times[other] / times['regs']:.2f}  "
-                    f"floor {floor_us:5.1f}  reldiff {diff:.1e}")
+            line = harness.wgrad_comparison_line(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8}", "regs", other,
+                                                 times, results, floor_us)
             if with_torch:
                 line += "".join(f"  torch {name} {us:7.1f} us" for name, us in torch_columns(dys, xs, k, stride, c).items())
             print(line, f"[{kernels['regs']}]", flush=True)

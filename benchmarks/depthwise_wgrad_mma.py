@@ -69,12 +69,8 @@ def main():
                     steps = depthwise._launch.Steps(
                         ((launches[0][0], (0, 1, 4)), (launches[0][1], (4, 3))), (launches[1],))
                     times[f"mma{label}"] = harness.steps_time_us(steps, arrays)
-                ref = results["other"]
-                diff = float(cupy.max(cupy.abs(results["mma"] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
-                line = (f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {layout} mma {times['mma']:7.1f} us "
-                        f"({floor_us / times['mma']:4.0%})  other {times['other']:7.1f} us "
-                        f"({floor_us / times['other']:4.0%})  x{times['other'] / times['mma']:.2f}  "
-                        f"floor {floor_us:5.1f}  reldiff {diff:.1e}")
+                line = harness.wgrad_comparison_line(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {layout}", "mma",
+                                                     "other", times, results, floor_us)
                 if args.torch:
                     if torch_best is None:  # PyTorch on NCHW data, both memory formats, once per (shape, dtype)
                         nchw = [xa if layout == "NCHW" else cupy.ascontiguousarray(xa.transpose(0, 3, 1, 2))

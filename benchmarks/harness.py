@@ -151,6 +151,18 @@ def compare_wgrad_modes(module, modes, g, layout, x_shape, dy_shape, dtype, copi
     return times, results, kernels, (dys, xs, arrays)
 
 
+def wgrad_comparison_line(label, name, other, times, results, floor_us):
+    """The start of a weight-gradient comparison's line (compare_wgrad_modes'
+    ``times`` and ``results``): ``name`` against ``other``, each in us and as
+    a fraction of the floor, the speedup, the floor and the largest
+    difference relative to the largest output of ``other``."""
+    ref = results[other]
+    diff = float(cupy.max(cupy.abs(results[name] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
+    return (f"{label} {name} {times[name]:7.1f} us ({floor_us / times[name]:4.0%})  {other} {times[other]:7.1f} us "
+            f"({floor_us / times[other]:4.0%})  x{times[other] / times[name]:.2f}  floor {floor_us:5.1f}  "
+            f"reldiff {diff:.1e}")
+
+
 def parse_comparison(parser, all_dtypes):
     """The weight-gradient comparisons' common start: parse ``parser`` (which
     has --dtypes and --torch), switch cudnn.benchmark on where --torch asks,
