@@ -87,7 +87,9 @@ def preferred(g, dtype, layout):
     benchmarks/results/depthwise_wgrad_mma_h200_2026-12-03.txt): 7x7
     64x384x14 37.3 / 33.0 against 50.2 / 46.8, 64x768x14 62.4 / 54.6
     against 93.9 / 87.4, 64x192x28 43.1 / 43.3 against 50.1 / 69.4; 5x5
-    64x672x14 55.3 against 58.6 (NCHW; NHWC 48.0 against 41.0).  Slower
+    64x672x14 55.3 against 58.6 (NCHW; NHWC 48.0 against 41.0); since the
+    padding-row rule of the kernel's header (bcc0e4f) 64x384x14 38.4 / 35.4,
+    64x768x14 64.3 / 59.3, 64x192x28 44.0 / 44.5.  Slower
     elsewhere: 7x7 on 7-wide outputs (64x768x7 NHWC 39.9 against 31.2),
     5x5 on 28x28 (56.1 / 49.8 against 45.6 / 47.7), every 3x3 (64x384x28
     78.9 / 71.0 against 47.3 / 38.4): a tile holds K x K useful products
