@@ -18,13 +18,13 @@ Launch rule (no user tuning), from the shape only:
   7x7: 1; pad_left 0 with 3x3: 1).
 * Lane groups: L = OW / VW lanes per output row, cut into segments =
   ceil(L / 32) segments of G = ceil(L / segments) lanes; a warp holds
-  32 // G groups.  Row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS[K, itemsize]))
+  32 // G groups.  Row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS[K, itemsize, S]))
   output rows (balanced).  Units: (image, row strip, segment).
 * Block: THREADS = 128 threads, one channel (grid.x = C); grid.y = splits,
   a contiguous range of units each, worker w (warp * groups per warp +
   group) of a block taking every workers-th.  splits =
   ceil(TARGET_BLOCKS / C), at most units / (workers *
-  MIN_UNITS_PER_WORKER[itemsize]) and 65535, then balanced so every split
+  MIN_UNITS_PER_WORKER[K, itemsize, S]) and 65535, then balanced so every split
   is non-empty.
 * Shared memory: the block reduction, 4 warps * K * K floats (static).
 """
@@ -55,8 +55,8 @@ VECTOR_BYTES = 16
 #: since the row cursors and clean blocks, NVRTC 13.0: 95, 115, 160; with two steps of
 #: loads in flight for 5x5, 95, 123, 162).
 MAX_VECTOR = {(3, 2): 8, (3, 4): 4, (5, 2): 4, (5, 4): 2, (7, 2): 4, (7, 4): 2}
-#: Output rows per strip at most, per (K, element size), and work units per
-#: worker at least, per element size; about TARGET_BLOCKS blocks (a
+#: Output rows per strip at most and work units per worker at least, per
+#: (K, element size, stride); about TARGET_BLOCKS blocks (a
 #: constant, not the SM count: the split, hence the summation order,
 #: depends on the shape only; 4096 leaves the units-per-worker floor in
 #: charge).  From a sweep on an H200 (2026-12-01, scratch sweep of strip
@@ -69,9 +69,17 @@ MAX_VECTOR = {(3, 2): 8, (3, 4): 4, (5, 2): 4, (5, 4): 2, (7, 2): 4, (7, 4): 2}
 #: 16 rows, 2 units per worker, 1024 blocks); e.g. fp16 8x64x128 41.8 ->
 #: 17.7 us, 32x192x28 7x7 57.5 -> 41.6, 64x96x112 s2 82.4 -> 73.4,
 #: 64x96x56 7x7 126.8 -> 118.9, float32 s2 120.5 -> 103.3.  7x7 keeps
-#: whole planes (a strip re-reads K - S rows).
-MAX_STRIP_ROWS = {(3, 2): 14, (3, 4): 14, (5, 2): 14, (5, 4): 14, (7, 2): 56, (7, 4): 56}
-MIN_UNITS_PER_WORKER = {2: 1, 4: 2}
+#: whole planes (a strip re-reads K - S rows).  3x3 at stride 1 since
+#: 2026-12-03 (H200, N = 64 unless given): strips of 28 rows, and for
+#: float32 one unit per worker, once the 2-byte VW 4 walk kept 3 steps of
+#: loads in flight (kernel: lookahead): fp16 64x384x28 42.8 -> 41.3 us
+#: (bfloat16 alike), 64x144x56 52.6 -> 52.0; float32 64x384x28 58.5 ->
+#: 56.2, 64x144x56 76.5 -> 73.2, 64x240x28 40.5 -> 38.9, 32x96x112 95.2 ->
+#: 91.4, 64x192x28 38.5 -> 36.2; small batches within the host's noise
+#: (fp16 8x64x128 23.1 -> 22.2-24.7, 8x384x28 22.1 -> 23.5).
+MAX_STRIP_ROWS = {(3, 2, 1): 28, (3, 2, 2): 14, (3, 4, 1): 28, (3, 4, 2): 14, (5, 2, 1): 14, (5, 2, 2): 14,
+                  (5, 4, 1): 14, (5, 4, 2): 14, (7, 2, 1): 56, (7, 2, 2): 56, (7, 4, 1): 56, (7, 4, 2): 56}
+MIN_UNITS_PER_WORKER = {key: 1 if key[1] == 2 or key == (3, 4, 1) else 2 for key in MAX_STRIP_ROWS}
 TARGET_BLOCKS = 4096
 #: In-plane offsets are int in the kernel.
 PLANE_LIMIT = 2**30
@@ -173,9 +181,9 @@ def plan(g, dtype, grad_out_alignment, x_alignment):
     group_lanes = -(-lanes // segments)
     groups_per_warp = 32 // group_lanes
     workers = THREADS // 32 * groups_per_warp
-    row_strip, row_strips = _launch.row_strips(g.out_height, MAX_STRIP_ROWS[k, dtype.itemsize])
+    row_strip, row_strips = _launch.row_strips(g.out_height, MAX_STRIP_ROWS[k, dtype.itemsize, stride])
     units = g.batch * row_strips * segments
-    split = _launch.unit_splits(units, g.channels, workers, TARGET_BLOCKS, MIN_UNITS_PER_WORKER[dtype.itemsize])
+    split = _launch.unit_splits(units, g.channels, workers, TARGET_BLOCKS, MIN_UNITS_PER_WORKER[k, dtype.itemsize, stride])
     if split is None:
         return None
     splits, per_split = split

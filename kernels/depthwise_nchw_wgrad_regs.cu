@@ -48,14 +48,15 @@
 //   the ones any later step still reads (kh <= K-1 < R*S).
 // * Loads in flight.  Step j + L's raw loads are issued after step j is
 //   unpacked and before its FMAs, L = lookahead(...) steps ahead (2; 1
-//   where that spills, as 7x7, whose registers are spent on the taps): for
+//   where that spills, as 7x7, whose registers are spent on the taps; 3
+//   for 2-byte 3x3 stride 1 VW 4, whose loads are 8 bytes): for
 //   2-byte types into the registers just unpacked (L raw buffers), for
 //   float into the buffer of step j - 1 (L + 1 buffers: its raw registers
 //   are the FMA operands).  Why 2: a thread's loads of one step are 2-3
 //   vectors of at most 16 bytes, and with one step in flight an SM had
 //   about 10-18 KB of loads outstanding (fp16 64x384x28: 24 warps x 448
 //   bytes) where the copy bandwidth needs ~25 KB at ~800 ns of DRAM latency.
-//   The walk is unrolled by PB = lcm(R*S, NB) steps (L = 2), so that every
+//   The walk is unrolled by PB = lcm(R*S, NB) steps (L >= 2), so that every
 //   ring slot and raw buffer index is a compile-time constant and no
 //   register is copied at a block's end (a copy of a buffer whose load is
 //   in flight waits for it: float 3x3 had P = 3 steps and 2 buffers); with
@@ -122,8 +123,14 @@ constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 // VW 1 and 2-byte 3x3 stride 1 VW 2; and 2-byte 3x3 stride 1 VW 8, whose
 // 16-byte loads keep enough in flight: with 2 steps at 4 blocks per SM
 // (128 registers) fp16 64x144x56 took 57.4 us against 53.5 with 1 (H200).
+// 2-byte 3x3 stride 1 VW 4 takes 3: its steps load 8-byte vectors (two
+// of them a step, 24 warps an SM at its 80 registers: 2 steps kept only
+// ~21 KB in flight), and the third step's 6 raw registers fit the same 80
+// (NVRTC 13, no spill; 4 steps spill): fp16 64x384x28 46.8 -> 42.8 us
+// (H200, 2026-12-03).
 constexpr int lookahead(int bytes, int k, int s, int vw) {
-  return k == 7 || (bytes == 4 && k == 3 && s == 2) || (bytes == 4 && k == 5 && vw == 1) ||
+  return bytes == 2 && k == 3 && s == 1 && vw == 4 ? 3
+         : k == 7 || (bytes == 4 && k == 3 && s == 2) || (bytes == 4 && k == 5 && vw == 1) ||
                  (bytes == 2 && k == 3 && s == 1 && (vw == 2 || vw == 8))
              ? 1
              : 2;
@@ -214,7 +221,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   // values are the raw registers themselves, still read by step j's FMAs
   // while step j + L loads into step j - 1's buffer).
   constexpr int NB = sizeof(T) == 4 ? L + 1 : L;
-  // Walk unroll (steps per block): with L = 2 a multiple of NB, so that
+  // Walk unroll (steps per block): with L >= 2 a multiple of NB, so that
   // no buffer is copied at a block's end (float 3x3 stride 1: 3 steps, 3
   // buffers); with L = 1, P (float with odd P copies its second buffer to
   // the first at a block's end: unrolling 2P steps instead made float 7x7
@@ -311,7 +318,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
     // the unit and keeps the zero set at the unit's start; the other values
     // are never multiplied.  In a clean block (below: every lane live, all
     // own vectors inside [0, W), no direct halo) only the row (the image;
-    // with L = 2 also j < steps: 2 steps past a clean block's last step can
+    // with L >= 2 also j < steps: L steps past a clean block's last step can
     // lie past the walk, as in 3x3 stride 2) and the grad_out row are
     // tested: the same loads.  The tests
     // stay even where they are known to hold (all but a block's last

@@ -13,7 +13,7 @@ one where every lane of the warp is clean, here where every lane of the
 group is, or per ``clean_blocks``) and their loads (the conditions they
 do not test asserted to hold), the loads L steps ahead (lookahead) in NB
 raw buffers (L for 2-byte types, L + 1 for float; PB = lcm(P, NB) with
-L = 2, else P, float's second buffer copied to the first at a block's
+L >= 2, else P, float's second buffer copied to the first at a block's
 end when P is odd), the grad_out ring (slot ((q - kh) / S) mod R,
 q = j mod PB), the halo
 taken from lane gl + floor(d / VS) of the group (asserted to be inside it)
@@ -41,6 +41,8 @@ def _template(expression):
 
 def lookahead(itemsize, k, s, vw):
     """Steps of loads in flight (kernel: dwgn_nchw_regs::lookahead)."""
+    if itemsize == 2 and k == 3 and s == 1 and vw == 4:
+        return 3
     one = k == 7 or (itemsize == 4 and k == 3 and s == 2) or (itemsize == 4 and k == 5 and vw == 1) or (
         itemsize == 2 and k == 3 and s == 1 and vw in (2, 8))
     return 1 if one else 2

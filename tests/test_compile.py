@@ -2096,7 +2096,7 @@ _NCHW_WGRAD_REGS_GEOMETRIES = [
     ((1, 2, 12, 16), 3, 2, ((1, 1), (0, 1))), ((1, 1, 40, 8), 3, 1, 1), ((1, 1, 6, 272), 3, 1, 1),
     ((1, 1, 3, 264), 5, 1, 2), ((1, 2, 8, 16), 7, 2, ((3, 3), (3, 7))), ((1, 1, 4, 8), 5, 1, ((2, 2), (6, 2))),
     ((1, 2, 30, 16), 5, 1, 2), ((1, 1, 24, 8), 7, 1, 3), ((1, 1, 40, 16), 3, 2, 1), ((1, 1, 33, 8), 5, 2, 2),
-    ((1, 1, 30, 8), 7, 2, 3), ((1, 1, 17, 8), 5, 1, ((2, 5), (2, 2))),
+    ((1, 1, 30, 8), 7, 2, 3), ((1, 1, 17, 8), 5, 1, ((2, 5), (2, 2))), ((1, 2, 40, 12), 3, 1, 1),
 ]
 # Cases whose walks must include clean blocks (the kernel's untested path),
 # and what else they must reach there: a clean block's (last) prefetch with
@@ -2105,6 +2105,7 @@ _NCHW_WGRAD_REGS_CLEAN_WALKS = {
     ((1, 2, 16, 16), 3, 1, 1): (), ((1, 1, 40, 8), 3, 1, 1): ("clean_g_past",), ((1, 2, 30, 16), 5, 1, 2): (),
     ((1, 1, 24, 8), 7, 1, 3): (), ((1, 1, 40, 16), 3, 2, 1): (), ((1, 1, 33, 8), 5, 2, 2): ("clean_g_past",),
     ((1, 1, 30, 8), 7, 2, 3): ("clean_g_past",), ((1, 1, 17, 8), 5, 1, ((2, 5), (2, 2))): ("clean_row_outside",),
+    ((1, 2, 40, 12), 3, 1, 1): (),
 }
 
 
@@ -2130,9 +2131,9 @@ def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case, monkeypat
     for dtype in wg.DTYPES[:2]:
         for alignment in (16, 4, 2):
             # The rule's split, and one split per unit (idle workers).
-            for min_units in (wg.MIN_UNITS_PER_WORKER, {2: 1 / 1024, 4: 1 / 1024}):
+            for min_units in (wg.MIN_UNITS_PER_WORKER, dict.fromkeys(wg.MIN_UNITS_PER_WORKER, 1 / 1024)):
                 monkeypatch.setattr(wg, "MIN_UNITS_PER_WORKER", min_units)
-                monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min_units[2] >= 1 else 10**6)
+                monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min(min_units.values()) >= 1 else 10**6)
                 (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, alignment, alignment)
                 assert (launch.file, launch.expression) in shipped
                 assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
