@@ -35,7 +35,8 @@ Launch rule (no user tuning), from the shape only:
   block, then the largest) and W = 256 / (L * CTB) spatial workers.
 * Work units: (image, row strip, column strip): column strips of TW output
   columns; row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS[K, itemsize, S]))
-  rows (TALL_STRIP_ROWS[itemsize] for 3x3/5x5 when OH > TALL_ROWS)
+  rows (TALL_STRIP_ROWS[itemsize] for 3x3/5x5 when OH > TALL_ROWS,
+  FEW_PLANES_STRIP_ROWS with fewer than LONG_STRIP_MIN_PLANES planes)
   (balanced).  Grid: x = channel blocks * tap groups, y = splits; a split is
   a contiguous range of units, worker w of the block takes every W-th.
   splits = ceil(TARGET_BLOCKS / grid.x) (TALL_TARGET_BLOCKS when OH >
@@ -97,11 +98,16 @@ LARGE_INDEX_CONFIGS = {(7, 1, 2): (1, 4, 3, 0), (7, 1, 4): (1, 4, 3, 0), (5, 1, 
 #: 155.8, float32 64x144x56 103.9 -> 90.6, 64x96x112 s2 127.3 -> 115.4.
 #: 7x7 keeps whole planes (a strip re-reads K - S rows).  At stride 1,
 #: 5x5 and float32 3x3 take strips of 28 rows since 2026-12-03 (H200, us):
-#: fp16 64x240x28 5x5 47.2 -> 44.8, 32x240x28 27.9 -> 25.9, float32
-#: 64x240x28 5x5 60.9 -> 57.2, 64x384x28 3x3 49.0 -> 45.9; 2-byte 3x3 and
-#: outputs taller than TALL_ROWS did not move.
+#: fp16 64x240x28 5x5 47.2 -> 44.8, float32 64x240x28 5x5 60.9 -> 57.2,
+#: 64x384x28 3x3 49.0 -> 45.9; 2-byte 3x3 and outputs taller than
+#: TALL_ROWS did not move.  With fewer than LONG_STRIP_MIN_PLANES (image,
+#: channel) planes FEW_PLANES_STRIP_ROWS (the earlier rule) keeps the
+#: workers busy: GPU time (CUDA graph) float32 8x384x28 3x3 24.0 with long
+#: strips against 15.3, 16x240x28 5x5 25.3 / 18.3, fp16 5x5 16.6 / 15.0.
 MAX_STRIP_ROWS = {(3, 2, 1): 16, (3, 2, 2): 16, (3, 4, 1): 28, (3, 4, 2): 14, (5, 2, 1): 28, (5, 2, 2): 16,
                   (5, 4, 1): 28, (5, 4, 2): 14, (7, 2, 1): 56, (7, 2, 2): 56, (7, 4, 1): 56, (7, 4, 2): 56}
+LONG_STRIP_MIN_PLANES = 8192
+FEW_PLANES_STRIP_ROWS = {(3, 4, 1): 14, (5, 2, 1): 16, (5, 4, 1): 14}
 MIN_UNITS_PER_WORKER = {2: 1, 4: 1}
 TARGET_BLOCKS = 4096
 TALL_ROWS = 28
@@ -197,7 +203,13 @@ def plan(g, dtype, index, grad_out_alignment, x_alignment, ctb=None):
     groups = -(-k // kr)
     col_strips = -(-g.out_width // tw)
     tall = g.out_height > TALL_ROWS
-    max_rows = TALL_STRIP_ROWS[dtype.itemsize] if tall and k < 7 else MAX_STRIP_ROWS[k, dtype.itemsize, stride]
+    key = (k, dtype.itemsize, stride)
+    if tall and k < 7:
+        max_rows = TALL_STRIP_ROWS[dtype.itemsize]
+    elif g.batch * g.channels < LONG_STRIP_MIN_PLANES and key in FEW_PLANES_STRIP_ROWS:
+        max_rows = FEW_PLANES_STRIP_ROWS[key]
+    else:
+        max_rows = MAX_STRIP_ROWS[key]
     row_strip, row_strips = _launch.row_strips(g.out_height, max_rows)
     units = g.batch * row_strips * col_strips
     grid_x = -(-channel_tiles // ctb) * groups

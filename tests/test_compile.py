@@ -4,6 +4,7 @@ with NVRTC for sm_80 and sm_90, with no stack frame and no spills."""
 import collections
 import concurrent.futures
 import functools
+import itertools
 import math
 import multiprocessing
 import pickle
@@ -2128,25 +2129,27 @@ def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case, monkeypat
     shipped = set(ALL_SPECIALIZATIONS)
     seen_widths = set()
     walks = {}
-    for dtype in wg.DTYPES[:2]:
-        for alignment in (16, 4, 2):
-            # The rule's split, and one split per unit (idle workers).
-            for min_units in (wg.MIN_UNITS_PER_WORKER, dict.fromkeys(wg.MIN_UNITS_PER_WORKER, 1 / 1024)):
-                monkeypatch.setattr(wg, "MIN_UNITS_PER_WORKER", min_units)
-                monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min(min_units.values()) >= 1 else 10**6)
-                (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, alignment, alignment)
-                assert (launch.file, launch.expression) in shipped
-                assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
-                assert int(finalize.scalars[2]) == launch.grid[1]
-                seen_widths.add(int(launch.expression.split(", ")[3][:-1]))
-                # The kernel's clean blocks where the group is clean, none,
-                # and every other one (the warp's vote decides on the GPU).
-                for clean_blocks in ("group", "never", "alternate"):
-                    partial, writes, visits = emulation.emulate(launch, dy, x, clean_blocks)
-                    assert (writes == 1).all() and (visits == 1).all()
-                    numpy.testing.assert_allclose(emulation.finalize(partial), want, rtol=1e-12, atol=1e-12)
-                    for key, count in emulation.emulate.blocks_seen.items():
-                        walks[key] = walks.get(key, 0) + count
+    # The long strips of many planes (LONG_STRIP_MIN_PLANES) forced too where they differ.
+    min_planes = (wg.LONG_STRIP_MIN_PLANES, 0) if g.out_height > 14 else (wg.LONG_STRIP_MIN_PLANES,)
+    for dtype, alignment, planes in itertools.product(wg.DTYPES[:2], (16, 4, 2), min_planes):
+        monkeypatch.setattr(wg, "LONG_STRIP_MIN_PLANES", planes)
+        # The rule's split, and one split per unit (idle workers).
+        for min_units in (wg.MIN_UNITS_PER_WORKER, dict.fromkeys(wg.MIN_UNITS_PER_WORKER, 1 / 1024)):
+            monkeypatch.setattr(wg, "MIN_UNITS_PER_WORKER", min_units)
+            monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min(min_units.values()) >= 1 else 10**6)
+            (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, alignment, alignment)
+            assert (launch.file, launch.expression) in shipped
+            assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
+            assert int(finalize.scalars[2]) == launch.grid[1]
+            seen_widths.add(int(launch.expression.split(", ")[3][:-1]))
+            # The kernel's clean blocks where the group is clean, none,
+            # and every other one (the warp's vote decides on the GPU).
+            for clean_blocks in ("group", "never", "alternate"):
+                partial, writes, visits = emulation.emulate(launch, dy, x, clean_blocks)
+                assert (writes == 1).all() and (visits == 1).all()
+                numpy.testing.assert_allclose(emulation.finalize(partial), want, rtol=1e-12, atol=1e-12)
+                for key, count in emulation.emulate.blocks_seen.items():
+                    walks[key] = walks.get(key, 0) + count
     assert 1 in seen_widths
     if case in _NCHW_WGRAD_REGS_CLEAN_WALKS:
         assert walks["clean"] and all(walks[key] for key in _NCHW_WGRAD_REGS_CLEAN_WALKS[case]), walks
