@@ -19,13 +19,14 @@ Launch rule (no user tuning), from the shape only:
 * Lane groups: L = OW / VW lanes per output row, cut into segments =
   ceil(L / 32) segments of G = ceil(L / segments) lanes; a warp holds
   32 // G groups.  Row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS[K,
-  itemsize, S])) output rows (balanced; FEW_PLANES with fewer than
-  LONG_STRIP_MIN_PLANES planes).  Units: (image, row strip, segment).
+  itemsize, S])) output rows (balanced; SHORT_STRIPS where the grid would
+  hold fewer than _launch.LONG_STRIP_MIN_THREADS threads).  Units: (image,
+  row strip, segment).
 * Block: THREADS = 128 threads, one channel (grid.x = C); grid.y = splits,
   a contiguous range of units each, worker w (warp * groups per warp +
   group) of a block taking every workers-th.  splits =
   ceil(TARGET_BLOCKS / C), at most units / (workers *
-  MIN_UNITS_PER_WORKER[K, itemsize, S] or FEW_PLANES) and 65535, then balanced so every split
+  MIN_UNITS_PER_WORKER[K, itemsize, S] or SHORT_STRIPS) and 65535, then balanced so every split
   is non-empty.
 * Shared memory: the block reduction, 4 warps * K * K floats (static).
 """
@@ -79,28 +80,19 @@ MAX_VECTOR = {(3, 2): 8, (3, 4): 4, (5, 2): 4, (5, 4): 2, (7, 2): 4, (7, 4): 2}
 #: 91.4, 64x192x28 38.5 -> 36.2.  2-byte 5x5 at stride 1 also strips of 28
 #: rows (a 14-row strip re-read 4 of every 18 rows): fp16 64x240x28 44.8 ->
 #: 38.8 (bfloat16 alike), 64x120x56 80.4 -> 68.0.  Those long strips halve
-#: the units, so they are taken only with at least LONG_STRIP_MIN_PLANES
-#: (image, channel) planes; with fewer, FEW_PLANES (the earlier rule) keeps
-#: the blocks' workers busy: GPU time (CUDA graph) fp16 8x384x28 11.1 us
+#: the units: where their grid would hold fewer than
+#: _launch.LONG_STRIP_MIN_THREADS threads, SHORT_STRIPS (the earlier rule)
+#: keeps more workers busy: GPU time (CUDA graph) fp16 8x384x28 11.1 us
 #: with long strips against 8.5, 16x32x112 21.2 / 14.9, 8x144x56 17.8 /
 #: 11.4, 16x240x28 5x5 15.5 / 13.3, float32 8x384x28 16.5 / 11.9.
 MAX_STRIP_ROWS = {(3, 2, 1): 28, (3, 2, 2): 14, (3, 4, 1): 28, (3, 4, 2): 14, (5, 2, 1): 28, (5, 2, 2): 14,
                   (5, 4, 1): 14, (5, 4, 2): 14, (7, 2, 1): 56, (7, 2, 2): 56, (7, 4, 1): 56, (7, 4, 2): 56}
 MIN_UNITS_PER_WORKER = {key: 1 if key[1] == 2 or key == (3, 4, 1) else 2 for key in MAX_STRIP_ROWS}
-LONG_STRIP_MIN_PLANES = 8192
-#: (K, itemsize, stride) -> (strip rows, units per worker) under LONG_STRIP_MIN_PLANES planes.
-FEW_PLANES = {(3, 2, 1): (14, 1), (3, 4, 1): (14, 2), (5, 2, 1): (14, 1)}
+#: (K, itemsize, stride) -> (strip rows, units per worker) where the long strips' grid is small.
+SHORT_STRIPS = {(3, 2, 1): (14, 1), (3, 4, 1): (14, 2), (5, 2, 1): (14, 1)}
 TARGET_BLOCKS = 4096
 #: In-plane offsets are int in the kernel.
 PLANE_LIMIT = 2**30
-
-
-def strip_rule(g, k, itemsize, stride):
-    """(strip rows at most, units per worker at least) for this call."""
-    key = (k, itemsize, stride)
-    if g.batch * g.channels < LONG_STRIP_MIN_PLANES and key in FEW_PLANES:
-        return FEW_PLANES[key]
-    return MAX_STRIP_ROWS[key], MIN_UNITS_PER_WORKER[key]
 
 
 def vector_widths(k, itemsize):
@@ -199,10 +191,10 @@ def plan(g, dtype, grad_out_alignment, x_alignment):
     group_lanes = -(-lanes // segments)
     groups_per_warp = 32 // group_lanes
     workers = THREADS // 32 * groups_per_warp
-    max_rows, min_units = strip_rule(g, k, dtype.itemsize, stride)
-    row_strip, row_strips = _launch.row_strips(g.out_height, max_rows)
-    units = g.batch * row_strips * segments
-    split = _launch.unit_splits(units, g.channels, workers, TARGET_BLOCKS, min_units)
+    key = (k, dtype.itemsize, stride)
+    (row_strip, row_strips), units, split = _launch.walk_units(
+        g.out_height, g.batch * segments, g.channels, workers, THREADS, TARGET_BLOCKS,
+        (MAX_STRIP_ROWS[key], MIN_UNITS_PER_WORKER[key]), SHORT_STRIPS.get(key))
     if split is None:
         return None
     splits, per_split = split

@@ -36,7 +36,8 @@ Launch rule (no user tuning), from the shape only:
 * Work units: (image, row strip, column strip): column strips of TW output
   columns; row strips of RS = ceil(OH / ceil(OH / MAX_STRIP_ROWS[K, itemsize, S]))
   rows (TALL_STRIP_ROWS[itemsize] for 3x3/5x5 when OH > TALL_ROWS,
-  FEW_PLANES_STRIP_ROWS with fewer than LONG_STRIP_MIN_PLANES planes)
+  SHORT_STRIP_ROWS where the grid would hold fewer than
+  _launch.LONG_STRIP_MIN_THREADS threads)
   (balanced).  Grid: x = channel blocks * tap groups, y = splits; a split is
   a contiguous range of units, worker w of the block takes every W-th.
   splits = ceil(TARGET_BLOCKS / grid.x) (TALL_TARGET_BLOCKS when OH >
@@ -100,14 +101,14 @@ LARGE_INDEX_CONFIGS = {(7, 1, 2): (1, 4, 3, 0), (7, 1, 4): (1, 4, 3, 0), (5, 1, 
 #: 5x5 and float32 3x3 take strips of 28 rows since 2026-12-03 (H200, us):
 #: fp16 64x240x28 5x5 47.2 -> 44.8, float32 64x240x28 5x5 60.9 -> 57.2,
 #: 64x384x28 3x3 49.0 -> 45.9; 2-byte 3x3 and outputs taller than
-#: TALL_ROWS did not move.  With fewer than LONG_STRIP_MIN_PLANES (image,
-#: channel) planes FEW_PLANES_STRIP_ROWS (the earlier rule) keeps the
-#: workers busy: GPU time (CUDA graph) float32 8x384x28 3x3 24.0 with long
-#: strips against 15.3, 16x240x28 5x5 25.3 / 18.3, fp16 5x5 16.6 / 15.0.
+#: TALL_ROWS did not move.  Where those strips' grid would hold fewer than
+#: _launch.LONG_STRIP_MIN_THREADS threads, SHORT_STRIP_ROWS (the earlier
+#: rule) keeps more workers busy: GPU time (CUDA graph) float32 8x384x28
+#: 3x3 24.0 with long strips against 15.3, 32x384x28 31.2 / 25.7, 16x240x28
+#: 5x5 25.3 / 18.3, fp16 5x5 16.6 / 15.0.
 MAX_STRIP_ROWS = {(3, 2, 1): 16, (3, 2, 2): 16, (3, 4, 1): 28, (3, 4, 2): 14, (5, 2, 1): 28, (5, 2, 2): 16,
                   (5, 4, 1): 28, (5, 4, 2): 14, (7, 2, 1): 56, (7, 2, 2): 56, (7, 4, 1): 56, (7, 4, 2): 56}
-LONG_STRIP_MIN_PLANES = 8192
-FEW_PLANES_STRIP_ROWS = {(3, 4, 1): 14, (5, 2, 1): 16, (5, 4, 1): 14}
+SHORT_STRIP_ROWS = {(3, 4, 1): 14, (5, 2, 1): 16, (5, 4, 1): 14}
 MIN_UNITS_PER_WORKER = {2: 1, 4: 1}
 TARGET_BLOCKS = 4096
 TALL_ROWS = 28
@@ -204,17 +205,16 @@ def plan(g, dtype, index, grad_out_alignment, x_alignment, ctb=None):
     col_strips = -(-g.out_width // tw)
     tall = g.out_height > TALL_ROWS
     key = (k, dtype.itemsize, stride)
+    min_units = MIN_UNITS_PER_WORKER[dtype.itemsize]
     if tall and k < 7:
-        max_rows = TALL_STRIP_ROWS[dtype.itemsize]
-    elif g.batch * g.channels < LONG_STRIP_MIN_PLANES and key in FEW_PLANES_STRIP_ROWS:
-        max_rows = FEW_PLANES_STRIP_ROWS[key]
+        long, short = (TALL_STRIP_ROWS[dtype.itemsize], min_units), None
     else:
-        max_rows = MAX_STRIP_ROWS[key]
-    row_strip, row_strips = _launch.row_strips(g.out_height, max_rows)
-    units = g.batch * row_strips * col_strips
+        long = (MAX_STRIP_ROWS[key], min_units)
+        short = (SHORT_STRIP_ROWS[key], min_units) if key in SHORT_STRIP_ROWS else None
     grid_x = -(-channel_tiles // ctb) * groups
     target_blocks = TALL_TARGET_BLOCKS if tall else TARGET_BLOCKS
-    split = _launch.unit_splits(units, grid_x, workers, target_blocks, MIN_UNITS_PER_WORKER[dtype.itemsize])
+    (row_strip, row_strips), units, split = _launch.walk_units(
+        g.out_height, g.batch * col_strips, grid_x, workers, THREADS, target_blocks, long, short)
     if split is None:
         return None
     splits, per_split = split

@@ -57,6 +57,39 @@ def row_strips(rows, max_rows):
     return strip, -(-rows // strip)
 
 
+#: The register weight gradients take their long row strips (fewer, longer
+#: units: fewer rows re-read, fewer blocks to start and reduce) only where
+#: the grid those give still holds this many threads; else their short
+#: strips, whose units keep more workers busy.  From GPU times (CUDA graph)
+#: on an H200, 2026-12-03, 33 (shape, dtype, layout) cases of the NCHW and
+#: NHWC kernels at stride 1: long strips lost by 17-56% at grids of at
+#: most 49152 threads (fp16 NCHW 32x192x28 3x3 13.4 -> 17.6 us, 8x144x56
+#: 11.4 -> 17.8; float32 NHWC 32x384x28 25.7 -> 31.2) and won by 2-15% from
+#: 53760 (fp16 NHWC 32x240x28 5x5 26.3 -> 24.5, NCHW 61440: 23.9 -> 20.5;
+#: 64x384x28 fp16 NCHW 41.1 -> 38.8), but for float32 NCHW 16x384x28 3x3
+#: (49152 threads, long strips 3% faster).  The split, hence the summation
+#: order, still depends on the shape only.
+LONG_STRIP_MIN_THREADS = 52 * 1024
+
+
+def walk_units(out_rows, units_per_strip, grid_x, workers, threads, target_blocks, long, short=None):
+    """``((rows per strip, strips), units, (splits, units per split) or
+    None)`` for a weight gradient whose units are (row strip, ...) ranges
+    split by ``unit_splits``: ``long`` = (max rows per strip, min units per
+    worker), or ``short`` where the long strips' grid of ``threads``-thread
+    blocks would hold fewer than LONG_STRIP_MIN_THREADS threads."""
+    def layout(max_rows, min_units):
+        strip = row_strips(out_rows, max_rows)
+        units = units_per_strip * strip[1]
+        return strip, units, unit_splits(units, grid_x, workers, target_blocks, min_units)
+
+    planned = layout(*long)
+    split = planned[2]
+    if short is not None and split is not None and grid_x * split[0] * threads < LONG_STRIP_MIN_THREADS:
+        planned = layout(*short)
+    return planned
+
+
 def unit_splits(units, grid_x, workers, target_blocks, min_units_per_worker):
     """``(splits, units per split)`` for a kernel whose grid.y splits
     ``units`` work units into contiguous ranges taken by ``workers`` workers

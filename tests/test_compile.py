@@ -2117,7 +2117,7 @@ def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case, monkeypat
 
     import _nchw_wgrad_regs_emulation as emulation
     from cupy_dwgn import _depthwise_nchw_wgrad_regs as wg
-    from cupy_dwgn import _validate, reference
+    from cupy_dwgn import _launch, _validate, reference
 
     x_shape, k, stride, padding = case
     n, c, h, w = x_shape
@@ -2129,10 +2129,10 @@ def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case, monkeypat
     shipped = set(ALL_SPECIALIZATIONS)
     seen_widths = set()
     walks = {}
-    # The long strips of many planes (LONG_STRIP_MIN_PLANES) forced too where they differ.
-    min_planes = (wg.LONG_STRIP_MIN_PLANES, 0) if g.out_height > 14 else (wg.LONG_STRIP_MIN_PLANES,)
-    for dtype, alignment, planes in itertools.product(wg.DTYPES[:2], (16, 4, 2), min_planes):
-        monkeypatch.setattr(wg, "LONG_STRIP_MIN_PLANES", planes)
+    # The long strips of large grids (_launch.LONG_STRIP_MIN_THREADS) forced too where they differ.
+    min_threads = (_launch.LONG_STRIP_MIN_THREADS, 0) if g.out_height > 14 else (_launch.LONG_STRIP_MIN_THREADS,)
+    for dtype, alignment, threads in itertools.product(wg.DTYPES[:2], (16, 4, 2), min_threads):
+        monkeypatch.setattr(_launch, "LONG_STRIP_MIN_THREADS", threads)
         # The rule's split, and one split per unit (idle workers).
         for min_units in (wg.MIN_UNITS_PER_WORKER, dict.fromkeys(wg.MIN_UNITS_PER_WORKER, 1 / 1024)):
             monkeypatch.setattr(wg, "MIN_UNITS_PER_WORKER", min_units)

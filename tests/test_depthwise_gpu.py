@@ -882,13 +882,13 @@ def test_nhwc_wgrad_kernel_matches_reference(case, dtype, x_offset, rng):
     _check_nhwc_wgrad_kernel(case, dtype, x_offset, rng)
 
 
-# The long row strips the register weight gradients take with many (image,
-# channel) planes (LONG_STRIP_MIN_PLANES), forced on small tensors.
+# The long row strips the register weight gradients take on large grids
+# (_launch.LONG_STRIP_MIN_THREADS), forced on small tensors.
 @pytest.mark.parametrize("dtype", NHWC_WGRAD_DTYPES, ids=str)
 @pytest.mark.parametrize("case", [c for c in NHWC_WGRAD_CASES if c[0].startswith(("28x28", "9x10", "13x11 C=32"))],
                          ids=lambda c: c[0])
 def test_nhwc_wgrad_kernel_long_strips(case, dtype, rng, monkeypatch):
-    monkeypatch.setattr(_depthwise_nhwc_wgrad, "LONG_STRIP_MIN_PLANES", 0)
+    monkeypatch.setattr(_launch, "LONG_STRIP_MIN_THREADS", 0)
     _depthwise_nhwc_wgrad.plan.cache_clear()
     try:
         _check_nhwc_wgrad_kernel(case, dtype, 0, rng)
@@ -1013,13 +1013,13 @@ def test_nchw_wgrad_regs_kernel_matches_reference(case, dtype, x_offset, rng):
                              x_offset, rng)
 
 
-# The long row strips with many planes, forced on small tensors (as for NHWC above).
+# The long row strips of large grids, forced on small tensors (as for NHWC above).
 @pytest.mark.parametrize("dtype", NCHW_WGRAD_REGS_DTYPES, ids=str)
 @pytest.mark.parametrize("case", [c for c in NCHW_WGRAD_REGS_CASES
                                   if c[0].startswith(("40x12", "36x20", "28x28", "56x56 C=144", "13x11 C=3 3x3 s1"))],
                          ids=lambda c: c[0])
 def test_nchw_wgrad_regs_long_strips(case, dtype, rng, monkeypatch):
-    monkeypatch.setattr(_depthwise_nchw_wgrad_regs, "LONG_STRIP_MIN_PLANES", 0)
+    monkeypatch.setattr(_launch, "LONG_STRIP_MIN_THREADS", 0)
     _depthwise_nchw_wgrad_regs.plan.cache_clear()
     try:
         _check_nchw_wgrad_kernel(_depthwise_nchw_wgrad_regs, "depthwise NCHW register weight gradient", case, dtype,
