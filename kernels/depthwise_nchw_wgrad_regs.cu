@@ -108,13 +108,14 @@
 // cupy_dwgn/_depthwise_nchw_wgrad_regs.py.
 
 #include "dwgn_common.cuh"
+#include "dwgn_row_walk.cuh"
 
 namespace dwgn_nchw_regs {
 
+using namespace dwgn_walk;  // gcd, floor_div, pos_mod, element, load_if
+
 constexpr int kThreads = 128;  // block size (host: THREADS)
 constexpr int kWarps = kThreads / 32;
-
-constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 
 // Steps of loads in flight (see the header): 2, but 1 where the second
 // step's raw registers spill at the block budget below (NVRTC 13.0 and
@@ -151,53 +152,6 @@ constexpr int min_blocks(int bytes, int k, int s, int vw) {
          : k == 5 ? (vw == 4 || (bytes == 4 && vw == 2) ? 4 : 5)
                   : (vw == 1 ? 4 : 3);
 }
-
-__device__ __forceinline__ unsigned word(unsigned short r, int) { return r; }
-__device__ __forceinline__ unsigned word(unsigned r, int) { return r; }
-__device__ __forceinline__ unsigned word(uint2 r, int w) { return w == 0 ? r.x : r.y; }
-__device__ __forceinline__ unsigned word(uint4 r, int w) { return w == 0 ? r.x : w == 1 ? r.y : w == 2 ? r.z : r.w; }
-
-// Half h (0: low, 1: high 16 bits) of a word of two 2-byte values, as
-// float, exactly: dwgn::half_of_word, except that bfloat16's shift or mask
-// is written as inline PTX here because NVVM otherwise sinks it to the FMAs,
-// which keeps the raw registers live across the next step's loads (8
-// register copies a step in a bfloat16 3x3 VW 8 walk).
-__device__ __forceinline__ float from_half_word(__half, unsigned w, int h) { return dwgn::half_of_word(__half(), w, h); }
-__device__ __forceinline__ float from_half_word(__nv_bfloat16, unsigned w, int h) {
-  unsigned f;
-  if (h) {
-    asm("and.b32 %0, %1, 0xffff0000;" : "=r"(f) : "r"(w));
-  } else {
-    asm("shl.b32 %0, %1, 16;" : "=r"(f) : "r"(w));
-  }
-  return __uint_as_float(f);
-}
-
-// Element i (a compile-time constant after unrolling) of a raw vector of T,
-// as float (exact).
-template <typename T, typename Raw>
-__device__ __forceinline__ float element(const Raw& r, int i) {
-  if constexpr (sizeof(T) == 4) {
-    return __uint_as_float(word(r, i));
-  } else {
-    return from_half_word(T(), word(r, i / 2), i & 1);
-  }
-}
-
-// r = the raw value at p when ok (else p is not read): for 2-byte types r
-// keeps its value (no instruction), for float it is zeroed (its register
-// is the unpacked value itself: keeping it would copy it first).
-template <typename Raw, typename T>
-__device__ __forceinline__ void load_if(Raw& r, const T* p, bool ok) {
-  if constexpr (sizeof(T) == 4) {
-    r = ok ? *reinterpret_cast<const Raw*>(p) : Raw{};
-  } else if (ok) {
-    r = *reinterpret_cast<const Raw*>(p);
-  }
-}
-
-constexpr int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-constexpr int pos_mod(int a, int b) { return ((a % b) + b) % b; }
 
 }  // namespace dwgn_nchw_regs
 

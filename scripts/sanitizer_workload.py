@@ -261,6 +261,38 @@ def nchw_rows():
         _depthwise_nchw_rows.MODE, dw._SIGNATURES = "rule", {}
 
 
+def nchw_forward_regs():
+    # The NCHW register row walk for every NCHW forward (stride 1 and 2) and
+    # stride-1 backward-input call it serves (MODE "always", the
+    # call-signature cache cleared): 56-wide rows of 8 2-byte values,
+    # stride-2 rows of two 16-byte vectors, strips cut by the bottom, rows
+    # wider than a warp (segments), odd widths, padding past the filter,
+    # per-side padding, a misaligned view, 1-row planes.
+    from cupy_dwgn import _depthwise_nchw_forward_regs, _dtypes, depthwise as dw
+
+    _depthwise_nchw_forward_regs.MODE, dw._SIGNATURES = "always", {}
+    try:
+        for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
+            for x_shape, k, stride, padding in [
+                ((2, 3, 56, 56), 3, 1, 1), ((1, 3, 40, 12), 3, 1, 1), ((2, 3, 13, 11), 3, 1, 1),
+                ((1, 2, 36, 20), 5, 1, 2), ((1, 1, 5, 9), 7, 1, ((8, 2), (0, 8))), ((2, 1, 1, 12), 3, 1, (1, 0)),
+                ((1, 1, 6, 272), 3, 1, 1), ((1, 2, 112, 112), 3, 2, 1), ((1, 2, 56, 56), 5, 2, 2),
+                ((2, 3, 13, 14), 3, 2, 1), ((1, 2, 15, 14), 7, 2, 3), ((1, 1, 4, 520), 3, 2, 1),
+            ]:
+                c = x_shape[1]
+                conv = dict(stride=stride, padding=padding)
+                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+                w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
+                b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
+                y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
+                cupy_dwgn.depthwise_conv2d(_misaligned(x), w, **conv)
+                if stride == 1:
+                    cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
+                    cupy_dwgn.depthwise_conv2d_backward_input(_misaligned(y), w, x_shape, **conv)
+    finally:
+        _depthwise_nchw_forward_regs.MODE, dw._SIGNATURES = "rule", {}
+
+
 def nhwc_direct():
     # The NHWC direct kernel for every 3x3/5x5 NHWC forward (stride 1 and 2)
     # and stride-1 backward-input call it serves (MODE "always", the
@@ -486,11 +518,12 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "nchw_window", "nchw_plane", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_plane_wgrad", "nchw_rows", "nhwc_direct",
-                                "nhwc_ring", "nhwc_phase", "wgrad_mma", "group_norm"]
+    families = sys.argv[1:] or ["depthwise", "nchw_window", "nchw_plane", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_plane_wgrad", "nchw_rows", "nchw_forward_regs",
+                                "nhwc_direct", "nhwc_ring", "nhwc_phase", "wgrad_mma", "group_norm"]
     for family in families:
         {"depthwise": depthwise, "nchw_window": nchw_window, "nchw_plane": nchw_plane, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
-         "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_plane_wgrad": nchw_plane_wgrad, "nchw_rows": nchw_rows, "nhwc_direct": nhwc_direct,
+         "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_plane_wgrad": nchw_plane_wgrad, "nchw_rows": nchw_rows, "nchw_forward_regs": nchw_forward_regs,
+         "nhwc_direct": nhwc_direct,
          "nhwc_ring": nhwc_ring, "nhwc_phase": nhwc_phase, "wgrad_mma": wgrad_mma,
          "group_norm": group_norm, "gn_resident": gn_resident}[family]()
     cupy.cuda.Device().synchronize()

@@ -196,6 +196,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
 
     from _helpers import DTYPES
     from cupy_dwgn import _depthwise_nchw as nchw
+    from cupy_dwgn import _depthwise_nchw_forward_regs as nchw_forward_regs
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
     from cupy_dwgn import _depthwise_nchw_rows as nchw_rows
     from cupy_dwgn import _depthwise_nchw_wgrad as nchw_wgrad
@@ -225,6 +226,8 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
             launches += nchw_wgrad.plan(g, dtype) or []
             for backward in (False, True):
                 launches.append(nchw_rows.plan(g, dtype, backward, index))
+                for alignment in (16, 4, 2):
+                    launches.append(nchw_forward_regs.plan(g, dtype, backward, alignment, alignment))
                 launches.append(nhwc_direct.plan(g, dtype, backward, index, 16, 16))
                 launches.append(nhwc_ring.plan(g, dtype, backward, index, 16, 16))
                 for alignment in (16, 2):
@@ -309,6 +312,202 @@ def test_nchw_rows_kernel_index_math_matches_the_reference(case):
         got, writes = _emulate_nchw_rows(launch, src, weight, bias, backward)
         assert (writes == 1).all()
         numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+def _emulate_nchw_forward_regs(launch, src, weight, bias, backward):
+    """What kernels/depthwise_nchw_forward_regs.cu computes for ``launch``,
+    in float64, following its walk lane by lane: units (plane, row strip,
+    segment) over the workers of the grid, each lane's own source vectors
+    (zero where wholly outside the row: never loaded), its halo columns from
+    the lane of its group that owns them or, at a group edge, loaded itself
+    (zero outside the row), the ring slot of each (filter row, destination
+    row) pair from the unrolled step phase, and the stores at each row's
+    last filter row.  A value the kernel leaves unspecified (a source row
+    outside the image: not loaded, its registers stale) is NaN, so using one
+    fails.  Returns the destination and how often each value was written."""
+    import math
+
+    import numpy
+
+    (src_h, src_w, channels, dst_h, dst_w, pad_top, pad_left, row_strip, row_strips, segments, group_lanes,
+     units) = (int(v) for v in launch.scalars)
+    ctype, k, stride, vw, is_backward = (v.strip() for v in launch.expression.split("<")[1].rstrip(">").split(","))
+    k, stride, vw = int(k), int(stride), int(vw)
+    assert (is_backward == "true") == backward
+    itemsize = 4 if ctype == "float" else 2
+    vs = vw * stride
+    xv = min(vs, 16 // itemsize)
+    sh, iw = k // 2, (vw - 1) * stride + k
+    nh = iw - vs
+    ring = -(-k // stride)
+    lookahead = 3 if k == 3 else 2 if k == 5 else 1  # kernel: lookahead()
+    buffers = lookahead + 1 if itemsize == 4 else lookahead
+    period = ring * stride
+    unroll = period // math.gcd(period, buffers) * buffers  # kernel: PB
+    workers = 4 * (32 // group_lanes)
+    assert launch.block == (128, 1, 1) and launch.grid[0] * workers >= units
+    assert src_w % xv == 0 and (sh - pad_left) % xv == 0 and dst_w % vw == 0
+    planes = src.shape[0] * src.shape[1]
+    assert units == planes * row_strips * segments
+    x = src.astype(numpy.float64).reshape(planes, src_h, src_w)
+    w = weight.astype(numpy.float64).reshape(channels, k, k)
+    if backward:
+        w = w[:, ::-1, ::-1]
+    out = numpy.full((planes, dst_h, dst_w), numpy.nan)
+    writes = numpy.zeros(out.shape, numpy.int64)
+    for u in range(units):
+        plane, rest = divmod(u, row_strips * segments)
+        strip, seg = divmod(rest, segments)
+        c = plane % channels
+        oh0 = strip * row_strip
+        rows = min(row_strip, dst_h - oh0)
+        steps = (rows - 1) * stride + k
+        ih0 = oh0 * stride - pad_top
+        start = 0.0 if bias is None else float(bias[c])
+        ow0 = [(seg * group_lanes + gl) * vw for gl in range(group_lanes)]
+        ob = [o * stride - pad_left + sh for o in ow0]
+        acc = [[[start] * vw for _ in range(ring)] for _ in range(group_lanes)]
+        slot_row = [None] * ring
+        for j in range(steps):
+            ih = ih0 + j
+            row_in = 0 <= ih < src_h
+            # Each lane's own columns ob .. ob + VS - 1, as the kernel's xw[SH ..].
+            own = []
+            for gl in range(group_lanes):
+                values = []
+                for v in range(vs // xv):
+                    first = ob[gl] + v * xv
+                    inside = 0 <= first < src_w
+                    assert inside == (0 <= first + xv - 1 < src_w)  # vectors wholly inside or outside
+                    if not inside:
+                        values += [0.0] * xv
+                    elif row_in:
+                        values += list(x[plane, ih, first:first + xv])
+                    else:
+                        values += [numpy.nan] * xv
+                own.append(values)
+            windows = []
+            for gl in range(group_lanes):
+                window = [None] * iw
+                window[sh:sh + vs] = own[gl]
+                for h in range(nh):
+                    e = h if h < sh else h + vs
+                    delta = (e - sh) // vs
+                    se = e - sh - delta * vs
+                    if 0 <= gl + delta < group_lanes:
+                        window[e] = own[gl + delta][se]
+                    elif 0 <= ob[gl] + e - sh < src_w:
+                        window[e] = x[plane, ih, ob[gl] + e - sh] if row_in else numpy.nan
+                    else:
+                        window[e] = 0.0
+                windows.append(window)
+            q = j % unroll
+            for kh in range(k):
+                if (q - kh) % stride:
+                    continue
+                slot = ((q - kh) // stride) % ring
+                m = (j - kh) // stride
+                if not (j >= kh and m < rows):
+                    continue
+                if kh == 0:
+                    assert slot_row[slot] is None, "ring slot still open"
+                    slot_row[slot] = m
+                assert slot_row[slot] == m, "ring slot of another row"
+                for gl in range(group_lanes):
+                    if ow0[gl] >= dst_w or not row_in:
+                        continue
+                    for kw in range(k):
+                        for t in range(vw):
+                            acc[gl][slot][t] += w[c, kh, kw] * windows[gl][t * stride + kw]
+                if kh == k - 1:
+                    for gl in range(group_lanes):
+                        if ow0[gl] < dst_w:
+                            out[plane, oh0 + m, ow0[gl]:ow0[gl] + vw] = acc[gl][slot]
+                            writes[plane, oh0 + m, ow0[gl]:ow0[gl] + vw] += 1
+                        acc[gl][slot] = [start] * vw
+                    slot_row[slot] = None
+    return out.reshape((src.shape[0], src.shape[1], dst_h, dst_w)), writes
+
+
+@pytest.mark.parametrize("case", [
+    ((2, 3, 13, 11), 3, 1, 1, 4), ((1, 2, 9, 16), 5, 1, ((0, 4), (3, 1)), 2), ((1, 2, 5, 8), 7, 1, 8, 4),
+    ((2, 2, 13, 16), 7, 1, 3, 2), ((1, 3, 14, 16), 3, 2, 1, 4), ((1, 2, 9, 12), 5, 2, 2, 2),
+    ((1, 2, 15, 14), 7, 2, 3, 4), ((1, 1, 3, 136), 3, 1, 1, 2), ((1, 1, 4, 264), 3, 2, 1, 4),
+    ((1, 2, 20, 16), 3, 1, 1, 2), ((2, 1, 1, 12), 3, 1, (1, 0), 4),
+], ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[2]}-{c[4]}B")
+def test_nchw_forward_regs_walk_matches_the_reference(case, monkeypatch):
+    # Every destination value written once and equal to the float64
+    # reference, both directions (backward at stride 1), float32 and 2-byte
+    # vectors, with the long strips forced (several strips per plane) and
+    # with the grid rule's short ones; rows wider than a warp (segments).
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_forward_regs as walk
+    from cupy_dwgn import _launch, _validate, reference
+
+    x_shape, k, stride, padding, itemsize = case
+    c = x_shape[1]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
+    rng = numpy.random.default_rng(17)
+    conv = dict(stride=stride, padding=padding)
+    weight = rng.standard_normal((c, 1, k, k))
+    dtype = numpy.dtype(numpy.float32 if itemsize == 4 else numpy.float16)
+    for long_strips in (False, True):
+        if long_strips:
+            monkeypatch.setattr(_launch, "LONG_STRIP_MIN_THREADS", 0)
+        walk.plan.cache_clear()
+        for backward in (False, True) if stride == 1 else (False,):
+            y_shape = (x_shape[0], c, g.out_height, g.out_width)
+            src = rng.standard_normal(y_shape if backward else x_shape)
+            bias = None if backward else rng.standard_normal(c)
+            if backward:
+                want = reference.depthwise_conv2d_backward_input(src, weight, x_shape, **conv)
+            else:
+                want = reference.depthwise_conv2d(src, weight, bias, **conv)
+            launch = walk.plan(g, dtype, backward, 16, 16)
+            assert launch is not None
+            got, writes = _emulate_nchw_forward_regs(launch, src, weight, bias, backward)
+            assert (writes == 1).all()
+            numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    walk.plan.cache_clear()
+
+
+def test_nchw_forward_regs_rule():
+    # Where the ops take the register row walk (preferred's docstring) and
+    # the VW / strips it plans; what it does not serve.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_forward_regs as walk
+    from cupy_dwgn import _validate
+
+    shipped = set(ALL_SPECIALIZATIONS)
+    half, single, double = (numpy.dtype(t) for t in (numpy.float16, numpy.float32, numpy.float64))
+    for x_shape, k, stride, dtype, backward, want_vw, taken in [
+        ((64, 96, 112, 112), 3, 2, single, False, 4, True), ((64, 96, 112, 112), 3, 2, half, False, 8, True),
+        ((64, 144, 56, 56), 3, 2, half, False, 4, True), ((64, 240, 56, 56), 5, 2, single, False, 4, True),
+        ((64, 144, 56, 56), 3, 1, half, False, 8, True), ((64, 144, 56, 56), 3, 1, half, True, 8, True),
+        ((64, 144, 56, 56), 3, 1, single, False, 4, False), ((64, 384, 28, 28), 3, 1, half, False, 4, False),
+        ((64, 240, 28, 28), 5, 1, half, False, 4, False), ((64, 96, 56, 56), 7, 1, half, False, 4, False),
+        ((8, 96, 75, 75), 3, 2, half, False, None, False), ((64, 32, 28, 28), 7, 2, half, False, 2, False),
+    ]:
+        g = _validate.conv_geometry(x_shape, (x_shape[1], 1, k, k), stride, k // 2, 1)
+        launch = walk.plan(g, dtype, backward, 16, 16)
+        if want_vw is None:
+            assert launch is None
+            continue
+        assert (launch.file, launch.expression) in shipped
+        assert walk.launch_vector_width(launch) == want_vw, (x_shape, k, dtype)
+        assert walk.preferred(g, dtype, backward, want_vw) == taken, (x_shape, k, dtype)
+        assert (walk.select(g, dtype, backward, 16, 16) is not None) == taken
+    g = _validate.conv_geometry((64, 96, 112, 112), (96, 1, 3, 3), 2, 1, 1)
+    assert int(walk.plan(g, single, False, 16, 16).scalars[7]) == 7  # rows per strip
+    small = _validate.conv_geometry((1, 8, 112, 112), (8, 1, 3, 3), 2, 1, 1)
+    assert int(walk.plan(small, half, False, 16, 16).scalars[7]) == walk.MIN_STRIP_ROWS  # a small grid
+    for g in (_validate.conv_geometry((1, 4, 16, 16), (8, 1, 3, 3), 1, 1, 1),  # multiplier 2
+              _validate.conv_geometry((1, 4, 16, 16), (4, 1, 3, 3), 1, 2, 2),  # dilation 2
+              _validate.conv_geometry((1, 4, 16, 16), (4, 1, 3, 3), 2, 1, 1)):  # stride-2 backward-input
+        assert walk.plan(g, half, g.stride_h == 2, 16, 16) is None
+    assert walk.plan(_validate.conv_geometry((1, 4, 16, 16), (4, 1, 3, 3), 1, 1, 1), double, False, 16, 16) is None
+
 
 def test_nchw_rows_rule():
     # Where the ops take the row kernel (preferred's docstring), the W it

@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _depthwise_wgrad_mma,
+    _depthwise_nchw_forward_regs, _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _depthwise_wgrad_mma,
     _launch, _validate, depthwise, reference,
 )
 
@@ -459,6 +459,123 @@ def test_nchw_window_banded_flat_staging(case, dtype, backward, rng):
     record_errors("depthwise NCHW window kernel", str(numpy.dtype(dtype)),
                   {("backward_input" if backward else "forward"): error})
     assert error <= TOLERANCE[dtype]
+
+
+# The NCHW register row walk (_depthwise_nchw_forward_regs), launched
+# directly on NaN-poisoned outputs, forward and (stride 1) backward-input:
+# the benchmark planes (56-wide rows of 8 2-byte values, stride-2 rows of
+# two 16-byte source vectors, 5x5 stride 2), odd widths (VW 1), per-side
+# and oversized padding, 1-row and 7x7 planes, strips cut by the bottom,
+# rows wider than a warp (segments: dead lanes, halos loaded at segment
+# edges), stride 2 with odd sizes and TensorFlow "same" padding (pad_left -
+# K // 2 odd at stride 2: not served), a source 4 bytes off 16 (narrower
+# vectors; float32 at stride 2: not served).
+FORWARD_REGS_CASES = [
+    # (label, NCHW x shape, filter size, stride, padding)
+    ("56x56 C=3 3x3 s1 p1", (2, 3, 56, 56), 3, 1, 1),
+    ("28x28 C=5 3x3 s1 p1", (1, 5, 28, 28), 3, 1, 1),
+    ("13x11 C=3 3x3 s1 p1", (2, 3, 13, 11), 3, 1, 1),
+    ("40x12 C=3 3x3 s1 strips", (2, 3, 40, 12), 3, 1, 1),
+    ("9x10 C=1 5x5 s1 per-side", (1, 1, 9, 10), 5, 1, ((0, 4), (3, 1))),
+    ("36x20 C=2 5x5 s1 strips", (2, 2, 36, 20), 5, 1, 2),
+    ("7x7 C=2 7x7 s1 p3", (3, 2, 7, 7), 7, 1, 3),
+    ("5x9 C=1 7x7 s1 padding > filter", (1, 1, 5, 9), 7, 1, ((8, 2), (0, 8))),
+    ("1x12 C=1 3x3 s1 (1, 0)", (2, 1, 1, 12), 3, 1, (1, 0)),
+    ("6x272 C=1 3x3 s1 segments", (1, 1, 6, 272), 3, 1, 1),
+    ("3x264 C=1 5x5 s1 segments", (1, 1, 3, 264), 5, 1, 2),
+    ("112x112 C=2 3x3 s2 p1", (1, 2, 112, 112), 3, 2, 1),
+    ("56x56 C=3 3x3 s2 p1", (2, 3, 56, 56), 3, 2, 1),
+    ("56x56 C=2 5x5 s2 p2", (1, 2, 56, 56), 5, 2, 2),
+    ("13x14 C=3 3x3 s2 p1", (2, 3, 13, 14), 3, 2, 1),
+    ("17x16 C=1 5x5 s2 per-side", (1, 1, 17, 16), 5, 2, ((4, 0), (2, 2))),
+    ("15x14 C=2 7x7 s2 p3", (1, 2, 15, 14), 7, 2, 3),
+    ("12x16 C=2 3x3 s2 TF same", (1, 2, 12, 16), 3, 2, ((0, 1), (0, 1))),
+    ("4x520 C=1 3x3 s2 segments", (1, 1, 4, 520), 3, 2, 1),
+]
+FORWARD_REGS_DTYPES = [d for d in DTYPES if numpy.dtype(d) in _depthwise_nchw_forward_regs.DTYPES]
+
+
+def _check_nchw_forward_regs(case, dtype, backward, src_offset, rng):
+    label, x_shape, k, stride, padding = case
+    if backward and stride != 1:
+        pytest.skip("the register row walk's backward-input is stride 1 only")
+    g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, k, k), padding, dtype, backward, rng, stride)
+    src_gpu = _offset_view(src.shape, dtype, src_offset, src)
+    dst = poisoned(want.shape, dtype)
+    launch = _depthwise_nchw_forward_regs.plan(g, numpy.dtype(dtype), backward, depthwise._alignment(src_gpu),
+                                               depthwise._alignment(dst))
+    if launch is None:
+        # Only a stride-2 walk whose source vectors (>= 2 values) cannot be aligned.
+        offset_left = _validate.correlation_frame(g, backward)[5]
+        itemsize = numpy.dtype(dtype).itemsize
+        assert stride == 2 and ((offset_left - k // 2) % 2 or src_offset % (2 * itemsize) or g.width % 2), label
+        return
+    launch(src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
+    error = relative_error(dst, want)
+    record_errors("depthwise NCHW register row walk", str(numpy.dtype(dtype)),
+                  {("backward_input" if backward else "forward"): error})
+    assert error <= TOLERANCE[dtype], label
+
+
+@pytest.mark.parametrize("src_offset", [0, 4], ids=["aligned", "src+4B"])
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", FORWARD_REGS_DTYPES, ids=str)
+@pytest.mark.parametrize("case", FORWARD_REGS_CASES, ids=lambda c: c[0])
+def test_nchw_forward_regs_kernel_matches_reference(case, dtype, backward, src_offset, rng):
+    _check_nchw_forward_regs(case, dtype, backward, src_offset, rng)
+
+
+# The long row strips, forced on small tensors (the grid rule shortens them there).
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", FORWARD_REGS_DTYPES, ids=str)
+@pytest.mark.parametrize("case", [c for c in FORWARD_REGS_CASES
+                                  if c[0].startswith(("56x56", "40x12", "36x20", "112x112"))], ids=lambda c: c[0])
+def test_nchw_forward_regs_long_strips(case, dtype, backward, rng, monkeypatch):
+    monkeypatch.setattr(_launch, "LONG_STRIP_MIN_THREADS", 0)
+    _depthwise_nchw_forward_regs.plan.cache_clear()
+    try:
+        _check_nchw_forward_regs(case, dtype, backward, 0, rng)
+    finally:
+        _depthwise_nchw_forward_regs.plan.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", FORWARD_REGS_DTYPES, ids=str)
+def test_nchw_forward_regs_dispatch_follows_the_mode(dtype, rng, monkeypatch):
+    # MODE "always" / "rule" / "never": the ops launch the row walk exactly
+    # where the mode (and preferred, for "rule") says, with the reference's
+    # results; multiplier 2 and dilation 2 keep the other kernels.
+    for mode in ("always", "rule", "never"):
+        monkeypatch.setattr(_depthwise_nchw_forward_regs, "MODE", mode)
+        monkeypatch.setattr(depthwise, "_SIGNATURES", {})
+        for x_shape, k, stride, multiplier, dilation in [
+            ((2, 4, 56, 56), 3, 1, 1, 1), ((2, 4, 28, 28), 3, 1, 1, 1), ((1, 3, 112, 112), 3, 2, 1, 1),
+            ((2, 3, 56, 56), 5, 2, 1, 1), ((1, 2, 24, 24), 7, 1, 1, 1), ((1, 2, 24, 24), 3, 1, 2, 1),
+            ((1, 2, 24, 24), 3, 1, 1, 2),
+        ]:
+            c = x_shape[1]
+            w_shape = (c * multiplier, 1, k, k)
+            conv = dict(stride=stride, padding=k // 2 * dilation, dilation=dilation)
+            g = _validate.conv_geometry(x_shape, w_shape, stride, conv["padding"], dilation)
+            x, w, b = random(rng, x_shape, dtype), random(rng, w_shape, dtype), random(rng, w_shape[0], dtype)
+            x_gpu = cupy.asarray(x)
+            y = cupy_dwgn.depthwise_conv2d(x_gpu, cupy.asarray(w), cupy.asarray(b), **conv)
+            assert relative_error(y, reference.depthwise_conv2d(x, w, b, **conv)) <= TOLERANCE[dtype], (mode, x_shape)
+            for backward, src, dst in ((False, x_gpu, y), (True, y, x_gpu)):
+                if backward and stride != 1:
+                    continue
+                steps = (depthwise._backward_input_steps if backward else depthwise._forward_steps)(g, "NCHW", src, dst)
+                taken = steps.launches[0].expression.startswith(_depthwise_nchw_forward_regs.KERNEL)
+                plan = _depthwise_nchw_forward_regs.plan(g, numpy.dtype(dtype), backward, 16, 16)
+                want_taken = plan is not None and (mode == "always" or (
+                    mode == "rule" and _depthwise_nchw_forward_regs.preferred(
+                        g, dtype, backward, _depthwise_nchw_forward_regs.launch_vector_width(plan))))
+                assert taken == want_taken, (mode, x_shape, k, stride, backward)
+            if stride == 1:
+                dy = random(rng, y.shape, dtype)
+                dx = cupy_dwgn.depthwise_conv2d_backward_input(cupy.asarray(dy), cupy.asarray(w), x_shape,
+                                                               out=poisoned(x_shape, dtype), **conv)
+                want = reference.depthwise_conv2d_backward_input(dy, w, x_shape, **conv)
+                assert relative_error(dx, want) <= TOLERANCE[dtype], (mode, x_shape)
 
 
 # The NCHW row kernel (_depthwise_nchw_rows), launched directly on poisoned

@@ -1,0 +1,188 @@
+"""NCHW forward (stride 1 or 2) and stride-1 backward-input with the filter
+in registers and no shared-memory staging (kernels/depthwise_nchw_forward_regs.cu,
+the "register row walk"): square 3x3, 5x5 and 7x7 filters, dilation 1,
+depth multiplier 1, any padding, float32, float16 and bfloat16.  The ops take
+it where ``preferred`` says so; ``MODE`` overrides that for tests and
+benchmarks.
+
+Launch rule (no user tuning), from the shape only:
+
+* VW destination columns per thread: the widest power of two with VW *
+  itemsize <= 16 bytes and VW <= MAX_VECTOR[(K, itemsize)] (registers) such
+  that VW divides the destination width, and XV = min(VW * stride, 16 bytes
+  of elements), the source vector, divides the source width and pad_left -
+  K // 2 (of the correlation: the backward-input's is K - 1 - pad_left),
+  and both arrays' byte alignments allow them (56-wide fp16 3x3: VW 8; a
+  stride-2 112 -> 56 float32 row: VW 4, two 16-byte source vectors).
+* Lane groups: ceil(OW / VW) lanes per destination row, cut into segments
+  of at most 32 lanes (as the register weight gradient); a warp holds
+  32 // G groups.  Row strips of at most MAX_STRIP_ROWS[(K, itemsize,
+  stride)] destination rows (balanced), halved (down to MIN_STRIP_ROWS)
+  while the grid would hold fewer than _launch.LONG_STRIP_MIN_THREADS
+  threads.  Units: (plane, row strip, segment), one per worker (warp,
+  group): a grid of ceil(units / workers) blocks of THREADS.
+"""
+
+import functools
+
+import numpy
+
+from . import _compile, _dtypes, _launch, _validate
+from ._launch import i32
+
+#: "rule": the ops take this kernel where ``preferred`` says it wins;
+#: "always": wherever it serves the call (tests, the sanitizer workload,
+#: benchmarks); "never": not at all.
+MODE = "rule"
+
+KERNEL_FILE = "depthwise_nchw_forward_regs.cu"
+KERNEL = "dwgn_nchw_forward_regs"
+FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
+DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16)
+#: (stride, backward) compiled.
+VARIANTS = ((1, False), (2, False), (1, True))
+
+THREADS = 128  # kernel: kThreads
+VECTOR_BYTES = 16
+#: (K, element size) -> the widest VW compiled (2-byte 5x5 at VW 8 spilled
+#: at its 128 registers).
+MAX_VECTOR = {(3, 2): 8, (3, 4): 4, (5, 2): 4, (5, 4): 4, (7, 2): 4, (7, 4): 4}
+#: (K, element size, stride) -> destination rows per strip at most.  H200,
+#: 2026-12-03, strips of 4 / 7 / 14 rows: float32 64x96x112 3x3 stride 2
+#: 101.0 / 94.7 / 98.1 us, 64x144x56 42.5 / 40.2 / 41.2; float16 59.6 /
+#: 57.2 / 56.6 and 30.8 / 29.0 / 28.1; 5x5 stride 2 64x240x56 float16 78.5 /
+#: 72.1 / 66.0, float32 99.6 / 97.4 / 93.6 (a strip re-reads K - S source
+#: rows); stride 1 fp16 64x144x56 3x3 (16 / 28 rows) 44.2 / 44.4.
+MAX_STRIP_ROWS = {(3, 4, 2): 7, (3, 2, 2): 14, (5, 4, 2): 14, (5, 2, 2): 14, (7, 4, 2): 14, (7, 2, 2): 14,
+                  (3, 4, 1): 16, (3, 2, 1): 16, (5, 4, 1): 16, (5, 2, 1): 16, (7, 4, 1): 28, (7, 2, 1): 28}
+MIN_STRIP_ROWS = 4
+
+
+def vector_widths(k, itemsize):
+    """Every VW compiled for this filter size and element size."""
+    top = min(MAX_VECTOR[(k, itemsize)], VECTOR_BYTES // itemsize)
+    return tuple(1 << i for i in range(top.bit_length()))
+
+
+def _expression(dtype, k, stride, vw, backward):
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, vw, "true" if backward else "false")
+
+
+def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True)):
+    """``(file, name expression)`` of every specialization.  backward: None
+    (both), False (forward) or True (backward-input).  large_index is
+    accepted for symmetry: plane offsets are 64-bit in this kernel."""
+    del large_index
+    dtypes = DTYPES if dtypes is None else [numpy.dtype(d) for d in dtypes if numpy.dtype(d) in DTYPES]
+    sizes = FILTER_SIZES if filter_sizes is None else [tuple(s) for s in filter_sizes if tuple(s) in FILTER_SIZES]
+    return [
+        (KERNEL_FILE, _expression(dtype, size[0], stride, vw, is_backward))
+        for dtype in dtypes for size in dict.fromkeys(sizes)
+        for stride, is_backward in VARIANTS if backward is None or is_backward == backward
+        for vw in vector_widths(size[0], dtype.itemsize)
+    ]
+
+
+def vector_width(k, stride, itemsize, src_w, dst_w, offset_left, src_alignment, dst_alignment):
+    """VW: the widest compiled width whose destination vector divides the
+    destination width and alignment and whose source vector XV divides the
+    source width, offset_left - K // 2 and the source alignment (in
+    elements); None when not even VW = 1 fits (stride 2 on odd widths)."""
+    for vw in reversed(vector_widths(k, itemsize)):
+        xv = source_vector(vw, stride, itemsize)
+        if (
+            dst_w % vw == 0 and src_w % xv == 0 and (offset_left - k // 2) % xv == 0
+            and src_alignment % (xv * itemsize) == 0 and dst_alignment % (vw * itemsize) == 0
+        ):
+            return vw
+    return None
+
+
+def source_vector(vw, stride, itemsize):
+    """XV, the source columns one load reads (kernel: XV): VW * stride, at
+    most 16 bytes of them."""
+    return min(vw * stride, VECTOR_BYTES // itemsize)
+
+
+def preferred(g, dtype, backward, vw):
+    """Whether the ops take this kernel for ``g`` (where it serves the call
+    at ``vw``): the stride-2 forward of 3x3 and 5x5 filters with 16-byte
+    source vectors, and the stride-1 2-byte 3x3 forward and backward-input
+    with 16-byte rows of 8 (56-wide planes).  Measured on an H200
+    (2026-12-03, us, this kernel against the kernels the ops took before:
+    the shared-memory window and whole-plane kernels): stride 2 float32
+    64x96x112 94.7 / 109.6, 64x144x56 40.2 / 55.3, 64x240x56 5x5 93.6 /
+    106.7; float16 56.6 / 64.5, 26.5 / 35.8, 66.0 / 84.5 (bfloat16 alike);
+    stride 1 fp16 64x144x56 forward 44.2 / 46.3, backward-input 43.8 /
+    51.8.  Not taken: the stride-1 float32 3x3 (64x144x56 71.6 / 69.1,
+    64x384x28 53.1 / 52.5), 2-byte rows of 4 (64x384x28 fp16 38.0 / 35.5),
+    5x5 (64x240x28 fp16 41.0 / 37.3, float32 50.9 / 43.5) and 7x7 (64x96x56
+    fp16 99.9 / 74.7, 64x384x14 float32 46.7 / 36.8) at stride 1: their
+    shared-memory kernels reuse each staged row across more taps than the
+    walk's registers hold."""
+    itemsize = numpy.dtype(dtype).itemsize
+    k = g.filter_height
+    if g.stride_h == 2:
+        return not backward and k in (3, 5) and source_vector(vw, 2, itemsize) * itemsize == VECTOR_BYTES
+    return k == 3 and itemsize == 2 and vw == 8
+
+
+def select(g, dtype, backward, src_alignment, dst_alignment):
+    """``plan(...)`` when the ops take this kernel (per ``MODE``), else None."""
+    if MODE == "never":
+        return None
+    launch = plan(g, dtype, backward, src_alignment, dst_alignment)
+    if launch is None or MODE == "always" or preferred(g, dtype, backward, launch_vector_width(launch)):
+        return launch
+    return None
+
+
+def launch_vector_width(launch):
+    """The VW of a launch of this kernel (its last template argument but one)."""
+    return int(launch.expression.rsplit(",", 2)[1])
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(g, dtype, backward, src_alignment, dst_alignment, max_strip_rows=None):
+    """The Launch for this signature (arguments: src, weight, bias or the
+    null pointer, dst), or None when this kernel does not serve it.
+    ``*_alignment``: the largest of 16, 8, 4, 2, 1 dividing the address."""
+    dtype = numpy.dtype(dtype)
+    size = (g.filter_height, g.filter_width)
+    stride = g.stride_h
+    if size not in FILTER_SIZES or not _validate.plain_stride_one_or_two(g, backward) or dtype not in DTYPES:
+        return None
+    src_h, src_w, dst_h, dst_w, offset_top, offset_left = _validate.correlation_frame(g, backward)
+    if min(g.batch, g.channels, src_h, src_w, dst_h, dst_w) <= 0:
+        return None
+    if (
+        src_h * src_w >= _launch.PLANE_LIMIT or dst_h * dst_w >= _launch.PLANE_LIMIT
+        or src_h + abs(offset_top) + size[0] >= _launch.PLANE_LIMIT
+        or src_w + abs(offset_left) + size[0] >= _launch.PLANE_LIMIT
+    ):
+        return None
+    k = size[0]
+    vw = vector_width(k, stride, dtype.itemsize, src_w, dst_w, offset_left, src_alignment, dst_alignment)
+    if vw is None:
+        return None
+    lanes = -(-dst_w // vw)
+    segments = -(-lanes // 32)
+    group_lanes = -(-lanes // segments)
+    groups_per_warp = 32 // group_lanes
+    workers = THREADS // 32 * groups_per_warp
+    planes = g.batch * g.channels
+    max_rows = max_strip_rows or MAX_STRIP_ROWS[(k, dtype.itemsize, stride)]
+    row_strip, row_strips = _launch.row_strips(dst_h, max_rows)
+    # Shorter strips where the long ones leave the grid small (as the
+    # register weight gradients; one unit per worker here).
+    while row_strip > MIN_STRIP_ROWS and planes * row_strips * segments * group_lanes < _launch.LONG_STRIP_MIN_THREADS:
+        row_strip, row_strips = _launch.row_strips(dst_h, max(MIN_STRIP_ROWS, row_strip // 2))
+    units = planes * row_strips * segments
+    blocks = -(-units // workers)
+    if blocks >= 2**31:
+        return None
+    return _launch.Launch(
+        KERNEL_FILE, _expression(dtype, k, stride, vw, backward), (blocks,), (THREADS,), 0,
+        (i32(src_h), i32(src_w), i32(g.channels), i32(dst_h), i32(dst_w), i32(offset_top), i32(offset_left),
+         i32(row_strip), i32(row_strips), i32(segments), i32(group_lanes), numpy.int64(units)),
+    )
