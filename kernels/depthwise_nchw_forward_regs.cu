@@ -120,7 +120,7 @@ dwgn_nchw_forward_regs(const T* __restrict__ src, const T* __restrict__ weight, 
   constexpr int PB = P / gcd(P, NB) * NB;
   using XRaw = typename dwgn::Bits<XV * static_cast<int>(sizeof(T))>::type;
   using ERaw = typename dwgn::Bits<static_cast<int>(sizeof(T))>::type;
-  static_assert(NH >= 1 && NH <= 32, "halo bits");
+  using Halo = dwgn_walk::Halo<SH, VS, NH>;
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -128,20 +128,8 @@ dwgn_nchw_forward_regs(const T* __restrict__ src, const T* __restrict__ weight, 
   const int group = lane / group_lanes;
   const int gl = lane - group * group_lanes;
   const int workers = kWarps * groups_per_warp;
-  // The group's lane mask and which halo columns come from a lane of the
-  // group (bit h; else loaded), kept in registers by an identity shuffle
-  // (see the weight-gradient kernel).
-  unsigned group_mask =
-      (group_lanes == 32 ? 0xffffffffu : ((1u << group_lanes) - 1u)) << ((group * group_lanes) & 31);
-  unsigned from_lane = 0;
-#pragma unroll
-  for (int h = 0; h < NH; ++h) {
-    const int d = (h < SH ? h : h + VS) - SH;
-    const int from = gl + floor_div(d, VS);
-    if (from >= 0 && from < group_lanes) from_lane |= 1u << h;
-  }
-  group_mask = __shfl_sync(0xffffffffu, group_mask, lane);
-  from_lane = __shfl_sync(0xffffffffu, from_lane, lane);
+  unsigned group_mask, from_lane;  // the lane constants of the shuffles (dwgn_walk::Halo)
+  Halo::lane_constants(lane, group, gl, group_lanes, group_mask, from_lane);
   const int per_plane = row_strips * segments;
 
   for (long long u = static_cast<long long>(blockIdx.x) * workers + warp * groups_per_warp + group;
@@ -171,12 +159,7 @@ dwgn_nchw_forward_regs(const T* __restrict__ src, const T* __restrict__ weight, 
 #pragma unroll
     for (int v = 0; v < NV; ++v)
       if (static_cast<unsigned>(ob + v * XV) < static_cast<unsigned>(width)) own_ok |= 1u << v;
-    unsigned direct = 0;
-#pragma unroll
-    for (int h = 0; h < NH; ++h) {
-      const int d = (h < SH ? h : h + VS) - SH;
-      if (!((from_lane >> h) & 1u) && static_cast<unsigned>(ob + d) < static_cast<unsigned>(width)) direct |= 1u << h;
-    }
+    const unsigned direct = Halo::direct(from_lane, ob, width);  // halo columns loaded by this lane
 
     // Cursors: the source row of the next step to load at column ob, and
     // the next destination row to store at column ow0.
@@ -187,10 +170,7 @@ dwgn_nchw_forward_regs(const T* __restrict__ src, const T* __restrict__ weight, 
 #pragma unroll
       for (int v = 0; v < NV; ++v) load_if(xr[v], x_at + v * XV, row_ok && ((own_ok >> v) & 1u));
 #pragma unroll
-      for (int h = 0; h < NH; ++h) {
-        const int d = (h < SH ? h : h + VS) - SH;
-        load_if(hr[h], x_at + d, row_ok && ((direct >> h) & 1u));
-      }
+      for (int h = 0; h < NH; ++h) load_if(hr[h], x_at + Halo::offset(h), row_ok && ((direct >> h) & 1u));
       x_at += width;
     };
 
@@ -226,16 +206,7 @@ dwgn_nchw_forward_regs(const T* __restrict__ src, const T* __restrict__ weight, 
 #pragma unroll
         for (int h = 0; h < NH; ++h) direct_value[h] = element<T>(hr[cur][h], 0);
         load_step(xr[ahead], hr[ahead], j + L);
-#pragma unroll
-        for (int h = 0; h < NH; ++h) {
-          const int e = h < SH ? h : h + VS;
-          const int delta = floor_div(e - SH, VS);
-          const int se = e - SH - delta * VS;
-          const bool inside = (from_lane >> h) & 1u;
-          const float shuffled = delta < 0 ? __shfl_up_sync(group_mask, xw[SH + se], -delta)
-                                           : __shfl_down_sync(group_mask, xw[SH + se], delta);
-          xw[e] = inside ? shuffled : direct_value[h];
-        }
+        Halo::fill(xw, from_lane, group_mask, direct_value);
         const bool row_in = static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
 #pragma unroll
         for (int kh = 0; kh < K; ++kh) {

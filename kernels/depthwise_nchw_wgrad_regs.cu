@@ -185,7 +185,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   constexpr int KK = K * K;
   using XRaw = typename dwgn::Bits<VW * static_cast<int>(sizeof(T))>::type;  // VW values of a row
   using ERaw = typename dwgn::Bits<static_cast<int>(sizeof(T))>::type;       // one value
-  static_assert(NH >= 1 && VS <= 32, "halo bits");
+  using Halo = dwgn_walk::Halo<SH, VS, NH>;
   __shared__ float red[kWarps][KK];
 
   const int c = blockIdx.x;
@@ -197,23 +197,9 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
   const int gl = lane - group * group_lanes;  // lane within the group
   const int worker = warp * groups_per_warp + group;
   const int workers = kWarps * groups_per_warp;
-  // The lane constants of the shuffles: the group's lane mask and which
-  // halo columns come from a lane of the group (from_lane bit h: halo h is
-  // own column se of lane gl + delta, inside the group; else it is loaded).
-  // Passed through an identity shuffle (every lane of the warp gets here)
-  // so that ptxas keeps them in registers: it recomputed them in the walk
-  // (about 20 instructions) to save the two registers.
-  unsigned group_mask =
-      (group_lanes == 32 ? 0xffffffffu : ((1u << group_lanes) - 1u)) << ((group * group_lanes) & 31);
-  unsigned from_lane = 0;
-#pragma unroll
-  for (int h = 0; h < NH; ++h) {
-    const int d = (h < SH ? h : h + VS) - SH;
-    const int src = gl + floor_div(d, VS);
-    if (src >= 0 && src < group_lanes) from_lane |= 1u << h;
-  }
-  group_mask = __shfl_sync(0xffffffffu, group_mask, lane);
-  from_lane = __shfl_sync(0xffffffffu, from_lane, lane);
+  // The lane constants of the shuffles (dwgn_walk::Halo).
+  unsigned group_mask, from_lane;
+  Halo::lane_constants(lane, group, gl, group_lanes, group_mask, from_lane);
   const int begin = split * units_per_split;
   const int end = min(units, begin + units_per_split);
   const int per_image = row_strips * segments;
@@ -248,13 +234,8 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
 #pragma unroll
     for (int v = 0; v < S; ++v)
       if (static_cast<unsigned>(ob + v * VW) < static_cast<unsigned>(width)) own_ok |= 1u << v;
-    // Halo h is window column e = h (h < SH) or h + VS, own-relative d = e - SH.
-    unsigned direct = 0;
-#pragma unroll
-    for (int h = 0; h < NH; ++h) {
-      const int d = (h < SH ? h : h + VS) - SH;
-      if (!((from_lane >> h) & 1u) && static_cast<unsigned>(ob + d) < static_cast<unsigned>(width)) direct |= 1u << h;
-    }
+    // The halo columns this lane loads itself (dwgn_walk::Halo).
+    const unsigned direct = Halo::direct(from_lane, ob, width);
 
     // Row cursors: x_at is the input row of the next step to load (ih0 + j)
     // at the thread's first own column ob, g_at the next grad_out row (oh0 +
@@ -289,8 +270,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
       if (!clean) {
 #pragma unroll
         for (int h = 0; h < NH; ++h) {
-          const int d = (h < SH ? h : h + VS) - SH;
-          load_if(hr[h], x_at + d, row_ok && ((direct >> h) & 1u));
+          load_if(hr[h], x_at + Halo::offset(h), row_ok && ((direct >> h) & 1u));
         }
       }
       x_at += width;
@@ -365,19 +345,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
           for (int t = 0; t < VW; ++t) g[pos_mod(floor_div(q, S), R)][t] = element<T>(gr[cur], t);
         }
         load_step(xr[ahead], hr[ahead], gr[ahead], j + L, pos_mod(q + L, S) == 0, !test);
-#pragma unroll
-        for (int h = 0; h < NH; ++h) {
-          const int e = h < SH ? h : h + VS;
-          const int delta = floor_div(e - SH, VS);
-          const int se = e - SH - delta * VS;  // column within the source lane's own columns
-          const bool inside = (from_lane >> h) & 1u;
-          // From lane + delta (delta != 0; no lane index to compute): where
-          // that lane is outside the group (another group's lane, or this
-          // lane's own value past the warp's edge) the value is not used.
-          const float shuffled = delta < 0 ? __shfl_up_sync(group_mask, xw[SH + se], -delta)
-                                           : __shfl_down_sync(group_mask, xw[SH + se], delta);
-          xw[e] = inside ? shuffled : direct_value[h];
-        }
+        Halo::fill(xw, from_lane, group_mask, direct_value);
 
         const bool row_in = static_cast<unsigned>(ih0 + j) < static_cast<unsigned>(height);
 #pragma unroll

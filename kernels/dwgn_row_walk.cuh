@@ -1,7 +1,8 @@
 // Helpers of the NCHW register row walks (depthwise_nchw_wgrad_regs.cu,
 // depthwise_nchw_forward_regs.cu): raw row vectors of 1-16 bytes held in
-// registers, their elements as float, predicated loads, and the integer
-// arithmetic of the unrolled walks.  Inlined by cupy_dwgn._compile like
+// registers, their elements as float, predicated loads, the integer
+// arithmetic of the unrolled walks, and a window's halo columns (Halo:
+// which lane of the group holds each, the shuffles that fetch them).  Inlined by cupy_dwgn._compile like
 // dwgn_common.cuh; include it after that header (it uses dwgn::half_of_word
 // and includes nothing itself).
 #pragma once
@@ -55,5 +56,66 @@ __device__ __forceinline__ void load_if(Raw& r, const T* p, bool ok) {
     r = *reinterpret_cast<const Raw*>(p);
   }
 }
+
+// The halo of a lane's window in the row walks.  A lane owns VS source
+// columns, window columns SH .. SH+VS-1 of its window of VS + NH columns;
+// halo h (0 .. NH-1) is window column e = h (h < SH, left) or h + VS
+// (right), source column d = e - SH relative to its first own column.  It
+// is own column se of lane gl + delta (delta = floor(d / VS)), shuffled
+// from there when that lane is in the lane's group of group_lanes, else
+// loaded by the lane itself (a row or segment edge; zero outside the row).
+template <int SH, int VS, int NH>
+struct Halo {
+  static_assert(NH >= 1 && NH <= 32, "halo bits");
+  static constexpr int column(int h) { return h < SH ? h : h + VS; }  // e
+  static constexpr int offset(int h) { return column(h) - SH; }       // d
+
+  // The group's lane mask and the halo columns that come from a lane of
+  // the group (bit h), passed through an identity shuffle (every lane of
+  // the warp calls this) so that ptxas keeps them in two registers: it
+  // recomputed them in the walk (about 20 instructions) to save them.
+  static __device__ __forceinline__ void lane_constants(int lane, int group, int gl, int group_lanes,
+                                                        unsigned& group_mask, unsigned& from_lane) {
+    group_mask = (group_lanes == 32 ? 0xffffffffu : ((1u << group_lanes) - 1u)) << ((group * group_lanes) & 31);
+    from_lane = 0;
+#pragma unroll
+    for (int h = 0; h < NH; ++h) {
+      const int from = gl + floor_div(offset(h), VS);
+      if (from >= 0 && from < group_lanes) from_lane |= 1u << h;
+    }
+    group_mask = __shfl_sync(0xffffffffu, group_mask, lane);
+    from_lane = __shfl_sync(0xffffffffu, from_lane, lane);
+  }
+
+  // The halo columns the lane loads itself (bit h): not from a lane of the
+  // group and inside [0, width) (ob: the lane's first own source column).
+  static __device__ __forceinline__ unsigned direct(unsigned from_lane, int ob, int width) {
+    unsigned bits = 0;
+#pragma unroll
+    for (int h = 0; h < NH; ++h)
+      if (!((from_lane >> h) & 1u) && static_cast<unsigned>(ob + offset(h)) < static_cast<unsigned>(width))
+        bits |= 1u << h;
+    return bits;
+  }
+
+  // Fills the halo columns of xw (whose own columns are set) from the
+  // group's lanes, or from direct_value[h] where the lane loaded it.  From
+  // lane + delta (delta != 0; no lane index to compute): where that lane is
+  // outside the group (another group's lane, or this lane's own value past
+  // the warp's edge) the value is not used.
+  template <int IW>
+  static __device__ __forceinline__ void fill(float (&xw)[IW], unsigned from_lane, unsigned group_mask,
+                                              const float (&direct_value)[NH]) {
+#pragma unroll
+    for (int h = 0; h < NH; ++h) {
+      const int delta = floor_div(offset(h), VS);
+      const int se = offset(h) - delta * VS;  // column within the source lane's own columns
+      const bool inside = (from_lane >> h) & 1u;
+      const float shuffled = delta < 0 ? __shfl_up_sync(group_mask, xw[SH + se], -delta)
+                                       : __shfl_down_sync(group_mask, xw[SH + se], delta);
+      xw[column(h)] = inside ? shuffled : direct_value[h];
+    }
+  }
+};
 
 }  // namespace dwgn_walk

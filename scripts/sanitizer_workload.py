@@ -232,21 +232,17 @@ def wgrad_mma():
         _depthwise_wgrad_mma.MODE, dw._SIGNATURES = "rule", {}
 
 
-def nchw_rows():
-    # The NCHW row kernel for every narrow-row 3x3/5x5/7x7 NCHW forward and
-    # backward-input call (MODE "always", the call-signature cache cleared):
-    # both row widths, stride 2, padding past the filter, per-side padding,
-    # a 1x1 image, a misaligned view, a partial last block.
-    from cupy_dwgn import _depthwise_nchw_rows, _dtypes, depthwise as dw
+def _nchw_direct_calls(module, cases):
+    # Every NCHW forward and (stride 1) backward-input call of `cases` ((x
+    # shape, filter size, stride, padding)) with `module`'s kernel forced
+    # (MODE "always", the call-signature cache cleared), aligned and from a
+    # misaligned view, in the three dtypes the direct-style kernels serve.
+    from cupy_dwgn import _dtypes, depthwise as dw
 
-    _depthwise_nchw_rows.MODE, dw._SIGNATURES = "always", {}
+    module.MODE, dw._SIGNATURES = "always", {}
     try:
         for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
-            for x_shape, k, stride, padding in [
-                ((3, 37, 7, 7), 3, 1, 1), ((2, 9, 14, 14), 7, 1, 3), ((1, 6, 5, 3), 7, 1, 8),
-                ((2, 5, 11, 13), 5, 1, ((0, 4), (3, 1))), ((4, 7, 1, 1), 3, 1, 1), ((2, 21, 14, 14), 3, 2, 1),
-                ((1, 6, 13, 16), 7, 2, 3), ((2, 13, 16, 16), 5, 1, 2),
-            ]:
+            for x_shape, k, stride, padding in cases:
                 c = x_shape[1]
                 conv = dict(stride=stride, padding=padding)
                 x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
@@ -258,39 +254,34 @@ def nchw_rows():
                     cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
                     cupy_dwgn.depthwise_conv2d_backward_input(_misaligned(y), w, x_shape, **conv)
     finally:
-        _depthwise_nchw_rows.MODE, dw._SIGNATURES = "rule", {}
+        module.MODE, dw._SIGNATURES = "rule", {}
+
+
+def nchw_rows():
+    # The NCHW row kernel: both row widths, stride 2, padding past the
+    # filter, per-side padding, a 1x1 image, a partial last block.
+    from cupy_dwgn import _depthwise_nchw_rows
+
+    _nchw_direct_calls(_depthwise_nchw_rows, [
+        ((3, 37, 7, 7), 3, 1, 1), ((2, 9, 14, 14), 7, 1, 3), ((1, 6, 5, 3), 7, 1, 8),
+        ((2, 5, 11, 13), 5, 1, ((0, 4), (3, 1))), ((4, 7, 1, 1), 3, 1, 1), ((2, 21, 14, 14), 3, 2, 1),
+        ((1, 6, 13, 16), 7, 2, 3), ((2, 13, 16, 16), 5, 1, 2),
+    ])
 
 
 def nchw_forward_regs():
-    # The NCHW register row walk for every NCHW forward (stride 1 and 2) and
-    # stride-1 backward-input call it serves (MODE "always", the
-    # call-signature cache cleared): 56-wide rows of 8 2-byte values,
-    # stride-2 rows of two 16-byte vectors, strips cut by the bottom, rows
-    # wider than a warp (segments), odd widths, padding past the filter,
-    # per-side padding, a misaligned view, 1-row planes.
-    from cupy_dwgn import _depthwise_nchw_forward_regs, _dtypes, depthwise as dw
+    # The NCHW register row walk: 56-wide rows of 8 2-byte values, stride-2
+    # rows of two 16-byte vectors, strips cut by the bottom, rows wider than
+    # a warp (segments), odd widths, padding past the filter, per-side
+    # padding, 1-row planes.
+    from cupy_dwgn import _depthwise_nchw_forward_regs
 
-    _depthwise_nchw_forward_regs.MODE, dw._SIGNATURES = "always", {}
-    try:
-        for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
-            for x_shape, k, stride, padding in [
-                ((2, 3, 56, 56), 3, 1, 1), ((1, 3, 40, 12), 3, 1, 1), ((2, 3, 13, 11), 3, 1, 1),
-                ((1, 2, 36, 20), 5, 1, 2), ((1, 1, 5, 9), 7, 1, ((8, 2), (0, 8))), ((2, 1, 1, 12), 3, 1, (1, 0)),
-                ((1, 1, 6, 272), 3, 1, 1), ((1, 2, 112, 112), 3, 2, 1), ((1, 2, 56, 56), 5, 2, 2),
-                ((2, 3, 13, 14), 3, 2, 1), ((1, 2, 15, 14), 7, 2, 3), ((1, 1, 4, 520), 3, 2, 1),
-            ]:
-                c = x_shape[1]
-                conv = dict(stride=stride, padding=padding)
-                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
-                w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
-                b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
-                y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
-                cupy_dwgn.depthwise_conv2d(_misaligned(x), w, **conv)
-                if stride == 1:
-                    cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
-                    cupy_dwgn.depthwise_conv2d_backward_input(_misaligned(y), w, x_shape, **conv)
-    finally:
-        _depthwise_nchw_forward_regs.MODE, dw._SIGNATURES = "rule", {}
+    _nchw_direct_calls(_depthwise_nchw_forward_regs, [
+        ((2, 3, 56, 56), 3, 1, 1), ((1, 3, 40, 12), 3, 1, 1), ((2, 3, 13, 11), 3, 1, 1),
+        ((1, 2, 36, 20), 5, 1, 2), ((1, 1, 5, 9), 7, 1, ((8, 2), (0, 8))), ((2, 1, 1, 12), 3, 1, (1, 0)),
+        ((1, 1, 6, 272), 3, 1, 1), ((1, 2, 112, 112), 3, 2, 1), ((1, 2, 56, 56), 5, 2, 2),
+        ((2, 3, 13, 14), 3, 2, 1), ((1, 2, 15, 14), 7, 2, 3), ((1, 1, 4, 520), 3, 2, 1),
+    ])
 
 
 def nhwc_direct():

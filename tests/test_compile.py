@@ -246,6 +246,33 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
                 assert all(v > 0 for v in launch.grid + launch.block), launch
 
 
+def _correlation_case(rng, x_shape, weight, conv, g, backward):
+    """(source, bias or None, float64 reference) of a forward (source x) or
+    backward-input (source grad_out) call of the direct-style kernels."""
+    from cupy_dwgn import reference
+
+    y_shape = (x_shape[0], weight.shape[0], g.out_height, g.out_width)
+    src = rng.standard_normal(y_shape if backward else x_shape)
+    bias = None if backward else rng.standard_normal(weight.shape[0])
+    if backward:
+        return src, bias, reference.depthwise_conv2d_backward_input(src, weight, x_shape, **conv)
+    return src, bias, reference.depthwise_conv2d(src, weight, bias, **conv)
+
+
+def _emulation_arrays(src, weight, channels, k, src_h, src_w, dst_h, dst_w, backward):
+    """(source planes, filters (rotated for backward-input), NaN destination,
+    write counts) in float64 for the direct-style kernels' emulations."""
+    import numpy
+
+    planes = src.shape[0] * src.shape[1]
+    x = src.astype(numpy.float64).reshape(planes, src_h, src_w)
+    w = weight.astype(numpy.float64).reshape(channels, k, k)
+    if backward:
+        w = w[:, ::-1, ::-1]
+    out = numpy.full((planes, dst_h, dst_w), numpy.nan)
+    return x, w, out, numpy.zeros(out.shape, numpy.int64)
+
+
 def _emulate_nchw_rows(launch, src, weight, bias, backward):
     """What kernels/depthwise_nchw_rows.cu computes for ``launch``, in
     float64, following its index math (thread t: destination row t % dst_h
@@ -257,13 +284,7 @@ def _emulate_nchw_rows(launch, src, weight, bias, backward):
     channels, src_h, src_w, dst_h, dst_w, off_top, off_left, num_rows = (int(v) for v in launch.scalars)
     k, _, stride, width = (int(v) for v in launch.expression.split("<")[1].split(", ")[1:5])
     assert launch.grid[0] * launch.block[0] >= num_rows
-    planes = src.shape[0] * src.shape[1]
-    x = src.astype(numpy.float64).reshape(planes, src_h, src_w)
-    w = weight.astype(numpy.float64).reshape(channels, k, k)
-    if backward:
-        w = w[:, ::-1, ::-1]
-    out = numpy.full((planes, dst_h, dst_w), numpy.nan)
-    writes = numpy.zeros(out.shape, numpy.int64)
+    x, w, out, writes = _emulation_arrays(src, weight, channels, k, src_h, src_w, dst_h, dst_w, backward)
     for t in range(num_rows):
         plane, y = divmod(t, dst_h)
         channel = plane % channels
@@ -292,7 +313,7 @@ def test_nchw_rows_kernel_index_math_matches_the_reference(case):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_rows as rows
-    from cupy_dwgn import _validate, reference
+    from cupy_dwgn import _validate
 
     x_shape, k, stride, padding = case
     c = x_shape[1]
@@ -301,13 +322,7 @@ def test_nchw_rows_kernel_index_math_matches_the_reference(case):
     conv = dict(stride=stride, padding=padding)
     weight = rng.standard_normal((c, 1, k, k))
     for backward in (False, True) if stride == 1 else (False,):
-        y_shape = (x_shape[0], c, g.out_height, g.out_width)
-        src = rng.standard_normal(y_shape if backward else x_shape)
-        bias = None if backward else rng.standard_normal(c)
-        if backward:
-            want = reference.depthwise_conv2d_backward_input(src, weight, x_shape, **conv)
-        else:
-            want = reference.depthwise_conv2d(src, weight, bias, **conv)
+        src, bias, want = _correlation_case(rng, x_shape, weight, conv, g, backward)
         launch = rows.plan(g, numpy.dtype(numpy.float32), backward, "int")
         got, writes = _emulate_nchw_rows(launch, src, weight, bias, backward)
         assert (writes == 1).all()
@@ -346,14 +361,8 @@ def _emulate_nchw_forward_regs(launch, src, weight, bias, backward):
     workers = 4 * (32 // group_lanes)
     assert launch.block == (128, 1, 1) and launch.grid[0] * workers >= units
     assert src_w % xv == 0 and (sh - pad_left) % xv == 0 and dst_w % vw == 0
-    planes = src.shape[0] * src.shape[1]
-    assert units == planes * row_strips * segments
-    x = src.astype(numpy.float64).reshape(planes, src_h, src_w)
-    w = weight.astype(numpy.float64).reshape(channels, k, k)
-    if backward:
-        w = w[:, ::-1, ::-1]
-    out = numpy.full((planes, dst_h, dst_w), numpy.nan)
-    writes = numpy.zeros(out.shape, numpy.int64)
+    assert units == src.shape[0] * src.shape[1] * row_strips * segments
+    x, w, out, writes = _emulation_arrays(src, weight, channels, k, src_h, src_w, dst_h, dst_w, backward)
     for u in range(units):
         plane, rest = divmod(u, row_strips * segments)
         strip, seg = divmod(rest, segments)
@@ -442,7 +451,7 @@ def test_nchw_forward_regs_walk_matches_the_reference(case, monkeypatch):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_forward_regs as walk
-    from cupy_dwgn import _launch, _validate, reference
+    from cupy_dwgn import _launch, _validate
 
     x_shape, k, stride, padding, itemsize = case
     c = x_shape[1]
@@ -456,13 +465,7 @@ def test_nchw_forward_regs_walk_matches_the_reference(case, monkeypatch):
             monkeypatch.setattr(_launch, "LONG_STRIP_MIN_THREADS", 0)
         walk.plan.cache_clear()
         for backward in (False, True) if stride == 1 else (False,):
-            y_shape = (x_shape[0], c, g.out_height, g.out_width)
-            src = rng.standard_normal(y_shape if backward else x_shape)
-            bias = None if backward else rng.standard_normal(c)
-            if backward:
-                want = reference.depthwise_conv2d_backward_input(src, weight, x_shape, **conv)
-            else:
-                want = reference.depthwise_conv2d(src, weight, bias, **conv)
+            src, bias, want = _correlation_case(rng, x_shape, weight, conv, g, backward)
             launch = walk.plan(g, dtype, backward, 16, 16)
             assert launch is not None
             got, writes = _emulate_nchw_forward_regs(launch, src, weight, bias, backward)
