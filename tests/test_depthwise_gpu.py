@@ -1941,6 +1941,49 @@ _OVER_2_31_PLANES = [
 ]
 
 
+# The NCHW register row walk past 2**31 elements (its plane offsets are
+# 64-bit in every specialization): float16 1 x 684800 x 56 x 56 = 2**31 +
+# 49152 (plane 684784 straddles 2**31), stride 1 both directions, and
+# 1 x 171200 x 112 x 112 = 2**31 + 49152 at stride 2 (plane 171196
+# straddles it).  (shape, stride, backward, planes checked)
+_OVER_2_31_ROW_WALK = [
+    ((1, 684800, 56, 56), 1, False, (0, 684783, 684784, 684785, 684799)),
+    ((1, 684800, 56, 56), 1, True, (0, 684783, 684784, 684785, 684799)),
+    ((1, 171200, 112, 112), 2, False, (0, 171195, 171196, 171197, 171199)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", _OVER_2_31_ROW_WALK, ids=lambda c: f"{c[0][2]}-s{c[1]}-{'bwd' if c[2] else 'fwd'}")
+def test_nchw_forward_regs_over_2_31_elements(case):
+    shape, stride, backward, planes = case
+    plane_size = shape[2] * shape[3]
+    straddling = planes[2]
+    assert numpy.prod(shape) >= 2**31 and (straddling + 1) * plane_size > 2**31 > straddling * plane_size
+    g = _validate.conv_geometry(shape, (shape[1], 1, 3, 3), stride, 1, 1)
+    w_host = random(numpy.random.default_rng(9), (shape[1], 1, 3, 3), numpy.float16)
+    w = cupy.asarray(w_host)
+    conv = dict(stride=stride, padding=1)
+    if backward:
+        src_shape = (1, shape[1], g.out_height, g.out_width)
+        src = cupy.random.default_rng(9).standard_normal(src_shape, dtype=cupy.float32).astype(cupy.float16)
+        out = cupy_dwgn.depthwise_conv2d_backward_input(src, w, shape, **conv)
+        steps = depthwise._backward_input_steps(g, "NCHW", src, out)
+    else:
+        src = cupy.random.default_rng(9).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
+        out = cupy_dwgn.depthwise_conv2d(src, w, **conv)
+        steps = depthwise._forward_steps(g, "NCHW", src, out)
+    assert steps.launches[0].expression.startswith(_depthwise_nchw_forward_regs.KERNEL)
+    for c in planes:
+        plane, wc = src[:, c : c + 1].get(), w_host[c : c + 1]
+        if backward:
+            want = reference.depthwise_conv2d_backward_input(plane, wc, (1, 1) + shape[2:], **conv)
+        else:
+            want = reference.depthwise_conv2d(plane, wc, **conv)
+        assert relative_error(out[:, c : c + 1], want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+    del src, out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("case", _OVER_2_31_PLANES, ids=lambda c: c[0].__name__.split("_", 3)[-1])
