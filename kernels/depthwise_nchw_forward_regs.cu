@@ -23,12 +23,15 @@
 // place of its taps:
 //
 // * Lanes.  A thread owns VW consecutive destination columns ow0 .. ow0+VW-1
-//   of a plane (VW * sizeof(T) <= 16 bytes; the host picks the widest VW
-//   dividing OW, W and pad_left - K/2 that both arrays' alignment allows).
-//   It loads the VS = VW*S source columns starting at ob = ow0*S - pad_left
-//   + K/2 as S aligned vectors; the K - S halo columns of its window come
-//   from the neighbour lanes of its group by shuffles, or, at a row or
-//   segment edge, from a scalar load of its own (zero outside [0, W)).
+//   of a plane (VW * sizeof(T) <= 16 bytes).  It loads the VS = VW*S
+//   source columns starting at ob = ow0*S - pad_left + K/2 as NV aligned
+//   vectors of XV = min(VS, 16 bytes) columns (the host picks the widest VW
+//   with VW dividing OW and XV dividing W and pad_left - K/2, that both
+//   arrays' alignments allow: each vector lies wholly inside or outside
+//   the row, and a wholly outside one is never loaded and stays zero).  The
+//   K - S halo columns of its window come from the neighbour lanes of its
+//   group by shuffles, or, at a row or segment edge, from a scalar load of
+//   its own (zero outside [0, W)): dwgn_walk::Halo.
 // * Rows.  A work unit is (plane, row strip, segment): destination rows
 //   oh0 .. oh0+rows-1.  The group walks the source rows ih0 + j, ih0 =
 //   oh0*S - pad_top, j = 0 .. (rows-1)*S + K-1, loading each once.  Source
