@@ -474,6 +474,56 @@ def test_nchw_forward_regs_walk_matches_the_reference(case, monkeypatch):
     walk.plan.cache_clear()
 
 
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def _row_walk_geometries(draw):
+    k = draw(st.sampled_from([3, 5, 7]))
+    stride = draw(st.sampled_from([1, 2]))
+    padding = tuple((draw(st.integers(0, k + 1)), draw(st.integers(0, k + 1))) for _ in range(2))
+    height = draw(st.integers(max(1, k - sum(padding[0])), 24))
+    # Widths that take wide vectors as well as odd ones.
+    width = draw(st.one_of(st.integers(max(1, k - sum(padding[1])), 40), st.sampled_from([8, 16, 24, 32, 48, 56])))
+    width = max(width, k - sum(padding[1]))
+    return (draw(st.integers(1, 2)), draw(st.integers(1, 3)), height, width), k, stride, padding
+
+
+@settings(max_examples=40, deadline=None)
+@given(_row_walk_geometries(), st.sampled_from([2, 4]), st.sampled_from([16, 8, 4, 2]), st.integers(0, 2**32 - 1))
+def test_nchw_forward_regs_walk_random_geometries(geometry, itemsize, alignment, seed):
+    # The row walk's emulation on drawn geometries (any padding per side,
+    # widths with and without vectors, both strides, both directions, the
+    # arrays' alignment): every destination value written once and equal to
+    # the float64 reference wherever the host plans the kernel; where it
+    # does not, only because a stride-2 walk's source vectors (>= 2 values)
+    # cannot be aligned.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_forward_regs as walk
+    from cupy_dwgn import _validate
+
+    x_shape, k, stride, padding = geometry
+    c = x_shape[1]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
+    rng = numpy.random.default_rng(seed)
+    conv = dict(stride=stride, padding=padding)
+    weight = rng.standard_normal((c, 1, k, k))
+    dtype = numpy.dtype(numpy.float32 if itemsize == 4 else numpy.float16)
+    alignment = max(alignment, itemsize)
+    for backward in (False, True) if stride == 1 else (False,):
+        src, bias, want = _correlation_case(rng, x_shape, weight, conv, g, backward)
+        launch = walk.plan(g, dtype, backward, alignment, alignment)
+        if launch is None:
+            offset_left = _validate.correlation_frame(g, backward)[5]
+            assert stride == 2 and ((offset_left - k // 2) % 2 or g.width % 2 or alignment < 2 * itemsize)
+            continue
+        got, writes = _emulate_nchw_forward_regs(launch, src, weight, bias, backward)
+        assert (writes == 1).all()
+        numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_nchw_forward_regs_rule():
     # Where the ops take the register row walk (preferred's docstring) and
     # the VW / strips it plans; what it does not serve.

@@ -525,6 +525,26 @@ def test_nchw_forward_regs_kernel_matches_reference(case, dtype, backward, src_o
     _check_nchw_forward_regs(case, dtype, backward, src_offset, rng)
 
 
+def _random_row_walk_case(seed):
+    """A seeded random geometry of the row walk's domain (square 3x3/5x5/7x7,
+    stride 1 or 2, any padding per side; widths with and without vectors)."""
+    r = numpy.random.default_rng(seed)
+    k, stride = int(r.choice([3, 5, 7])), int(r.choice([1, 2]))
+    padding = ((int(r.integers(0, k + 2)), int(r.integers(0, k + 2))), (int(r.integers(0, k + 2)), int(r.integers(0, k + 2))))
+    height = int(r.integers(max(1, k - sum(padding[0])), 48))
+    width = int(r.choice([int(r.integers(max(1, k - sum(padding[1])), 72)), 8, 16, 24, 56, 64, 112]))
+    width = max(width, k - sum(padding[1]))
+    shape = (int(r.integers(1, 4)), int(r.integers(1, 7)), height, width)
+    return (f"random {seed}", shape, k, stride, padding)
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", FORWARD_REGS_DTYPES, ids=str)
+@pytest.mark.parametrize("case", [_random_row_walk_case(seed) for seed in range(16)], ids=lambda c: c[0])
+def test_nchw_forward_regs_random_geometries(case, dtype, backward, rng):
+    _check_nchw_forward_regs(case, dtype, backward, 0, rng)
+
+
 # The long row strips, forced on small tensors (the grid rule shortens them there).
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("dtype", FORWARD_REGS_DTYPES, ids=str)
