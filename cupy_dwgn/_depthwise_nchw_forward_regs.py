@@ -143,7 +143,7 @@ def launch_vector_width(launch):
 
 
 @functools.lru_cache(maxsize=1024)
-def plan(g, dtype, backward, src_alignment, dst_alignment, max_strip_rows=None):
+def plan(g, dtype, backward, src_alignment, dst_alignment):
     """The Launch for this signature (arguments: src, weight, bias or the
     null pointer, dst), or None when this kernel does not serve it.
     ``*_alignment``: the largest of 16, 8, 4, 2, 1 dividing the address."""
@@ -171,8 +171,7 @@ def plan(g, dtype, backward, src_alignment, dst_alignment, max_strip_rows=None):
     groups_per_warp = 32 // group_lanes
     workers = THREADS // 32 * groups_per_warp
     planes = g.batch * g.channels
-    max_rows = max_strip_rows or MAX_STRIP_ROWS[(k, dtype.itemsize, stride)]
-    row_strip, row_strips = _launch.row_strips(dst_h, max_rows)
+    row_strip, row_strips = _launch.row_strips(dst_h, MAX_STRIP_ROWS[(k, dtype.itemsize, stride)])
     # Shorter strips where the long ones leave the grid small (as the
     # register weight gradients; one unit per worker here).
     while row_strip > MIN_STRIP_ROWS and planes * row_strips * segments * group_lanes < _launch.LONG_STRIP_MIN_THREADS:
