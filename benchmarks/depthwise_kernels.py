@@ -1,11 +1,12 @@
 """The NCHW forward and backward-input kernels that serve one geometry, side
 by side: the row kernel (_depthwise_nchw_rows), the whole-plane kernel
-(_depthwise_nchw_plane), the register window kernel (_depthwise_nchw_window)
-and the shared-memory tiled kernel; GPU time per launch (CUDA events around
+(_depthwise_nchw_plane), the register window kernel (_depthwise_nchw_window),
+the register row walk (_depthwise_nchw_forward_regs, "walk") and the
+shared-memory tiled kernel; GPU time per launch (CUDA events around
 20 launches over 3 rotating copies, after a warm-up pass; the smallest shapes
-stay in L2) and the largest difference of the row and plane kernels from the
-window (or tiled) kernel, relative to the largest output.  Stride 1 both
-directions, stride 2 forward.  The figures behind
+stay in L2) and the largest difference of the row and plane kernels and the
+walk from the window (or tiled) kernel, relative to the largest output.
+Stride 1 both directions, stride 2 forward.  The figures behind
 _depthwise_nchw_rows.preferred() and _depthwise_nchw_plane.preferred() come
 from it (about 20 s on an H200).
 
@@ -23,6 +24,7 @@ import numpy
 
 from cupy_dwgn import _validate, _launch, _depthwise_nchw_plane as plane, _depthwise_nchw_window as window
 from cupy_dwgn import _depthwise_nchw_rows as rows
+from cupy_dwgn import _depthwise_nchw_forward_regs as walk
 from cupy_dwgn import _depthwise_nchw as generic
 from cupy_dwgn._dtypes import bfloat16
 
@@ -68,6 +70,7 @@ def main():
                 cands = {"rows": rows.plan(g, dt, backward, index),
                          "plane": plane.plan(g, dt, backward, index, 16, 16),
                          "window": window.plan(g, dt, backward, index, 16, True),
+                         "walk": walk.plan(g, dt, backward, 16, 16),
                          "tiled": (generic._tiled_plan(g, dt, index, backward)
                                    if stride == 1 and generic._use_tiled(g, dt) else None)}
                 res, outs = {}, {}
@@ -80,7 +83,7 @@ def main():
                     outs[name] = ys[0].astype(numpy.float32).copy()
                 ref = outs.get("window", outs.get("tiled"))
                 checks = []
-                for name in ("rows", "plane"):
+                for name in ("rows", "plane", "walk"):
                     if name in outs and ref is not None:
                         diff = float(cupy.max(cupy.abs(outs[name] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
                         checks.append(f"{name} reldiff {diff:.1e} unwritten {int(cupy.isnan(outs[name]).sum())}")
