@@ -9,12 +9,13 @@ kernel does not serve the geometry), in this order:
                   rows of <= 16 values, where _depthwise_nchw_rows.preferred)
                   -> register row walk (3x3/5x5 at stride 2, 2-byte 3x3 on
                   rows of 8-value vectors at stride 1, where
-                  _depthwise_nchw_forward_regs.preferred) -> whole plane (where _depthwise_nchw_plane.preferred) ->
-                  register window (3x3/5x5/7x7, dilation 1, stride 1 or 2) ->
-                  tiled / direct
+                  _depthwise_nchw_forward_regs.preferred) -> whole plane
+                  (where _depthwise_nchw_plane.preferred) -> register window
+                  (3x3/5x5/7x7, dilation 1, stride 1 or 2) -> tiled / direct
 * NCHW backward-input: large filter -> rows (stride 1, where preferred) ->
-                  register row walk (stride 1, where preferred) -> whole plane (where preferred) -> register window (stride 1)
-                  -> tiled (stride 1) / direct gather (any stride)
+                  register row walk (stride 1, where preferred) -> whole
+                  plane (where preferred) -> register window (stride 1) ->
+                  tiled (stride 1) / direct gather (any stride)
 * backward-weight, both layouts: tensor cores first (half types, 3x3/5x5/7x7
                   at stride 1 on planes whose buffers fit in shared memory,
                   where _depthwise_wgrad_mma.preferred), then:
