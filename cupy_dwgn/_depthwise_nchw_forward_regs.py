@@ -56,6 +56,9 @@ MAX_VECTOR = {(3, 2): 8, (3, 4): 4, (5, 2): 4, (5, 4): 4, (7, 2): 4, (7, 4): 4}
 MAX_STRIP_ROWS = {(3, 4, 2): 7, (3, 2, 2): 14, (5, 4, 2): 14, (5, 2, 2): 14, (7, 4, 2): 14, (7, 2, 2): 14,
                   (3, 4, 1): 16, (3, 2, 1): 16, (5, 4, 1): 16, (5, 2, 1): 16, (7, 4, 1): 28, (7, 2, 1): 28}
 MIN_STRIP_ROWS = 4
+#: The narrowest destination of a float32 3x3 stride-2 forward the ops take
+#: the walk for with 8-byte source vectors (``preferred``).
+_MIN_WIDTH_8_BYTE_SOURCE = 24
 
 
 def vector_widths(k, itemsize):
@@ -119,11 +122,24 @@ def preferred(g, dtype, backward, vw):
     5x5 (64x240x28 fp16 41.0 / 37.3, float32 50.9 / 43.5) and 7x7 (64x96x56
     fp16 99.9 / 74.7, 64x384x14 float32 46.7 / 36.8) at stride 1: their
     shared-memory kernels reuse each staged row across more taps than the
-    walk's registers hold."""
+    walk's registers hold.
+
+    Also the float32 3x3 stride-2 forward with 8-byte source vectors (even
+    source widths whose destinations are not a multiple of 2 wide), on
+    destinations at least _MIN_WIDTH_8_BYTE_SOURCE wide (2026-12-04, us,
+    walk / the best other kernel): 64x144x150 359.7 / 443.2 (window),
+    64x192x50 60.8 / 80.6 (plane), 64x128x62 55.0 / 63.2 (window); about even
+    on narrower ones (64x288x38 64.7 / 64.4, 64x192x30 24.4 / 23.8).  Not
+    half types at those vectors (64x144x150 fp16 295.3 / 273.8, 64x192x50
+    49.5 / 44.4), nor 5x5 (64x144x150 float32 694.4 / 522.5)."""
     itemsize = numpy.dtype(dtype).itemsize
     k = g.filter_height
     if g.stride_h == 2:
-        return not backward and k in (3, 5) and source_vector(vw, 2, itemsize) * itemsize == VECTOR_BYTES
+        if backward or k not in (3, 5):
+            return False
+        source_bytes = source_vector(vw, 2, itemsize) * itemsize
+        return source_bytes == VECTOR_BYTES or (
+            k == 3 and itemsize == 4 and source_bytes == 8 and g.out_width >= _MIN_WIDTH_8_BYTE_SOURCE)
     return k == 3 and itemsize == 2 and vw == 8
 
 

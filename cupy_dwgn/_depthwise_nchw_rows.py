@@ -65,8 +65,9 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 
 def preferred(g, dtype, backward):
     """Whether the ops take the row kernel for ``g`` (where it serves the
-    call): destination rows of at most 10 values, and 7x7 filters on rows of
-    13 (and 14 in half types).  Measured on an H200 (2026-12-01,
+    call): destination rows of at most 10 values (but half-type 3x3 and 5x5
+    on 10-wide rows at stride 1), and 7x7 filters on rows of 13 (and 14 in
+    half types).  Measured on an H200 (2026-12-01,
     benchmarks/depthwise_kernels.py, GPU time per launch, us, rows against
     the best of the whole-plane and window kernels):
 
@@ -92,10 +93,17 @@ def preferred(g, dtype, backward):
       rows stay here although half 3x3 lost at that size (96.1 / 90.2
       forward, 97.0 / 88.1 backward; float32 122.2 / 122.5 and 105.7 /
       120.1): the smaller 64x320x10 above, where the row kernel won, was
-      measured before the plane kernel's output buffer; re-measure both
-      sizes before moving the boundary.
+      measured before the plane kernel's output buffer.  Re-measured
+      2026-12-04 (the kernels side by side, rows / plane / walk, us): half
+      types on 10-wide rows at stride 1 now go to the plane kernel
+      (64x1392x10 fp16 3x3 forward 30.2 / 26.6 / 26.9, backward-input 30.8 /
+      25.9 / 25.5; 5x5 49.6 / 41.1 / 45.1 and 48.5 / 41.4 / 44.3); float32
+      stays (5x5 46.7 / 53.6 / 60.4; 3x3 39.3 / 39.0 / 33.8, where only the
+      walk would win).
     """
     dst_width = g.width if backward else g.out_width
+    if dst_width == 10 and g.stride_h == 1 and numpy.dtype(dtype).itemsize == 2 and g.filter_height in (3, 5):
+        return False
     if dst_width <= 10:
         return True
     return g.filter_height == 7 and (dst_width == 13 or (dst_width == 14 and numpy.dtype(dtype).itemsize == 2))

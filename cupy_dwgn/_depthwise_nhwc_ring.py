@@ -73,8 +73,8 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 def preferred(g, dtype, backward):
     """Whether the ops take the ring kernel for ``g`` (where it serves the
     call): destinations at least 42 columns wide at stride 1 (half types with
-    at least 64 channels), and half types at stride 2 on destinations at least
-    28 wide.  Measured on an H200 (2026-12-03, benchmarks/depthwise_nhwc_ring.py,
+    at least 64 channels, or 24 to 63 as below), and half types at stride 2
+    on destinations at least 28 wide.  Measured on an H200 (2026-12-03, benchmarks/depthwise_nhwc_ring.py,
     GPU us per launch, ring against the kernel the ops took before):
 
     * float16 / bfloat16, stride 1: 64x144x56 forward 46.3 / 72.8 (window
@@ -85,6 +85,20 @@ def preferred(g, dtype, backward):
       64x960x7 10.6 / 10.9).
     * float16 / bfloat16, stride 2: 64x96x112 58.3 / 67.8 (direct kernel)
       and 59.4 / 74.4 (tiled), 64x144x56 28.6 / 31.5 and 28.7 / 34.7.
+    * float16, stride 1, fewer than 64 channels (2026-12-04, the kernels
+      side by side, forward / backward-input alike): where the window kernel
+      cannot serve (channels not a multiple of 16) the ring beats the tiled
+      and direct kernels from 75 columns, and from 56 at 40 channels
+      (64x40x150 87.0 / 124.3 direct / 132.5 tiled, 64x24x150 66.0 / 73.8 /
+      77.9, 64x40x112 56.3 / 71.4, 64x24x112 41.9 / 42.7, 64x40x75 31.3 /
+      35.3, 64x56x75 37.7 / 47.2, 64x40x56 20.9 / 21.3; but 64x24x56 15.6 /
+      14.6 direct); where it can, the window kernel keeps rows that are a
+      multiple of 8 columns (64x32x112 44.7 / ring 50.1, 64x32x56 15.4 /
+      17.3, 64x48x56 19.9 / 23.7) but for 48 channels at 112 (74.7 / 64.9),
+      and the ring takes the others (64x32x150 71.8 / 85.6, 64x48x150 102.8
+      / 141.2, 64x32x75 26.0 / 27.5; 64x48x75 36.8 / 35.7 forward, 35.4 /
+      35.5 backward); 16 channels stay the window kernel's (64x16x150 37.5 /
+      46.1).
     * float32, stride 1: 64x144x56 75.5 / 81.8 (tiled), backward-input 75.4 /
       79.9; 64x32x112 63.8 / 66.0.  Rows wider than a third of MAX_SHARED
       (64x192x56, 64x384x28) are not served; stride 2 about even (64x144x56
@@ -94,7 +108,16 @@ def preferred(g, dtype, backward):
     stride = g.stride_h
     dst_width = g.width if backward else g.out_width
     if dtype.itemsize == 2:
-        return dst_width >= 42 and g.channels >= 64 if stride == 1 else dst_width >= 28
+        if stride == 2:
+            return dst_width >= 28
+        channels = g.channels
+        if dst_width < 42 or channels < 24:
+            return False
+        if channels >= 64:
+            return True
+        if channels % 16:  # the window kernel does not serve these
+            return dst_width >= 75 or channels >= 40
+        return dst_width % 8 != 0 or (channels >= 48 and dst_width >= 96)
     return dtype == numpy.float32 and stride == 1 and dst_width >= 42
 
 

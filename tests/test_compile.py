@@ -543,6 +543,10 @@ def test_nchw_forward_regs_rule():
         ((64, 144, 56, 56), 3, 1, single, False, 4, False), ((64, 384, 28, 28), 3, 1, half, False, 4, False),
         ((64, 240, 28, 28), 5, 1, half, False, 4, False), ((64, 96, 56, 56), 7, 1, half, False, 4, False),
         ((8, 96, 75, 75), 3, 2, half, False, None, False), ((64, 32, 28, 28), 7, 2, half, False, 2, False),
+        # 8-byte source vectors: float32 3x3 from 24 columns wide, not half types or 5x5.
+        ((64, 144, 150, 150), 3, 2, single, False, 1, True), ((64, 192, 50, 50), 3, 2, single, False, 1, True),
+        ((64, 192, 30, 30), 3, 2, single, False, 1, False), ((64, 144, 150, 150), 3, 2, half, False, 1, False),
+        ((64, 144, 150, 150), 5, 2, single, False, 1, False), ((64, 192, 51, 51), 3, 2, single, False, None, False),
     ]:
         g = _validate.conv_geometry(x_shape, (x_shape[1], 1, k, k), stride, k // 2, 1)
         launch = walk.plan(g, dtype, backward, 16, 16)
@@ -587,6 +591,9 @@ def test_nchw_rows_rule():
         (13, 7, 1, single, False, 16, True), (13, 7, 1, half, True, 16, True),
         (16, 3, 2, single, False, 8, True), (18, 3, 1, half, False, None, False), (18, 3, 2, half, False, None, False),
         (14, 3, 2, half, True, None, False), (7, 3, 1, double, False, None, False),
+        # 10-wide half-type 3x3 / 5x5 at stride 1 go to the plane kernel; float32, 7x7 stay.
+        (10, 3, 1, half, False, 16, False), (10, 5, 1, half, True, 16, False), (10, 7, 1, half, False, 16, True),
+        (10, 5, 1, single, False, 16, True),
     ]:
         g = _validate.conv_geometry((4, 24, hw, hw), (24, 1, k, k), stride, k // 2, 1)
         launch = rows.plan(g, dtype, backward, "int")
@@ -849,6 +856,11 @@ def test_nhwc_ring_rule():
         (960, 7, 1, half, False, False), (96, 112, 2, half, False, True), (144, 56, 2, bf16, False, True),
         (384, 28, 2, half, False, False), (144, 56, 1, single, False, True), (144, 56, 1, single, True, True),
         (32, 112, 1, single, False, True), (384, 28, 1, single, False, False), (144, 56, 2, single, False, False),
+        # Half types with 24-63 channels (the sweep of 2026-12-04).
+        (40, 150, 1, half, False, True), (40, 56, 1, bf16, True, True), (24, 150, 1, half, True, True),
+        (24, 56, 1, half, False, False), (56, 75, 1, half, False, True), (32, 150, 1, half, False, True),
+        (32, 75, 1, bf16, False, True), (32, 56, 1, half, False, False), (48, 112, 1, half, False, True),
+        (48, 56, 1, half, True, False), (16, 150, 1, half, False, False),
     ]:
         g = _validate.conv_geometry((4, hw, hw, c), (c, 1, 3, 3), stride, 1, 1, layout="NHWC")
         assert ring.preferred(g, dtype, backward) == taken, (c, hw, stride, dtype, backward)

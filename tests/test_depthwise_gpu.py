@@ -2205,3 +2205,40 @@ def test_tensors_over_2_31_elements_use_64_bit_indexing(layout):
         check(channel(y2, c), reference.depthwise_conv2d(xc, wc, **s2), first_row_past=510)
         y2c = channel(y2, c).get()
         check(channel(dx2, c), reference.depthwise_conv2d_backward_input(y2c, wc, xc.shape, **s2))
+
+
+# Rule picks of 2026-12-04, through the ops on poisoned outputs: (name,
+# layout, x shape, filter size, stride, dtype, the kernel the dispatch takes).
+RULE_PICKS = [
+    ("NHWC ring, 40 channels", "NHWC", (2, 45, 45, 40), 3, 1, numpy.float16, _depthwise_nhwc_ring.KERNEL),
+    ("NHWC ring, 24 channels, 75 wide", "NHWC", (1, 75, 75, 24), 3, 1, DTYPES[3], _depthwise_nhwc_ring.KERNEL),
+    ("NHWC ring, 32 channels, odd width", "NHWC", (1, 75, 75, 32), 3, 1, numpy.float16, _depthwise_nhwc_ring.KERNEL),
+    ("NCHW walk, float32 8-byte source", "NCHW", (2, 8, 50, 50), 3, 2, numpy.float32,
+     _depthwise_nchw_forward_regs.KERNEL),
+    ("NCHW plane, half 10 wide", "NCHW", (3, 20, 10, 10), 3, 1, numpy.float16, _depthwise_nchw_plane.KERNEL),
+    ("NCHW plane, half 10 wide 5x5", "NCHW", (3, 20, 10, 10), 5, 1, DTYPES[3], _depthwise_nchw_plane.KERNEL),
+]
+
+
+@pytest.mark.parametrize("case", RULE_PICKS, ids=lambda c: c[0])
+def test_rule_picks_match_reference(case, rng):
+    name, layout, x_shape, k, stride, dtype, kernel = case
+    channels = x_shape[3] if layout == "NHWC" else x_shape[1]
+    x = cupy.asarray(random(rng, x_shape, dtype))
+    w = cupy.asarray(random(rng, (channels, 1, k, k), dtype))
+    b = cupy.asarray(random(rng, (channels,), dtype))
+    conv = dict(stride=stride, padding=k // 2, layout=layout)
+    g = _validate.conv_geometry(x.shape, w.shape, stride, k // 2, 1, layout=layout)
+    out_shape = ((x_shape[0], g.out_height, g.out_width, channels) if layout == "NHWC"
+                 else (x_shape[0], channels, g.out_height, g.out_width))
+    y = poisoned(out_shape, dtype)
+    assert depthwise._forward_steps(g, layout, x, y).launches[0].expression.startswith(kernel), name
+    cupy_dwgn.depthwise_conv2d(x, w, b, out=y, **conv)
+    want = reference.depthwise_conv2d(x.get(), w.get(), b.get(), **conv)
+    assert relative_error(y, want) <= TOLERANCE[numpy.dtype(dtype)], name
+    if stride == 1:
+        dx = poisoned(x_shape, dtype)
+        assert depthwise._backward_input_steps(g, layout, y, dx).launches[0].expression.startswith(kernel), name
+        cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, out=dx, **conv)
+        want = reference.depthwise_conv2d_backward_input(y.get(), w.get(), x_shape, **conv)
+        assert relative_error(dx, want) <= TOLERANCE[numpy.dtype(dtype)], name
