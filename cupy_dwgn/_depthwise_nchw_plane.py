@@ -6,7 +6,7 @@ bfloat16 (float64 keeps the window kernel).
 Launch rule (no user tuning), from the destination plane size:
 
 * A thread owns R x V = 4 x 4 destination values (float64 5x5 and 7x7:
-  2 x 4) and reads its window straight from the unit's raw source rows
+  2 x 4; 2-byte 3x3 at stride 1: 8 x 4) and reads its window straight from the unit's raw source rows
   (padding skipped or masked in registers).
 * Planes of at most 256 items whose buffers fit 48 KB: a block takes P =
   min(256 // items, 48 KB // (3 source planes + the destination plane when
@@ -58,8 +58,16 @@ _MAX_PREFERRED_WIDTH = 160
 
 
 
-def rows(itemsize, filter_height):
-    """Destination rows per thread (kernel: kRows)."""
+def rows(itemsize, filter_height, stride):
+    """Destination rows per thread of the forward and backward-input kernel
+    (kernel: kRows; 2-byte 3x3 at stride 1 takes 8, its comment says why)."""
+    if itemsize == 2 and filter_height == 3 and stride == 1:
+        return 8
+    return wgrad_rows(itemsize, filter_height)
+
+
+def wgrad_rows(itemsize, filter_height):
+    """grad_out rows per thread of the weight gradient (kernel: kWgradRows)."""
     return 2 if itemsize == 8 and filter_height > 3 else 4
 
 
@@ -284,7 +292,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     if min(src_h, src_w, dst_h, dst_w) <= 0 or planes >= 2**31 - _MAX_GRID or max(src_h * src_w, dst_h * dst_w) >= 2**31:
         return None
     itemsize = numpy.dtype(dtype).itemsize
-    item_rows = rows(itemsize, g.filter_height)
+    item_rows = rows(itemsize, g.filter_height, g.stride_h)
     row_blocks, col_blocks = -(-dst_h // item_rows), -(-dst_w // COLUMNS)
     if col_blocks > MAX_THREADS:
         return None

@@ -112,7 +112,7 @@ def units_of(g, itemsize):
     """(P, num_bands, row blocks a unit, col_blocks, x bytes, grad_out bytes
     of a unit) or None (module docstring)."""
     k, stride = g.filter_height, g.stride_h
-    item_rows = plane.rows(itemsize, k)
+    item_rows = plane.wgrad_rows(itemsize, k)
     row_blocks, col_blocks = -(-g.out_height // item_rows), -(-g.out_width // plane.COLUMNS)
     if col_blocks > plane.MAX_THREADS:
         return None

@@ -12,7 +12,10 @@ Launch rule (no user tuning), from the shape only:
   prefetched); the block is C / 4 channel vectors x G column groups, G the
   largest count with at most the aimed-at threads (at least 1; C / 4 <= 512).
 * Ring: K + ahead * stride rows (ahead output rows prefetched), fewer down to
-  K when the ring would pass ``MAX_SHARED`` bytes; None when K rows do not fit.
+  K when the ring would pass ``MAX_SHARED`` bytes.  Where even K rows pass it
+  (wide rows: 64x144x150 fp16 at stride 2, 43 KB a row), the same under the
+  device's opt-in limit (227 KB on an H200: one block per SM); None when K
+  rows do not fit that either.
 * Grid: persistent (as many blocks as are resident at once); each block takes
   a contiguous 1/grid share of the (image, output row) sequence.
 * Requires C * itemsize % 16 == 0, 16-byte aligned arrays, rows under 1 MB.
@@ -125,16 +128,24 @@ def select(g, dtype, backward, index, src_alignment, dst_alignment):
     """``plan(...)`` when the ops take this kernel (per ``MODE``), else None."""
     if MODE == "never" or (MODE == "rule" and not preferred(g, dtype, backward)):
         return None
-    return plan(g, dtype, backward, index, src_alignment, dst_alignment)
+    launch = plan(g, dtype, backward, index, src_alignment, dst_alignment)
+    if launch is None:  # perhaps K rows pass MAX_SHARED: the device's limit then
+        from cupy.cuda import runtime
+
+        launch = plan(g, dtype, backward, index, src_alignment, dst_alignment,
+                      shared_limit=_launch.max_shared_per_block(runtime.getDevice()))
+    return launch
 
 
 @functools.lru_cache(maxsize=1024)
-def plan(g, dtype, backward, index, src_alignment, dst_alignment, setting=None, bulk=True):
+def plan(g, dtype, backward, index, src_alignment, dst_alignment, setting=None, bulk=True, shared_limit=None):
     """The Launch for this signature (arrays: src, weight, bias or NULL,
     dst), or None when this kernel does not serve it.  ``*_alignment``: the
     largest of 16, 8, 4, 2, 1 dividing the address.  ``setting``: (TW,
     threads, rows ahead) in place of ``SETTINGS``'s; ``bulk``: False copies
-    with the block's cp.async pieces even where bulk copies exist (tests)."""
+    with the block's cp.async pieces even where bulk copies exist (tests);
+    ``shared_limit``: the device's opt-in shared memory per block, taken
+    where K rows pass ``MAX_SHARED`` (None: MAX_SHARED only)."""
     dtype = numpy.dtype(dtype)
     size = (g.filter_height, g.filter_width)
     stride = g.stride_h
@@ -169,11 +180,14 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, setting=None, 
     def shared_bytes(slots):  # the slots' mbarriers (8 bytes each, padded to 16), then the slots
         return -(-slots * 8 // 16) * 16 + slots * slot_bytes
 
+    limit = MAX_SHARED
+    if shared_bytes(k) > MAX_SHARED and shared_limit is not None:
+        limit = max(MAX_SHARED, shared_limit)
     ring = k + ahead * stride
-    while ring > k and shared_bytes(ring) > MAX_SHARED:
+    while ring > k and shared_bytes(ring) > limit:
         ring -= 1
     shared = shared_bytes(ring)
-    if shared > MAX_SHARED:
+    if shared > limit:
         return None
     total_rows = g.batch * dst_h
     scalars = (

@@ -72,19 +72,36 @@ using dwgn::to_acc;
 
 namespace dwgn_plane {
 
-// Outputs per thread: R rows x V columns.  float64 5x5/7x7 keep 2 rows so
-// their double weights and accumulators stay in registers.
+// Outputs per thread of the forward kernel: R rows x V columns.  float64
+// 5x5/7x7 keep 2 rows so their double weights and accumulators stay in
+// registers.  2-byte 3x3 at stride 1 (forward and backward-input) takes 8:
+// each source row read and converted feeds up to 3 x 4 multiply-adds
+// instead of 2.25 on average, and the per-item work (weights, indices,
+// masks) is shared by 32 outputs; the kernel was issue-bound at 4 (Nsight
+// Compute, 64x192x75 fp16: 51 instructions per output, issue slots 66%
+// busy).  H200, 2026-12-04, fp16 forward / backward-input us, 4 rows at 4
+// blocks per SM against 8 rows at 3: 64x192x75 158.7 / 157.2 -> 119.1 /
+// 118.0, 64x40x150 132.6 / 130.1 -> 102.7 / 101.4, 64x144x56 52.6 / 50.8
+// -> 48.0 / 47.0, 64x384x28 35.5 / 34.2 -> 35.0 / 34.5, 64x1392x10 26.4 /
+// 25.8 -> 27.2 / 26.6; at stride 2 8 rows lost (64x288x38 32.6 -> 35.8), as
+// did 8 rows at 2 blocks (96 registers: 64x192x75 130.5) and 8 columns
+// (127 registers, 2 blocks: 160.2).  The weight gradient keeps 4 rows
+// (kWgradRows).
 constexpr int kColumns = 4;
-template <typename T, int KH> constexpr int kRows = (sizeof(T) == 8 && KH > 3) ? 2 : 4;
+template <typename T, int KH, int STRIDE>
+constexpr int kRows = (sizeof(T) == 8 && KH > 3) ? 2 : (sizeof(T) == 2 && KH == 3 && STRIDE == 1) ? 8 : 4;
+template <typename T, int KH> constexpr int kWgradRows = (sizeof(T) == 8 && KH > 3) ? 2 : 4;
 // Blocks per SM the register budget is set for (256 threads each): 3x3 at
 // 4 (64 registers; the output buffer's pointers took it from 64 to 72, 3
-// blocks), 5x5 at 3 (80), 7x7 at 2.  At stride 2 (source rows of 9 and 11
-// values; NVRTC 13.0 spilled 3x3 at 64 and 5x5 at 80 on sm_80) one step
-// fewer: the stride-2 planes' blocks are small (5 planes of 25 items at
-// 38x38) and shared memory holds them to 4 per SM anyway.
+// blocks; 2-byte 3x3 at stride 1, 8 rows: 3, 80 registers), 5x5 at 3 (80),
+// 7x7 at 2.  At stride 2 (source rows of 9 and 11 values; NVRTC 13.0
+// spilled 3x3 at 64 and 5x5 at 80 on sm_80) one step fewer: the stride-2
+// planes' blocks are small (5 planes of 25 items at 38x38) and shared
+// memory holds them to 4 per SM anyway.
 template <typename T, int KH, int STRIDE>
 constexpr int kMinBlocks =
-    sizeof(T) == 8 ? (KH > 3 ? 1 : 2) : (KH == 7 ? 2 : KH == 5 ? (STRIDE == 1 ? 3 : 2) : (STRIDE == 1 ? 4 : 3));
+    sizeof(T) == 8 ? (KH > 3 ? 1 : 2)
+                   : (KH == 7 ? 2 : KH == 5 ? (STRIDE == 1 ? 3 : 2) : (kRows<T, KH, STRIDE> == 8 || STRIDE != 1 ? 3 : 4));
 // Raw buffers of a unit each (host: _BUFFERS).
 constexpr int kBuffers = 3;
 
@@ -235,7 +252,7 @@ __device__ __forceinline__ void compute_item(const T* values, int src_row0, int 
                                              const T* __restrict__ bias, T* __restrict__ out, int dst_row0,
                                              bool vectors, const Args& a) {
   using Acc = typename AccType<T>::type;
-  constexpr int R = kRows<T, KH>;
+  constexpr int R = kRows<T, KH, STRIDE>;
   constexpr int V = kColumns;
   constexpr int SPAN = (V - 1) * STRIDE + KW;
   const int channel = plane % a.channels;
@@ -306,7 +323,7 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE>) dw
     int col_blocks, int raw_bytes, int vector_stores, int out_stage_bytes) {
   static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "backward-input takes this kernel at stride 1 only");
   using dwgn_plane::kBuffers;
-  constexpr int R = dwgn_plane::kRows<T, KH>;
+  constexpr int R = dwgn_plane::kRows<T, KH, STRIDE>;
   constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + KW;
   extern __shared__ __align__(16) unsigned char raw[];
   const dwgn_plane::Args a{channels,   num_planes, src_height, src_width,     dst_height,   dst_width,
@@ -417,7 +434,7 @@ template <typename T, int K, int STRIDE>
 __device__ __forceinline__ void accumulate_item(const T* x_values, int src_row0, const T* grad_values, int dst_row0,
                                                 int rb, int cb, unsigned column_ok, float (&acc)[K][K],
                                                 const Args& a) {
-  constexpr int R = kRows<T, K>;
+  constexpr int R = kWgradRows<T, K>;
   constexpr int V = kColumns;
   constexpr int SPAN = (V - 1) * STRIDE + K;
   float grad[R][V];
@@ -498,7 +515,7 @@ __global__ void __launch_bounds__(256, dwgn_plane::kWgradMinBlocks<K, STRIDE>) d
     int src_height, int src_width, int dst_height, int dst_width, int pad_top, int pad_left, int planes_per_unit,
     int num_bands, int row_blocks, int col_blocks, int raw_bytes, int grad_offset, int units, int units_per_split) {
   using dwgn_plane::kBuffers;
-  constexpr int R = dwgn_plane::kRows<T, K>;
+  constexpr int R = dwgn_plane::kWgradRows<T, K>;
   constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + K;
   constexpr int S = static_cast<int>(sizeof(T));
   extern __shared__ __align__(16) unsigned char raw[];

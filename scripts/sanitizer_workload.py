@@ -316,7 +316,8 @@ def nhwc_ring():
     # stride-1 backward-input call it serves (MODE "always", the call-signature
     # cache cleared), with bulk copies (the ops' path), then launched with the
     # block's cp.async pieces on 3 blocks: strips cut by the right edge,
-    # padding past the filter, per-side padding, a 1x1 image, 74 vectors.
+    # padding past the filter, per-side padding, a 1x1 image, 74 vectors;
+    # rows whose 3 slots pass MAX_SHARED (the ops take the device's limit).
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_ring, _dtypes, _launch, _validate, depthwise as dw
@@ -328,6 +329,7 @@ def nhwc_ring():
                 ((2, 13, 11, 32), 1, 1), ((1, 9, 10, 16), 1, ((0, 2), (2, 1))), ((1, 5, 3, 8), 1, 4),
                 ((3, 1, 1, 24), 1, 1), ((2, 7, 7, 296), 1, 1), ((2, 15, 13, 40), 2, 1),
                 ((1, 17, 16, 16), 2, ((2, 0), (1, 2))), ((4, 28, 28, 96), 1, 1),
+                ((1, 9, 150, 144), 2, 1), ((2, 6, 77, 216), 1, 1),
             ]:
                 c = x_shape[3]
                 conv = dict(stride=stride, padding=padding, layout="NHWC")
@@ -339,6 +341,8 @@ def nhwc_ring():
                     cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
                 g = _validate.conv_geometry(x_shape, (c, 1, 3, 3), stride, padding, 1, layout="NHWC")
                 launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), False, "int", 16, 16, None, False)
+                if launch is None:  # wide rows: the ops' launch above was the device-limit one
+                    continue
                 _launch.Launch(launch.file, launch.expression, (3,), launch.block, launch.shared_mem, launch.scalars,
                                persistent=True)(x, w, b, cupy.empty_like(y))
     finally:

@@ -835,6 +835,20 @@ def test_nhwc_ring_plan():
         slot_pixels = int(launch.scalars[8])
         assert k <= slots <= k + ahead * stride
         assert launch.shared_mem == -(-slots * 8 // 16) * 16 + slots * slot_pixels * c * dtype.itemsize <= ring.MAX_SHARED
+    # Rows whose K slots pass MAX_SHARED: served only under the device's
+    # opt-in limit (227 KB on an H200), with as many slots as fit it; rows
+    # that fit MAX_SHARED do not change with the limit.
+    h200 = 227 * 1024
+    wide = _validate.conv_geometry((4, 150, 150, 144), (144, 1, 3, 3), 2, 1, 1, layout="NHWC")
+    assert ring.plan(wide, half, False, "int", 16, 16) is None
+    launch = ring.plan(wide, half, False, "int", 16, 16, shared_limit=h200)
+    slots, slot_bytes = int(launch.scalars[9]), int(launch.scalars[8]) * 144 * 2
+    assert ring.MAX_SHARED < 3 * slot_bytes and slots == 5 and ring.MAX_SHARED < launch.shared_mem <= h200
+    assert launch.shared_mem + slot_bytes > h200  # a sixth slot would not fit
+    assert ring.plan(wide, half, False, "int", 16, 16, shared_limit=2 * slot_bytes) is None
+    small = _validate.conv_geometry((4, 56, 56, 144), (144, 1, 3, 3), 1, 1, 1, layout="NHWC")
+    assert (ring.plan(small, half, False, "int", 16, 16, shared_limit=h200).shared_mem
+            == ring.plan(small, half, False, "int", 16, 16).shared_mem)
     # 56x56 half: 36 vectors x 7 column groups (2 strips of 4 each), a ring of 4 rows of 58 pixels
     g = _validate.conv_geometry((4, 56, 56, 144), (144, 1, 3, 3), 1, 1, 1, layout="NHWC")
     launch = ring.plan(g, half, False, "int", 16, 16)
@@ -1019,7 +1033,7 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
     assert raw_bytes % 16 == 0 and (out_stage_bytes == 0 or raw_bytes > 0)
     assert num_bands == 1 or per_unit == 1
     kh_size, kw_size = weight.shape[1:]
-    rows, columns = nchw_plane.rows(src.dtype.itemsize, kh_size), nchw_plane.COLUMNS
+    rows, columns = nchw_plane.rows(src.dtype.itemsize, kh_size, stride), nchw_plane.COLUMNS
     span = (columns - 1) * stride + kw_size
     items = row_blocks * col_blocks
     band_rows = row_blocks * rows
@@ -1155,7 +1169,7 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
             # a plane of one row block that passes them is read from global memory (the element path)
             itemsize = numpy.dtype(dtype).itemsize
             dst_shape = x_shape if backward else y_shape
-            row_blocks = -(-dst_shape[2] // nchw_plane.rows(itemsize, k))
+            row_blocks = -(-dst_shape[2] // nchw_plane.rows(itemsize, k, stride))
             items = row_blocks * -(-dst_shape[3] // 4)
             plane_bytes = src_shape[2] * src_shape[3] * itemsize
             dst_bytes = 0 if vector_stores else dst_shape[2] * dst_shape[3] * itemsize
@@ -1204,7 +1218,7 @@ def _plane_wgrad_emulation(launch, x, grad_out, k, stride, x_offset=0, grad_offs
     assert x.shape == (n, channels, src_h, src_w) and grad_out.shape == (n, channels, dst_h, dst_w)
     assert launch.shared_mem == max(3 * raw_bytes, 2 * k * launch.block[0] * 4) <= 48 * 1024
     assert raw_bytes % 16 == 0 and grad_at % 16 == 0 and grad_at < raw_bytes
-    rows, columns = nchw_plane.rows(size, k), nchw_plane.COLUMNS
+    rows, columns = nchw_plane.wgrad_rows(size, k), nchw_plane.COLUMNS
     span = (columns - 1) * stride + k
     items = row_blocks * col_blocks
     band_rows = row_blocks * rows

@@ -784,12 +784,35 @@ NHWC_RING_CASES = [
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nhwc_ring.DTYPES], ids=str)
 @pytest.mark.parametrize("case", NHWC_RING_CASES, ids=lambda c: c[0])
 def test_nhwc_ring_kernel_matches_reference(case, dtype, backward, index, bulk, rng):
+    _check_nhwc_ring_kernel(case, dtype, backward, index, bulk, rng)
+
+
+# Rows whose 3 slots pass MAX_SHARED (29-87 KB a row): the ring under the
+# device's opt-in limit (one block per SM): (name, x shape, stride, padding, dtype).
+NHWC_RING_WIDE_CASES = [
+    ("9x150 C=144 s2 float16", (1, 9, 150, 144), 2, 1, numpy.float16),
+    ("9x150 C=96 s2 float32", (1, 9, 150, 96), 2, 1, numpy.float32),
+    ("6x77 C=216 float16", (2, 6, 77, 216), 1, 1, numpy.float16),
+    ("6x77 C=216 float32", (2, 6, 77, 216), 1, 1, numpy.float32),
+]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("case", NHWC_RING_WIDE_CASES, ids=lambda c: c[0])
+def test_nhwc_ring_kernel_wide_rows_under_the_device_limit(case, backward, rng):
+    device_limit = _launch.max_shared_per_block(cupy.cuda.runtime.getDevice())
+    _check_nhwc_ring_kernel(case[:4], case[4], backward, "int", True, rng, device_limit)
+
+
+def _check_nhwc_ring_kernel(case, dtype, backward, index, bulk, rng, shared_limit=None):
     _, x_shape, stride, padding = case
     n, c = x_shape[0], x_shape[3]
     w_shape = (c, 1, 3, 3)
     g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1, layout="NHWC")
     y_shape = (n, g.out_height, g.out_width, c)
-    launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), backward, index, 16, 16, None, bulk)
+    launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), backward, index, 16, 16, None, bulk, shared_limit)
+    if shared_limit is not None and launch is not None:
+        assert launch.shared_mem > _depthwise_nhwc_ring.MAX_SHARED  # the case exercises the device limit
     if backward and stride != 1:
         assert launch is None
         return
