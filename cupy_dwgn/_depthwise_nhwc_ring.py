@@ -47,6 +47,9 @@ MAX_THREADS = 512  # kernel: __launch_bounds__
 #: Dynamic shared memory a block may take: under every sm_80+ GPU's opt-in
 #: limit (sm_86/sm_89: 99 KB), and two blocks fit an H200's 228 KB.
 MAX_SHARED = 99 * 1024
+#: A shared_limit for plan() that never binds (whether shared memory alone
+#: keeps a call from the kernel).
+_NO_LIMIT = 2**31
 #: Bulk copies complete an mbarrier transaction count (< 2**20 bytes).
 MAX_ROW_BYTES = 2**20 - 16
 #: (K, stride, itemsize) -> (TW output columns per strip, threads aimed at,
@@ -129,7 +132,8 @@ def select(g, dtype, backward, index, src_alignment, dst_alignment):
     if MODE == "never" or (MODE == "rule" and not preferred(g, dtype, backward)):
         return None
     launch = plan(g, dtype, backward, index, src_alignment, dst_alignment)
-    if launch is None:  # perhaps K rows pass MAX_SHARED: the device's limit then
+    if launch is None and plan(g, dtype, backward, index, src_alignment, dst_alignment, shared_limit=_NO_LIMIT):
+        # Only K rows past MAX_SHARED stood in the way: the device's limit.
         from cupy.cuda import runtime
 
         launch = plan(g, dtype, backward, index, src_alignment, dst_alignment,

@@ -346,20 +346,22 @@ def test_plane_kernel_rule_and_dispatch():
     y = cupy_dwgn.depthwise_conv2d(x, w, stride=2, padding=1, out=poisoned((2, 8, 19, 19), numpy.float16))
     want = reference.depthwise_conv2d(cupy.asnumpy(x), cupy.asnumpy(w), stride=2, padding=1)
     assert relative_error(y, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
-    # bands: EfficientNet's 75 x 75 planes (361 items each), forward and backward-input through the ops
-    x = cupy.asarray(random(numpy.random.default_rng(7), (2, 4, 75, 75), numpy.float16))
-    w = w[:4]
-    g = _validate.conv_geometry(x.shape, w.shape, 1, 1, 1)
-    for steps in (depthwise._forward_steps(g, "NCHW", x, x), depthwise._backward_input_steps(g, "NCHW", x, x)):
-        assert steps.launches[0].expression.startswith(_depthwise_nchw_plane.KERNEL)
-        assert int(steps.launches[0].scalars[9]) == 2  # num_bands
-    y = cupy_dwgn.depthwise_conv2d(x, w, padding=1, out=poisoned(x.shape, numpy.float16))
-    dx = cupy_dwgn.depthwise_conv2d_backward_input(x, w, x.shape, padding=1, out=poisoned(x.shape, numpy.float16))
-    x64, w64 = cupy.asnumpy(x), cupy.asnumpy(w)
-    assert relative_error(y, reference.depthwise_conv2d(x64, w64, padding=1)) <= TOLERANCE[numpy.dtype(numpy.float16)]
-    want = reference.depthwise_conv2d_backward_input(x64, w64, x.shape, padding=1)
-    assert relative_error(dx, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
-
+    # Through the ops, forward and backward-input: EfficientNet's 75 x 75
+    # planes are whole-plane units (2-byte 3x3 at stride 1: 10 x 19 items
+    # of 8 x 4), 150 x 150 ones bands of rows.
+    for hw, bands in ((75, 1), (150, 5)):
+        x = cupy.asarray(random(numpy.random.default_rng(7), (2, 4, hw, hw), numpy.float16))
+        w4 = w[:4]
+        g = _validate.conv_geometry(x.shape, w4.shape, 1, 1, 1)
+        for steps in (depthwise._forward_steps(g, "NCHW", x, x), depthwise._backward_input_steps(g, "NCHW", x, x)):
+            assert steps.launches[0].expression.startswith(_depthwise_nchw_plane.KERNEL)
+            assert int(steps.launches[0].scalars[9]) == bands  # num_bands
+        y = cupy_dwgn.depthwise_conv2d(x, w4, padding=1, out=poisoned(x.shape, numpy.float16))
+        dx = cupy_dwgn.depthwise_conv2d_backward_input(x, w4, x.shape, padding=1, out=poisoned(x.shape, numpy.float16))
+        x64, w64 = cupy.asnumpy(x), cupy.asnumpy(w4)
+        assert relative_error(y, reference.depthwise_conv2d(x64, w64, padding=1)) <= TOLERANCE[numpy.dtype(numpy.float16)]
+        want = reference.depthwise_conv2d_backward_input(x64, w64, x.shape, padding=1)
+        assert relative_error(dx, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
 
 
 # The NCHW register-window kernel, launched directly on poisoned outputs:

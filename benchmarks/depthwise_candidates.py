@@ -1,0 +1,166 @@
+"""Every forward and backward-input kernel that serves a geometry, side by
+side, in both layouts, beside PyTorch: the view the dispatch rules are read
+from.  Per (shape, dtype, direction, layout) one line: the GPU time per launch
+of each kernel that serves the call (CUDA events around 20 launches over 3
+rotating copies, after a warm-up pass), the kernel the ops take and the
+fastest one, its fraction of the copy floor (input + output bytes at the
+bandwidth measured at the start), PyTorch's time in both memory formats
+(conv2d / aten.convolution_backward, cudnn.benchmark on, the same events),
+and each kernel's largest difference from the one the ops take, relative to
+the largest output, with any output left unwritten (NaN) counted.
+
+    PYTHONPATH=.:benchmarks python benchmarks/depthwise_candidates.py --shapes 64x40x150x3x1 ...
+        [--dtypes float16 ...] [--layouts NHWC] [--forward-only] [--no-torch]
+
+Shapes: N x C x H(=W) x filter size x stride ("same" padding K // 2).  The
+NHWC ring kernel is timed as the ops plan it (under the device's opt-in
+shared-memory limit where its rows need it).  Results of 2026-12-04:
+results/depthwise_kernel_candidates_h200_2026-12-04.txt.
+"""
+import argparse
+
+import cupy
+import harness
+import numpy
+
+from cupy_dwgn import _launch, _validate, depthwise
+from cupy_dwgn import _depthwise_nchw as nchw_generic
+from cupy_dwgn import _depthwise_nchw_forward_regs as nchw_walk
+from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
+from cupy_dwgn import _depthwise_nchw_rows as nchw_rows
+from cupy_dwgn import _depthwise_nchw_window as nchw_window
+from cupy_dwgn import _depthwise_nhwc as nhwc_generic
+from cupy_dwgn import _depthwise_nhwc_direct as nhwc_direct
+from cupy_dwgn import _depthwise_nhwc_ring as nhwc_ring
+from cupy_dwgn import _depthwise_nhwc_window as nhwc_window
+from cupy_dwgn._dtypes import bfloat16
+
+DTYPES = {"float16": numpy.dtype(numpy.float16), "bfloat16": bfloat16, "float32": numpy.dtype(numpy.float32)}
+COPIES = 3
+
+
+def _nhwc_tiled(g, dtype, backward, index):
+    if backward:
+        launch, forward_kernel = nhwc_generic.backward_input_plan(g, dtype, index, True)
+        return launch if forward_kernel else None  # the gather kernel takes other arguments
+    return nhwc_generic.forward_plan(g, dtype, index, True)[0]
+
+
+# layout -> kernel name -> plan(g, dtype, backward, index) for 16-byte aligned
+# arrays (None where the kernel does not serve the call); arguments of every
+# launch: (src, weight, bias or 0, dst).
+CANDIDATES = {
+    "NCHW": {
+        "rows": lambda g, dt, bw, index: nchw_rows.plan(g, dt, bw, index),
+        "walk": lambda g, dt, bw, index: nchw_walk.plan(g, dt, bw, 16, 16),
+        "plane": lambda g, dt, bw, index: nchw_plane.plan(g, dt, bw, index, 16, 16),
+        "window": lambda g, dt, bw, index: nchw_window.plan(g, dt, bw, index, 16, True),
+        "tiled": lambda g, dt, bw, index: (nchw_generic._tiled_plan(g, dt, index, bw)
+                                           if g.stride_h == 1 and nchw_generic._use_tiled(g, dt) else None),
+    },
+    "NHWC": {
+        "ring": lambda g, dt, bw, index: nhwc_ring.plan(g, dt, bw, index, 16, 16) or nhwc_ring.plan(
+            g, dt, bw, index, 16, 16, shared_limit=_launch.max_shared_per_block(cupy.cuda.runtime.getDevice())),
+        "direct": lambda g, dt, bw, index: nhwc_direct.plan(g, dt, bw, index, 16, 16),
+        "window": lambda g, dt, bw, index: nhwc_window.plan(g, dt, bw, index, 16, 16),
+        "tiled": _nhwc_tiled,
+    },
+}
+
+
+def torch_times(torch, n, c, hw, k, stride, dtype, backward):
+    """PyTorch's GPU us per call in each memory format (CUDA events around
+    20 calls over rotating copies, after a warm-up)."""
+    tdtype = getattr(torch, dtype.name)
+    times = {}
+    for fmt, memory_format in (("NCHW", torch.contiguous_format), ("channels_last", torch.channels_last)):
+        w = torch.randn(c, 1, k, k, device="cuda", dtype=tdtype)
+        x = torch.randn(n, c, hw, hw, device="cuda", dtype=tdtype).to(memory_format=memory_format)
+        out_hw = (hw + 2 * (k // 2) - k) // stride + 1
+        dys = [torch.randn(n, c, out_hw, out_hw, device="cuda", dtype=tdtype).to(memory_format=memory_format)
+               for _ in range(COPIES)]
+        xs = [x] + [x.clone() for _ in range(COPIES - 1)]
+        args = (stride, stride), (k // 2, k // 2), (1, 1)
+        if backward:
+            calls = [lambda dy=dy: torch.ops.aten.convolution_backward(
+                dy, x, w, None, *args, False, (0, 0), c, (True, False, False)) for dy in dys]
+        else:
+            calls = [lambda xi=xi: torch.nn.functional.conv2d(xi, w, None, stride, k // 2, 1, c) for xi in xs]
+        for call in calls:
+            call()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(20):
+            calls[i % COPIES]()
+        stop.record()
+        stop.synchronize()
+        times[fmt] = start.elapsed_time(stop) * 1000 / 20
+    return times
+
+
+def measure(n, c, hw, k, stride, dtype, backward, layout, bytes_per_us, torch):
+    """One line of the table."""
+    g = _validate.conv_geometry((n, c, hw, hw) if layout == "NCHW" else (n, hw, hw, c), (c, 1, k, k), stride, k // 2,
+                                1, layout=layout)
+    x_shape = (n, c, hw, hw) if layout == "NCHW" else (n, hw, hw, c)
+    y_shape = (n, c, g.out_height, g.out_width) if layout == "NCHW" else (n, g.out_height, g.out_width, c)
+    src_shape, dst_shape = (y_shape, x_shape) if backward else (x_shape, y_shape)
+    srcs = [cupy.random.standard_normal(src_shape, dtype=cupy.float32).astype(dtype) for _ in range(COPIES)]
+    w = cupy.random.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
+    b = 0 if backward else cupy.random.standard_normal((c,), dtype=cupy.float32).astype(dtype)
+    arrays = [(s, w, b, cupy.full(dst_shape, numpy.nan, dtype=dtype)) for s in srcs]
+    index = _launch.index_type(srcs[0].size, arrays[0][3].size)
+    build = depthwise._backward_input_steps if backward else depthwise._forward_steps
+    taken = build(g, layout, srcs[0], arrays[0][3]).launches[0].expression
+    times, outputs, taken_name = {}, {}, None
+    for name, plan in CANDIDATES[layout].items():
+        launch = plan(g, dtype, backward, index)
+        if launch is None:
+            continue
+        for a in arrays:
+            a[3].fill(numpy.nan)
+        times[name] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
+        outputs[name] = arrays[0][3].astype(numpy.float32)
+        if launch.expression == taken:
+            taken_name = name
+    floor = (srcs[0].nbytes + arrays[0][3].nbytes) / bytes_per_us
+    best = min(times, key=times.get)
+    ref = outputs.get(taken_name, outputs[best])
+    scale = float(cupy.max(cupy.abs(ref))) or 1.0
+    checks = [f"{name} {float(cupy.max(cupy.abs(out - ref))) / scale:.0e}"
+              + (f" unwritten {int(cupy.isnan(out).sum())}" if cupy.isnan(out).any() else "")
+              for name, out in outputs.items() if name != taken_name]
+    line = (f"{n}x{c}x{hw} {k}x{k} s{stride} {dtype.name:8} {'bwd' if backward else 'fwd'} {layout} "
+            f"floor {floor:6.1f} | " + " ".join(f"{name} {t:6.1f}" for name, t in times.items())
+            + f" | ops take {taken_name or taken.split('<')[0]}, best {best} ({floor / times[best]:.0%})")
+    if torch is not None:
+        pt = torch_times(torch, n, c, hw, k, stride, dtype, backward)
+        line += f" | PyTorch NCHW {pt['NCHW']:.1f} CL {pt['channels_last']:.1f} ratio {min(pt.values()) / times[best]:.2f}"
+    return line + (" | diff vs the ops' pick: " + ", ".join(checks) if checks else "")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", type=harness.conv_shape, nargs="+", required=True, metavar="NxCxHxKxS")
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float16", "float32"])
+    parser.add_argument("--layouts", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES))
+    parser.add_argument("--forward-only", action="store_true", help="no backward-input lines")
+    parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    args = parser.parse_args()
+    torch = None
+    if not args.no_torch:
+        import torch
+
+        torch.backends.cudnn.benchmark = True
+    bytes_per_us = harness.copy_bandwidth_bytes_per_us()
+    print(f"copy bandwidth {bytes_per_us / 1e6:.2f} TB/s", flush=True)
+    for n, c, hw, k, stride in args.shapes:
+        for dtype_name in args.dtypes:
+            for backward in (False,) if stride != 1 or args.forward_only else (False, True):
+                for layout in args.layouts:
+                    print(measure(n, c, hw, k, stride, DTYPES[dtype_name], backward, layout, bytes_per_us, torch),
+                          flush=True)
+
+
+if __name__ == "__main__":
+    main()
