@@ -80,8 +80,9 @@ def preferred(g, dtype, backward):
     """Whether the ops take the ring kernel for ``g`` (where it serves the
     call): destinations at least 42 columns wide at stride 1 (half types with
     at least 64 channels, or 24 to 63 as below), and half types at stride 2
-    on destinations at least 28 wide.  Measured on an H200 (2026-12-03, benchmarks/depthwise_nhwc_ring.py,
-    GPU us per launch, ring against the kernel the ops took before):
+    on destinations at least 28 wide.  Measured on an H200 (2026-12-03,
+    benchmarks/depthwise_nhwc_ring.py, GPU us per launch, ring against the
+    kernel the ops took before):
 
     * float16 / bfloat16, stride 1: 64x144x56 forward 46.3 / 72.8 (window
       kernel; PyTorch channels_last 50.4 in the table), bfloat16 48.0 / 73.2,
@@ -91,8 +92,8 @@ def preferred(g, dtype, backward):
       64x960x7 10.6 / 10.9).
     * float16 / bfloat16, stride 2: 64x96x112 58.3 / 67.8 (direct kernel)
       and 59.4 / 74.4 (tiled), 64x144x56 28.6 / 31.5 and 28.7 / 34.7.
-    * float16, stride 1, fewer than 64 channels (2026-12-04, the kernels
-      side by side, forward / backward-input alike): where the window kernel
+    * float16, stride 1, fewer than 64 channels (2026-12-04,
+      benchmarks/depthwise_candidates.py, forward / backward-input alike): where the window kernel
       cannot serve (channels not a multiple of 16) the ring beats the tiled
       and direct kernels from 75 columns, and from 56 at 40 channels
       (64x40x150 87.0 / 124.3 direct / 132.5 tiled, 64x24x150 66.0 / 73.8 /
