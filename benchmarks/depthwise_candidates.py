@@ -5,7 +5,8 @@ of each kernel that serves the call (CUDA events around 20 launches over 3
 rotating copies, after a warm-up pass), the kernel the ops take and the
 fastest one, its fraction of the copy floor (input + output bytes at the
 bandwidth measured at the start), PyTorch's time in both memory formats
-(conv2d / aten.convolution_backward, cudnn.benchmark on, the same events),
+(conv2d / aten.convolution_backward, cudnn.benchmark on, as depthwise.py
+times them: CUDA events around batches over rotating copies, median),
 and each kernel's largest difference from the one the ops take, relative to
 the largest output, with any output left unwritten (NaN) counted.
 
@@ -20,6 +21,7 @@ results/depthwise_kernel_candidates_h200_2026-12-04.txt.
 import argparse
 
 import cupy
+import depthwise as depthwise_table  # benchmarks/depthwise.py: PyTorch's calls as the table times them
 import harness
 import numpy
 
@@ -69,33 +71,14 @@ CANDIDATES = {
 
 
 def torch_times(torch, n, c, hw, k, stride, dtype, backward):
-    """PyTorch's GPU us per call in each memory format (CUDA events around
-    20 calls over rotating copies, after a warm-up)."""
-    tdtype = getattr(torch, dtype.name)
-    times = {}
-    for fmt, memory_format in (("NCHW", torch.contiguous_format), ("channels_last", torch.channels_last)):
-        w = torch.randn(c, 1, k, k, device="cuda", dtype=tdtype)
-        x = torch.randn(n, c, hw, hw, device="cuda", dtype=tdtype).to(memory_format=memory_format)
-        out_hw = (hw + 2 * (k // 2) - k) // stride + 1
-        dys = [torch.randn(n, c, out_hw, out_hw, device="cuda", dtype=tdtype).to(memory_format=memory_format)
-               for _ in range(COPIES)]
-        xs = [x] + [x.clone() for _ in range(COPIES - 1)]
-        args = (stride, stride), (k // 2, k // 2), (1, 1)
-        if backward:
-            calls = [lambda dy=dy: torch.ops.aten.convolution_backward(
-                dy, x, w, None, *args, False, (0, 0), c, (True, False, False)) for dy in dys]
-        else:
-            calls = [lambda xi=xi: torch.nn.functional.conv2d(xi, w, None, stride, k // 2, 1, c) for xi in xs]
-        for call in calls:
-            call()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(20):
-            calls[i % COPIES]()
-        stop.record()
-        stop.synchronize()
-        times[fmt] = start.elapsed_time(stop) * 1000 / 20
-    return times
+    """PyTorch's us per call in each memory format, measured as the table
+    measures it (depthwise.py: its CaseData and calls, time_us over rotating
+    copies)."""
+    data = depthwise_table.CaseData(torch, n, c, hw, k, stride, dtype.name, COPIES)
+    direction = "backward_input" if backward else "forward"
+    return {fmt: harness.time_us(harness.rotating([depthwise_table.torch_call(torch, data, direction, fmt, i)
+                                                   for i in range(COPIES)]))
+            for fmt in ("NCHW", "channels_last")}
 
 
 def measure(n, c, hw, k, stride, dtype, backward, layout, bytes_per_us, torch):
