@@ -1,15 +1,19 @@
 """The NHWC row-ring kernel (_depthwise_nhwc_ring) against the kernel the ops
 launch without it (direct, register-window or tiled, whichever the rule
 picks) and PyTorch channels_last (cudnn.benchmark on; forward conv2d(groups=C),
-backward-input aten.convolution_backward), forward at stride 1 and 2 and
-backward-input at stride 1, for each setting in --settings (TW output columns
-x threads aimed at x output rows prefetched; "pieces" after a setting: the
-block's cp.async copies instead of bulk copies).  GPU time per launch (CUDA
+backward-input aten.convolution_backward), filters of any size the kernel
+takes (padding K // 2; other sizes and strides time as nan; a TW outside
+the shipped ones compiles on first use), for each setting in --settings (TW
+output columns x threads aimed at x output rows prefetched; "pieces" after a
+setting: the block's cp.async copies instead of bulk copies; default: the
+plan's own, "plan").  GPU time per launch (CUDA
 events around 20 launches over 3 rotating copies, after a warm-up pass), the
 memory floor (source + destination bytes at COPY_BYTES_PER_US), and the ring
 kernel's largest difference from the other kernel relative to the largest
 output, plus its unwritten (NaN) outputs.  The figures behind
-_depthwise_nhwc_ring.preferred() and SETTINGS come from it.
+_depthwise_nhwc_ring.preferred(), SETTINGS and columns() come from it (the
+5x5 and 7x7 sweeps of 2026-12-04 ran a working tree that compiled the kernel
+for them at every stride).
 
     PYTHONPATH=. python benchmarks/depthwise_nhwc_ring.py [--dtypes float16 ...]
         [--shapes 64x144x56x3x1 ...] [--settings 4x256x2 2x256x2 4x256x2pieces] [--no-torch]
@@ -26,8 +30,8 @@ from cupy_dwgn import _depthwise_nhwc_ring as ring
 from cupy_dwgn import _launch, _validate
 from cupy_dwgn._dtypes import bfloat16
 
-# (N, C, H = W, filter size, stride); padding 1.  The depthwise table's NHWC
-# 3x3 cells and MobileNet/EfficientNet layers.
+# (N, C, H = W, filter size, stride); padding K // 2.  The depthwise table's
+# NHWC 3x3 cells and MobileNet/EfficientNet layers.
 SHAPES = [(64, 144, 56, 3, 1), (64, 96, 112, 3, 2), (64, 384, 28, 3, 1), (64, 960, 7, 3, 1), (64, 192, 56, 3, 1),
           (64, 32, 112, 3, 1), (64, 576, 14, 3, 1), (64, 144, 56, 3, 2), (8, 256, 64, 3, 1)]
 DTYPES = {"float16": numpy.dtype(numpy.float16), "bfloat16": bfloat16, "float32": numpy.dtype(numpy.float32)}
@@ -42,18 +46,18 @@ def _setting(text):
 
 
 def _torch_us(torch, g, dt, backward, stride):
-    """PyTorch channels_last on the same shape, or None without torch."""
-    n, c, hw = g.batch, g.channels, g.height
+    """PyTorch channels_last on the same shape (padding K // 2), or None without torch."""
+    n, c, hw, k = g.batch, g.channels, g.height, g.filter_height
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dt.name]
     x = torch.randn(n, c, hw, hw, device="cuda", dtype=tdt).to(memory_format=torch.channels_last)
-    w = torch.randn(c, 1, 3, 3, device="cuda", dtype=tdt)
+    w = torch.randn(c, 1, k, k, device="cuda", dtype=tdt)
     b = torch.randn(c, device="cuda", dtype=tdt)
     if not backward:
-        return harness.time_us(lambda: torch.nn.functional.conv2d(x, w, b, stride, 1, 1, c))
+        return harness.time_us(lambda: torch.nn.functional.conv2d(x, w, b, stride, k // 2, 1, c))
     dy = torch.randn(n, c, g.out_height, g.out_width, device="cuda", dtype=tdt).to(memory_format=torch.channels_last)
     mask = [True, False, False]
     return harness.time_us(lambda: torch.ops.aten.convolution_backward(
-        dy, x, w, None, [stride] * 2, [1, 1], [1, 1], False, [0, 0], c, mask))
+        dy, x, w, None, [stride] * 2, [k // 2] * 2, [1, 1], False, [0, 0], c, mask))
 
 
 def main():
@@ -67,6 +71,7 @@ def main():
     args = parser.parse_args()
     ring.MAX_SHARED = args.max_shared
     ring.plan.cache_clear()
+    device_shared = _launch.max_shared_per_block(cupy.cuda.runtime.getDevice())
     torch = None
     if not args.no_torch:
         try:
@@ -87,11 +92,13 @@ def main():
                 diff, nans, rings = 0.0, 0, set()
                 src, dst = arrays[0][0], arrays[0][3]
                 index = _launch.index_type(src.size, dst.size)
-                for setting, bulk in args.settings or [(ring.SETTINGS[k, stride, dt.itemsize], True)]:
+                for setting, bulk in args.settings or [(None, True)]:  # None: the plan's own
                     for a in arrays:
                         a[3].fill(numpy.nan)
-                    launch = ring.plan(g, dt, backward, index, 16, 16, setting, bulk)
-                    label = "x".join(map(str, setting)) + ("" if bulk else "p")
+                    # Under the device's opt-in limit where K rows pass MAX_SHARED, as select plans it.
+                    launch = ring.plan(g, dt, backward, index, 16, 16, setting, bulk) or ring.plan(
+                        g, dt, backward, index, 16, 16, setting, bulk, device_shared)
+                    label = ("x".join(map(str, setting)) if setting else "plan") + ("" if bulk else "p")
                     if launch is None:
                         times[label] = float("nan")
                         continue

@@ -1,7 +1,7 @@
 """Channels-last (NHWC) row-ring kernel (kernels/depthwise_nhwc_ring.cu): 3x3
 filters, forward at stride 1 or 2 and backward-input at stride 1 (the forward
-correlation with the rotated filter), dilation 1, depth multiplier 1, float32,
-float16 and bfloat16.  Whole input rows (W x C, contiguous in NHWC) are
+correlation with the rotated filter), and 5x5 forward at stride 2; dilation
+1, depth multiplier 1, float32, float16 and bfloat16.  Whole input rows (W x C, contiguous in NHWC) are
 copied once each into a ring of shared-memory rows (one cp.async.bulk per
 row on sm_90), a few rows ahead of the compute.
 
@@ -9,8 +9,9 @@ Launch rule (no user tuning), from the shape only:
 
 * A thread owns 4 channels (``VEC``) and strips of TW output columns
   (``SETTINGS[k, stride, itemsize]``: TW, threads aimed at, output rows
-  prefetched); the block is C / 4 channel vectors x G column groups, G the
-  largest count with at most the aimed-at threads (at least 1; C / 4 <= 512).
+  prefetched; 5x5 takes TW 4 or 2 by ``columns``' instruction count); the block is C / 4 channel vectors x G column groups, G the
+  largest count with at most the aimed-at threads (at least 1; C / 4 <=
+  ``max_threads(K)``: 512 for 3x3, 256 for 5x5).
 * Ring: K + ahead * stride rows (ahead output rows prefetched), fewer down to
   K when the ring would pass ``MAX_SHARED`` bytes.  Where even K rows pass it
   (wide rows: 64x144x150 fp16 at stride 2, 43 KB a row), the same under the
@@ -20,8 +21,11 @@ Launch rule (no user tuning), from the shape only:
   a contiguous 1/grid share of the (image, output row) sequence.
 * Requires C * itemsize % 16 == 0, 16-byte aligned arrays, rows under 1 MB.
 
-The ops take it where ``preferred`` says so (3x3 on rows at least 42 wide,
-and half types at stride 2); ``MODE`` overrides that for tests and benchmarks.
+The ops take it where ``preferred`` says so (3x3 at stride 1 on rows at
+least 42 wide, and for half types on narrower rows of 1024+ channels whose
+width is not a multiple of 7; 3x3 half types at stride 2 on rows at least 28
+wide; 5x5 half types at stride 2); ``MODE`` overrides that for tests and
+benchmarks.
 """
 
 import functools
@@ -38,12 +42,24 @@ MODE = "rule"
 
 KERNEL_FILE = "depthwise_nhwc_ring.cu"
 KERNEL = "dwgn_dwconv_nhwc_ring"
-FILTER_SIZES = ((3, 3),)
+FILTER_SIZES = ((3, 3), (5, 5))
 DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16)
-#: (stride, backward) compiled per filter size and dtype.
-VARIANTS = ((1, False), (2, False), (1, True))
+#: (stride, backward) compiled per filter size and dtype: 3x3 forward at
+#: stride 1 and 2 and backward-input at stride 1; 5x5 forward at stride 2
+#: only (at stride 1 the register-window kernel is faster: 64x240x28 float16
+#: 38.6 us against the ring's 51.2, 7x7 64x96x56 79.7 against 143.5; the
+#: 5x5 taps take 158-182 registers, one 256-thread block per SM).
+VARIANTS = {3: ((1, False), (2, False), (1, True)), 5: ((2, False),)}
 VEC = 4  # kernel: VEC, channels per thread
-MAX_THREADS = 512  # kernel: __launch_bounds__
+MAX_THREADS = 512  # kernel: __launch_bounds__ of the 3x3 kernels
+
+
+def max_threads(k):
+    """The kernel's __launch_bounds__: 512 threads for 3x3; 256 for 5x5, whose
+    25 x 4 filter taps stay in registers (158-182 registers on sm_80 and
+    sm_90, no spills; under
+    512 threads the 128-register cap spilled 56-80 bytes)."""
+    return MAX_THREADS if k == 3 else 256
 #: Dynamic shared memory a block may take: under every sm_80+ GPU's opt-in
 #: limit (sm_86/sm_89: 99 KB), and two blocks fit an H200's 228 KB.
 MAX_SHARED = 99 * 1024
@@ -59,8 +75,32 @@ MAX_ROW_BYTES = 2**20 - 16
 #: ring lets 3 blocks share an SM; 64x32x112 float32 63.8 against 70.5); 128
 #: or 512 threads slower on the 56-wide rows (57.4, 54.7); TW 2 slower at
 #: stride 1 (52.5), even at stride 2 (64x96x112 float16 58.0 / 58.3,
-#: 64x144x56 29.2 / 28.6).
-SETTINGS = {(3, 1, 2): (4, 256, 1), (3, 1, 4): (4, 256, 1), (3, 2, 2): (4, 256, 2), (3, 2, 4): (4, 256, 2)}
+#: 64x144x56 29.2 / 28.6).  5x5 at stride 2 (2026-12-04): TW 4 / 2
+#: 64x192x75 float16 79.0 / 85.3, 64x240x38 40.1 / 40.4, 64x816x19 46.2 /
+#: 42.9 (one row ahead: a ring of 7 rows, 218 KiB at 75 wide).
+SETTINGS = {(3, 1, 2): (4, 256, 1), (3, 1, 4): (4, 256, 1), (3, 2, 2): (4, 256, 2), (3, 2, 4): (4, 256, 2),
+            (5, 2, 2): (4, 256, 1), (5, 2, 4): (4, 256, 1)}
+#: K -> the TW a plan chooses among (``columns``); SETTINGS' TW where absent.
+COLUMN_CHOICES = {5: (4, 2)}
+
+
+def columns(k, stride, dst_width, itemsize):
+    """TW for a plan: among ``COLUMN_CHOICES[k]``, the one whose strips cost
+    the fewest instructions per output row and filter row: strips x (IW =
+    (TW - 1) * S + K vector loads, 4 conversions each for half types, and
+    4 x TW x K FMAs) (5x5 half at stride 2: 135 per 4-column strip, 75 per
+    2-column one), the wider on a tie.  On the H200 (2026-12-04,
+    benchmarks/depthwise_nhwc_ring.py, float16, TW 4 / 2, us) it picks the
+    faster one wherever they differ: 64x816x19 (10 columns) 46.6 / 43.2,
+    64x480x28 (14) 43.9 / 39.6, 64x672x14 (7) 24.4 / 25.8, 64x192x75 (38)
+    78.6 / 85.6, 64x96x150 (75) 138.7 / 152.1; 64x240x38 (19) 40.2 / 40.2."""
+    choices = COLUMN_CHOICES.get(k, (SETTINGS[k, stride, itemsize][0],))
+    conversions = VEC if itemsize == 2 else 0
+
+    def cost(tw):
+        return -(-dst_width // tw) * (((tw - 1) * stride + k) * (1 + conversions) + VEC * tw * k)
+
+    return min(choices, key=lambda tw: (cost(tw), -tw))
 
 
 def _expression(dtype, k, stride, backward, index, columns=None):
@@ -72,15 +112,19 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
     """``(file, name expression)`` of every ring-kernel specialization.
 
     backward: None (both), False (forward) or True (backward-input)."""
-    return _compile.direction_specializations(KERNEL_FILE, _expression, DTYPES, FILTER_SIZES, VARIANTS, dtypes,
-                                              filter_sizes, backward, large_index)
+    return [spec for size in FILTER_SIZES for tw in COLUMN_CHOICES.get(size[0], (None,))
+            for spec in _compile.direction_specializations(
+                KERNEL_FILE, functools.partial(_expression, columns=tw), DTYPES, (size,), VARIANTS[size[0]], dtypes,
+                filter_sizes, backward, large_index)]
 
 
 def preferred(g, dtype, backward):
     """Whether the ops take the ring kernel for ``g`` (where it serves the
-    call): destinations at least 42 columns wide at stride 1 (half types with
-    at least 64 channels, or 24 to 63 as below), and half types at stride 2
-    on destinations at least 28 wide.  Measured on an H200 (2026-12-03,
+    call): 3x3 on destinations at least 42 columns wide at stride 1 (half
+    types with at least 64 channels, or 24 to 63 as below; narrower half-type
+    rows of at least 1024 channels whose width is not a multiple of 7), and
+    half types at stride 2 on destinations at least 28 wide; 5x5 half types
+    at stride 2.  Measured on an H200 (2026-12-03,
     benchmarks/depthwise_nhwc_ring.py, GPU us per launch, ring against the
     kernel the ops took before):
 
@@ -89,7 +133,13 @@ def preferred(g, dtype, backward):
       backward-input 44.7 / 67.9 and 46.7 / 68.5; 64x192x56 59.9 / 79.3.
       Not 32 channels at 112x112 (50.4 / 46.4: 8 channel vectors a pixel),
       nor 28x28 and smaller (64x384x28 36.4 / 35.1, 64x576x14 24.2 / 17.6,
-      64x960x7 10.6 / 10.9).
+      64x960x7 10.6 / 10.9) but for rows of 1024 channels and more whose
+      width is not a multiple of the window kernel's 7 columns (2026-12-04,
+      benchmarks/depthwise_candidates.py, forward; backward-input alike):
+      64x1392x10 23.6 / 27.5 (PyTorch channels_last 22.8), 64x1024x10 19.6 /
+      22.5, 64x1344x19 66.6 / 103.9; 64x576x19 34.1 / 34.1; multiples of 7
+      stay the window kernel's (64x1152x7 13.0 / 12.2, 64x960x14 29.0 /
+      24.2, 64x768x14 25.9 / 22.4, 64x672x14 25.3 / 20.3).
     * float16 / bfloat16, stride 2: 64x96x112 58.3 / 67.8 (direct kernel)
       and 59.4 / 74.4 (tiled), 64x144x56 28.6 / 31.5 and 28.7 / 34.7.
     * float16, stride 1, fewer than 64 channels (2026-12-04,
@@ -106,6 +156,11 @@ def preferred(g, dtype, backward):
       / 141.2, 64x32x75 26.0 / 27.5; 64x48x75 36.8 / 35.7 forward, 35.4 /
       35.5 backward); 16 channels stay the window kernel's (64x16x150 37.5 /
       46.1).
+    * 5x5, float16 / bfloat16, stride 2 (2026-12-04, benchmarks/depthwise_nhwc_ring.py):
+      64x192x75 79.0 / 123.5 (tiled; PyTorch channels_last 80.6 in the
+      EfficientNet-B3 table), 64x240x38 40.1 / 51.4, 64x816x19 46.2 / 53.3.
+      Not float32 (64x240x38 63.5 / 49.4 direct; wider rows pass the shared
+      memory), nor stride 1 (not compiled: see ``VARIANTS``).
     * float32, stride 1: 64x144x56 75.5 / 81.8 (tiled), backward-input 75.4 /
       79.9; 64x32x112 63.8 / 66.0.  Rows wider than a third of MAX_SHARED
       (64x192x56, 64x384x28) are not served; stride 2 about even (64x144x56
@@ -113,12 +168,16 @@ def preferred(g, dtype, backward):
     """
     dtype = numpy.dtype(dtype)
     stride = g.stride_h
+    if g.filter_height == 5:
+        return dtype.itemsize == 2 and stride == 2 and not backward
     dst_width = g.width if backward else g.out_width
     if dtype.itemsize == 2:
         if stride == 2:
             return dst_width >= 28
         channels = g.channels
-        if dst_width < 42 or channels < 24:
+        if dst_width < 42:  # the window kernel's 7-column items, but where widths waste them
+            return channels >= 1024 and dst_width % 7 != 0
+        if channels < 24:
             return False
         if channels >= 64:
             return True
@@ -157,9 +216,10 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, setting=None, 
     if (
         size not in FILTER_SIZES
         or not _validate.plain_stride_one_or_two(g, backward)
+        or (g.stride_h, backward) not in VARIANTS[size[0]]
         or dtype not in DTYPES
         or g.channels * dtype.itemsize % 16 != 0
-        or g.channels // VEC > MAX_THREADS
+        or g.channels // VEC > max_threads(size[0])
         or src_alignment % 16 != 0
         or dst_alignment % 16 != 0
     ):
@@ -168,18 +228,20 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, setting=None, 
     src_h, src_w, dst_h, dst_w, offset_top, offset_left = _validate.correlation_frame(g, backward)
     if min(g.batch, src_h, src_w, dst_h, dst_w) <= 0 or g.batch * dst_h >= 2**31:
         return None
-    columns, threads, ahead = setting or SETTINGS[k, stride, dtype.itemsize]
+    tw, threads, ahead = setting or SETTINGS[k, stride, dtype.itemsize]
+    if setting is None:
+        tw = columns(k, stride, dst_w, dtype.itemsize)
     row_bytes = src_w * g.channels * dtype.itemsize
     if row_bytes > MAX_ROW_BYTES:
         return None
     vectors = g.channels // VEC
-    groups = max(1, min(threads // vectors, MAX_THREADS // vectors))
-    strips = -(-dst_w // columns)
+    groups = max(1, min(threads // vectors, max_threads(k) // vectors))
+    strips = -(-dst_w // tw)
     groups = -(-strips // -(-strips // groups))  # as few as give each the same strip count
     # Slot columns: `lead` zero columns left of input column 0 (the left
     # padding), then the row, then zeros up to the last column a strip reads.
     lead = max(offset_left, 0)
-    slot_pixels = max(lead + src_w, (strips * columns - 1) * stride + k - offset_left + lead)
+    slot_pixels = max(lead + src_w, (strips * tw - 1) * stride + k - offset_left + lead)
     slot_bytes = slot_pixels * g.channels * dtype.itemsize
 
     def shared_bytes(slots):  # the slots' mbarriers (8 bytes each, padded to 16), then the slots
@@ -199,5 +261,5 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, setting=None, 
         i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(g.channels), i32(offset_top), i32(offset_left),
         i32(lead), i32(slot_pixels), i32(ring), i32(total_rows), i32(1 if bulk else 0),
     )
-    return _launch.Launch(KERNEL_FILE, _expression(dtype, k, stride, backward, index, columns), (total_rows,),
+    return _launch.Launch(KERNEL_FILE, _expression(dtype, k, stride, backward, index, tw), (total_rows,),
                           (vectors * groups,), shared, scalars, persistent=True)

@@ -1,8 +1,8 @@
 // Depthwise 2-D convolution, channels-last (NHWC): the row-ring kernel, for
 // 3x3 filters at stride 1 or 2 (forward; stride-1 backward-input as the
-// forward correlation with the rotated filter), dilation 1, depth
-// multiplier 1, float32, float16 and bfloat16, on rows whose channels fit
-// one block.
+// forward correlation with the rotated filter) and 5x5 forward at stride 2,
+// dilation 1, depth multiplier 1, float32, float16 and bfloat16, on rows
+// whose channels fit one block.
 //
 // Why a kernel of its own: in NHWC a whole input row (W pixels x C channels)
 // is one contiguous run of memory.  The window kernel (depthwise_nhwc_window.cu)
@@ -27,21 +27,21 @@
 // * Thread t: channel vector cv = t % (C / 4) (4 channels: 16 bytes of
 //   float32, 8 of a half type), column group t / (C / 4); for each output
 //   row it computes strips of TW output columns, strip = column group +
-//   k * column groups.  Its 3x3x4 taps (and bias) stay in registers for the
+//   k * column groups.  Its K x K x 4 taps (and bias) stay in registers for the
 //   whole kernel.  Inputs are read from the ring as 4-channel vectors; the
 //   slot's padding columns (left of column 0 and right of the last) are
 //   zeroed once and never written by the copies.
 // * After each output row the block syncs once (every thread is done with
 //   the entries only that row needed), then refills the freed slots.
 //
-// Template parameters: T; K (3); S (1, 2); TW output columns per strip;
+// Template parameters: T; K (3, 5); S (1, 2); TW output columns per strip;
 // BACKWARD (stride 1: src = grad_out, dst = grad_in, filter rotated, offsets
 // K - 1 - pad); IndexT (int, or long long when a tensor has >= 2**31
 // elements: global offsets use it).  Scalar bulk: 1 copies by cp.async.bulk
 // where the GPU has it (sm_90+), 0 by the block's cp.async pieces everywhere
 // (the tests run both on an sm_90 GPU).  The host (cupy_dwgn/_depthwise_nhwc_ring.py)
 // picks the ring, the column groups and the grid; it requires C * sizeof(T)
-// % 16 == 0, 16-byte aligned arrays, C / 4 <= 512 and rows under 1 MB.
+// % 16 == 0, 16-byte aligned arrays, C / 4 <= 512 (5x5: 256) and rows under 1 MB.
 
 #include "dwgn_common.cuh"
 #include "dwgn_nhwc_vector.cuh"
@@ -120,8 +120,10 @@ struct Segment {
 
 }  // namespace dwgn_nhwc_ring
 
+// 5x5: 25 x 4 taps in registers (158-182 in all), so at most 256 threads
+// (under 512 the 128-register cap spilled them).
 template <typename T, int K, int S, int TW, bool BACKWARD, typename IndexT>
-__global__ void __launch_bounds__(512) dwgn_dwconv_nhwc_ring(
+__global__ void __launch_bounds__(K == 3 ? 512 : 256) dwgn_dwconv_nhwc_ring(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
     int src_h, int src_w, int dst_h, int dst_w, int channels, int offset_top, int offset_left, int lead,
     int slot_pixels, int ring, int total_rows, int bulk) {

@@ -312,12 +312,13 @@ def nhwc_direct():
 
 
 def nhwc_ring():
-    # The NHWC row-ring kernel for every 3x3 NHWC forward (stride 1 and 2) and
-    # stride-1 backward-input call it serves (MODE "always", the call-signature
-    # cache cleared), with bulk copies (the ops' path), then launched with the
-    # block's cp.async pieces on 3 blocks: strips cut by the right edge,
-    # padding past the filter, per-side padding, a 1x1 image, 74 vectors;
-    # rows whose 3 slots pass MAX_SHARED (the ops take the device's limit).
+    # The NHWC row-ring kernel for every 3x3 NHWC forward (stride 1 and 2),
+    # stride-1 backward-input and 5x5 stride-2 forward call it serves (MODE
+    # "always", the call-signature cache cleared), with bulk copies (the ops'
+    # path), then launched with the block's cp.async pieces on 3 blocks:
+    # strips cut by the right edge, padding past the filter, per-side
+    # padding, a 1x1 image, 74 and 250 vectors; rows whose K slots pass
+    # MAX_SHARED (the ops take the device's limit).
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_ring, _dtypes, _launch, _validate, depthwise as dw
@@ -325,21 +326,26 @@ def nhwc_ring():
     _depthwise_nhwc_ring.MODE, dw._SIGNATURES = "always", {}
     try:
         for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
-            for x_shape, stride, padding in [
+            for case in [
                 ((2, 13, 11, 32), 1, 1), ((1, 9, 10, 16), 1, ((0, 2), (2, 1))), ((1, 5, 3, 8), 1, 4),
                 ((3, 1, 1, 24), 1, 1), ((2, 7, 7, 296), 1, 1), ((2, 15, 13, 40), 2, 1),
                 ((1, 17, 16, 16), 2, ((2, 0), (1, 2))), ((4, 28, 28, 96), 1, 1),
                 ((1, 9, 150, 144), 2, 1), ((2, 6, 77, 216), 1, 1),
+                ((2, 15, 13, 40), 2, 2, 5), ((2, 10, 9, 16), 2, ((4, 1), (0, 3)), 5), ((2, 3, 4, 8), 2, 6, 5),
+                ((2, 9, 6, 1000), 2, 2, 5), ((1, 21, 21, 816), 2, 2, 5), ((2, 7, 20, 24), 2, 2, 5),
+                ((2, 10, 10, 1024), 1, 1),
             ]:
+                x_shape, stride, padding = case[:3]
+                k = case[3] if len(case) > 3 else 3
                 c = x_shape[3]
                 conv = dict(stride=stride, padding=padding, layout="NHWC")
                 x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
-                w = rng.standard_normal((c, 1, 3, 3), dtype=cupy.float32).astype(dtype)
+                w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
                 b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
                 y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
                 if stride == 1:
                     cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
-                g = _validate.conv_geometry(x_shape, (c, 1, 3, 3), stride, padding, 1, layout="NHWC")
+                g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
                 launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), False, "int", 16, 16, None, False)
                 if launch is None:  # wide rows: the ops' launch above was the device-limit one
                     continue

@@ -701,14 +701,19 @@ def _emulate_nhwc_ring(launch, src, weight, bias, backward, blocks):
     destination and how often each value was written."""
     import numpy
 
+    from cupy_dwgn import _depthwise_nhwc_ring as ring_module
+
     (src_h, src_w, dst_h, dst_w, channels, off_top, off_left, lead, slot_pixels, ring, total_rows,
      _bulk) = (int(v) for v in launch.scalars)
     k, stride, tw = (int(v) for v in launch.expression.split("<")[1].split(", ")[1:4])
     vectors = channels // 4
-    assert launch.block[0] % vectors == 0 and launch.block[0] <= 512
+    assert launch.block[0] % vectors == 0 and launch.block[0] <= ring_module.max_threads(k)
     groups = launch.block[0] // vectors
     strips = -(-dst_w // tw)
-    assert (strips * tw - 1) * stride + k - 1 - off_left + lead < slot_pixels  # reads stay in the slot
+    # Reads stay in the slot: the first column a strip reads (the emulation's
+    # numpy indexing would wrap a negative one round to the slot's end).
+    assert lead - off_left >= 0
+    assert (strips * tw - 1) * stride + k - 1 - off_left + lead < slot_pixels
     x = src.astype(numpy.float64)
     w = weight.astype(numpy.float64).reshape(channels, k, k)
     if backward:
@@ -777,21 +782,25 @@ def _emulate_nhwc_ring(launch, src, weight, bias, backward, blocks):
 
 @pytest.mark.parametrize("case", [((2, 9, 11, 16), 1, 1), ((1, 7, 10, 24), 1, ((0, 4), (3, 1))),
                                   ((2, 5, 3, 8), 1, 4), ((3, 9, 13, 40), 2, 1), ((2, 11, 8, 16), 2, ((3, 0), (0, 2))),
-                                  ((3, 1, 1, 8), 1, 1), ((2, 12, 12, 16), 1, "valid")],
-                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-s{c[1]}")
+                                  ((3, 1, 1, 8), 1, 1), ((2, 12, 12, 16), 1, "valid"),
+                                  ((3, 13, 11, 24), 2, 2, 5), ((2, 10, 9, 16), 2, ((4, 1), (0, 3)), 5),
+                                  ((2, 3, 4, 8), 2, 6, 5), ((2, 5, 5, 8), 2, "valid", 5)],
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-s{c[1]}-k{c[3] if len(c) > 3 else 3}")
 def test_nhwc_ring_kernel_stream_matches_the_reference(case):
     # Every destination value written once and equal to the float64 reference,
     # both directions, float32 and float16, for grids of 1, 2, 5 and 7 blocks
     # (segments crossing images, blocks with one row or none), with the
-    # plan's ring and with the smallest (K rows, nothing prefetched).
+    # plan's ring and with the smallest (K rows, nothing prefetched); 3x3,
+    # and 5x5 at stride 2 (padding past the filter, per side, none).
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_ring as ring
     from cupy_dwgn import _validate
 
-    x_shape, stride, padding = case
-    g = _validate.conv_geometry(x_shape, (x_shape[3], 1, 3, 3), stride, padding, 1, layout="NHWC")
-    for dtype, backward, weight, src, bias, want in _nhwc_reference_cases(x_shape, 3, stride, padding, 12):
+    x_shape, stride, padding = case[:3]
+    k = case[3] if len(case) > 3 else 3
+    g = _validate.conv_geometry(x_shape, (x_shape[3], 1, k, k), stride, padding, 1, layout="NHWC")
+    for dtype, backward, weight, src, bias, want in _nhwc_reference_cases(x_shape, k, stride, padding, 12):
         for setting in (None, (4, 64, 0), (2, 256, 3)):
             launch = ring.plan.__wrapped__(g, dtype, backward, "int", 16, 16, setting)
             assert launch is not None and launch.persistent
@@ -802,9 +811,10 @@ def test_nhwc_ring_kernel_stream_matches_the_reference(case):
 
 
 def test_nhwc_ring_plan():
-    # What the ring kernel serves (3x3, forward stride 1/2, backward-input
-    # stride 1, C * itemsize a multiple of 16, aligned arrays, C / 4 <= 512,
-    # rows that fit) and its block, ring and shared memory.
+    # What the ring kernel serves (3x3: forward stride 1/2, backward-input
+    # stride 1, C / 4 <= 512; 5x5: forward stride 2, C / 4 <= 256; C *
+    # itemsize a multiple of 16, aligned arrays, rows that fit) and its block,
+    # ring and shared memory.
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_ring as ring
@@ -820,6 +830,12 @@ def test_nhwc_ring_plan():
         (12, 28, 3, 1, single, False, 16, True), (144, 56, 3, 1, half, False, 8, False),
         (144, 56, 5, 1, half, False, 16, False), (144, 56, 3, 1, double, False, 16, False),
         (1024, 64, 3, 1, single, False, 16, False),  # three rows pass the shared-memory cap
+        # 5x5: forward at stride 2 only, C / 4 <= 256; 7x7 not at all.
+        (96, 38, 5, 2, half, False, 16, True), (256, 19, 5, 2, half, False, 16, True),
+        (816, 19, 5, 2, half, False, 16, False),  # five rows pass MAX_SHARED (the device's limit serves it)
+        (96, 19, 5, 2, single, False, 16, True), (96, 38, 5, 1, half, False, 16, False),
+        (96, 38, 5, 1, half, True, 16, False), (96, 38, 7, 2, half, False, 16, False),
+        (96, 38, 7, 1, half, False, 16, False),
     ]:
         g = _validate.conv_geometry((4, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
         launch = ring.plan(g, dtype, backward, "int", alignment, alignment)
@@ -829,7 +845,7 @@ def test_nhwc_ring_plan():
         assert (launch.file, launch.expression) in shipped
         tw, threads, ahead = ring.SETTINGS[k, stride, dtype.itemsize]
         vectors = c // 4
-        assert launch.block[0] % vectors == 0 and launch.block[0] <= 512
+        assert launch.block[0] % vectors == 0 and launch.block[0] <= ring.max_threads(k)
         assert launch.block[0] == vectors or launch.block[0] <= max(threads, vectors)
         slots = int(launch.scalars[9])
         slot_pixels = int(launch.scalars[8])
@@ -846,6 +862,17 @@ def test_nhwc_ring_plan():
     assert ring.MAX_SHARED < 3 * slot_bytes and slots == 5 and ring.MAX_SHARED < launch.shared_mem <= h200
     assert launch.shared_mem + slot_bytes > h200  # a sixth slot would not fit
     assert ring.plan(wide, half, False, "int", 16, 16, shared_limit=2 * slot_bytes) is None
+    # 5x5 at stride 2: TW by columns(), 4 on 38-wide destinations, 2 on 10-wide ones.
+    for hw, tw in ((75, 4), (19, 2)):
+        g = _validate.conv_geometry((4, hw, hw, 96), (96, 1, 5, 5), 2, 2, 1, layout="NHWC")
+        launch = ring.plan(g, half, False, "int", 16, 16, shared_limit=h200)
+        assert launch.expression == ring._expression(half, 5, 2, False, "int", tw)
+        assert (launch.file, launch.expression) in shipped
+    # 5x5: at most 256 channel vectors a block (the kernel's launch bounds).
+    for c, served in ((1024, True), (1032, False)):
+        g = _validate.conv_geometry((4, 9, 9, c), (c, 1, 5, 5), 2, 2, 1, layout="NHWC")
+        launch = ring.plan(g, half, False, "int", 16, 16, shared_limit=h200)
+        assert (launch is not None) == served and (launch is None or launch.block[0] == 256)
     small = _validate.conv_geometry((4, 56, 56, 144), (144, 1, 3, 3), 1, 1, 1, layout="NHWC")
     assert (ring.plan(small, half, False, "int", 16, 16, shared_limit=h200).shared_mem
             == ring.plan(small, half, False, "int", 16, 16).shared_mem)
@@ -875,13 +902,39 @@ def test_nhwc_ring_rule():
         (24, 56, 1, half, False, False), (56, 75, 1, half, False, True), (32, 150, 1, half, False, True),
         (32, 75, 1, bf16, False, True), (32, 56, 1, half, False, False), (48, 112, 1, half, False, True),
         (48, 56, 1, half, True, False), (16, 150, 1, half, False, False),
+        # Narrow half-type rows of >= 1024 channels, widths not a multiple of 7 (2026-12-04).
+        (1392, 10, 1, half, False, True), (1024, 10, 1, bf16, True, True), (1344, 19, 1, half, False, True),
+        (576, 19, 1, half, False, False), (1152, 7, 1, half, False, False), (960, 14, 1, bf16, True, False),
+        (1392, 10, 1, single, False, False),
     ]:
         g = _validate.conv_geometry((4, hw, hw, c), (c, 1, 3, 3), stride, 1, 1, layout="NHWC")
-        assert ring.preferred(g, dtype, backward) == taken, (c, hw, stride, dtype, backward)
-        launch = ring.plan(g, dtype, backward, "int", 16, 16)
+        selected = _check_ring_rule(ring, g, dtype, backward, taken)
+        if (c, hw) == (1024, 10):  # the narrow-row rule's select() on rows that fit MAX_SHARED
+            assert selected
+    # 5x5: half types at stride 2 (the sweep of 2026-12-04), at any width.
+    for c, hw, stride, dtype, backward, taken in [
+        (192, 75, 2, half, False, True), (816, 19, 2, bf16, False, True), (240, 38, 2, half, False, True),
+        (96, 38, 2, half, False, True),  # rows that fit MAX_SHARED: select() checked too
+        (192, 75, 2, single, False, False), (240, 28, 1, half, False, False), (240, 28, 1, half, True, False),
+    ]:
+        g = _validate.conv_geometry((4, hw, hw, c), (c, 1, 5, 5), stride, 2, 1, layout="NHWC")
+        selected = _check_ring_rule(ring, g, dtype, backward, taken)
+        assert selected or (c, hw) != (96, 38)
+
+
+def _check_ring_rule(ring, g, dtype, backward, taken):
+    """preferred() says ``taken``; the kernel serves every call it takes, and
+    select() returns the plan (where the rows fit MAX_SHARED: past it, select
+    asks the device for its limit) or None.  Returns whether select() was
+    checked."""
+    assert ring.preferred(g, dtype, backward) == taken, (g, dtype, backward)
+    launch = ring.plan(g, dtype, backward, "int", 16, 16)
+    if taken:
+        assert ring.plan(g, dtype, backward, "int", 16, 16, shared_limit=ring._NO_LIMIT) is not None
+    if launch is not None or not taken:
         assert ring.select(g, dtype, backward, "int", 16, 16) is (launch if taken else None)
-        if taken:
-            assert launch is not None
+        return True
+    return False
 
 
 def test_nchw_plane_rule_follows_the_width_sweep():

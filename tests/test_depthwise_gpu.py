@@ -763,10 +763,12 @@ def test_nhwc_direct_kernel_dispatch_follows_the_mode(rng, monkeypatch):
 # The NHWC row-ring kernel (_depthwise_nhwc_ring), launched directly on
 # poisoned outputs, with bulk copies (sm_90+) and with the block's cp.async
 # pieces, on the plan's persistent grid and on 3 blocks (segments crossing
-# images): (name, x shape (N, H, W, C), stride, padding).  Strips cut by the
-# right edge, padding larger than the filter, per-side padding, a 1x1 image,
-# one channel vector, 296 channels (74 vectors: block not a multiple of 32),
-# stride 2 with odd sizes.
+# images): (name, x shape (N, H, W, C), stride, padding[, filter size, 3 if
+# absent]).  Strips cut by the right edge, padding larger than the filter,
+# per-side padding, a 1x1 image, one channel vector, 296 channels (74
+# vectors: block not a multiple of 32), stride 2 with odd sizes; 5x5 at
+# stride 2 (forward only) with the same edges, 1000 channels (250 vectors)
+# and 4- and 2-column strips.
 NHWC_RING_CASES = [
     ("13x11 C=32 p1", (2, 13, 11, 32), 1, 1),
     ("9x10 C=16 per-side", (1, 9, 10, 16), 1, ((0, 2), (2, 1))),
@@ -777,6 +779,11 @@ NHWC_RING_CASES = [
     ("19x6 C=72 p1", (3, 19, 6, 72), 1, 1),
     ("15x13 C=40 s2 p1", (2, 15, 13, 40), 2, 1),
     ("17x16 C=16 s2 per-side", (1, 17, 16, 16), 2, ((2, 0), (1, 2))),
+    ("15x13 C=40 5x5 s2 p2", (2, 15, 13, 40), 2, 2, 5),
+    ("10x9 C=16 5x5 s2 per-side", (2, 10, 9, 16), 2, ((4, 1), (0, 3)), 5),
+    ("3x4 C=8 5x5 s2 padding > filter", (2, 3, 4, 8), 2, 6, 5),
+    ("9x6 C=1000 5x5 s2 p2", (2, 9, 6, 1000), 2, 2, 5),
+    ("7x20 C=24 5x5 s2 p2 (2-column strips)", (2, 7, 20, 24), 2, 2, 5),
 ]
 
 
@@ -806,15 +813,32 @@ def test_nhwc_ring_kernel_wide_rows_under_the_device_limit(case, backward, rng):
     _check_nhwc_ring_kernel(case[:4], case[4], backward, "int", True, rng, device_limit)
 
 
+def _skip_where_the_ring_needs_more_shared_memory(g, dtype, backward):
+    """Skip where the ring kernel serves ``g`` only with more shared memory
+    per block than this GPU lets a block opt into (the wide-row and 5x5
+    cases are sized for an H100/H200's 227 KB; an A100 has 163 KB, sm_86 and
+    sm_89 99 KB)."""
+    ring, dtype = _depthwise_nhwc_ring, numpy.dtype(dtype)
+    device_limit = _launch.max_shared_per_block(cupy.cuda.runtime.getDevice())
+    if (ring.plan(g, dtype, backward, "int", 16, 16, shared_limit=device_limit) is None
+            and ring.plan(g, dtype, backward, "int", 16, 16, shared_limit=ring._NO_LIMIT) is not None):
+        pytest.skip(f"the ring kernel needs more than this GPU's {device_limit} bytes of shared memory per block here")
+
+
 def _check_nhwc_ring_kernel(case, dtype, backward, index, bulk, rng, shared_limit=None):
-    _, x_shape, stride, padding = case
+    _, x_shape, stride, padding = case[:4]
+    k = case[4] if len(case) > 4 else 3
     n, c = x_shape[0], x_shape[3]
-    w_shape = (c, 1, 3, 3)
+    w_shape = (c, 1, k, k)
     g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1, layout="NHWC")
+    _skip_where_the_ring_needs_more_shared_memory(g, dtype, backward)
     y_shape = (n, g.out_height, g.out_width, c)
     launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), backward, index, 16, 16, None, bulk, shared_limit)
     if shared_limit is not None and launch is not None:
         assert launch.shared_mem > _depthwise_nhwc_ring.MAX_SHARED  # the case exercises the device limit
+    if launch is None and k == 5 and not backward:  # 5 rows of 1000 channels: under the device's limit, as select plans
+        launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), backward, index, 16, 16, None, bulk,
+                                           _launch.max_shared_per_block(cupy.cuda.runtime.getDevice()))
     if backward and stride != 1:
         assert launch is None
         return
@@ -2088,33 +2112,41 @@ def test_nhwc_window_kernel_over_2_31_elements(backward):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
-def test_nhwc_ring_kernel_over_2_31_elements(backward):
+@pytest.mark.parametrize("k, stride, backward", [(3, 1, False), (3, 1, True), (5, 2, False)],
+                         ids=["3x3-forward", "3x3-backward_input", "5x5-s2-forward"])
+def test_nhwc_ring_kernel_over_2_31_elements(k, stride, backward):
     # NHWC (1, 140000, 60, 256) float16 = 2**31 + 2916352 elements: row h
     # starts at h * 15360, so rows 139811 and on lie past 2**31 (a 30 KB
     # row, one bulk copy each); the ring kernel with 64-bit offsets,
-    # launched directly.  Checked on channels whole and on those rows alone.
+    # launched directly (5x5: under the device's shared-memory limit, as the
+    # ops plan it).  Checked on channels whole and on the output rows that
+    # read only rows past 2**31.
     shape = (1, 140000, 60, 256)
     assert numpy.prod(shape) >= 2**31 and 139811 * 60 * 256 > 2**31
-    g = _validate.conv_geometry(shape, (256, 1, 3, 3), 1, 1, 1, layout="NHWC")
+    conv = dict(stride=stride, padding=k // 2, layout="NHWC")
+    g = _validate.conv_geometry(shape, (256, 1, k, k), stride, k // 2, 1, layout="NHWC")
+    half = numpy.dtype(numpy.float16)
+    _skip_where_the_ring_needs_more_shared_memory(g, half, backward)
     src = cupy.random.default_rng(12).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
-    w_host = random(numpy.random.default_rng(12), (256, 1, 3, 3), numpy.float16)
+    w_host = random(numpy.random.default_rng(12), (256, 1, k, k), numpy.float16)
     b_host = None if backward else random(numpy.random.default_rng(13), 256, numpy.float16)
-    dst = cupy.full(shape, numpy.nan, cupy.float16)
+    dst = cupy.full(shape if backward else (1, g.out_height, g.out_width, 256), numpy.nan, cupy.float16)
     index = _launch.index_type(src.size, dst.size)
     assert index == "long long"
-    launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(numpy.float16), backward, index, 16, 16)
+    launch = _depthwise_nhwc_ring.plan(g, half, backward, index, 16, 16) or _depthwise_nhwc_ring.plan(
+        g, half, backward, index, 16, 16, shared_limit=_launch.max_shared_per_block(cupy.cuda.runtime.getDevice()))
     assert launch is not None
     launch(src, cupy.asarray(w_host), 0 if b_host is None else cupy.asarray(b_host), dst)
+    first_past = -(-(139811 + k // 2) // stride)  # output rows whose first input row is past 2**31
     for c in (0, 129, 255):
         plane, wc = src[..., c : c + 1].get(), w_host[c : c + 1]
         if backward:
-            want = reference.depthwise_conv2d_backward_input(plane, wc, plane.shape, padding=1, layout="NHWC")
+            want = reference.depthwise_conv2d_backward_input(plane, wc, plane.shape, **conv)
         else:
-            want = reference.depthwise_conv2d(plane, wc, b_host[c : c + 1], padding=1, layout="NHWC")
+            want = reference.depthwise_conv2d(plane, wc, b_host[c : c + 1], **conv)
         got = dst[..., c : c + 1]
-        assert relative_error(got, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
-        assert relative_error(got[:, 139811:], want[:, 139811:]) <= TOLERANCE[numpy.dtype(numpy.float16)]
+        assert relative_error(got, want) <= TOLERANCE[half]
+        assert relative_error(got[:, first_past:], want[:, first_past:]) <= TOLERANCE[half]
     del src, dst
 
 
@@ -2238,6 +2270,10 @@ RULE_PICKS = [
     ("NHWC ring, 40 channels", "NHWC", (2, 45, 45, 40), 3, 1, numpy.float16, _depthwise_nhwc_ring.KERNEL),
     ("NHWC ring, 24 channels, 75 wide", "NHWC", (1, 75, 75, 24), 3, 1, DTYPES[3], _depthwise_nhwc_ring.KERNEL),
     ("NHWC ring, 32 channels, odd width", "NHWC", (1, 75, 75, 32), 3, 1, numpy.float16, _depthwise_nhwc_ring.KERNEL),
+    ("NHWC ring, 5x5 stride 2", "NHWC", (2, 19, 19, 40), 5, 2, numpy.float16, _depthwise_nhwc_ring.KERNEL),
+    ("NHWC ring, 5x5 stride 2, device limit", "NHWC", (1, 21, 21, 816), 5, 2, DTYPES[3], _depthwise_nhwc_ring.KERNEL),
+    ("NHWC ring, 1024 channels, 10 wide", "NHWC", (2, 10, 10, 1024), 3, 1, numpy.float16, _depthwise_nhwc_ring.KERNEL),
+    ("NHWC ring, 1344 channels, 19 wide", "NHWC", (1, 19, 19, 1344), 3, 1, DTYPES[3], _depthwise_nhwc_ring.KERNEL),
     ("NCHW walk, float32 8-byte source", "NCHW", (2, 8, 50, 50), 3, 2, numpy.float32,
      _depthwise_nchw_forward_regs.KERNEL),
     ("NCHW plane, half 10 wide", "NCHW", (3, 20, 10, 10), 3, 1, numpy.float16, _depthwise_nchw_plane.KERNEL),
@@ -2254,6 +2290,8 @@ def test_rule_picks_match_reference(case, rng):
     b = cupy.asarray(random(rng, (channels,), dtype))
     conv = dict(stride=stride, padding=k // 2, layout=layout)
     g = _validate.conv_geometry(x.shape, w.shape, stride, k // 2, 1, layout=layout)
+    if kernel == _depthwise_nhwc_ring.KERNEL:
+        _skip_where_the_ring_needs_more_shared_memory(g, dtype, False)
     out_shape = ((x_shape[0], g.out_height, g.out_width, channels) if layout == "NHWC"
                  else (x_shape[0], channels, g.out_height, g.out_width))
     y = poisoned(out_shape, dtype)
