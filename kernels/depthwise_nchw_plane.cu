@@ -85,8 +85,12 @@ namespace dwgn_plane {
 // -> 48.0 / 47.0, 64x384x28 35.5 / 34.2 -> 35.0 / 34.5, 64x1392x10 26.4 /
 // 25.8 -> 27.2 / 26.6; at stride 2 8 rows lost (64x288x38 32.6 -> 35.8), as
 // did 8 rows at 2 blocks (96 registers: 64x192x75 130.5) and 8 columns
-// (127 registers, 2 blocks: 160.2).  The weight gradient keeps 4 rows
-// (kWgradRows).
+// (127 registers, 2 blocks: 160.2).  At stride 2, 2-row items (twice the
+// threads in the same buffers) won on banded and small-block units
+// (64x144x150 fp16 275.9 -> 246.8, 64x288x38 float32 62.8 -> 56.8) and lost
+// elsewhere (64x288x38 fp16 32.4 -> 39.3, 64x192x75 5x5 fp16 133.3 -> 143.4;
+// results/depthwise_nchw_plane_stride2_rows_h200_2026-12-04.txt): kept at 4.
+// The weight gradient keeps 4 rows (kWgradRows).
 constexpr int kColumns = 4;
 template <typename T, int KH, int STRIDE>
 constexpr int kRows = (sizeof(T) == 8 && KH > 3) ? 2 : (sizeof(T) == 2 && KH == 3 && STRIDE == 1) ? 8 : 4;

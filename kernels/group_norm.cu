@@ -557,7 +557,10 @@ __device__ __forceinline__ Vec<Acc, VEC> load_vec(const Acc* p) {
 // calls body(i, n, c) with the vector index, its sample and its first channel.
 // Front to back: walking from the end, to find in L2 what the statistics or
 // reduce kernel read last, measured mixed on an H200 (-4% to +5%; 7d010a0)
-// and was dropped.
+// and was dropped; so was walking each of that kernel's chunks from its end
+// (tiles of 1 to 256 rows: 3-15% slower, even on tensors that fit L2) and
+// evict-first loads and stores (forward -4% to +3%, backward 0-2% slower;
+// results/group_norm_second_pass_order_h200_2026-12-04.txt).
 template <int VEC, typename IndexT, typename Body>
 __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C, Body body) {
   const int cv = C / VEC;
