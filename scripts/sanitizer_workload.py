@@ -317,8 +317,9 @@ def nhwc_ring():
     # "always", the call-signature cache cleared), with bulk copies (the ops'
     # path), then launched with the block's cp.async pieces on 3 blocks:
     # strips cut by the right edge, padding past the filter, per-side
-    # padding, a 1x1 image, 74 and 250 vectors; rows whose K slots pass
-    # MAX_SHARED (the ops take the device's limit).
+    # padding, a 1x1 image, 74 and 250 vectors, a 256-thread 5x5 block of
+    # 2-column strips, each thread taking several; rows whose K slots pass
+    # MAX_SHARED run under the device's limit, as the ops plan them.
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_ring, _dtypes, _launch, _validate, depthwise as dw
@@ -333,7 +334,7 @@ def nhwc_ring():
                 ((1, 9, 150, 144), 2, 1), ((2, 6, 77, 216), 1, 1),
                 ((2, 15, 13, 40), 2, 2, 5), ((2, 10, 9, 16), 2, ((4, 1), (0, 3)), 5), ((2, 3, 4, 8), 2, 6, 5),
                 ((2, 9, 6, 1000), 2, 2, 5), ((1, 21, 21, 816), 2, 2, 5), ((2, 7, 20, 24), 2, 2, 5),
-                ((2, 10, 10, 1024), 1, 1),
+                ((2, 10, 10, 1024), 1, 1), ((2, 11, 10, 512), 2, ((1, 2), (3, 0)), 5),
             ]:
                 x_shape, stride, padding = case[:3]
                 k = case[3] if len(case) > 3 else 3
@@ -347,7 +348,10 @@ def nhwc_ring():
                     cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
                 g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
                 launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), False, "int", 16, 16, None, False)
-                if launch is None:  # wide rows: the ops' launch above was the device-limit one
+                if launch is None:  # K rows past MAX_SHARED: under the device's limit, as the ops plan it
+                    launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), False, "int", 16, 16, None, False,
+                                                       _launch.max_shared_per_block(cupy.cuda.runtime.getDevice()))
+                if launch is None:  # past even the device's limit (the ops took another kernel)
                     continue
                 _launch.Launch(launch.file, launch.expression, (3,), launch.block, launch.shared_mem, launch.scalars,
                                persistent=True)(x, w, b, cupy.empty_like(y))
