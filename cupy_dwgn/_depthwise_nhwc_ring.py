@@ -1,17 +1,18 @@
 """Channels-last (NHWC) row-ring kernel (kernels/depthwise_nhwc_ring.cu): 3x3
 filters, forward at stride 1 or 2 and backward-input at stride 1 (the forward
 correlation with the rotated filter), and 5x5 forward at stride 2; dilation
-1, depth multiplier 1, float32, float16 and bfloat16.  Whole input rows (W x C, contiguous in NHWC) are
-copied once each into a ring of shared-memory rows (one cp.async.bulk per
-row on sm_90), a few rows ahead of the compute.
+1, depth multiplier 1, float32, float16 and bfloat16.  Whole input rows (W x
+C, contiguous in NHWC) are copied once each into a ring of shared-memory rows
+(one cp.async.bulk per row on sm_90), a few rows ahead of the compute.
 
 Launch rule (no user tuning), from the shape only:
 
 * A thread owns 4 channels (``VEC``) and strips of TW output columns
   (``SETTINGS[k, stride, itemsize]``: TW, threads aimed at, output rows
-  prefetched; 5x5 takes TW 4 or 2 by ``columns``' instruction count); the block is C / 4 channel vectors x G column groups, G the
-  largest count with at most the aimed-at threads (at least 1; C / 4 <=
-  ``max_threads(K)``: 512 for 3x3, 256 for 5x5).
+  prefetched; 5x5 takes TW 4 or 2 by ``columns``' instruction count); the
+  block is C / 4 channel vectors x G column groups, G the largest count with
+  at most the aimed-at threads (at least 1; C / 4 <= ``max_threads(K)``: 512
+  for 3x3, 256 for 5x5).
 * Ring: K + ahead * stride rows (ahead output rows prefetched), fewer down to
   K when the ring would pass ``MAX_SHARED`` bytes.  Where even K rows pass it
   (wide rows: 64x144x150 fp16 at stride 2, 43 KB a row), the same under the

@@ -32,9 +32,11 @@ kernel does not serve the geometry), in this order:
 * NHWC, all three ops: large filter (>= 9x9, stride 1: transposed to NCHW
                   around the NCHW large-filter kernels, _depthwise_nhwc_large)
 * NHWC forward and backward-input: -> row ring (3x3, forward stride 1 or
-                  2, backward-input stride 1; 5x5 forward stride 2; rows copied whole into shared
-                  memory, where _depthwise_nhwc_ring.preferred) -> direct (3x3/5x5, forward stride 1 or
-                  2, backward-input stride 1, 16-byte channel vectors, where
+                  2, backward-input stride 1; 5x5 forward stride 2; rows
+                  copied whole into shared memory, where
+                  _depthwise_nhwc_ring.preferred) -> direct (3x3/5x5, forward
+                  stride 1 or 2, backward-input stride 1, 16-byte channel
+                  vectors, where
                   _depthwise_nhwc_direct.preferred) -> register window
                   (3x3/5x5/7x7, stride 1, where
                   _depthwise_nhwc_window.preferred) -> (backward-input
