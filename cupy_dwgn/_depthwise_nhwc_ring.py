@@ -125,7 +125,7 @@ def preferred(g, dtype, backward):
     types with at least 64 channels, or 24 to 63 as below; narrower half-type
     rows of at least 1024 channels whose width is not a multiple of 7), and
     half types at stride 2 on destinations at least 28 wide; 5x5 half types
-    at stride 2.  Measured on an H200 (2026-12-03,
+    at stride 2 with at least 24 channels.  Measured on an H200 (2026-12-03,
     benchmarks/depthwise_nhwc_ring.py, GPU us per launch, ring against the
     kernel the ops took before):
 
@@ -159,7 +159,10 @@ def preferred(g, dtype, backward):
       46.1).
     * 5x5, float16 / bfloat16, stride 2 (2026-12-04, benchmarks/depthwise_nhwc_ring.py):
       64x192x75 79.0 / 123.5 (tiled; PyTorch channels_last 80.6 in the
-      EfficientNet-B3 table), 64x240x38 40.1 / 51.4, 64x816x19 46.2 / 53.3.
+      EfficientNet-B3 table), 64x240x38 40.1 / 51.4, 64x816x19 46.2 / 53.3;
+      from 24 channels (2026-12-04, benchmarks/depthwise_candidates.py,
+      float16): 64x24x112 28.6 / 33.0 (tiled), 64x32x56 13.2 / 17.6, but
+      64x16x112 22.6 / 21.6, 64x8x112 20.0 / 13.7, 64x16x56 11.0 / 8.3.
       Not float32 (64x240x38 63.5 / 49.4 direct; wider rows pass the shared
       memory), nor stride 1 (not compiled: see ``VARIANTS``).
     * float32, stride 1: 64x144x56 75.5 / 81.8 (tiled), backward-input 75.4 /
@@ -170,7 +173,7 @@ def preferred(g, dtype, backward):
     dtype = numpy.dtype(dtype)
     stride = g.stride_h
     if g.filter_height == 5:
-        return dtype.itemsize == 2 and stride == 2 and not backward
+        return dtype.itemsize == 2 and stride == 2 and not backward and g.channels >= 24
     dst_width = g.width if backward else g.out_width
     if dtype.itemsize == 2:
         if stride == 2:

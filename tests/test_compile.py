@@ -911,11 +911,14 @@ def test_nhwc_ring_rule():
         selected = _check_ring_rule(ring, g, dtype, backward, taken)
         if (c, hw) == (1024, 10):  # the narrow-row rule's select() on rows that fit MAX_SHARED
             assert selected
-    # 5x5: half types at stride 2 (the sweep of 2026-12-04), at any width.
+    # 5x5: half types at stride 2 with >= 24 channels (the sweeps of 2026-12-04), at any width.
     for c, hw, stride, dtype, backward, taken in [
         (192, 75, 2, half, False, True), (816, 19, 2, bf16, False, True), (240, 38, 2, half, False, True),
         (96, 38, 2, half, False, True),  # rows that fit MAX_SHARED: select() checked too
         (192, 75, 2, single, False, False), (240, 28, 1, half, False, False), (240, 28, 1, half, True, False),
+        # From 24 channels (the sweep of 2026-12-04, results/depthwise_nhwc_ring_5x5_small_channels_*).
+        (24, 112, 2, half, False, True), (32, 56, 2, bf16, False, True), (16, 112, 2, half, False, False),
+        (8, 112, 2, bf16, False, False),
     ]:
         g = _validate.conv_geometry((4, hw, hw, c), (c, 1, 5, 5), stride, 2, 1, layout="NHWC")
         selected = _check_ring_rule(ring, g, dtype, backward, taken)

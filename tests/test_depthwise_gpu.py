@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_forward_regs, _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _depthwise_wgrad_mma,
+    _depthwise_nchw_forward_regs, _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _depthwise_wgrad_mma,
     _launch, _validate, depthwise, reference,
 )
 
@@ -2275,6 +2275,8 @@ RULE_PICKS = [
     ("NHWC ring, 24 channels, 75 wide", "NHWC", (1, 75, 75, 24), 3, 1, DTYPES[3], _depthwise_nhwc_ring.KERNEL),
     ("NHWC ring, 32 channels, odd width", "NHWC", (1, 75, 75, 32), 3, 1, numpy.float16, _depthwise_nhwc_ring.KERNEL),
     ("NHWC ring, 5x5 stride 2", "NHWC", (2, 19, 19, 40), 5, 2, numpy.float16, _depthwise_nhwc_ring.KERNEL),
+    ("NHWC tiled, 5x5 stride 2, 16 channels (not the ring)", "NHWC", (2, 23, 23, 16), 5, 2, numpy.float16,
+     _depthwise_nhwc._TILED),
     ("NHWC ring, 5x5 stride 2, device limit", "NHWC", (1, 21, 21, 816), 5, 2, DTYPES[3], _depthwise_nhwc_ring.KERNEL),
     ("NHWC ring, 1024 channels, 10 wide", "NHWC", (2, 10, 10, 1024), 3, 1, numpy.float16, _depthwise_nhwc_ring.KERNEL),
     ("NHWC ring, 1344 channels, 19 wide", "NHWC", (1, 19, 19, 1344), 3, 1, DTYPES[3], _depthwise_nhwc_ring.KERNEL),
