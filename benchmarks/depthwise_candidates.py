@@ -61,8 +61,7 @@ CANDIDATES = {
                                            if g.stride_h == 1 and nchw_generic._use_tiled(g, dt) else None),
     },
     "NHWC": {
-        "ring": lambda g, dt, bw, index: nhwc_ring.plan(g, dt, bw, index, 16, 16) or nhwc_ring.plan(
-            g, dt, bw, index, 16, 16, shared_limit=_launch.max_shared_per_block(cupy.cuda.runtime.getDevice())),
+        "ring": lambda g, dt, bw, index: nhwc_ring.plan_on_device(g, dt, bw, index, 16, 16),
         "direct": lambda g, dt, bw, index: nhwc_direct.plan(g, dt, bw, index, 16, 16),
         "window": lambda g, dt, bw, index: nhwc_window.plan(g, dt, bw, index, 16, 16),
         "tiled": _nhwc_tiled,

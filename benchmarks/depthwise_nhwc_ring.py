@@ -71,7 +71,6 @@ def main():
     args = parser.parse_args()
     ring.MAX_SHARED = args.max_shared
     ring.plan.cache_clear()
-    device_shared = _launch.max_shared_per_block(cupy.cuda.runtime.getDevice())
     torch = None
     if not args.no_torch:
         try:
@@ -95,9 +94,8 @@ def main():
                 for setting, bulk in args.settings or [(None, True)]:  # None: the plan's own
                     for a in arrays:
                         a[3].fill(numpy.nan)
-                    # Under the device's opt-in limit where K rows pass MAX_SHARED, as select plans it.
-                    launch = ring.plan(g, dt, backward, index, 16, 16, setting, bulk) or ring.plan(
-                        g, dt, backward, index, 16, 16, setting, bulk, device_shared)
+                    # Under the device's opt-in limit where K rows pass MAX_SHARED, as the ops plan it.
+                    launch = ring.plan_on_device(g, dt, backward, index, 16, 16, setting, bulk)
                     label = ("x".join(map(str, setting)) if setting else "plan") + ("" if bulk else "p")
                     if launch is None:
                         times[label] = float("nan")

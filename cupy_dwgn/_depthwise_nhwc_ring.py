@@ -195,13 +195,21 @@ def select(g, dtype, backward, index, src_alignment, dst_alignment):
     """``plan(...)`` when the ops take this kernel (per ``MODE``), else None."""
     if MODE == "never" or (MODE == "rule" and not preferred(g, dtype, backward)):
         return None
-    launch = plan(g, dtype, backward, index, src_alignment, dst_alignment)
-    if launch is None and plan(g, dtype, backward, index, src_alignment, dst_alignment, shared_limit=_NO_LIMIT):
-        # Only K rows past MAX_SHARED stood in the way: the device's limit.
+    return plan_on_device(g, dtype, backward, index, src_alignment, dst_alignment)
+
+
+def plan_on_device(g, dtype, backward, index, src_alignment, dst_alignment, setting=None, bulk=True):
+    """``plan(...)``, else, where only K rows past ``MAX_SHARED`` stand in the
+    way, the same plan under the current device's opt-in shared-memory limit
+    per block (one block per SM); None where even that is short or the kernel
+    does not serve the signature.  What the ops launch; tests, the sanitizer
+    workload and the benchmarks plan through it too."""
+    args = (g, dtype, backward, index, src_alignment, dst_alignment, setting, bulk)
+    launch = plan(*args)
+    if launch is None and plan(*args, _NO_LIMIT):
         from cupy.cuda import runtime
 
-        launch = plan(g, dtype, backward, index, src_alignment, dst_alignment,
-                      shared_limit=_launch.max_shared_per_block(runtime.getDevice()))
+        launch = plan(*args, _launch.max_shared_per_block(runtime.getDevice()))
     return launch
 
 

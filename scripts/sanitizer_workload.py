@@ -347,10 +347,7 @@ def nhwc_ring():
                 if stride == 1:
                     cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
                 g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
-                launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), False, "int", 16, 16, None, False)
-                if launch is None:  # K rows past MAX_SHARED: under the device's limit, as the ops plan it
-                    launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), False, "int", 16, 16, None, False,
-                                                       _launch.max_shared_per_block(cupy.cuda.runtime.getDevice()))
+                launch = _depthwise_nhwc_ring.plan_on_device(g, numpy.dtype(dtype), False, "int", 16, 16, None, False)
                 if launch is None:  # past even the device's limit (the ops took another kernel)
                     continue
                 _launch.Launch(launch.file, launch.expression, (3,), launch.block, launch.shared_mem, launch.scalars,

@@ -931,7 +931,7 @@ def _check_ring_rule(ring, g, dtype, backward, taken):
     asks the device for its limit) or None.  Returns whether select() was
     checked."""
     assert ring.preferred(g, dtype, backward) == taken, (g, dtype, backward)
-    launch = ring.plan(g, dtype, backward, "int", 16, 16)
+    launch = ring.plan(g, dtype, backward, "int", 16, 16, None, True)  # the call plan_on_device makes (its cache key)
     if taken:
         assert ring.plan(g, dtype, backward, "int", 16, 16, shared_limit=ring._NO_LIMIT) is not None
     if launch is not None or not taken:

@@ -837,12 +837,12 @@ def _check_nhwc_ring_kernel(case, dtype, backward, index, bulk, rng, shared_limi
     g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1, layout="NHWC")
     _skip_where_the_ring_needs_more_shared_memory(g, dtype, backward)
     y_shape = (n, g.out_height, g.out_width, c)
-    launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), backward, index, 16, 16, None, bulk, shared_limit)
-    if shared_limit is not None and launch is not None:
-        assert launch.shared_mem > _depthwise_nhwc_ring.MAX_SHARED  # the case exercises the device limit
-    if launch is None and k == 5 and not backward:  # 5 rows of 1000 channels: under the device's limit, as select plans
-        launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), backward, index, 16, 16, None, bulk,
-                                           _launch.max_shared_per_block(cupy.cuda.runtime.getDevice()))
+    if shared_limit is None:  # as the ops plan it (5 rows of 1000 channels: under the device's limit)
+        launch = _depthwise_nhwc_ring.plan_on_device(g, numpy.dtype(dtype), backward, index, 16, 16, None, bulk)
+    else:
+        launch = _depthwise_nhwc_ring.plan(g, numpy.dtype(dtype), backward, index, 16, 16, None, bulk, shared_limit)
+        if launch is not None:
+            assert launch.shared_mem > _depthwise_nhwc_ring.MAX_SHARED  # the case exercises the device limit
     if backward and stride != 1:
         assert launch is None
         return
@@ -2137,8 +2137,7 @@ def test_nhwc_ring_kernel_over_2_31_elements(k, stride, backward):
     dst = cupy.full(shape if backward else (1, g.out_height, g.out_width, 256), numpy.nan, cupy.float16)
     index = _launch.index_type(src.size, dst.size)
     assert index == "long long"
-    launch = _depthwise_nhwc_ring.plan(g, half, backward, index, 16, 16) or _depthwise_nhwc_ring.plan(
-        g, half, backward, index, 16, 16, shared_limit=_launch.max_shared_per_block(cupy.cuda.runtime.getDevice()))
+    launch = _depthwise_nhwc_ring.plan_on_device(g, half, backward, index, 16, 16)
     assert launch is not None
     launch(src, cupy.asarray(w_host), 0 if b_host is None else cupy.asarray(b_host), dst)
     first_past = -(-(139811 + k // 2) // stride)  # output rows whose first input row is past 2**31
