@@ -5,10 +5,12 @@ as benchmarks/group_norm.py measures it) of SD-size and large shapes, SiLU,
 G = 32, one column per setting.  The figures behind the constants'
 comments come from it.
 
-    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward | --shipped | --paths] [NxHxWxC:dtype ...]   # about 30 s on an H200
+    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward | --shipped | --paths | --cluster] [NxHxWxC:dtype ...]   # about 30 s on an H200
 
---paths compares the paths: "auto" (the two launches), "onepass" and
-"resident" (the opt-in one-launch kernels; resident also at 64 and 32 blocks).
+--paths compares the paths: "auto" (the shipped rule), "cluster" (the
+cluster forward wherever it serves the shape), "fused" (the two launches),
+"onepass" and "resident" (the opt-in one-launch kernels; resident also at 64
+and 32 blocks).
 """
 
 import sys
@@ -32,7 +34,8 @@ SETTINGS = [("shipped", {}, "auto"), ("split", {}, "split"), ("grouped", dict(_G
             # with the statistics / reduce ring (more rows in flight per thread): shorter chunks, more items
             ("long32", dict(_MIN_ROWS_PER_LONG_CHUNK=32), "auto"), ("half8", dict(_MIN_ROWS_PER_HALF_CHUNK=8), "auto"),
             ("target512", dict(_TARGET_BLOCKS=512), "auto")]
-PATHS = [("auto", {}, "auto"), ("onepass", {}, "onepass"), ("resident", {}, "resident"),
+PATHS = [("auto", {}, "auto"), ("cluster", {}, "cluster"), ("fused", {}, "fused"), ("onepass", {}, "onepass"),
+         ("resident", {}, "resident"),
          ("resident 64", dict(_RESIDENT_BLOCKS=64), "resident"), ("resident 32", dict(_RESIDENT_BLOCKS=32), "resident")]
 CASES = [((2, 64, 64, 320), "float16"), ((2, 64, 64, 320), "float32"), ((2, 32, 32, 640), "float16"), ((2, 32, 32, 640), "float32"),
          ((2, 16, 16, 1280), "float16"), ((8, 8, 8, 1280), "float32"), ((1, 128, 128, 128), "float16"), ((1, 128, 128, 128), "float32"),
@@ -48,7 +51,9 @@ def clear():
 def main():
     backward = "--forward" not in sys.argv[1:]  # --forward: forward only (the statistics split's settings)
     # --shipped: the shipped rule alone (an A/B of a kernel change across runs)
-    settings = SETTINGS[:1] if "--shipped" in sys.argv[1:] else PATHS if "--paths" in sys.argv[1:] else SETTINGS
+    # --cluster: "auto", "cluster" and "fused" of --paths
+    settings = (SETTINGS[:1] if "--shipped" in sys.argv[1:] else PATHS if "--paths" in sys.argv[1:]
+                else PATHS[:3] if "--cluster" in sys.argv[1:] else SETTINGS)
     only = [a for a in sys.argv[1:] if "x" in a]  # e.g. 2x64x64x320:float16 (default: every case)
     cases = [(tuple(int(v) for v in a.split(":")[0].split("x")), a.split(":")[1]) for a in only] or CASES
     run_facts(torch)  # prints the device, date and copy bandwidth

@@ -37,6 +37,7 @@ _ONEPASS = "dwgn_gn_fwd_onepass"
 _BWD_ONEPASS = "dwgn_gn_bwd_onepass"
 _RESIDENT = "dwgn_gn_fwd_resident"
 _BWD_RESIDENT = "dwgn_gn_bwd_resident"
+_CLUSTER = "dwgn_gn_fwd_cluster"
 
 # ---------------------------------------------------------------------------
 # Path choice (written down here, applied by _path and _onepass_geometry):
@@ -117,7 +118,7 @@ _BWD_RESIDENT = "dwgn_gn_bwd_resident"
 # elementwise kernels by column with each column's coefficients loaded once
 # (apply alone up to 19% faster, the op's forward -3% to +6%, backward 1-15%
 # slower).
-FORWARD_PATH = "auto"  # "auto", "fused", "split", "onepass" or "resident" (tests and benchmarks force a path)
+FORWARD_PATH = "auto"  # "auto", "cluster", "fused", "split", "onepass" or "resident" (tests and benchmarks force one)
 BACKWARD_PATH = "auto"
 # Phase-1 work items (n, chunk of rows): about this many in all, each at
 # least lanes * row batch rows (every thread gets a whole batch).  Shape only.
@@ -137,6 +138,21 @@ _ONEPASS_GRID_LIMIT = 2**16
 _RESIDENT_BLOCKS = 128
 _RESIDENT_MAX_TILE = 160 * 1024
 _RESIDENT_MAX_BLOCK = 512
+
+# The cluster forward (its rule: _cluster_geometry).  Cluster sizes compiled
+# (the kernel's __cluster_dims__; 16 is a non-portable size, H100 / H200 only);
+# about _CLUSTER_TARGET_CTAS CTAs in all (two per SM of an H200: fewer left
+# SMs idle in the prototype, results/group_norm_cluster_prototype_*); tiles
+# of at most _CLUSTER_MAX_TILE bytes (two CTAs per SM, and a 16-CTA cluster
+# fits a GPC); channel sets of at least _CLUSTER_MIN_SET_BYTES per row;
+# blocks of at most _CLUSTER_BLOCK threads (the kernel's __launch_bounds__).
+CLUSTER_SIZES = (1, 2, 4, 8, 16)
+_CLUSTER_TARGET_CTAS = 256
+_CLUSTER_MAX_TILE = 96 * 1024
+_CLUSTER_MIN_SET_BYTES = 32
+_CLUSTER_BLOCK = 256
+# "auto" takes the cluster forward for tensors of at most this many bytes.
+_CLUSTER_MAX_BYTES = 2**62
 
 # Statistics split: at most this many work items (blocks) in the column
 # kernels (one wave of the cooperative grid: 2 blocks per SM on an H200's
@@ -255,6 +271,10 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                         for w in ws for a in activations for v in vecs
                     ]
                     specs += [name(_RESIDENT, t, w, _ACT_CODE[a], v) for w in ws for a in activations for v in vecs]
+                    specs += [  # the vector path only
+                        name(_CLUSTER, t, w, _ACT_CODE[a], vecs[1], size)
+                        for w in ws for a in activations for size in CLUSTER_SIZES
+                    ]
             else:
                 specs += [
                     name(_BWD_REDUCE, t, w, _ACT_CODE[a], v, i)
@@ -292,6 +312,7 @@ class _Plan(typing.NamedTuple):
     statistics: tuple = None  # (shape, dtype) of mean and of rstd (forward)
     onepass: _launch.Launch = None  # the one-pass kernel (then first/finalize/elementwise are None)
     resident: _launch.Launch = None  # the resident kernel, forward or backward (likewise)
+    cluster: _launch.Launch = None  # the cluster forward (likewise)
 
 
 def _vector_width(dtype, channels, aligned):
@@ -310,13 +331,18 @@ def _geometry(batch, rows, channels, dtype, aligned):
     return index, _dtypes.ctype(dtype), _dtypes.accumulator_dtype(dtype), vec, _launch.index_scalar(index, size // vec)
 
 
-def _path(setting):
-    """The plans' path for a FORWARD_PATH / BACKWARD_PATH setting on the
-    current device: "onepass" and "resident" (forced; the plans fall back to
-    "fused" where they do not apply) and "fused" ("auto" or forced) where
-    the device can launch cooperative kernels, else "split"."""
+def _path(setting, device):
+    """The plans' path for a FORWARD_PATH / BACKWARD_PATH setting on
+    ``device`` (the current one), where it can launch cooperative kernels (else "split"):
+    "onepass", "resident" and "cluster" (forced; the plans fall back to
+    "fused" where they do not apply, and a backward's "cluster" is "fused"),
+    "auto" on a device with thread-block clusters (the forward takes the
+    cluster kernel where _cluster_geometry's rule does, else "fused"), else
+    "fused"."""
     if setting == "split" or not _launch.cooperative_supported():
         return "split"
+    if setting in ("auto", "cluster"):
+        return setting if _launch.compute_capability_major(device) >= 9 else "fused"
     return setting if setting in ("onepass", "resident") else "fused"
 
 
@@ -364,14 +390,67 @@ def _resident_geometry(batch, rows, channels, groups, dtype, vec, backward=False
     return block, per_sample, rows_per_block, shared
 
 
+def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False):
+    """(set_channels, cluster, block, rows_per_cta, shared_mem) of the
+    cluster forward, or None where it does not serve the shape (or, unless
+    ``forced``, where the rule leaves it to the two launches).  A cluster
+    owns (sample, set of set_channels channels): the fewest whole groups of
+    whole 16-byte vectors dividing C whose row has at least
+    _CLUSTER_MIN_SET_BYTES; ``cluster`` CTAs (a power of 2 up to 16: the
+    least giving _CLUSTER_TARGET_CTAS CTAs in all, more where a CTA's rows
+    would pass _CLUSTER_MAX_TILE) split its rows.  Depends on the shape
+    only (the device check is _cluster_fits)."""
+    itemsize = numpy.dtype(dtype).itemsize
+    size = batch * rows * channels
+    if vec == 1 or size >= _launch.INT32_LIMIT or (not forced and size * itemsize > _CLUSTER_MAX_BYTES):
+        return None
+    group_channels = channels // groups
+    unit = group_channels * vec // math.gcd(group_channels, vec)  # whole groups of whole vectors
+    set_channels = next(
+        (k * unit for k in range(1, channels // unit + 1)
+         if channels % (k * unit) == 0 and k * unit * itemsize >= _CLUSTER_MIN_SET_BYTES), channels)
+    cols = set_channels // vec
+    if cols > _CLUSTER_BLOCK:
+        return None
+    clusters = batch * (channels // set_channels)
+    sizes = [c for c in CLUSTER_SIZES if clusters * c >= _CLUSTER_TARGET_CTAS] or [CLUSTER_SIZES[-1]]
+    for cluster in CLUSTER_SIZES[CLUSTER_SIZES.index(sizes[0]):]:
+        rows_per_cta = -(-rows // cluster)
+        tile = rows_per_cta * set_channels * itemsize
+        if tile <= _CLUSTER_MAX_TILE:
+            break
+    else:
+        return None
+    if clusters * cluster >= _launch.INT32_LIMIT:
+        return None
+    block = _CLUSTER_BLOCK // cols * cols
+    set_groups = set_channels // group_channels
+    acc = _dtypes.accumulator_dtype(dtype).itemsize
+    # The kernel's layout: the tile (16-byte rounded), two slot arrays of
+    # lanes * set_channels Acc, gn::segment_sums' scratch (2 * block
+    # doubles), 5 doubles and one Acc per group of the set.
+    shared = -(-tile // 16) * 16 + 2 * (block // cols) * set_channels * acc + 2 * block * 8 + set_groups * (5 * 8 + acc)
+    return set_channels, cluster, block, rows_per_cta, shared
+
+
 def _plan_on(device, build, plan_args, aligned, setting):
     """The plan ``build`` (_forward_plan, _backward_plan) makes for the
     path ``setting`` on ``device``: a resident plan whose grid cannot all be
-    resident there gives way to the two launches."""
-    plan = build(*plan_args, aligned, _path(setting))
-    if plan.resident is not None and not _resident_fits(device, plan.resident):
+    resident there, or a cluster plan the device cannot launch, gives way
+    to the two launches."""
+    plan = build(*plan_args, aligned, _path(setting, device))
+    if (plan.resident is not None and not _resident_fits(device, plan.resident)) or (
+            plan.cluster is not None and not _cluster_fits(device, plan.cluster)):
         plan = build(*plan_args, aligned, "fused")
     return plan
+
+
+def _cluster_fits(device, launch):
+    """Whether ``device`` can launch the cluster ``launch``: its shared
+    memory within the per-block limit, and clusters of more than 8 CTAs
+    only on compute capability 9 (H100 / H200 allow 16)."""
+    return launch.shared_mem <= _launch.max_shared_per_block(device) and (
+        launch.cluster <= 8 or _launch.compute_capability_major(device) == 9)
 
 
 def _resident_fits(device, launch):
@@ -435,6 +514,21 @@ def _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=
 def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps, aligned, path="split"):
     name = _compile.name_expression
     index, t, acc_dtype, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
+    cluster = None
+    if path in ("auto", "cluster"):
+        cluster = _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=path == "cluster")
+        path = "fused"  # where the cluster forward does not apply
+    if cluster is not None:
+        set_channels, size, block, rows_per_cta, shared = cluster
+        return _Plan(
+            None, None, None, (), ((batch, groups), acc_dtype),
+            cluster=_launch.Launch(
+                KERNEL_FILE, name(_CLUSTER, t, _dtypes.ctype(w_dtype), _ACT_CODE[activation], vec, size),
+                (batch * (channels // set_channels) * size,), (block,), shared,
+                (i32(rows), i32(channels), i32(groups), i32(set_channels), i32(rows_per_cta), acc_dtype.type(eps)),
+                cluster=size,
+            ),
+        )
     resident = _resident_geometry(batch, rows, channels, groups, dtype, vec) if path == "resident" else None
     if resident is not None:
         block, per_sample, rows_per_block, shared = resident
@@ -532,6 +626,8 @@ def _forward_steps(plan, mean_temporary, rstd_temporary):
         _workspace.GRID_BARRIER,)
     if plan.resident is not None:  # (x, partial, weight, bias, mean, rstd, y, barrier)
         return _launch.Steps(((plan.resident, (0, 6, 1, 2, mean, rstd, 3, barrier)),), temporaries)
+    if plan.cluster is not None:  # (x, weight, bias, mean, rstd, y)
+        return _launch.Steps(((plan.cluster, (0, 1, 2, mean, rstd, 3)),), temporaries)
     if plan.onepass is not None:  # (x, partial, weight, bias, mean, rstd, coefficients, y, barrier)
         return _launch.Steps(((plan.onepass, (0, 6, 1, 2, mean, rstd, 7, 3, barrier)),), temporaries)
     # (x, partial, weight, bias, mean, rstd, coefficients, barrier)
@@ -565,6 +661,8 @@ class _Entry(typing.NamedTuple):
 @functools.lru_cache(maxsize=1024)
 def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned, path="split"):
     name = _compile.name_expression
+    if path in ("auto", "cluster"):  # no cluster backward
+        path = "fused"
     index, t, acc_dtype, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
     w_ctype = _dtypes.ctype(w_dtype)
     act = _ACT_CODE[activation]

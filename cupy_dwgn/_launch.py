@@ -132,11 +132,11 @@ class Launch:
 
     __slots__ = (
         "file", "expression", "grid", "block", "shared_mem", "scalars", "cooperative", "persistent", "whole_grid",
-        "_kernels", "_scalar_storage",
+        "cluster", "_kernels", "_scalar_storage",
     )
 
     def __init__(self, file, expression, grid, block, shared_mem=0, scalars=(), cooperative=False, persistent=False,
-                 whole_grid=False):
+                 whole_grid=False, cluster=1):
         self.file = file
         self.expression = expression
         self.grid = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
@@ -159,6 +159,12 @@ class Launch:
         # (the resident GroupNorm kernels) needs its whole grid: grid_on
         # raises rather than trim it (the caller checks it fits first).
         self.whole_grid = bool(whole_grid)
+        # CTAs per thread-block cluster, fixed by the kernel's __cluster_dims__
+        # (the grid is a multiple of it); past 8, a non-portable size the
+        # kernel must be allowed once per device (kernel()).
+        self.cluster = int(cluster)
+        if self.grid[0] % self.cluster:
+            raise ValueError(f"{expression}: grid {self.grid} is not a multiple of the cluster size {self.cluster}")
         if (self.cooperative or self.persistent) and self.grid[1:] != (1, 1):
             raise ValueError(f"{expression}: a cooperative or persistent launch takes a 1-D grid, got {self.grid}")
         self._kernels = {}  # device id -> kernel address
@@ -173,6 +179,10 @@ class Launch:
         if address is None:
             kernel = _compile.get_kernel(self.file, self.expression)
             opt_in_shared(kernel, self.shared_mem)
+            if self.cluster > 8:
+                if _driver is None:
+                    _import_cuda()
+                _driver.funcSetAttribute(kernel.kernel.ptr, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
             # The memoized RawKernel keeps its module loaded for the life of the process.
             address = self._kernels[device] = kernel.kernel.ptr
         return address
@@ -350,6 +360,24 @@ def cooperative_supported():
             _runtime.deviceGetAttribute(_runtime.cudaDevAttrCooperativeLaunch, device)
         )
     return supported
+
+
+# CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (cuda.h): clusters of
+# more than 8 CTAs (16 on an H100 / H200).
+_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+_COMPUTE_CAPABILITY_MAJOR = 75  # cudaDevAttrComputeCapabilityMajor
+_MAJOR = {}  # device -> compute capability major
+
+
+def compute_capability_major(device):
+    """``device``'s compute capability major (9 on an H100 / H200; cached):
+    thread-block clusters need 9 or more."""
+    major = _MAJOR.get(device)
+    if major is None:
+        if _runtime is None:
+            _import_cuda()
+        major = _MAJOR[device] = int(_runtime.deviceGetAttribute(_COMPUTE_CAPABILITY_MAJOR, device))
+    return major
 
 
 _MAX_SHARED = {}  # device -> the dynamic shared memory a block may opt in to

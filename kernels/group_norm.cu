@@ -1562,6 +1562,74 @@ __device__ __forceinline__ void load_tile(V* tile, const V* source, int count) {
     for (int i = threadIdx.x; i < count; i += blockDim.x) tile[i] = source[i];
   }
 }
+
+// A tile's thread sums, shared by the resident and cluster forwards: the tile
+// holds `rows` rows of `cols` vectors in shared memory; this thread (column
+// col, lane `lane` of `lanes`) adds rows lane, lane + lanes, ... of its
+// column.  tile_sums: sum x per channel of its vector; centered_sums: sum d
+// and sum d^2 with d = x - shift (the shift of each of its channels).
+template <typename T, int VEC, typename Acc>
+__device__ __forceinline__ void tile_sums(const Vec<T, VEC>* tile, int cols, int col, int lane, int lanes, int rows,
+                                          Acc (&sum)[VEC]) {
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) sum[k] = Acc(0);
+  for (int r = lane; r < rows; r += lanes) {
+    const Vec<T, VEC> v = tile[r * cols + col];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) sum[k] += to_acc(v.v[k]);
+  }
+}
+template <typename T, int VEC, typename Acc>
+__device__ __forceinline__ void centered_sums(const Vec<T, VEC>* tile, int cols, int col, int lane, int lanes,
+                                              int rows, const Acc (&shift)[VEC], Acc (&sd)[VEC], Acc (&sdd)[VEC]) {
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) sd[k] = sdd[k] = Acc(0);
+  for (int r = lane; r < rows; r += lanes) {
+    const Vec<T, VEC> v = tile[r * cols + col];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const Acc d = to_acc(v.v[k]) - shift[k];
+      sd[k] += d;
+      sdd[k] += d * d;
+    }
+  }
+}
+
+// The apply from a tile (resident and cluster forwards): channels c_first ..
+// c_first + VEC - 1 of x (weight, bias index), whose groups' double mean and
+// rstd are group_mean[q], group_rstd[q] with q = (c_local + k) / D; hi,
+// scale and offset made as gn::finalize_group makes them (hi the mean
+// rounded to Acc, the rest folded into offset).  Rows as in tile_sums;
+// row r of the tile goes to dest[r * dest_row_vectors].
+template <typename T, int ACT, int VEC, typename W>
+__device__ __forceinline__ void apply_tile(const Vec<T, VEC>* tile, int cols, int col, int lane, int lanes, int rows,
+                                           const double* group_mean, const double* group_rstd, int c_local,
+                                           int c_first, int D, const W* __restrict__ weight,
+                                           const W* __restrict__ bias, Vec<T, VEC>* dest, int dest_row_vectors) {
+  using Acc = typename AccType<T>::type;
+  Acc hi[VEC], scale[VEC], offset[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const int q = (c_local + k) / D, c = c_first + k;
+    const double mean = group_mean[q];
+    const Acc rstd = static_cast<Acc>(group_rstd[q]);
+    hi[k] = static_cast<Acc>(mean);
+    const double lo = mean - static_cast<double>(hi[k]);  // exact
+    scale[k] = weight != nullptr ? rstd * to_acc(weight[c]) : rstd;
+    const Acc b = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+    offset[k] = static_cast<Acc>(static_cast<double>(b) - lo * static_cast<double>(scale[k]));
+  }
+  for (int r = lane; r < rows; r += lanes) {
+    const Vec<T, VEC> v = tile[r * cols + col];
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const Acc z = (to_acc(v.v[k]) - hi[k]) * scale[k] + offset[k];
+      out.v[k] = from_acc<T>(activation<ACT, fast_activation<T>()>(z));
+    }
+    dest[r * dest_row_vectors] = out;
+  }
+}
 }  // namespace gn
 
 template <typename T, typename W, int ACT, int VEC>
@@ -1598,19 +1666,11 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
   __syncthreads();  // the tile is read by other threads than the ones that copied it
 
   // ---- shift: the tile's per-group mean.
-  {
+  if (active) {
     Acc s[VEC];
+    gn::tile_sums(tile, cols, col, lane, lanes, rows, s);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) s[k] = Acc(0);
-    if (active) {
-      for (int r = lane; r < rows; r += lanes) {
-        const V v = tile[r * cols + col];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) s[k] += to_acc(v.v[k]);
-      }
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) slots[lane * C + c_first + k] = s[k];
-    }
+    for (int k = 0; k < VEC; ++k) slots[lane * C + c_first + k] = s[k];
   }
   __syncthreads();
   const Acc tile_count = static_cast<Acc>(rows * D);  // exact: rows * D <= R * C < 2**24
@@ -1619,29 +1679,15 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
       [&](int g, const double (&t)[1]) { shift[g] = static_cast<Acc>(t[0]) / tile_count; });
 
   // ---- sums about the shift: this tile's (sum, M2) per group.
-  {
+  if (active) {
     Acc sh[VEC], sd[VEC], sdd[VEC];
 #pragma unroll
+    for (int k = 0; k < VEC; ++k) sh[k] = shift[(c_first + k) / D];
+    gn::centered_sums(tile, cols, col, lane, lanes, rows, sh, sd, sdd);
+#pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      sh[k] = shift[(c_first + k) / D];
-      sd[k] = Acc(0);
-      sdd[k] = Acc(0);
-    }
-    if (active) {
-      for (int r = lane; r < rows; r += lanes) {
-        const V v = tile[r * cols + col];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const Acc d = to_acc(v.v[k]) - sh[k];
-          sd[k] += d;
-          sdd[k] += d * d;
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        slots[lane * C + c_first + k] = sd[k];
-        slots[slot_stride + lane * C + c_first + k] = sdd[k];
-      }
+      slots[lane * C + c_first + k] = sd[k];
+      slots[slot_stride + lane * C + c_first + k] = sdd[k];
     }
   }
   __syncthreads();
@@ -1695,29 +1741,8 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
   if (!active) return;  // no barrier follows (segment_sums ended with one: mean and rstd are visible)
 
   // ---- apply, from the tile.
-  Acc hi[VEC], scale[VEC], offset[VEC];
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) {
-    const int c = c_first + k;
-    const double mean = group_mean[c / D];
-    const Acc rstd = static_cast<Acc>(group_rstd[c / D]);
-    hi[k] = static_cast<Acc>(mean);
-    const double lo = mean - static_cast<double>(hi[k]);  // exact
-    scale[k] = weight != nullptr ? rstd * to_acc(weight[c]) : rstd;
-    const Acc b = bias != nullptr ? to_acc(bias[c]) : Acc(0);
-    offset[k] = static_cast<Acc>(static_cast<double>(b) - lo * static_cast<double>(scale[k]));
-  }
-  V* dest = reinterpret_cast<V*>(y) + (n * S + row0) * cols + col;
-  for (int r = lane; r < rows; r += lanes) {
-    const V v = tile[r * cols + col];
-    V out;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const Acc z = (to_acc(v.v[k]) - hi[k]) * scale[k] + offset[k];
-      out.v[k] = from_acc<T>(gn::activation<ACT, gn::fast_activation<T>()>(z));
-    }
-    dest[r * cols] = out;
-  }
+  gn::apply_tile<T, ACT>(tile, cols, col, lane, lanes, rows, group_mean, group_rstd, c_first, c_first, D, weight, bias,
+                         reinterpret_cast<V*>(y) + (n * S + row0) * cols + col, cols);
 }
 
 // ---------------------------------------------------------------------------
@@ -1881,4 +1906,197 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_bwd_resident(
     }
     dest[r * cols] = out;
   }
+}
+
+// ---------------------------------------------------------------------------
+// Cluster forward (one launch, no grid barrier, no workspace; thread-block
+// clusters of sm_90: _group_norm.py's path notes say where it is taken and
+// what it measured).  A cluster of CL CTAs owns (sample n, channel set k):
+// SC = set_channels consecutive channels [k * SC, (k + 1) * SC), whole groups
+// (SC a multiple of D) of whole 16-byte vectors.  The CTA of cluster rank r
+// holds rows [r * R, min(S, (r + 1) * R)) of the set (R = rows_per_cta; the
+// last CTAs may hold none) in shared memory from its load to its stores, so
+// x is read from DRAM once and y written once.
+//
+//   load      the CTA's rows x SC channels, 16-byte cp.async (a row's SC
+//             channels are contiguous, rows C apart; cols = SC / VEC threads
+//             across a row, lanes = blockDim.x / cols rows at a time);
+//   shift     per group, the set's mean: thread sums of its rows (Acc),
+//             per group over the lanes' shared slots (gn::segment_sums,
+//             double), then over the cluster's CTAs in rank order through
+//             distributed shared memory, rounded to Acc;
+//   sums      per group, sum d and sum d^2 with d = x - shift, the same way;
+//             mean = shift + sum d / count, var = (sum d^2 - (sum d)^2 /
+//             count) / count: d is centered on the group's (rounded) mean,
+//             so nothing cancels, even at x = 1000 + randn in float32;
+//   apply     y = act((x - hi) * scale_c + offset_c) from the tile
+//             (gn::apply_tile); rank 0 writes mean_out / rstd_out.
+// Every CTA of a cluster adds the same partial sums in the same order (so
+// they agree bit for bit), and the split (SC, CL, R, blockDim.x) depends on
+// the shape only: results are bit-identical run to run.  x and y may be the
+// same array: a CTA stores only the rows it loaded, after loading them.
+// Dynamic shared memory (the host sizes it the same way: _cluster_geometry):
+// the tile (R * SC elements, 16-byte rounded), two slot arrays of lanes *
+// SC Acc, gn::segment_sums' scratch (2 * blockDim.x doubles), then per group
+// of the set (GS = SC / D): the CTA's sum x (GS doubles), its sum d and sum
+// d^2 (2 * GS doubles), mean and rstd (2 * GS doubles), the shift (GS Acc).
+// blockDim.x = lanes * cols <= 256.
+//
+// Before sm_90 (no clusters; the host never takes this path there, but the
+// package compiles every kernel for sm_80 too) the kernel is a trap.
+#if __CUDA_ARCH__ >= 900
+#define DWGN_CLUSTER_DIMS(size) __cluster_dims__(size, 1, 1)
+namespace gn {
+// This CTA's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+// The cluster barrier in two halves: after arrive (release: this thread's
+// earlier shared-memory accesses, remote ones included, are ordered before
+// it) a thread may work on until wait (acquire), which returns once every
+// thread of every CTA of the cluster has arrived.  Not the .aligned forms:
+// a warp may reach them diverged.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive();
+  cluster_wait();
+}
+// *p in the shared memory of the cluster's CTA `rank` (p: this CTA's copy).
+__device__ __forceinline__ double load_cluster(const double* p, unsigned rank) {
+  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  unsigned remote;
+  double v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
+  return v;
+}
+}  // namespace gn
+#else
+#define DWGN_CLUSTER_DIMS(size)
+#endif
+
+template <typename T, typename W, int ACT, int VEC, int CL>
+__global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(256) dwgn_gn_fwd_cluster(
+    const T* x, const W* __restrict__ weight, const W* __restrict__ bias,
+    typename AccType<T>::type* __restrict__ mean_out, typename AccType<T>::type* __restrict__ rstd_out, T* y, int S,
+    int C, int G, int set_channels, int rows_per_cta, typename AccType<T>::type eps) {
+  using Acc = typename AccType<T>::type;
+  using V = gn::Vec<T, VEC>;
+#if __CUDA_ARCH__ < 900
+  __trap();  // no clusters before sm_90
+#else
+  extern __shared__ __align__(16) unsigned char cluster_shared[];
+  const int SC = set_channels, D = C / G, GS = SC / D;
+  const int cols = SC / VEC, lanes = blockDim.x / cols;  // >= 1: the host keeps cols <= blockDim.x
+  const int lane = threadIdx.x / cols, col = threadIdx.x - lane * cols, c_local = col * VEC;
+  const bool active = lane < lanes;  // threads past lanes * cols only reach the barriers
+  const unsigned rank = gn::cluster_rank();
+  const int sets = C / SC;
+  const int n = blockIdx.x / CL / sets;
+  const int c0 = (blockIdx.x / CL - n * sets) * SC;
+  const int row0 = static_cast<int>(rank) * rows_per_cta;
+  const int rows = max(0, min(rows_per_cta, S - row0));
+  V* const tile = reinterpret_cast<V*>(cluster_shared);
+  Acc* const slots = reinterpret_cast<Acc*>(cluster_shared + ((rows_per_cta * SC * static_cast<int>(sizeof(T)) + 15) & ~15));
+  const int slot_stride = lanes * SC;
+  double* const scratch = reinterpret_cast<double*>(slots + 2 * slot_stride);  // 8-byte aligned: 2 * slot_stride Acc
+  double* const cta_sum = scratch + 2 * blockDim.x;
+  double* const cta_centered = cta_sum + GS;  // sum d (GS), then sum d^2 (GS)
+  double* const group_mean = cta_centered + 2 * GS;
+  double* const group_rstd = group_mean + GS;
+  Acc* const shift = reinterpret_cast<Acc*>(group_rstd + GS);
+  // Item i of group q's lanes * D slots: lane i / D, channel q * D + i % D of the set.
+  const float inv_d = 1.0f / static_cast<float>(D);  // small_div: i < lanes * D <= 256 * SC < 2**22
+  auto slot = [&](int q, int i) {
+    const int l = dwgn::small_div(i, inv_d);
+    return l * SC + q * D + (i - l * D);
+  };
+  // N * S * C < 2**31 (the host's rule): int offsets.
+  const int first = (n * S + min(row0, S)) * C + c0;  // the CTA's first element
+  const int row_vectors = C / VEC;
+
+  // ---- load.
+  if (active) {
+    const V* source = reinterpret_cast<const V*>(x + first) + col;
+    for (int r = lane; r < rows; r += lanes) dwgn::cp_async<16>(tile + r * cols + col, source + r * row_vectors);
+  }
+  dwgn::cp_async_commit();
+  dwgn::cp_async_wait_all();
+  __syncthreads();  // the tile is read by other threads than the ones that copied it
+
+  // ---- shift: the set's per-group mean, over the cluster.
+  if (active) {
+    Acc s[VEC];
+    gn::tile_sums(tile, cols, col, lane, lanes, rows, s);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) slots[lane * SC + c_local + k] = s[k];
+  }
+  __syncthreads();
+  gn::segment_sums<1, double>(
+      GS, lanes * D, scratch, [&](int q, int i, double* v) { v[0] = slots[slot(q, i)]; },
+      [&](int q, const double (&t)[1]) { cta_sum[q] = t[0]; });
+  gn::cluster_sync();  // every CTA's cta_sum is written
+  const double count = static_cast<double>(S) * D;
+  for (int q = threadIdx.x; q < GS; q += blockDim.x) {
+    double total = 0.0;
+    for (int r = 0; r < CL; ++r) total += gn::load_cluster(cta_sum + q, r);
+    shift[q] = static_cast<Acc>(total / count);
+  }
+  __syncthreads();
+
+  // ---- sums about the shift, over the cluster: mean and rstd.
+  if (active) {
+    Acc sh[VEC], sd[VEC], sdd[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) sh[k] = shift[(c_local + k) / D];
+    gn::centered_sums(tile, cols, col, lane, lanes, rows, sh, sd, sdd);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      slots[lane * SC + c_local + k] = sd[k];
+      slots[slot_stride + lane * SC + c_local + k] = sdd[k];
+    }
+  }
+  __syncthreads();
+  gn::segment_sums<2, double>(
+      GS, lanes * D, scratch,
+      [&](int q, int i, double* v) {
+        const int at = slot(q, i);
+        v[0] = slots[at];
+        v[1] = slots[slot_stride + at];
+      },
+      [&](int q, const double (&t)[2]) {
+        cta_centered[q] = t[0];
+        cta_centered[GS + q] = t[1];
+      });
+  gn::cluster_sync();  // every CTA's cta_centered is written
+  for (int q = threadIdx.x; q < GS; q += blockDim.x) {
+    double sd = 0.0, sdd = 0.0;
+    for (int r = 0; r < CL; ++r) {
+      sd += gn::load_cluster(cta_centered + q, r);
+      sdd += gn::load_cluster(cta_centered + GS + q, r);
+    }
+    const double mean = static_cast<double>(shift[q]) + sd / count;
+    const double var = fmax(sdd - sd * (sd / count), 0.0) / count;
+    const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
+    group_mean[q] = mean;
+    group_rstd[q] = rstd;
+    if (rank == 0) {
+      const int g = n * G + c0 / D + q;
+      mean_out[g] = static_cast<Acc>(mean);
+      rstd_out[g] = static_cast<Acc>(rstd);
+    }
+  }
+  gn::cluster_arrive();  // this CTA is done reading the others' shared memory
+  __syncthreads();       // group_mean, group_rstd
+
+  // ---- apply, from the tile.
+  if (active) {
+    gn::apply_tile<T, ACT>(tile, cols, col, lane, lanes, rows, group_mean, group_rstd, c_local, c0 + c_local, D,
+                           weight, bias, reinterpret_cast<V*>(y + first) + col, row_vectors);
+  }
+  gn::cluster_wait();  // no CTA leaves while another may still read its partial sums
+#endif
 }

@@ -469,9 +469,11 @@ def _misaligned(a):
 
 
 def group_norm(paths=None):
-    # Every path: "resident" (opt-in; these cases all fit on chip), "fused"
-    # (what "auto" takes: the column kernels with their finalize after a
-    # grid barrier), "split" (three launches), "onepass";
+    # Every path: "cluster" (what "auto" takes for the forward on an sm_90
+    # GPU where the vector path applies and a set's rows fit the cluster's
+    # shared memory), "resident" (opt-in; these cases all fit on chip),
+    # "fused" (the column kernels with their finalize after a grid barrier),
+    # "split" (three launches), "onepass";
     # per-channel partial sums (what these small tensors take) and per-group
     # ones (forced; the cases' groups have 2-8 channels, and 131 channels in
     # ((2, 393), 3), which stays per channel).  Each case also runs on a
@@ -479,7 +481,8 @@ def group_norm(paths=None):
     from cupy_dwgn import _group_norm
 
     shipped_grouped_bytes = _group_norm._GROUPED_BYTES
-    for path, grouped_bytes in [("resident", shipped_grouped_bytes), ("fused", shipped_grouped_bytes), ("fused", 0),
+    for path, grouped_bytes in [("cluster", shipped_grouped_bytes), ("resident", shipped_grouped_bytes),
+                                ("fused", shipped_grouped_bytes), ("fused", 0),
                                 ("split", shipped_grouped_bytes), ("split", 0), ("onepass", shipped_grouped_bytes)]:
         if paths is not None and path not in paths:
             continue
@@ -499,10 +502,16 @@ def gn_resident():
     group_norm(paths=("resident",))
 
 
+def gn_cluster():
+    # The cluster forward alone (and the fused backward after it).
+    group_norm(paths=("cluster",))
+
+
 def group_norm_cases():
     for dtype in (cupy.float32, cupy.float16):
         for shape, groups in [((2, 7, 9, 136), 17), ((1, 97, 12), 4), ((3, 5, 5, 5, 64), 32), ((2, 393), 3),
-                              ((1, 131075, 24), 3)]:  # the last: whole row batches plus remainders per lane
+                              ((1, 131075, 24), 3),  # whole row batches plus remainders per lane
+                              ((2, 16, 16, 640), 32), ((8, 4, 4, 1280), 32)]:  # clusters of 8 and of 1
             x = (3 + rng.standard_normal(shape, dtype=cupy.float32)).astype(dtype)
             c = shape[-1]
             w = rng.standard_normal(c, dtype=cupy.float32)
@@ -527,6 +536,6 @@ if __name__ == "__main__":
          "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_plane_wgrad": nchw_plane_wgrad, "nchw_rows": nchw_rows, "nchw_forward_regs": nchw_forward_regs,
          "nhwc_direct": nhwc_direct,
          "nhwc_ring": nhwc_ring, "nhwc_phase": nhwc_phase, "wgrad_mma": wgrad_mma,
-         "group_norm": group_norm, "gn_resident": gn_resident}[family]()
+         "group_norm": group_norm, "gn_resident": gn_resident, "gn_cluster": gn_cluster}[family]()
     cupy.cuda.Device().synchronize()
     print("sanitizer workload done")

@@ -1607,6 +1607,69 @@ def test_group_norm_resident_plans_and_rule():
     assert gn._resident_block(40) == 480 and gn._resident_block(513) is None
 
 
+def test_group_norm_cluster_plans():
+    # The cluster forward's rule (_cluster_geometry): sets of whole groups of
+    # whole 16-byte vectors with rows of at least _CLUSTER_MIN_SET_BYTES, the
+    # least cluster size giving _CLUSTER_TARGET_CTAS CTAs (more where a CTA's
+    # rows pass _CLUSTER_MAX_TILE), one launch whose arguments are (x,
+    # weight, bias, mean, rstd, y); nothing where it does not serve.
+    import numpy
+
+    from cupy_dwgn import _dtypes
+    from cupy_dwgn import _group_norm as gn
+
+    f16, f32, f64 = (numpy.dtype(t) for t in (numpy.float16, numpy.float32, numpy.float64))
+    bf16 = numpy.dtype(_dtypes.bfloat16)
+    shipped = {e for _, e in gn.specializations("group_norm")}
+    for n, s, c, g, dtype, want in [
+        (2, 4096, 320, 32, f16, (40, 16)), (2, 1024, 640, 32, bf16, (40, 8)), (2, 256, 1280, 32, f32, (40, 4)),
+        (8, 64, 1280, 32, f16, (40, 1)), (1, 16384, 128, 32, f16, (16, 16)), (1, 16384, 128, 32, f32, (8, 16)),
+        (2, 4096, 320, 32, f32, (20, 8)), (3, 899, 96, 32, f32, (12, 16)), (16, 81, 256, 8, f32, (32, 2)),
+        (4, 9, 64, 1, f64, (64, 16)), (1, 17, 136, 17, f16, (136, 16)),  # C / unit = 17 (prime): the whole row
+        (8, 16384, 320, 32, f16, (40, 16)),  # 1024 CTAs of 80 KB tiles
+    ]:
+        vec = gn._vector_width(dtype, c, True)
+        set_channels, cluster, block, rows_per_cta, shared = gn._cluster_geometry(n, s, c, g, dtype, vec, True)
+        assert (set_channels, cluster) == want, (n, s, c, g, dtype)
+        unit = (c // g) * vec // math.gcd(c // g, vec)
+        assert set_channels % unit == 0 and c % set_channels == 0
+        assert set_channels * dtype.itemsize >= gn._CLUSTER_MIN_SET_BYTES or set_channels == c
+        clusters = n * c // set_channels
+        assert cluster == gn.CLUSTER_SIZES[-1] or clusters * cluster >= gn._CLUSTER_TARGET_CTAS
+        assert cluster == 1 or clusters * cluster // 2 < gn._CLUSTER_TARGET_CTAS or (
+            -(-s // (cluster // 2)) * set_channels * dtype.itemsize > gn._CLUSTER_MAX_TILE)
+        assert rows_per_cta == -(-s // cluster) and rows_per_cta * set_channels * dtype.itemsize <= gn._CLUSTER_MAX_TILE
+        cols = set_channels // vec
+        assert block == gn._CLUSTER_BLOCK // cols * cols
+        acc = _dtypes.accumulator_dtype(dtype).itemsize
+        assert shared == (-(-rows_per_cta * set_channels * dtype.itemsize // 16) * 16
+                          + 2 * (block // cols) * set_channels * acc + 2 * block * 8 + (set_channels // (c // g)) * (40 + acc))
+        for path in ("cluster", "auto"):
+            plan = gn._forward_plan(n, s, c, g, dtype, f32 if dtype.itemsize == 2 else dtype, "silu", 1e-5, True, path)
+            launch = plan.cluster
+            assert launch is not None and plan.first is None and plan.resident is None and launch.expression in shipped
+            assert launch.cluster == cluster and launch.grid[0] == clusters * cluster and launch.block[0] == block
+            assert launch.expression.endswith(f", {vec}, {cluster}>") and not launch.cooperative
+            assert plan.temporaries == ()
+            assert gn._forward_steps(plan, False, False).positions[0] == (0, 1, 2, 4, 5, 3)
+            # mean and rstd as workspace temporaries (6, 7; the grid-barrier word last, unused)
+            assert gn._forward_steps(plan, True, True).positions[0] == (0, 1, 2, 6, 7, 3)
+            assert gn._backward_plan(n, s, c, g, dtype, dtype, "silu", True, path).first is not None  # fused
+    # Not served: the element path, 2**31 elements, sets whose 16 CTAs' rows still pass _CLUSTER_MAX_TILE.
+    for n, s, c, g, dtype, aligned in [(2, 4096, 320, 32, f16, False), (3, 899, 99, 33, f32, True),
+                                       (2, 1 << 31 >> 11, 1024, 32, f16, True), (1, 262144, 128, 32, f16, True),
+                                       (1, 65536, 256, 32, f32, True)]:
+        plan = gn._forward_plan(n, s, c, g, dtype, dtype, "silu", 1e-5, aligned, "cluster")
+        assert plan.cluster is None and plan.first is not None and plan.finalize is None, (n, s, c)  # fused
+    for path in ("fused", "split", "onepass", "resident"):
+        assert gn._forward_plan(2, 4096, 320, 32, f16, f32, "silu", 1e-5, True, path).cluster is None
+    # Every cluster size of every activation and weight dtype is a shipped specialization (vector path only).
+    for dtype in (f16, bf16, f32, f64):
+        names = {e for e in shipped if e.startswith(f"dwgn_gn_fwd_cluster<{_dtypes.ctype(dtype)},")}
+        assert len(names) == len(gn.weight_dtypes(dtype)) * len(gn.ACTIVATIONS) * len(gn.CLUSTER_SIZES)
+        assert all(e.endswith(tuple(f", {16 // dtype.itemsize}, {size}>" for size in gn.CLUSTER_SIZES)) for e in names)
+
+
 def test_group_norm_fused_plans_and_split_rules():
     # The fused path ("auto" on a device with cooperative launches): two
     # launches per direction, the column kernel cooperative with a block per

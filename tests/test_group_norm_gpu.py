@@ -255,9 +255,11 @@ _PATH_CASES = [
 
 @pytest.mark.parametrize("case", _PATH_CASES, ids=lambda c: f"{c[0]}-G{c[1]}-{numpy.dtype(c[2])}")
 def test_every_path_agrees_with_the_reference(rng, set_paths, case):
-    # "resident" (opt-in) reads x (and grad_out) once in one cooperative
-    # launch per direction; "fused" (what "auto" takes) runs two launches
-    # per direction, the
+    # "cluster" (what "auto" takes for these forwards on an sm_90 GPU where
+    # the vector path applies) reads x once in one launch of thread-block
+    # clusters; "resident" (opt-in) reads x (and grad_out) once in one
+    # cooperative launch per direction; "fused" (what "auto" takes
+    # otherwise, and for the backward) runs two launches per direction, the
     # column kernel doing its finalize after a grid barrier; "split" three;
     # "onepass" the cooperative one-launch kernels.  Each matches the
     # reference at the dtype's bound (statistics to float32 rounding), run to
@@ -274,7 +276,11 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
     x, dy, w, b = (cupy.asarray(a) for a in (x_host, dy_host, w_host, b_host))
     assert _launch.cooperative_supported()  # else "fused" and "onepass" quietly run the three launches
     stats_tol = 1e-12 if dtype == F64 else 1e-6
-    for path in ("resident", "fused", "onepass", "split"):
+    vec = gn._vector_width(dtype, shape[-1], True)
+    rows = int(numpy.prod(shape[1:-1]))
+    clustered = gn._cluster_geometry(shape[0], rows, shape[-1], groups, dtype, vec, forced=True) is not None
+    assert clustered == (shape[-1] % vec == 0)  # these small shapes fit wherever the vector path applies
+    for path in ("cluster", "resident", "fused", "onepass", "split"):
         set_paths(path)
         acc = _dtypes.accumulator_dtype(dtype)
         y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
@@ -292,7 +298,9 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
         again = gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation)
         for got, first in zip(again, (dx, dw, db)):
             assert cupy.array_equal(got, first), f"{path}: backward not bit-identical run to run"
-        assert _launch_counts(path) == {{"resident": 1, "onepass": 1, "fused": 2, "split": 3}[path]}, path
+        # The cluster forward is one launch; its backward the fused two.
+        want = {"cluster": {1, 2} if clustered else {2}, "resident": {1}, "onepass": {1}, "fused": {2}, "split": {3}}
+        assert _launch_counts(path) == want[path], path
 
 
 def test_grid_barrier_word_flips_once_per_barrier(rng, set_paths):
@@ -473,6 +481,69 @@ def test_resident_kernels_never_run_a_partial_grid(rng, set_paths):
     ref_dx = reference.group_norm_backward(dy_host, x_host, mean.get(), rstd.get(), groups)[0]
     assert relative_error(dx, ref_dx) <= TOLERANCE[F32]
     assert _kernels() == {"dwgn_gn_stats", "dwgn_gn_fwd_apply", "dwgn_gn_bwd_reduce", "dwgn_gn_bwd_dx"}
+
+
+_CLUSTER_CASES = [  # (shape, groups, dtype, weight dtype, activation, offset, cluster size the rule gives)
+    ((2, 64, 64, 320), 32, F16, F32, "silu", 3.0, 16),  # SD-size: 40-channel sets, 16 CTAs of 256 rows each
+    ((2, 32, 32, 640), 32, BFLOAT16, BFLOAT16, "gelu", 3.0, 8),
+    ((2, 16, 16, 1280), 32, F32, F32, "gelu_tanh", 1000.0, 4),  # 1000 + randn in float32
+    ((8, 8, 8, 1280), 32, F16, F16, "relu", 3.0, 1),  # a CTA per (sample, set)
+    ((1, 128, 128, 128), 32, F32, F32, "identity", 1000.0, 16),
+    ((2, 5, 7, 24), 4, F16, F32, "silu", 3.0, 16),  # 35 rows over 16 CTAs of 3: the last four hold none
+    ((3, 31, 29, 96), 32, F32, F32, "silu", 30.0, 16),  # C/G = 3: sets of 12 channels (4 groups), prime rows
+    ((5, 1, 1, 40), 8, BFLOAT16, F32, "identity", 3.0, 16),  # one row a sample: 15 of 16 CTAs empty
+    ((4, 3, 3, 64), 1, F64, F64, "silu", 1000.0, 16),  # one group of 64 channels (the whole row a set), float64
+    ((16, 9, 9, 256), 8, F32, F32, "identity", 3.0, 2),  # 128 clusters of 2
+]
+
+
+@pytest.mark.parametrize("case", _CLUSTER_CASES,
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-G{c[1]}-{numpy.dtype(c[2])}-{c[4]}")
+def test_cluster_forward_matches_the_reference(rng, set_paths, case):
+    # The cluster forward (dwgn_gn_fwd_cluster: a cluster of CTAs per
+    # (sample, channel set), each CTA's rows held in shared memory, the
+    # group sums reduced through distributed shared memory) at every
+    # cluster size, with empty CTAs, C/G odd, large means, float64, and
+    # without weight and bias: y, mean and rstd match the reference,
+    # bit-identical run to run, the same in place (out is x); the backward
+    # from its statistics matches too.
+    import cupy
+
+    shape, groups, dtype, wdtype, activation, offset, cluster = case
+    if _launch.compute_capability_major(cupy.cuda.Device().id) < 9:
+        pytest.skip("thread-block clusters need compute capability 9.0")
+    set_paths("auto")  # the rule takes these
+    gn._SIGNATURES.clear()
+    x_host = random(rng, shape, dtype, offset=offset)
+    w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    b_host = (0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    x, w, b = cupy.asarray(x_host), cupy.asarray(w_host), cupy.asarray(b_host)
+    acc = _dtypes.accumulator_dtype(dtype)
+    stats_tol = 1e-12 if dtype == F64 else 1e-6
+    for weight, bias in ((w, b), (None, None)):
+        ref_y, ref_mean, ref_rstd = reference.group_norm(
+            x_host, groups, None if weight is None else w_host, None if bias is None else b_host,
+            activation=activation, return_stats=True)
+        y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
+        gn.group_norm(x, groups, weight, bias, activation=activation, out=y, mean_out=mean, rstd_out=rstd)
+        errors = {"y": relative_error(y, ref_y), "mean": relative_error(mean, ref_mean),
+                  "rstd": relative_error(rstd, ref_rstd)}
+        record_errors(f"group_norm cluster {dtype}", activation, errors)
+        assert errors["y"] <= TOLERANCE[dtype] and max(errors["mean"], errors["rstd"]) <= stats_tol, errors
+        again = gn.group_norm(x, groups, weight, bias, activation=activation, return_stats=True)
+        assert all(cupy.array_equal(a, b_) for a, b_ in zip(again, (y, mean, rstd))), "not bit-identical run to run"
+    in_place = cupy.asarray(x_host)
+    assert gn.group_norm(in_place, groups, activation=activation, out=in_place) is in_place
+    assert cupy.array_equal(in_place, y), "in place differs"
+    launches = {launch.expression: launch for entry in gn._SIGNATURES.values() for steps in entry.steps.values()
+                for launch in steps.launches}
+    assert {e.split("<")[0] for e in launches} == {"dwgn_gn_fwd_cluster"}
+    assert {launch.cluster for launch in launches.values()} == {cluster}
+    assert all(e.endswith(f", {cluster}>") for e in launches)
+    dy_host = random(rng, shape, dtype)
+    dx = gn.group_norm_backward(cupy.asarray(dy_host), x, mean, rstd, groups, activation=activation)[0]
+    ref_dx = reference.group_norm_backward(dy_host, x_host, mean.get(), rstd.get(), groups, activation=activation)[0]
+    assert relative_error(dx, ref_dx) <= TOLERANCE[dtype]
 
 
 def test_zero_size():
