@@ -22,7 +22,8 @@ from cupy_dwgn import _group_norm as gn
 from harness import run_facts
 
 KNOBS = ("_MIN_ROWS_PER_CHUNK", "_MIN_ROWS_PER_HALF_CHUNK", "_MIN_ROWS_PER_LONG_CHUNK", "_TARGET_BLOCKS", "_MAX_COLUMNS", "_GROUPED_BYTES",
-         "_GROUPED_TARGET_BLOCKS", "_GROUPED_MIN_ROWS", "_MAX_GROUPED_CHANNELS", "_RESIDENT_BLOCKS")
+         "_GROUPED_TARGET_BLOCKS", "_GROUPED_MIN_ROWS", "_MAX_GROUPED_CHANNELS", "_RESIDENT_BLOCKS", "_CLUSTER_BLOCK",
+         "_CLUSTER_TARGET_CTAS")
 DEFAULT = {k: getattr(gn, k) for k in KNOBS}  # the shipped values
 # (name, knobs changed from the shipped values, path)
 SETTINGS = [("shipped", {}, "auto"), ("split", {}, "split"), ("grouped", dict(_GROUPED_BYTES=0), "auto"),
@@ -34,7 +35,10 @@ SETTINGS = [("shipped", {}, "auto"), ("split", {}, "split"), ("grouped", dict(_G
             # with the statistics / reduce ring (more rows in flight per thread): shorter chunks, more items
             ("long32", dict(_MIN_ROWS_PER_LONG_CHUNK=32), "auto"), ("half8", dict(_MIN_ROWS_PER_HALF_CHUNK=8), "auto"),
             ("target512", dict(_TARGET_BLOCKS=512), "auto")]
-PATHS = [("auto", {}, "auto"), ("cluster", {}, "cluster"), ("fused", {}, "fused"), ("onepass", {}, "onepass"),
+PATHS = [("auto", {}, "auto"), ("cluster", {}, "cluster"), ("fused", {}, "fused"),
+         ("cluster 128", dict(_CLUSTER_BLOCK=128), "cluster"), ("cluster 64", dict(_CLUSTER_BLOCK=64), "cluster"),
+         ("cluster 128, 512 CTAs", dict(_CLUSTER_BLOCK=128, _CLUSTER_TARGET_CTAS=512), "cluster"),
+         ("onepass", {}, "onepass"),
          ("resident", {}, "resident"),
          ("resident 64", dict(_RESIDENT_BLOCKS=64), "resident"), ("resident 32", dict(_RESIDENT_BLOCKS=32), "resident")]
 CASES = [((2, 64, 64, 320), "float16"), ((2, 64, 64, 320), "float32"), ((2, 32, 32, 640), "float16"), ((2, 32, 32, 640), "float32"),
@@ -51,9 +55,9 @@ def clear():
 def main():
     backward = "--forward" not in sys.argv[1:]  # --forward: forward only (the statistics split's settings)
     # --shipped: the shipped rule alone (an A/B of a kernel change across runs)
-    # --cluster: "auto", "cluster" and "fused" of --paths
+    # --cluster: "auto", "cluster", "fused" and the cluster variants of --paths
     settings = (SETTINGS[:1] if "--shipped" in sys.argv[1:] else PATHS if "--paths" in sys.argv[1:]
-                else PATHS[:3] if "--cluster" in sys.argv[1:] else SETTINGS)
+                else PATHS[:6] if "--cluster" in sys.argv[1:] else SETTINGS)
     only = [a for a in sys.argv[1:] if "x" in a]  # e.g. 2x64x64x320:float16 (default: every case)
     cases = [(tuple(int(v) for v in a.split(":")[0].split("x")), a.split(":")[1]) for a in only] or CASES
     run_facts(torch)  # prints the device, date and copy bandwidth

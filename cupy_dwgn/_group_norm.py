@@ -145,14 +145,30 @@ _RESIDENT_MAX_BLOCK = 512
 # SMs idle in the prototype, results/group_norm_cluster_prototype_*); tiles
 # of at most _CLUSTER_MAX_TILE bytes (two CTAs per SM, and a 16-CTA cluster
 # fits a GPC); channel sets of at least _CLUSTER_MIN_SET_BYTES per row;
-# blocks of at most _CLUSTER_BLOCK threads (the kernel's __launch_bounds__).
+# blocks of at most _CLUSTER_BLOCK threads (the kernel's __launch_bounds__),
+# no more lanes than a CTA has rows but a warp at least.  "auto" takes it
+# for clusters of at most _CLUSTER_AUTO_MAX_SIZE CTAs.  Measured on an H200
+# (2026-12-04, forward GPU time, CUDA graph over rotating copies, SiLU;
+# benchmarks/group_norm_tuning.py --cluster; results/group_norm_cluster_h200_2026-12-04.txt),
+# cluster against the two launches, us:
+#   - clusters of 1-8 CTAs: 2x32x32x640 fp16 11.3 / 13.9, fp32 12.5 / 13.5;
+#     2x16x16x1280 fp16 9.7 / 10.9, fp32 9.4 / 10.7; 8x8x8x1280 fp16 8.7 /
+#     11.4, fp32 8.7 / 11.2; 4x32x32x640 fp16 14.3 / 15.8; 2x64x64x640 fp16
+#     20.7 / 21.2; but 2x64x64x320 fp32 18.5 / 18.2;
+#   - clusters of 16: 2x64x64x320 fp16 15.5 / 15.4, 1x128x128x128 fp16 14.6
+#     / 14.5, fp32 16.7 / 16.3, and tensors past L2 far slower (8x128x128x320
+#     fp16 119.7 / 84.3, 4x64x64x2560 fp32 225.4 / 138.6: CTAs of large tiles
+#     in waves, each loading, reducing and storing in turn);
+#   - blocks of 128 threads against 256: 2x32x32x640 fp16 11.3 / 13.2,
+#     8x8x8x1280 fp16 8.7 / 10.2, 2x64x64x320 fp16 15.5 / 16.4 (384: 23.6; 64:
+#     17.8): the barriers and reductions cost more with more lanes than the
+#     rows they share out save.
 CLUSTER_SIZES = (1, 2, 4, 8, 16)
 _CLUSTER_TARGET_CTAS = 256
 _CLUSTER_MAX_TILE = 96 * 1024
 _CLUSTER_MIN_SET_BYTES = 32
-_CLUSTER_BLOCK = 256
-# "auto" takes the cluster forward for tensors of at most this many bytes.
-_CLUSTER_MAX_BYTES = 2**62
+_CLUSTER_BLOCK = 128
+_CLUSTER_AUTO_MAX_SIZE = 8
 
 # Statistics split: at most this many work items (blocks) in the column
 # kernels (one wave of the cooperative grid: 2 blocks per SM on an H200's
@@ -398,11 +414,12 @@ def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False):
     whole 16-byte vectors dividing C whose row has at least
     _CLUSTER_MIN_SET_BYTES; ``cluster`` CTAs (a power of 2 up to 16: the
     least giving _CLUSTER_TARGET_CTAS CTAs in all, more where a CTA's rows
-    would pass _CLUSTER_MAX_TILE) split its rows.  Depends on the shape
-    only (the device check is _cluster_fits)."""
+    would pass _CLUSTER_MAX_TILE) split its rows; the rule takes clusters of
+    at most _CLUSTER_AUTO_MAX_SIZE.  Depends on the shape only (the device
+    check is _cluster_fits)."""
     itemsize = numpy.dtype(dtype).itemsize
     size = batch * rows * channels
-    if vec == 1 or size >= _launch.INT32_LIMIT or (not forced and size * itemsize > _CLUSTER_MAX_BYTES):
+    if vec == 1 or size >= _launch.INT32_LIMIT:
         return None
     group_channels = channels // groups
     unit = group_channels * vec // math.gcd(group_channels, vec)  # whole groups of whole vectors
@@ -421,15 +438,16 @@ def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False):
             break
     else:
         return None
-    if clusters * cluster >= _launch.INT32_LIMIT:
+    if clusters * cluster >= _launch.INT32_LIMIT or (not forced and cluster > _CLUSTER_AUTO_MAX_SIZE):
         return None
-    block = _CLUSTER_BLOCK // cols * cols
+    block = cols * min(_CLUSTER_BLOCK // cols, max(rows_per_cta, -(-32 // cols)))
     set_groups = set_channels // group_channels
     acc = _dtypes.accumulator_dtype(dtype).itemsize
     # The kernel's layout: the tile (16-byte rounded), two slot arrays of
-    # lanes * set_channels Acc, gn::segment_sums' scratch (2 * block
-    # doubles), 5 doubles and one Acc per group of the set.
-    shared = -(-tile // 16) * 16 + 2 * (block // cols) * set_channels * acc + 2 * block * 8 + set_groups * (5 * 8 + acc)
+    # lanes * set_channels Acc, gn::set_group_sums' parts (2 * max(block,
+    # set_channels) doubles), 5 doubles and one Acc per group of the set.
+    shared = (-(-tile // 16) * 16 + 2 * (block // cols) * set_channels * acc + 16 * max(block, set_channels)
+              + set_groups * (5 * 8 + acc))
     return set_channels, cluster, block, rows_per_cta, shared
 
 

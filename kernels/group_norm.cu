@@ -1922,7 +1922,7 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_bwd_resident(
 //             channels are contiguous, rows C apart; cols = SC / VEC threads
 //             across a row, lanes = blockDim.x / cols rows at a time);
 //   shift     per group, the set's mean: thread sums of its rows (Acc),
-//             per group over the lanes' shared slots (gn::segment_sums,
+//             per group over the lanes' shared slots (gn::set_group_sums,
 //             double), then over the cluster's CTAs in rank order through
 //             distributed shared memory, rounded to Acc;
 //   sums      per group, sum d and sum d^2 with d = x - shift, the same way;
@@ -1937,10 +1937,11 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_bwd_resident(
 // same array: a CTA stores only the rows it loaded, after loading them.
 // Dynamic shared memory (the host sizes it the same way: _cluster_geometry):
 // the tile (R * SC elements, 16-byte rounded), two slot arrays of lanes *
-// SC Acc, gn::segment_sums' scratch (2 * blockDim.x doubles), then per group
-// of the set (GS = SC / D): the CTA's sum x (GS doubles), its sum d and sum
-// d^2 (2 * GS doubles), mean and rstd (2 * GS doubles), the shift (GS Acc).
-// blockDim.x = lanes * cols <= 256.
+// SC Acc, gn::set_group_sums' parts (2 * max(blockDim.x, SC) doubles), then
+// per group of the set (GS = SC / D): the CTA's
+// sum x (GS doubles), its sum d and sum d^2 (2 * GS doubles), mean and rstd
+// (2 * GS doubles), the shift (GS Acc).
+// blockDim.x = lanes * cols, 32 <= blockDim.x <= 128.
 //
 // Before sm_90 (no clusters; the host never takes this path there, but the
 // package compiles every kernel for sm_80 too) the kernel is a trap.
@@ -1964,6 +1965,57 @@ __device__ __forceinline__ void cluster_sync() {
   cluster_arrive();
   cluster_wait();
 }
+// A CTA's per-group sums of NUM slot arrays in a fixed order, double from the
+// slots on: slots[a * stride + l * SC + c] is lane l's sum of channel c of
+// the set (SC channels, groups of D); out[a * GS + q] gets group q's total
+// over all lanes and channels.  Per channel over the lanes in P = blockDim.x /
+// SC parts (part p adds lanes p, p + P, ... in turn; parts holds NUM *
+// max(blockDim.x, SC) doubles), then a warp per group: lane j adds its
+// group's part sums j, j + 32, ... (item i: part i / D of channel i % D), and
+// a butterfly (dwgn::warp_sum).  (gn::segment_sums over lanes * D items per
+// group, the first version, ran ~1000 instructions per warp here: its item
+// division and batching cost more than the sums.)  Every thread of the block
+// calls it; barriers on entry (the slots are written) and exit (out is).
+template <int NUM, typename Acc>
+__device__ __forceinline__ void set_group_sums(const Acc* slots, int stride, int lanes, int SC, int D, double* parts,
+                                               double* out) {
+  const int P = max(1, static_cast<int>(blockDim.x) / SC);
+  const int span = P * SC;  // <= max(blockDim.x, SC)
+  __syncthreads();
+  for (int t = threadIdx.x; t < span; t += blockDim.x) {
+    const int p = t / SC, c = t - p * SC;
+    double s[NUM];
+#pragma unroll
+    for (int a = 0; a < NUM; ++a) s[a] = 0.0;
+    for (int l = p; l < lanes; l += P) {
+#pragma unroll
+      for (int a = 0; a < NUM; ++a) s[a] += static_cast<double>(slots[a * stride + l * SC + c]);
+    }
+#pragma unroll
+    for (int a = 0; a < NUM; ++a) parts[a * span + t] = s[a];
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warps = static_cast<int>(blockDim.x) >> 5;  // whole warps only (the shuffles' mask); >= 1
+  const float inv_d = 1.0f / static_cast<float>(D);  // small_div: i < P * D <= blockDim.x + SC < 2**22
+  for (int q = warp; q < SC / D; q += warps) {
+    double s[NUM];
+#pragma unroll
+    for (int a = 0; a < NUM; ++a) s[a] = 0.0;
+    for (int i = lane; i < P * D; i += 32) {
+      const int p = dwgn::small_div(i, inv_d);
+      const int at = p * SC + q * D + (i - p * D);
+#pragma unroll
+      for (int a = 0; a < NUM; ++a) s[a] += parts[a * span + at];
+    }
+#pragma unroll
+    for (int a = 0; a < NUM; ++a) {
+      s[a] = dwgn::warp_sum(s[a]);
+      if (lane == 0) out[a * (SC / D) + q] = s[a];
+    }
+  }
+  __syncthreads();
+}
 // *p in the shared memory of the cluster's CTA `rank` (p: this CTA's copy).
 __device__ __forceinline__ double load_cluster(const double* p, unsigned rank) {
   const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -1979,7 +2031,7 @@ __device__ __forceinline__ double load_cluster(const double* p, unsigned rank) {
 #endif
 
 template <typename T, typename W, int ACT, int VEC, int CL>
-__global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(256) dwgn_gn_fwd_cluster(
+__global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128) dwgn_gn_fwd_cluster(
     const T* x, const W* __restrict__ weight, const W* __restrict__ bias,
     typename AccType<T>::type* __restrict__ mean_out, typename AccType<T>::type* __restrict__ rstd_out, T* y, int S,
     int C, int G, int set_channels, int rows_per_cta, typename AccType<T>::type eps) {
@@ -2002,18 +2054,12 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(256) dwgn_gn_fwd_cluster
   V* const tile = reinterpret_cast<V*>(cluster_shared);
   Acc* const slots = reinterpret_cast<Acc*>(cluster_shared + ((rows_per_cta * SC * static_cast<int>(sizeof(T)) + 15) & ~15));
   const int slot_stride = lanes * SC;
-  double* const scratch = reinterpret_cast<double*>(slots + 2 * slot_stride);  // 8-byte aligned: 2 * slot_stride Acc
-  double* const cta_sum = scratch + 2 * blockDim.x;
+  double* const parts = reinterpret_cast<double*>(slots + 2 * slot_stride);  // 8-byte aligned: 2 * slot_stride Acc
+  double* const cta_sum = parts + 2 * max(static_cast<int>(blockDim.x), SC);
   double* const cta_centered = cta_sum + GS;  // sum d (GS), then sum d^2 (GS)
   double* const group_mean = cta_centered + 2 * GS;
   double* const group_rstd = group_mean + GS;
   Acc* const shift = reinterpret_cast<Acc*>(group_rstd + GS);
-  // Item i of group q's lanes * D slots: lane i / D, channel q * D + i % D of the set.
-  const float inv_d = 1.0f / static_cast<float>(D);  // small_div: i < lanes * D <= 256 * SC < 2**22
-  auto slot = [&](int q, int i) {
-    const int l = dwgn::small_div(i, inv_d);
-    return l * SC + q * D + (i - l * D);
-  };
   // N * S * C < 2**31 (the host's rule): int offsets.
   const int first = (n * S + min(row0, S)) * C + c0;  // the CTA's first element
   const int row_vectors = C / VEC;
@@ -2034,15 +2080,16 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(256) dwgn_gn_fwd_cluster
 #pragma unroll
     for (int k = 0; k < VEC; ++k) slots[lane * SC + c_local + k] = s[k];
   }
-  __syncthreads();
-  gn::segment_sums<1, double>(
-      GS, lanes * D, scratch, [&](int q, int i, double* v) { v[0] = slots[slot(q, i)]; },
-      [&](int q, const double (&t)[1]) { cta_sum[q] = t[0]; });
+  gn::set_group_sums<1>(slots, slot_stride, lanes, SC, D, parts, cta_sum);
   gn::cluster_sync();  // every CTA's cta_sum is written
   const double count = static_cast<double>(S) * D;
   for (int q = threadIdx.x; q < GS; q += blockDim.x) {
+    double part[CL];  // every remote load in flight, then the sum in rank order
+#pragma unroll
+    for (int r = 0; r < CL; ++r) part[r] = gn::load_cluster(cta_sum + q, r);
     double total = 0.0;
-    for (int r = 0; r < CL; ++r) total += gn::load_cluster(cta_sum + q, r);
+#pragma unroll
+    for (int r = 0; r < CL; ++r) total += part[r];
     shift[q] = static_cast<Acc>(total / count);
   }
   __syncthreads();
@@ -2059,24 +2106,20 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(256) dwgn_gn_fwd_cluster
       slots[slot_stride + lane * SC + c_local + k] = sdd[k];
     }
   }
-  __syncthreads();
-  gn::segment_sums<2, double>(
-      GS, lanes * D, scratch,
-      [&](int q, int i, double* v) {
-        const int at = slot(q, i);
-        v[0] = slots[at];
-        v[1] = slots[slot_stride + at];
-      },
-      [&](int q, const double (&t)[2]) {
-        cta_centered[q] = t[0];
-        cta_centered[GS + q] = t[1];
-      });
+  gn::set_group_sums<2>(slots, slot_stride, lanes, SC, D, parts, cta_centered);
   gn::cluster_sync();  // every CTA's cta_centered is written
   for (int q = threadIdx.x; q < GS; q += blockDim.x) {
-    double sd = 0.0, sdd = 0.0;
+    double part[2][CL];
+#pragma unroll
     for (int r = 0; r < CL; ++r) {
-      sd += gn::load_cluster(cta_centered + q, r);
-      sdd += gn::load_cluster(cta_centered + GS + q, r);
+      part[0][r] = gn::load_cluster(cta_centered + q, r);
+      part[1][r] = gn::load_cluster(cta_centered + GS + q, r);
+    }
+    double sd = 0.0, sdd = 0.0;
+#pragma unroll
+    for (int r = 0; r < CL; ++r) {
+      sd += part[0][r];
+      sdd += part[1][r];
     }
     const double mean = static_cast<double>(shift[q]) + sd / count;
     const double var = fmax(sdd - sd * (sd / count), 0.0) / count;

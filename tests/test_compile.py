@@ -1640,12 +1640,18 @@ def test_group_norm_cluster_plans():
             -(-s // (cluster // 2)) * set_channels * dtype.itemsize > gn._CLUSTER_MAX_TILE)
         assert rows_per_cta == -(-s // cluster) and rows_per_cta * set_channels * dtype.itemsize <= gn._CLUSTER_MAX_TILE
         cols = set_channels // vec
-        assert block == gn._CLUSTER_BLOCK // cols * cols
+        assert block == cols * min(gn._CLUSTER_BLOCK // cols, max(rows_per_cta, -(-32 // cols))) and block >= 32
         acc = _dtypes.accumulator_dtype(dtype).itemsize
         assert shared == (-(-rows_per_cta * set_channels * dtype.itemsize // 16) * 16
-                          + 2 * (block // cols) * set_channels * acc + 2 * block * 8 + (set_channels // (c // g)) * (40 + acc))
-        for path in ("cluster", "auto"):
-            plan = gn._forward_plan(n, s, c, g, dtype, f32 if dtype.itemsize == 2 else dtype, "silu", 1e-5, True, path)
+                          + 2 * (block // cols) * set_channels * acc + 16 * max(block, set_channels)
+                          + (set_channels // (c // g)) * (40 + acc))
+        w_dtype = f32 if dtype.itemsize == 2 else dtype
+        # "auto" takes clusters of at most _CLUSTER_AUTO_MAX_SIZE CTAs, else the two launches.
+        auto = gn._forward_plan(n, s, c, g, dtype, w_dtype, "silu", 1e-5, True, "auto")
+        assert (auto.cluster is not None) == (cluster <= gn._CLUSTER_AUTO_MAX_SIZE), (n, s, c)
+        assert auto.cluster is not None or (auto.first is not None and auto.finalize is None)
+        for path in ("cluster", "auto") if auto.cluster is not None else ("cluster",):
+            plan = gn._forward_plan(n, s, c, g, dtype, w_dtype, "silu", 1e-5, True, path)
             launch = plan.cluster
             assert launch is not None and plan.first is None and plan.resident is None and launch.expression in shipped
             assert launch.cluster == cluster and launch.grid[0] == clusters * cluster and launch.block[0] == block

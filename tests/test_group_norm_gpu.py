@@ -274,12 +274,13 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
     ref_y, ref_mean, ref_rstd = reference.group_norm(x_host, groups, w_host, b_host, activation=activation,
                                                      return_stats=True)
     x, dy, w, b = (cupy.asarray(a) for a in (x_host, dy_host, w_host, b_host))
+    gn._SIGNATURES.clear()  # _launch_counts reads every signature's Steps: this case's only
     assert _launch.cooperative_supported()  # else "fused" and "onepass" quietly run the three launches
     stats_tol = 1e-12 if dtype == F64 else 1e-6
     vec = gn._vector_width(dtype, shape[-1], True)
     rows = int(numpy.prod(shape[1:-1]))
     clustered = gn._cluster_geometry(shape[0], rows, shape[-1], groups, dtype, vec, forced=True) is not None
-    assert clustered == (shape[-1] % vec == 0)  # these small shapes fit wherever the vector path applies
+    assert clustered == (vec > 1)  # these small shapes fit wherever the vector path applies
     for path in ("cluster", "resident", "fused", "onepass", "split"):
         set_paths(path)
         acc = _dtypes.accumulator_dtype(dtype)
@@ -512,7 +513,7 @@ def test_cluster_forward_matches_the_reference(rng, set_paths, case):
     shape, groups, dtype, wdtype, activation, offset, cluster = case
     if _launch.compute_capability_major(cupy.cuda.Device().id) < 9:
         pytest.skip("thread-block clusters need compute capability 9.0")
-    set_paths("auto")  # the rule takes these
+    set_paths("cluster")  # forced: "auto" takes clusters of up to 8 CTAs
     gn._SIGNATURES.clear()
     x_host = random(rng, shape, dtype, offset=offset)
     w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
@@ -540,6 +541,10 @@ def test_cluster_forward_matches_the_reference(rng, set_paths, case):
     assert {e.split("<")[0] for e in launches} == {"dwgn_gn_fwd_cluster"}
     assert {launch.cluster for launch in launches.values()} == {cluster}
     assert all(e.endswith(f", {cluster}>") for e in launches)
+    vec = gn._vector_width(dtype, shape[-1], True)
+    auto = gn._forward_plan(shape[0], int(numpy.prod(shape[1:-1])), shape[-1], groups, dtype, wdtype, activation,
+                            1e-5, True, "auto")
+    assert (auto.cluster is not None) == (cluster <= gn._CLUSTER_AUTO_MAX_SIZE) and vec > 1
     dy_host = random(rng, shape, dtype)
     dx = gn.group_norm_backward(cupy.asarray(dy_host), x, mean, rstd, groups, activation=activation)[0]
     ref_dx = reference.group_norm_backward(dy_host, x_host, mean.get(), rstd.get(), groups, activation=activation)[0]
