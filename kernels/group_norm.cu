@@ -1996,9 +1996,12 @@ __device__ __forceinline__ void set_group_sums(const Acc* slots, int stride, int
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int warps = static_cast<int>(blockDim.x) >> 5;  // whole warps only (the shuffles' mask); >= 1
+  // Whole warps only (the shuffles' full mask; blockDim.x >= 32): a last,
+  // partial warp sits this stage out (racecheck caught it writing a group's
+  // total beside the whole warp that owned the group).
+  const int warps = static_cast<int>(blockDim.x) >> 5;
   const float inv_d = 1.0f / static_cast<float>(D);  // small_div: i < P * D <= blockDim.x + SC < 2**22
-  for (int q = warp; q < SC / D; q += warps) {
+  for (int q = warp; warp < warps && q < SC / D; q += warps) {
     double s[NUM];
 #pragma unroll
     for (int a = 0; a < NUM; ++a) s[a] = 0.0;

@@ -495,6 +495,7 @@ _CLUSTER_CASES = [  # (shape, groups, dtype, weight dtype, activation, offset, c
     ((5, 1, 1, 40), 8, BFLOAT16, F32, "identity", 3.0, 16),  # one row a sample: 15 of 16 CTAs empty
     ((4, 3, 3, 64), 1, F64, F64, "silu", 1000.0, 16),  # one group of 64 channels (the whole row a set), float64
     ((16, 9, 9, 256), 8, F32, F32, "identity", 3.0, 2),  # 128 clusters of 2
+    ((1, 97, 12), 4, F32, F32, "gelu", 30.0, 16),  # blocks of 33 threads: a partial warp, 4 groups a set
 ]
 
 
