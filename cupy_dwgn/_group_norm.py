@@ -147,7 +147,8 @@ _RESIDENT_MAX_BLOCK = 512
 # fits a GPC); channel sets of at least _CLUSTER_MIN_SET_BYTES per row;
 # blocks of at most _CLUSTER_BLOCK threads (the kernel's __launch_bounds__),
 # no more lanes than a CTA has rows but a warp at least.  "auto" takes it
-# for clusters of at most _CLUSTER_AUTO_MAX_SIZE CTAs.  Measured on an H200
+# for clusters of at most _CLUSTER_AUTO_MAX_SIZE CTAs and tensors of at most
+# _CLUSTER_AUTO_MAX_BYTES.  Measured on an H200
 # (2026-12-04, forward GPU time, CUDA graph over rotating copies, SiLU;
 # benchmarks/group_norm_tuning.py --cluster; results/group_norm_cluster_h200_2026-12-04.txt),
 # cluster against the two launches, us:
@@ -159,6 +160,8 @@ _RESIDENT_MAX_BLOCK = 512
 #     / 14.5, fp32 16.7 / 16.3, and tensors past L2 far slower (8x128x128x320
 #     fp16 119.7 / 84.3, 4x64x64x2560 fp32 225.4 / 138.6: CTAs of large tiles
 #     in waves, each loading, reducing and storing in turn);
+#   - past L2, even in clusters of 8: 4x64x64x2560 fp16 100.8 / 81.6 (84 MB;
+#     benchmarks/group_norm.py, results/group_norm_h200_2026-12-04a.json, a run before this bound);
 #   - blocks of 128 threads against 256: 2x32x32x640 fp16 11.3 / 13.2,
 #     8x8x8x1280 fp16 8.7 / 10.2, 2x64x64x320 fp16 15.5 / 16.4 (384: 23.6; 64:
 #     17.8): the barriers and reductions cost more with more lanes than the
@@ -169,6 +172,7 @@ _CLUSTER_MAX_TILE = 96 * 1024
 _CLUSTER_MIN_SET_BYTES = 32
 _CLUSTER_BLOCK = 128
 _CLUSTER_AUTO_MAX_SIZE = 8
+_CLUSTER_AUTO_MAX_BYTES = 16 * 2**20
 
 # Statistics split: at most this many work items (blocks) in the column
 # kernels (one wave of the cooperative grid: 2 blocks per SM on an H200's
@@ -415,7 +419,8 @@ def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False):
     _CLUSTER_MIN_SET_BYTES; ``cluster`` CTAs (a power of 2 up to 16: the
     least giving _CLUSTER_TARGET_CTAS CTAs in all, more where a CTA's rows
     would pass _CLUSTER_MAX_TILE) split its rows; the rule takes clusters of
-    at most _CLUSTER_AUTO_MAX_SIZE.  Depends on the shape only (the device
+    at most _CLUSTER_AUTO_MAX_SIZE on tensors of at most
+    _CLUSTER_AUTO_MAX_BYTES.  Depends on the shape only (the device
     check is _cluster_fits)."""
     itemsize = numpy.dtype(dtype).itemsize
     size = batch * rows * channels
@@ -438,7 +443,8 @@ def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False):
             break
     else:
         return None
-    if clusters * cluster >= _launch.INT32_LIMIT or (not forced and cluster > _CLUSTER_AUTO_MAX_SIZE):
+    if clusters * cluster >= _launch.INT32_LIMIT or (not forced and (
+            cluster > _CLUSTER_AUTO_MAX_SIZE or size * itemsize > _CLUSTER_AUTO_MAX_BYTES)):
         return None
     block = cols * min(_CLUSTER_BLOCK // cols, max(rows_per_cta, -(-32 // cols)))
     set_groups = set_channels // group_channels

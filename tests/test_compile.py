@@ -1627,6 +1627,7 @@ def test_group_norm_cluster_plans():
         (2, 4096, 320, 32, f32, (20, 8)), (3, 899, 96, 32, f32, (12, 16)), (16, 81, 256, 8, f32, (32, 2)),
         (4, 9, 64, 1, f64, (64, 16)), (1, 17, 136, 17, f16, (136, 16)),  # C / unit = 17 (prime): the whole row
         (8, 16384, 320, 32, f16, (40, 16)),  # 1024 CTAs of 80 KB tiles
+        (4, 4096, 2560, 32, f16, (80, 8)),  # clusters of 8, but 84 MB: "auto" leaves it to the two launches
     ]:
         vec = gn._vector_width(dtype, c, True)
         set_channels, cluster, block, rows_per_cta, shared = gn._cluster_geometry(n, s, c, g, dtype, vec, True)
@@ -1648,7 +1649,8 @@ def test_group_norm_cluster_plans():
         w_dtype = f32 if dtype.itemsize == 2 else dtype
         # "auto" takes clusters of at most _CLUSTER_AUTO_MAX_SIZE CTAs, else the two launches.
         auto = gn._forward_plan(n, s, c, g, dtype, w_dtype, "silu", 1e-5, True, "auto")
-        assert (auto.cluster is not None) == (cluster <= gn._CLUSTER_AUTO_MAX_SIZE), (n, s, c)
+        taken = cluster <= gn._CLUSTER_AUTO_MAX_SIZE and n * s * c * dtype.itemsize <= gn._CLUSTER_AUTO_MAX_BYTES
+        assert (auto.cluster is not None) == taken, (n, s, c)
         assert auto.cluster is not None or (auto.first is not None and auto.finalize is None)
         for path in ("cluster", "auto") if auto.cluster is not None else ("cluster",):
             plan = gn._forward_plan(n, s, c, g, dtype, w_dtype, "silu", 1e-5, True, path)
