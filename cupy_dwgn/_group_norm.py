@@ -40,10 +40,19 @@ _BWD_RESIDENT = "dwgn_gn_bwd_resident"
 _CLUSTER = "dwgn_gn_fwd_cluster"
 
 # ---------------------------------------------------------------------------
-# Path choice (written down here, applied by _path and _onepass_geometry):
+# Path choice (written down here, applied by _path, _cluster_geometry and
+# _onepass_geometry):
 #
-# * two launches, taken by "auto" (and "fused") on a device that supports
-#   cooperative launches:
+# * the cluster forward, taken by "auto" on a device of compute capability 9
+#   (thread-block clusters) with cooperative launches: dwgn_gn_fwd_cluster,
+#   ONE launch, no grid barrier, no workspace, x read once into the shared
+#   memory of a cluster of CTAs per (sample, set of whole groups); where
+#   _cluster_geometry's rule takes it (clusters of at most 8 CTAs, tensors
+#   of at most 16 MB, the vector path; measurements at its constants below),
+#   else the two launches.  The backward has no cluster kernel.
+# * two launches, taken by "auto" (where the cluster forward is not, and for
+#   every backward) and "fused" on a device that supports cooperative
+#   launches:
 #   forward  stats (its finalize after a grid barrier) -> fwd_apply;
 #   backward bwd_reduce (its finalize after a grid barrier) -> bwd_dx.
 #   The column kernel runs cooperatively (every block resident: its grid is

@@ -21,9 +21,12 @@
 // Launches (no atomics but the grid barrier's counter, no host
 // synchronization; the reduction order depends on the shapes, the vector
 // path (C a multiple of the 16-byte vector and every pointer 16-byte
-// aligned) and the path (resident, fused or split) only, never on the grid,
-// so results are bit-reproducible run to run):
-//   forward:  stats (cooperative: its finalize after a grid barrier) ->
+// aligned) and the path (cluster, resident, fused or split) only, never on
+// the grid, so results are bit-reproducible run to run):
+//   forward:  on sm_90, tensors of up to 16 MB on the vector path:
+//             fwd_cluster, one launch of thread-block clusters reading x
+//             once (at the end of this file); else
+//             stats (cooperative: its finalize after a grid barrier) ->
 //             fwd_apply: 2 launches, reading x twice (the second time from
 //             L2 for tensors that fit it); stats -> fwd_finalize -> fwd_apply
 //             on a device without cooperative launches.
@@ -1938,9 +1941,9 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_bwd_resident(
 // Dynamic shared memory (the host sizes it the same way: _cluster_geometry):
 // the tile (R * SC elements, 16-byte rounded), two slot arrays of lanes *
 // SC Acc, gn::set_group_sums' parts (2 * max(blockDim.x, SC) doubles), then
-// per group of the set (GS = SC / D): the CTA's
-// sum x (GS doubles), its sum d and sum d^2 (2 * GS doubles), mean and rstd
-// (2 * GS doubles), the shift (GS Acc).
+// per group of the set (GS = SC / D): the CTA's sum x (GS doubles), its sum d
+// and sum d^2 (2 * GS doubles), mean and rstd (2 * GS doubles), the shift
+// (GS Acc).
 // blockDim.x = lanes * cols, 32 <= blockDim.x <= 128.
 //
 // Before sm_90 (no clusters; the host never takes this path there, but the
