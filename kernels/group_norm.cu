@@ -23,9 +23,10 @@
 // path (C a multiple of the 16-byte vector and every pointer 16-byte
 // aligned) and the path (cluster, resident, fused or split) only, never on
 // the grid, so results are bit-reproducible run to run):
-//   forward:  on sm_90, tensors of up to 16 MB on the vector path:
-//             fwd_cluster, one launch of thread-block clusters reading x
-//             once (at the end of this file); else
+//   forward:  on sm_90, tensors of up to 16 MB on the vector path whose
+//             channel sets fit clusters of up to 8 CTAs: fwd_cluster, one
+//             launch of thread-block clusters reading x once (at the end of
+//             this file); else
 //             stats (cooperative: its finalize after a grid barrier) ->
 //             fwd_apply: 2 launches, reading x twice (the second time from
 //             L2 for tensors that fit it); stats -> fwd_finalize -> fwd_apply

@@ -511,7 +511,7 @@ def group_norm_cases():
     for dtype in (cupy.float32, cupy.float16):
         for shape, groups in [((2, 7, 9, 136), 17), ((1, 97, 12), 4), ((3, 5, 5, 5, 64), 32), ((2, 393), 3),
                               ((1, 131075, 24), 3),  # whole row batches plus remainders per lane
-                              ((2, 16, 16, 640), 32), ((8, 4, 4, 1280), 32)]:  # clusters of 8 and of 1
+                              ((2, 16, 16, 640), 32), ((8, 4, 4, 1280), 32)]:  # clusters of 8 (fp32: 4) and 1
             x = (3 + rng.standard_normal(shape, dtype=cupy.float32)).astype(dtype)
             c = shape[-1]
             w = rng.standard_normal(c, dtype=cupy.float32)

@@ -1678,6 +1678,40 @@ def test_group_norm_cluster_plans():
         assert all(e.endswith(tuple(f", {16 // dtype.itemsize}, {size}>" for size in gn.CLUSTER_SIZES)) for e in names)
 
 
+def test_group_norm_cluster_path_per_device(monkeypatch):
+    # Which devices take the cluster forward (_path, _plan_on, _cluster_fits),
+    # with stand-in device facts: compute capability 9 takes it ("auto" by
+    # the rule, "cluster" forced), 8 and devices without cooperative launches
+    # do not; clusters of 16 only on compute capability 9; a plan whose
+    # shared memory passes the device's per-block limit gives way to the two
+    # launches.
+    import numpy
+
+    from cupy_dwgn import _group_norm as gn
+    from cupy_dwgn import _launch
+
+    f16, f32 = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
+    devices = {0: (9, 232448), 1: (8, 232448), 2: (10, 232448), 3: (9, 16384)}  # (major, shared per block)
+    monkeypatch.setattr(_launch, "cooperative_supported", lambda: True)
+    monkeypatch.setattr(_launch, "compute_capability_major", lambda device: devices[device][0])
+    monkeypatch.setattr(_launch, "max_shared_per_block", lambda device: devices[device][1])
+    assert [gn._path("auto", d) for d in (0, 1, 2)] == ["auto", "fused", "auto"]
+    assert [gn._path("cluster", d) for d in (0, 1)] == ["cluster", "fused"]
+    assert gn._path("fused", 0) == "fused" and gn._path("resident", 0) == "resident" and gn._path("split", 0) == "split"
+    eight = (2, 1024, 640, 32, f16, f32, "silu", 1e-5)  # clusters of 8, 31 KB of shared memory
+    sixteen = (2, 4096, 320, 32, f16, f32, "silu", 1e-5)  # clusters of 16 (forced only)
+    assert gn._plan_on(0, gn._forward_plan, eight, True, "auto").cluster.cluster == 8
+    assert gn._plan_on(2, gn._forward_plan, eight, True, "auto").cluster.cluster == 8
+    for device, setting in ((1, "auto"), (3, "auto"), (0, "fused")):
+        plan = gn._plan_on(device, gn._forward_plan, eight, True, setting)
+        assert plan.cluster is None and plan.first is not None and plan.finalize is None, (device, setting)
+    assert gn._plan_on(0, gn._forward_plan, sixteen, True, "auto").cluster is None  # the rule: at most 8
+    assert gn._plan_on(0, gn._forward_plan, sixteen, True, "cluster").cluster.cluster == 16
+    assert gn._plan_on(2, gn._forward_plan, sixteen, True, "cluster").cluster is None  # 16 CTAs: compute capability 9
+    monkeypatch.setattr(_launch, "cooperative_supported", lambda: False)
+    assert gn._path("auto", 0) == "split" and gn._path("cluster", 0) == "split"
+
+
 def test_group_norm_fused_plans_and_split_rules():
     # The fused path ("auto" on a device with cooperative launches): two
     # launches per direction, the column kernel cooperative with a block per
