@@ -444,11 +444,11 @@ def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False):
     if cols > _CLUSTER_BLOCK:
         return None
     clusters = batch * (channels // set_channels)
-    sizes = [c for c in CLUSTER_SIZES if clusters * c >= _CLUSTER_TARGET_CTAS] or [CLUSTER_SIZES[-1]]
-    for cluster in CLUSTER_SIZES[CLUSTER_SIZES.index(sizes[0]):]:
+    for cluster in CLUSTER_SIZES:  # the least size with enough CTAs (or the largest) whose tiles fit
         rows_per_cta = -(-rows // cluster)
         tile = rows_per_cta * set_channels * itemsize
-        if tile <= _CLUSTER_MAX_TILE:
+        enough = clusters * cluster >= _CLUSTER_TARGET_CTAS or cluster == CLUSTER_SIZES[-1]
+        if enough and tile <= _CLUSTER_MAX_TILE:
             break
     else:
         return None
