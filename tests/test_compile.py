@@ -1678,6 +1678,37 @@ def test_group_norm_cluster_plans():
         assert all(e.endswith(tuple(f", {16 // dtype.itemsize}, {size}>" for size in gn.CLUSTER_SIZES)) for e in names)
 
 
+def test_group_norm_cluster_gpu_cases_cover_the_geometries():
+    # The GPU test's cluster cases (tests/test_group_norm_gpu.py) reach the
+    # geometries the kernel's strides and limits hinge on: every cluster
+    # size, a CTA with no rows, a partial last warp, a channel set wider
+    # than its block (gn::set_group_sums' strided loop), and a CTA of more
+    # than 113 KB of shared memory (one CTA per SM); and each case's stated
+    # cluster size is the rule's.
+    import numpy
+
+    from cupy_dwgn import _group_norm as gn
+    from test_group_norm_gpu import _CLUSTER_CASES
+
+    seen = collections.Counter()
+    for shape, groups, dtype, _, _, _, cluster in _CLUSTER_CASES:
+        dtype = numpy.dtype(dtype)
+        rows = math.prod(shape[1:-1])
+        geometry = gn._cluster_geometry(shape[0], rows, shape[-1], groups, dtype,
+                                        gn._vector_width(dtype, shape[-1], True), True)
+        assert geometry is not None, shape
+        set_channels, size, block, rows_per_cta, shared = geometry
+        assert size == cluster, shape
+        seen[f"size {size}"] += 1
+        seen["empty CTA"] += rows_per_cta * (size - 1) >= rows
+        seen["partial warp"] += block % 32 != 0
+        seen["set wider than the block"] += set_channels > block
+        seen["over 113 KB"] += shared > 113 * 1024
+    missing = [k for k in [f"size {s}" for s in gn.CLUSTER_SIZES] + [
+        "empty CTA", "partial warp", "set wider than the block", "over 113 KB"] if not seen[k]]
+    assert not missing, missing
+
+
 def test_group_norm_cluster_path_per_device(monkeypatch):
     # Which devices take the cluster forward (_path, _plan_on, _cluster_fits),
     # with stand-in device facts: compute capability 9 takes it ("auto" by

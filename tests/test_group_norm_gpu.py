@@ -385,6 +385,29 @@ def _kernels():
             for steps in entry.steps.values() for launch in steps.launches}
 
 
+def _forward_matches_reference(x, x_host, groups, weight, bias, weight_host, bias_host, activation, label):
+    """group_norm on the device array x (x_host its host copy) into poisoned
+    y, mean and rstd: each within its bound of the float64 reference (y at
+    the dtype's tolerance, the statistics at 1e-6, 1e-12 for float64), and a
+    second call bit-identical.  Returns (y, mean, rstd)."""
+    import cupy
+
+    dtype, shape = x.dtype, x.shape
+    ref_y, ref_mean, ref_rstd = reference.group_norm(x_host, groups, weight_host, bias_host, activation=activation,
+                                                     return_stats=True)
+    acc = _dtypes.accumulator_dtype(dtype)
+    y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
+    gn.group_norm(x, groups, weight, bias, activation=activation, out=y, mean_out=mean, rstd_out=rstd)
+    stats_tol = 1e-12 if dtype == F64 else 1e-6
+    errors = {"y": relative_error(y, ref_y), "mean": relative_error(mean, ref_mean),
+              "rstd": relative_error(rstd, ref_rstd)}
+    record_errors(f"group_norm {label} {dtype}", activation, errors)
+    assert errors["y"] <= TOLERANCE[dtype] and max(errors["mean"], errors["rstd"]) <= stats_tol, errors
+    again = gn.group_norm(x, groups, weight, bias, activation=activation, return_stats=True)
+    assert all(cupy.array_equal(a, b) for a, b in zip(again, (y, mean, rstd))), "not bit-identical run to run"
+    return y, mean, rstd
+
+
 _RESIDENT_CASES = [  # (shape, groups, dtype, weight dtype, activation, offset, aligned)
     ((2, 64, 64, 320), 32, F16, F32, "silu", 3.0, True),  # SD-size: 64 tiles of 64 rows per sample
     ((2, 64, 64, 320), 32, F32, F32, "identity", 1000.0, True),  # 1000 + randn in float32
@@ -415,8 +438,6 @@ def test_resident_kernels_match_the_reference(rng, set_paths, case):
     x_host = random(rng, shape, dtype, offset=offset)
     w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
     b_host = (0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
-    ref_y, ref_mean, ref_rstd = reference.group_norm(x_host, groups, w_host, b_host, activation=activation,
-                                                     return_stats=True)
 
     def to_device():
         if aligned:
@@ -427,16 +448,7 @@ def test_resident_kernels_match_the_reference(rng, set_paths, case):
 
     x = to_device()
     w, b = cupy.asarray(w_host), cupy.asarray(b_host)
-    acc = _dtypes.accumulator_dtype(dtype)
-    y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
-    gn.group_norm(x, groups, w, b, activation=activation, out=y, mean_out=mean, rstd_out=rstd)
-    stats_tol = 1e-12 if dtype == F64 else 1e-6
-    errors = {"y": relative_error(y, ref_y), "mean": relative_error(mean, ref_mean),
-              "rstd": relative_error(rstd, ref_rstd)}
-    record_errors(f"group_norm resident {dtype}", activation, errors)
-    assert errors["y"] <= TOLERANCE[dtype] and max(errors["mean"], errors["rstd"]) <= stats_tol, errors
-    again = gn.group_norm(x, groups, w, b, activation=activation, return_stats=True)
-    assert all(cupy.array_equal(a, b_) for a, b_ in zip(again, (y, mean, rstd))), "not bit-identical run to run"
+    y, mean, rstd = _forward_matches_reference(x, x_host, groups, w, b, w_host, b_host, activation, "resident")
     in_place = to_device()
     assert gn.group_norm(in_place, groups, w, b, activation=activation, out=in_place) is in_place
     assert cupy.array_equal(in_place, y), "in place differs"
@@ -496,6 +508,8 @@ _CLUSTER_CASES = [  # (shape, groups, dtype, weight dtype, activation, offset, c
     ((4, 3, 3, 64), 1, F64, F64, "silu", 1000.0, 16),  # one group of 64 channels (the whole row a set), float64
     ((16, 9, 9, 256), 8, F32, F32, "identity", 3.0, 2),  # 128 clusters of 2
     ((1, 97, 12), 4, F32, F32, "gelu", 30.0, 16),  # blocks of 33 threads: a partial warp, 4 groups a set
+    ((2, 5, 5, 1016), 1, F16, F32, "silu", 3.0, 16),  # a set of 1016 channels on 127 threads (set_group_sums' strides)
+    ((1, 24, 32, 1024), 1, F16, F16, "gelu_tanh", 3.0, 16),  # 96 KB tiles: over 113 KB a CTA, one CTA per SM
 ]
 
 
@@ -520,22 +534,10 @@ def test_cluster_forward_matches_the_reference(rng, set_paths, case):
     w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
     b_host = (0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
     x, w, b = cupy.asarray(x_host), cupy.asarray(w_host), cupy.asarray(b_host)
-    acc = _dtypes.accumulator_dtype(dtype)
-    stats_tol = 1e-12 if dtype == F64 else 1e-6
-    for weight, bias in ((w, b), (None, None)):
-        ref_y, ref_mean, ref_rstd = reference.group_norm(
-            x_host, groups, None if weight is None else w_host, None if bias is None else b_host,
-            activation=activation, return_stats=True)
-        y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
-        gn.group_norm(x, groups, weight, bias, activation=activation, out=y, mean_out=mean, rstd_out=rstd)
-        errors = {"y": relative_error(y, ref_y), "mean": relative_error(mean, ref_mean),
-                  "rstd": relative_error(rstd, ref_rstd)}
-        record_errors(f"group_norm cluster {dtype}", activation, errors)
-        assert errors["y"] <= TOLERANCE[dtype] and max(errors["mean"], errors["rstd"]) <= stats_tol, errors
-        again = gn.group_norm(x, groups, weight, bias, activation=activation, return_stats=True)
-        assert all(cupy.array_equal(a, b_) for a, b_ in zip(again, (y, mean, rstd))), "not bit-identical run to run"
+    _forward_matches_reference(x, x_host, groups, None, None, None, None, activation, "cluster")
+    y, mean, rstd = _forward_matches_reference(x, x_host, groups, w, b, w_host, b_host, activation, "cluster")
     in_place = cupy.asarray(x_host)
-    assert gn.group_norm(in_place, groups, activation=activation, out=in_place) is in_place
+    assert gn.group_norm(in_place, groups, w, b, activation=activation, out=in_place) is in_place
     assert cupy.array_equal(in_place, y), "in place differs"
     launches = {launch.expression: launch for entry in gn._SIGNATURES.values() for steps in entry.steps.values()
                 for launch in steps.launches}
