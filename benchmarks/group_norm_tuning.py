@@ -5,7 +5,7 @@ as benchmarks/group_norm.py measures it) of SD-size and large shapes, SiLU,
 G = 32, one column per setting.  The figures behind the constants'
 comments come from it.
 
-    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward | --shipped | --paths | --cluster] [NxHxWxC:dtype ...]   # about 30 s on an H200
+    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward | --shipped | --paths | --cluster | --cluster-backward] [NxHxWxC:dtype ...]   # about 30 s on an H200
 
 --paths compares the paths: "auto" (the shipped rule), "cluster" (the
 cluster forward wherever it serves the shape), "fused" (the two launches),
@@ -23,7 +23,7 @@ from harness import run_facts
 
 KNOBS = ("_MIN_ROWS_PER_CHUNK", "_MIN_ROWS_PER_HALF_CHUNK", "_MIN_ROWS_PER_LONG_CHUNK", "_TARGET_BLOCKS", "_MAX_COLUMNS", "_GROUPED_BYTES",
          "_GROUPED_TARGET_BLOCKS", "_GROUPED_MIN_ROWS", "_MAX_GROUPED_CHANNELS", "_RESIDENT_BLOCKS", "_CLUSTER_BLOCK",
-         "_CLUSTER_TARGET_CTAS")
+         "_CLUSTER_TARGET_CTAS", "_CLUSTER_BWD_TARGET_CTAS", "_CLUSTER_BWD_MIN_SET_BYTES")
 DEFAULT = {k: getattr(gn, k) for k in KNOBS}  # the shipped values
 # (name, knobs changed from the shipped values, path)
 SETTINGS = [("shipped", {}, "auto"), ("split", {}, "split"), ("grouped", dict(_GROUPED_BYTES=0), "auto"),
@@ -39,6 +39,10 @@ PATHS = [("auto", {}, "auto"), ("cluster", {}, "cluster"), ("fused", {}, "fused"
          ("cluster 128", dict(_CLUSTER_BLOCK=128), "cluster"), ("cluster 64", dict(_CLUSTER_BLOCK=64), "cluster"),
          ("cluster 128, 512 CTAs", dict(_CLUSTER_BLOCK=128, _CLUSTER_TARGET_CTAS=512), "cluster"),
          ("onepass", {}, "onepass"),
+         # the cluster backward's knobs (the forward columns repeat the cluster forward)
+         ("cluster, bwd 256 CTAs", dict(_CLUSTER_BWD_TARGET_CTAS=256), "cluster"),
+         ("cluster, bwd 64 CTAs", dict(_CLUSTER_BWD_TARGET_CTAS=64), "cluster"),
+         ("cluster, bwd sets of 128 B", dict(_CLUSTER_BWD_MIN_SET_BYTES=128), "cluster"),
          ("resident", {}, "resident"),
          ("resident 64", dict(_RESIDENT_BLOCKS=64), "resident"), ("resident 32", dict(_RESIDENT_BLOCKS=32), "resident")]
 CASES = [((2, 64, 64, 320), "float16"), ((2, 64, 64, 320), "float32"), ((2, 32, 32, 640), "float16"), ((2, 32, 32, 640), "float32"),
@@ -56,8 +60,11 @@ def main():
     backward = "--forward" not in sys.argv[1:]  # --forward: forward only (the statistics split's settings)
     # --shipped: the shipped rule alone (an A/B of a kernel change across runs)
     # --cluster: "auto", "cluster", "fused" and the cluster variants of --paths
+    # --cluster-backward: "auto", "cluster", "fused" and the cluster backward's variants
     settings = (SETTINGS[:1] if "--shipped" in sys.argv[1:] else PATHS if "--paths" in sys.argv[1:]
-                else PATHS[:6] if "--cluster" in sys.argv[1:] else SETTINGS)
+                else PATHS[:6] if "--cluster" in sys.argv[1:]
+                else PATHS[:3] + [p for p in PATHS if p[0].startswith("cluster, bwd")]
+                if "--cluster-backward" in sys.argv[1:] else SETTINGS)
     only = [a for a in sys.argv[1:] if "x" in a]  # e.g. 2x64x64x320:float16 (default: every case)
     cases = [(tuple(int(v) for v in a.split(":")[0].split("x")), a.split(":")[1]) for a in only] or CASES
     run_facts(torch)  # prints the device, date and copy bandwidth

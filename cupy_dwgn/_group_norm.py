@@ -38,6 +38,7 @@ _BWD_ONEPASS = "dwgn_gn_bwd_onepass"
 _RESIDENT = "dwgn_gn_fwd_resident"
 _BWD_RESIDENT = "dwgn_gn_bwd_resident"
 _CLUSTER = "dwgn_gn_fwd_cluster"
+_BWD_CLUSTER = "dwgn_gn_bwd_cluster"
 
 # ---------------------------------------------------------------------------
 # Path choice (written down here, applied by _path, _cluster_geometry and
@@ -182,6 +183,14 @@ _CLUSTER_MIN_SET_BYTES = 32
 _CLUSTER_BLOCK = 128
 _CLUSTER_AUTO_MAX_SIZE = 8
 _CLUSTER_AUTO_MAX_BYTES = 16 * 2**20
+# The cluster backward (dwgn_gn_bwd_cluster: tiles of x and grad_out, the
+# weight gradients by the last cluster of each set): the same rule with its
+# own constants (both tiles within _CLUSTER_MAX_TILE; clusters of at most
+# 8 CTAs compiled) and at most _workspace.TICKET_COUNT channel sets.
+BWD_CLUSTER_SIZES = (1, 2, 4, 8)
+_CLUSTER_BWD_TARGET_CTAS = 128
+_CLUSTER_BWD_MIN_SET_BYTES = 32
+_CLUSTER_BWD_AUTO_MAX_BYTES = 16 * 2**20
 
 # Statistics split: at most this many work items (blocks) in the column
 # kernels (one wave of the cooperative grid: 2 blocks per SM on an H200's
@@ -322,6 +331,10 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                     specs += [
                         name(_BWD_RESIDENT, t, w, _ACT_CODE[a], v) for w in ws for a in activations for v in vecs
                     ]
+                    specs += [  # the vector path only
+                        name(_BWD_CLUSTER, t, w, _ACT_CODE[a], vecs[1], size)
+                        for w in ws for a in activations for size in BWD_CLUSTER_SIZES
+                    ]
     return [(KERNEL_FILE, e) for e in dict.fromkeys(specs)]
 
 
@@ -341,7 +354,7 @@ class _Plan(typing.NamedTuple):
     statistics: tuple = None  # (shape, dtype) of mean and of rstd (forward)
     onepass: _launch.Launch = None  # the one-pass kernel (then first/finalize/elementwise are None)
     resident: _launch.Launch = None  # the resident kernel, forward or backward (likewise)
-    cluster: _launch.Launch = None  # the cluster forward (likewise)
+    cluster: _launch.Launch = None  # the cluster forward or backward (likewise)
 
 
 def _vector_width(dtype, channels, aligned):
@@ -364,10 +377,9 @@ def _path(setting, device):
     """The plans' path for a FORWARD_PATH / BACKWARD_PATH setting on
     ``device`` (the current one), where it can launch cooperative kernels (else "split"):
     "onepass", "resident" and "cluster" (forced; the plans fall back to
-    "fused" where they do not apply, and a backward's "cluster" is "fused"),
-    "auto" on a device with thread-block clusters (the forward takes the
-    cluster kernel where _cluster_geometry's rule does, else "fused"), else
-    "fused"."""
+    "fused" where they do not apply), "auto" on a device with thread-block
+    clusters (each direction takes its cluster kernel where
+    _cluster_geometry's rule does, else "fused"), else "fused"."""
     if setting == "split" or not _launch.cooperative_supported():
         return "split"
     if setting in ("auto", "cluster"):
@@ -419,50 +431,64 @@ def _resident_geometry(batch, rows, channels, groups, dtype, vec, backward=False
     return block, per_sample, rows_per_block, shared
 
 
-def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False):
+def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False, backward=False):
     """(set_channels, cluster, block, rows_per_cta, shared_mem) of the
-    cluster forward, or None where it does not serve the shape (or, unless
-    ``forced``, where the rule leaves it to the two launches).  A cluster
-    owns (sample, set of set_channels channels): the fewest whole groups of
-    whole 16-byte vectors dividing C whose row has at least
-    _CLUSTER_MIN_SET_BYTES; ``cluster`` CTAs (a power of 2 up to 16: the
-    least giving _CLUSTER_TARGET_CTAS CTAs in all, more where a CTA's rows
-    would pass _CLUSTER_MAX_TILE) split its rows; the rule takes clusters of
-    at most _CLUSTER_AUTO_MAX_SIZE on tensors of at most
-    _CLUSTER_AUTO_MAX_BYTES.  Depends on the shape only (the device
-    check is _cluster_fits)."""
+    cluster forward (or backward: tiles of x and grad_out), or None where it
+    does not serve the shape (or, unless ``forced``, where the rule leaves it
+    to the two launches).  A cluster owns (sample, set of set_channels
+    channels): the fewest whole groups of whole 16-byte vectors dividing C
+    whose row has at least _CLUSTER_MIN_SET_BYTES; ``cluster`` CTAs (a power
+    of 2 up to 16, backward 8: the least giving _CLUSTER_TARGET_CTAS CTAs in
+    all, more where a CTA's tiles would pass _CLUSTER_MAX_TILE) split its
+    rows; the rule takes clusters of at most _CLUSTER_AUTO_MAX_SIZE on
+    tensors of at most _CLUSTER_AUTO_MAX_BYTES.  The backward's constants
+    are the _CLUSTER_BWD_ ones.  Depends on the shape only (the device check
+    is _cluster_fits)."""
     itemsize = numpy.dtype(dtype).itemsize
     size = batch * rows * channels
     if vec == 1 or size >= _launch.INT32_LIMIT:
         return None
+    tiles, sizes, target, min_set_bytes, auto_max_bytes = (
+        (2, BWD_CLUSTER_SIZES, _CLUSTER_BWD_TARGET_CTAS, _CLUSTER_BWD_MIN_SET_BYTES, _CLUSTER_BWD_AUTO_MAX_BYTES)
+        if backward else (1, CLUSTER_SIZES, _CLUSTER_TARGET_CTAS, _CLUSTER_MIN_SET_BYTES, _CLUSTER_AUTO_MAX_BYTES))
     group_channels = channels // groups
     unit = group_channels * vec // math.gcd(group_channels, vec)  # whole groups of whole vectors
     set_channels = next(
         (k * unit for k in range(1, channels // unit + 1)
-         if channels % (k * unit) == 0 and k * unit * itemsize >= _CLUSTER_MIN_SET_BYTES), channels)
+         if channels % (k * unit) == 0 and k * unit * itemsize >= min_set_bytes), channels)
     cols = set_channels // vec
-    if cols > _CLUSTER_BLOCK:
+    if cols > _CLUSTER_BLOCK or (backward and channels // set_channels > _workspace.TICKET_COUNT):
         return None
     clusters = batch * (channels // set_channels)
-    for cluster in CLUSTER_SIZES:  # the least size with enough CTAs (or the largest) whose tiles fit
+    for cluster in sizes:  # the least size with enough CTAs (or the largest) whose tiles fit
         rows_per_cta = -(-rows // cluster)
         tile = rows_per_cta * set_channels * itemsize
-        enough = clusters * cluster >= _CLUSTER_TARGET_CTAS or cluster == CLUSTER_SIZES[-1]
-        if enough and tile <= _CLUSTER_MAX_TILE:
+        enough = clusters * cluster >= target or cluster == sizes[-1]
+        if enough and tiles * tile <= _CLUSTER_MAX_TILE:
             break
     else:
         return None
     if clusters * cluster >= _launch.INT32_LIMIT or (not forced and (
-            cluster > _CLUSTER_AUTO_MAX_SIZE or size * itemsize > _CLUSTER_AUTO_MAX_BYTES)):
+            cluster > _CLUSTER_AUTO_MAX_SIZE or size * itemsize > auto_max_bytes)):
         return None
     block = cols * min(_CLUSTER_BLOCK // cols, max(rows_per_cta, -(-32 // cols)))
     set_groups = set_channels // group_channels
     acc = _dtypes.accumulator_dtype(dtype).itemsize
-    # The kernel's layout: the tile (16-byte rounded), two slot arrays of
-    # lanes * set_channels Acc, gn::set_group_sums' parts (2 * max(block,
-    # set_channels) doubles), 5 doubles and one Acc per group of the set.
-    shared = (-(-tile // 16) * 16 + 2 * (block // cols) * set_channels * acc + 16 * max(block, set_channels)
-              + set_groups * (5 * 8 + acc))
+    lanes = block // cols
+    if backward:
+        # dwgn_gn_bwd_cluster's layout: the two tiles (16-byte rounded), two
+        # slot arrays of lanes * set_channels Acc, the CTA's per-channel sums
+        # (2 * set_channels Acc), per group two sums and two coefficients
+        # (4 Acc), the ticket's verdict (an int, 16 bytes kept).
+        shared = (2 * (-(-tile // 16) * 16) + (2 * lanes * set_channels + 2 * set_channels + 4 * set_groups) * acc
+                  + 16)
+    else:
+        # dwgn_gn_fwd_cluster's layout: the tile (16-byte rounded), two slot
+        # arrays of lanes * set_channels Acc, gn::set_group_sums' parts (2 *
+        # max(block, set_channels) doubles), 5 doubles and one Acc per group
+        # of the set.
+        shared = (-(-tile // 16) * 16 + 2 * lanes * set_channels * acc + 16 * max(block, set_channels)
+                  + set_groups * (5 * 8 + acc))
     return set_channels, cluster, block, rows_per_cta, shared
 
 
@@ -648,7 +674,8 @@ def _column_launch(expression, items, finalize_items, fused, scalars):
 #             word (_workspace.GRID_BARRIER) of the cooperative kernels
 #   backward: (grad_out, x, mean, rstd, weight or NULL, bias or NULL, grad_x,
 #             grad_weight or NULL, grad_bias or NULL), then the partial sums
-#             (9), coefficients (10) and the grid-barrier word (11)
+#             (9), coefficients (10) and the grid-barrier word (11); the
+#             cluster backward: the partial sums (9) and the tickets (10)
 
 def _forward_steps(plan, mean_temporary, rstd_temporary):
     first = 6 + len(plan.temporaries)  # the statistics temporaries follow the plan's
@@ -670,6 +697,9 @@ def _forward_steps(plan, mean_temporary, rstd_temporary):
 
 
 def _backward_steps(plan):
+    if plan.cluster is not None:  # (grad_out, x, mean, rstd, w, b, partial, tickets, dw, db, grad_x)
+        return _launch.Steps(((plan.cluster, (0, 1, 2, 3, 4, 5, 9, 10, 7, 8, 6)),),
+                             plan.temporaries + (_workspace.TICKETS,))
     temporaries = plan.temporaries + (_workspace.GRID_BARRIER,)
     if plan.resident is not None:  # (grad_out, x, mean, rstd, w, b, partial, dw, db, grad_x, barrier)
         return _launch.Steps(((plan.resident, (0, 1, 2, 3, 4, 5, 9, 7, 8, 6, 10)),), temporaries)
@@ -694,11 +724,25 @@ class _Entry(typing.NamedTuple):
 @functools.lru_cache(maxsize=1024)
 def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned, path="split"):
     name = _compile.name_expression
-    if path in ("auto", "cluster"):  # no cluster backward
-        path = "fused"
     index, t, acc_dtype, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
     w_ctype = _dtypes.ctype(w_dtype)
     act = _ACT_CODE[activation]
+    cluster = None
+    if path in ("auto", "cluster"):
+        cluster = _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=path == "cluster", backward=True)
+        path = "fused"  # where the cluster backward does not apply
+    if cluster is not None:
+        set_channels, size, block, rows_per_cta, shared = cluster
+        return _Plan(
+            None, None, None,
+            (((batch, 2, channels), acc_dtype),),  # the samples' per-channel sums, for the weight gradients
+            cluster=_launch.Launch(
+                KERNEL_FILE, name(_BWD_CLUSTER, t, w_ctype, act, vec, size),
+                (batch * (channels // set_channels) * size,), (block,), shared,
+                (i32(batch), i32(rows), i32(channels), i32(groups), i32(set_channels), i32(rows_per_cta)),
+                cluster=size,
+            ),
+        )
     resident = _resident_geometry(batch, rows, channels, groups, dtype, vec, backward=True) if path == "resident" else None
     if resident is not None:
         block, per_sample, rows_per_block, shared = resident

@@ -27,12 +27,22 @@ except ImportError:  # the references import nothing from here, but stay importa
 #: Every temporary starts on this boundary (cudaMalloc's own alignment).
 ALIGNMENT = 256
 
+#: Every buffer starts with HEADER bytes, zeroed when it is made and never
+#: handed out as a temporary: the grid-barrier word at offset 0, the tickets
+#: from offset ALIGNMENT.  Calls on one stream run in order, so one header
+#: per stream serves every launch on it.
+HEADER = 4096
+
 #: A request for the buffer's grid-barrier word (dwgn::grid_barrier in
-#: kernels/dwgn_common.cuh): in the first ALIGNMENT bytes of every buffer,
-#: zeroed when it is made (every barrier flips its top bit and leaves the
-#: rest zero), never handed out as a temporary.  Calls on one stream run in
-#: order, so one word per stream serves every cooperative launch on it.
+#: kernels/dwgn_common.cuh; every barrier flips its top bit and leaves the
+#: rest zero).
 GRID_BARRIER = "grid barrier"
+
+#: A request for the buffer's TICKETS ticket words (unsigned int, each back
+#: at 0 when a launch that uses it ends: the cluster backward's atomicInc
+#: modulo its sample count, kernels/group_norm.cu).
+TICKETS = "tickets"
+TICKET_COUNT = (HEADER - ALIGNMENT) // 4
 
 _BUFFERS = {}  # (device id, stream address) -> cupy uint8 array
 _RETIRED = []
@@ -68,12 +78,12 @@ def addresses_on(device, stream, workspace_layout):
 @functools.lru_cache(maxsize=1024)
 def layout(requests):
     """(offset of each request, total bytes), each start ALIGNMENT-aligned,
-    after the grid-barrier word's ALIGNMENT bytes (GRID_BARRIER requests get
-    offset 0)."""
-    offsets, total = [], ALIGNMENT
+    after the HEADER bytes (GRID_BARRIER requests get offset 0, TICKETS
+    ALIGNMENT)."""
+    offsets, total = [], HEADER
     for request in requests:
-        if request == GRID_BARRIER:
-            offsets.append(0)
+        if request in (GRID_BARRIER, TICKETS):
+            offsets.append(0 if request == GRID_BARRIER else ALIGNMENT)
             continue
         shape, dtype = request
         offsets.append(total)
@@ -97,8 +107,9 @@ def _grow(key, buffer, total):
 
 
 def _clear_grid_barrier(buffer):
-    """Zero a new buffer's grid-barrier word, on its stream (the current one)."""
-    buffer[:ALIGNMENT].fill(0)
+    """Zero a new buffer's HEADER (grid-barrier word and tickets), on its
+    stream (the current one)."""
+    buffer[:HEADER].fill(0)
 
 
 def release():

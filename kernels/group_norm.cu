@@ -2032,6 +2032,14 @@ __device__ __forceinline__ double load_cluster(const double* p, unsigned rank) {
   asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
   return v;
 }
+__device__ __forceinline__ float load_cluster(const float* p, unsigned rank) {
+  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  unsigned remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
 }  // namespace gn
 #else
 #define DWGN_CLUSTER_DIMS(size)
@@ -2148,5 +2156,228 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128) dwgn_gn_fwd_cluster
                            weight, bias, reinterpret_cast<V*>(y + first) + col, row_vectors);
   }
   gn::cluster_wait();  // no CTA leaves while another may still read its partial sums
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Cluster backward (one launch; sm_90): the forward's clusters (a cluster of
+// CL CTAs per (sample n, channel set k), CTA rank r holding rows [r * R,
+// min(S, (r + 1) * R)) of the set) with tiles of x and grad_out, so both are
+// read from DRAM once:
+//
+//   load      both tiles, 16-byte cp.async;
+//   sums      per channel, A = sum dz and B = sum dz * xhat over the CTA's
+//             rows (gn::BwdLane, the arithmetic of dwgn_gn_bwd_reduce): each
+//             thread over its rows, then one thread per channel over the
+//             lanes in order (cta_chan), then a warp per group adds w_c A_c
+//             and w_c B_c over its D channels (cta_group; a butterfly);
+//   cluster   per group, the CTAs' group sums in rank order through
+//             distributed shared memory: the dx coefficients rstd c1 / (S D)
+//             and rstd^2 c2 / (S D) (gn::bwd_finalize_item's); rank 0 adds
+//             the CTAs' per-channel sums in rank order and writes them to
+//             partial (N, 2, C) Acc for the weight gradients;
+//   dx        grad_in = scale_c dz - rstd c1 - (x - mean) rstd^2 c2 from the
+//             tiles (gn::dx_vector's arithmetic; dz recomputed);
+//   weights   (when grad_weight or grad_bias is asked) the last cluster of
+//             set k to finish, by a ticket (tickets[k], atomicInc modulo N:
+//             back to 0 once all N have arrived, ready for the next launch
+//             on the stream), adds the N samples' partial sums in order n =
+//             0 .. N-1: dweight_c = sum B, dbias_c = sum A.
+//
+// Every sum has an order fixed by the shape (which cluster is last does
+// not change the order it adds in), so results are bit-identical run to
+// run; no float atomics.  grad_in must not overlap x or grad_out (the host
+// checks it).  Dynamic shared memory (_group_norm._cluster_geometry): the x
+// and grad_out tiles (R * SC elements each, 16-byte rounded), two slot
+// arrays of lanes * SC Acc, cta_chan (2 * SC Acc), cta_group and the
+// coefficients (2 * GS Acc each), the ticket's verdict (an int).
+// blockDim.x = lanes * cols, 32 <= blockDim.x <= 128.
+template <typename T, typename W, int ACT, int VEC, int CL>
+__global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128, 1) dwgn_gn_bwd_cluster(
+    const T* __restrict__ grad_out, const T* __restrict__ x, const typename AccType<T>::type* __restrict__ mean,
+    const typename AccType<T>::type* __restrict__ rstd, const W* __restrict__ weight, const W* __restrict__ bias,
+    typename AccType<T>::type* __restrict__ partial, unsigned int* __restrict__ tickets, W* __restrict__ grad_weight,
+    W* __restrict__ grad_bias, T* __restrict__ grad_in, int N, int S, int C, int G, int set_channels,
+    int rows_per_cta) {
+  using Acc = typename AccType<T>::type;
+  using V = gn::Vec<T, VEC>;
+#if __CUDA_ARCH__ < 900
+  __trap();  // no clusters before sm_90
+#else
+  extern __shared__ __align__(16) unsigned char cluster_shared[];
+  const int SC = set_channels, D = C / G, GS = SC / D;
+  const int cols = SC / VEC, lanes = blockDim.x / cols;  // >= 1: the host keeps cols <= blockDim.x
+  const int lane = threadIdx.x / cols, col = threadIdx.x - lane * cols, c_local = col * VEC;
+  const bool active = lane < lanes;  // threads past lanes * cols only reach the barriers
+  const unsigned rank = gn::cluster_rank();
+  const int sets = C / SC;
+  const int n = blockIdx.x / CL / sets;
+  const int set = blockIdx.x / CL - n * sets;
+  const int c0 = set * SC;
+  const int row0 = static_cast<int>(rank) * rows_per_cta;
+  const int rows = max(0, min(rows_per_cta, S - row0));
+  const int tile_bytes = (rows_per_cta * SC * static_cast<int>(sizeof(T)) + 15) & ~15;
+  V* const x_tile = reinterpret_cast<V*>(cluster_shared);
+  V* const dy_tile = reinterpret_cast<V*>(cluster_shared + tile_bytes);
+  Acc* const slots = reinterpret_cast<Acc*>(cluster_shared + 2 * tile_bytes);
+  const int slot_stride = lanes * SC;
+  Acc* const cta_chan = slots + 2 * slot_stride;  // A (SC), then B (SC)
+  Acc* const cta_group = cta_chan + 2 * SC;       // sum w A (GS), then sum w B (GS)
+  Acc* const coef = cta_group + 2 * GS;           // rstd c1 / (S D) (GS), then rstd^2 c2 / (S D) (GS)
+  int* const last = reinterpret_cast<int*>(coef + 2 * GS);
+  // N * S * C < 2**31 (the host's rule): int offsets.
+  const int first = (n * S + min(row0, S)) * C + c0;  // the CTA's first element
+  const int row_vectors = C / VEC;
+
+  // ---- load both tiles.
+  if (active) {
+    const V* x_source = reinterpret_cast<const V*>(x + first) + col;
+    const V* dy_source = reinterpret_cast<const V*>(grad_out + first) + col;
+    for (int r = lane; r < rows; r += lanes) {
+      dwgn::cp_async<16>(x_tile + r * cols + col, x_source + r * row_vectors);
+      dwgn::cp_async<16>(dy_tile + r * cols + col, dy_source + r * row_vectors);
+    }
+  }
+  dwgn::cp_async_commit();
+  dwgn::cp_async_wait_all();
+  __syncthreads();  // the tiles are read by other threads than the ones that copied them
+
+  // ---- per-channel sums of the CTA's rows, then per group.
+  gn::BwdLane<T, ACT, VEC> sums;
+  if (active) {
+    sums.load(mean, rstd, weight, bias, n, G, D, c0 + c_local);
+    for (int r = lane; r < rows; r += lanes) sums.add(x_tile[r * cols + col], dy_tile[r * cols + col]);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      slots[lane * SC + c_local + k] = sums.a[k];
+      slots[slot_stride + lane * SC + c_local + k] = sums.b_sum[k];
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < SC; c += blockDim.x) {
+    Acc a = Acc(0), b = Acc(0);
+    for (int l = 0; l < lanes; ++l) {
+      a += slots[l * SC + c];
+      b += slots[slot_stride + l * SC + c];
+    }
+    cta_chan[c] = a;
+    cta_chan[SC + c] = b;
+  }
+  __syncthreads();
+  {
+    // Whole warps only (the butterfly's full mask; blockDim.x >= 32).
+    const int warp = threadIdx.x >> 5, lane32 = threadIdx.x & 31;
+    const int warps = static_cast<int>(blockDim.x) >> 5;
+    for (int q = warp; warp < warps && q < GS; q += warps) {
+      Acc a = Acc(0), b = Acc(0);
+      for (int d = lane32; d < D; d += 32) {
+        const int c = q * D + d;
+        const Acc w = weight != nullptr ? to_acc(weight[c0 + c]) : Acc(1);
+        a += w * cta_chan[c];
+        b += w * cta_chan[SC + c];
+      }
+      a = dwgn::warp_sum(a);
+      b = dwgn::warp_sum(b);
+      if (lane32 == 0) {
+        cta_group[q] = a;
+        cta_group[GS + q] = b;
+      }
+    }
+  }
+  gn::cluster_sync();  // every CTA's cta_chan and cta_group are written
+
+  // ---- over the cluster, in rank order: the dx coefficients; rank 0 the
+  // sample's per-channel sums for the weight gradients.
+  const Acc inv_count = Acc(1) / (Acc(S) * Acc(D));
+  for (int q = threadIdx.x; q < GS; q += blockDim.x) {
+    Acc part[2][CL];  // every remote load in flight, then the sums in rank order
+#pragma unroll
+    for (int r = 0; r < CL; ++r) {
+      part[0][r] = gn::load_cluster(cta_group + q, r);
+      part[1][r] = gn::load_cluster(cta_group + GS + q, r);
+    }
+    Acc c1 = Acc(0), c2 = Acc(0);
+#pragma unroll
+    for (int r = 0; r < CL; ++r) {
+      c1 += part[0][r];
+      c2 += part[1][r];
+    }
+    const Acc rs = rstd[static_cast<long long>(n) * G + c0 / D + q];
+    coef[q] = rs * c1 * inv_count;
+    coef[GS + q] = rs * (rs * c2 * inv_count);
+  }
+  const bool weights = grad_weight != nullptr || grad_bias != nullptr;
+  if (weights && rank == 0) {
+    for (int c = threadIdx.x; c < SC; c += blockDim.x) {
+      Acc part[2][CL];
+#pragma unroll
+      for (int r = 0; r < CL; ++r) {
+        part[0][r] = gn::load_cluster(cta_chan + c, r);
+        part[1][r] = gn::load_cluster(cta_chan + SC + c, r);
+      }
+      Acc a = Acc(0), b = Acc(0);
+#pragma unroll
+      for (int r = 0; r < CL; ++r) {
+        a += part[0][r];
+        b += part[1][r];
+      }
+      partial[static_cast<long long>(n) * 2 * C + c0 + c] = a;
+      partial[static_cast<long long>(n) * 2 * C + C + c0 + c] = b;
+    }
+  }
+  gn::cluster_arrive();  // this CTA is done reading the others' shared memory
+  __syncthreads();       // coef
+
+  // ---- dx, from the tiles.
+  if (active) {
+    Acc c1[VEC], c2[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      c1[k] = coef[(c_local + k) / D];
+      c2[k] = coef[GS + (c_local + k) / D];
+    }
+    V* dest = reinterpret_cast<V*>(grad_in + first) + col;
+    for (int r = lane; r < rows; r += lanes) {
+      const V xv = x_tile[r * cols + col];
+      const V dyv = dy_tile[r * cols + col];
+      V out;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const Acc centered = to_acc(xv.v[k]) - sums.m[k];
+        Acc dz = to_acc(dyv.v[k]);
+        if (ACT != gn::kIdentity) {
+          dz *= gn::activation_grad<ACT, gn::fast_activation<T>()>(centered * sums.scale[k] + sums.b[k]);
+        }
+        out.v[k] = from_acc<T>(sums.scale[k] * dz - c1[k] - centered * c2[k]);
+      }
+      dest[r * row_vectors] = out;
+    }
+  }
+
+  // ---- weight gradients of set k: the last of its N clusters adds the
+  // samples' partial sums (the ticket pattern of dwgn::grid_barrier: the
+  // block's writes ordered before thread 0's fence and atomic).
+  if (weights && rank == 0) {  // cluster-uniform
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      const unsigned before = atomicInc(tickets + set, static_cast<unsigned>(N - 1));
+      __threadfence();
+      *last = before == static_cast<unsigned>(N - 1);
+    }
+    __syncthreads();
+    if (*last) {
+      for (int c = threadIdx.x; c < SC; c += blockDim.x) {
+        Acc a = Acc(0), b = Acc(0);
+        for (int m = 0; m < N; ++m) {
+          a += __ldcg(partial + static_cast<long long>(m) * 2 * C + c0 + c);
+          b += __ldcg(partial + static_cast<long long>(m) * 2 * C + C + c0 + c);
+        }
+        if (grad_weight != nullptr) grad_weight[c0 + c] = from_acc<W>(b);
+        if (grad_bias != nullptr) grad_bias[c0 + c] = from_acc<W>(a);
+      }
+    }
+  }
+  gn::cluster_wait();  // no CTA leaves while another may still read its sums
 #endif
 }

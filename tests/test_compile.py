@@ -1662,7 +1662,6 @@ def test_group_norm_cluster_plans():
             assert gn._forward_steps(plan, False, False).positions[0] == (0, 1, 2, 4, 5, 3)
             # mean and rstd as workspace temporaries (6, 7; the grid-barrier word last, unused)
             assert gn._forward_steps(plan, True, True).positions[0] == (0, 1, 2, 6, 7, 3)
-            assert gn._backward_plan(n, s, c, g, dtype, dtype, "silu", True, path).first is not None  # fused
     # Not served: the element path, 2**31 elements, sets whose 16 CTAs' rows still pass _CLUSTER_MAX_TILE.
     for n, s, c, g, dtype, aligned in [(2, 4096, 320, 32, f16, False), (3, 899, 99, 33, f32, True),
                                        (2, 1 << 31 >> 11, 1024, 32, f16, True), (1, 262144, 128, 32, f16, True),
@@ -1678,35 +1677,102 @@ def test_group_norm_cluster_plans():
         assert all(e.endswith(tuple(f", {16 // dtype.itemsize}, {size}>" for size in gn.CLUSTER_SIZES)) for e in names)
 
 
+def test_group_norm_cluster_backward_plans():
+    # The cluster backward's rule (_cluster_geometry(..., backward=True)):
+    # the forward's sets, clusters of at most 8 CTAs whose two tiles fit
+    # _CLUSTER_MAX_TILE, about _CLUSTER_BWD_TARGET_CTAS CTAs; one launch
+    # whose arguments are (grad_out, x, mean, rstd, weight, bias, partial,
+    # tickets, dw, db, dx) with the samples' per-channel sums (N, 2, C) and
+    # the workspace's tickets as temporaries; nothing where it does not serve.
+    import numpy
+
+    from cupy_dwgn import _dtypes, _workspace
+    from cupy_dwgn import _group_norm as gn
+
+    f16, f32, f64 = (numpy.dtype(t) for t in (numpy.float16, numpy.float32, numpy.float64))
+    bf16 = numpy.dtype(_dtypes.bfloat16)
+    shipped = {e for _, e in gn.specializations("group_norm_backward")}
+    for n, s, c, g, dtype, want in [
+        (2, 4096, 320, 32, f16, (40, 8)), (2, 1024, 640, 32, bf16, (40, 4)), (2, 256, 1280, 32, f32, (40, 2)),
+        (8, 64, 1280, 32, f16, (40, 1)), (3, 899, 96, 32, f32, (12, 8)), (4, 9, 64, 1, f64, (64, 8)),
+        (130, 4, 64, 8, f32, (8, 1)), (1, 96, 1024, 1, f16, (1024, 8)),
+    ]:
+        vec = gn._vector_width(dtype, c, True)
+        set_channels, cluster, block, rows_per_cta, shared = gn._cluster_geometry(n, s, c, g, dtype, vec, True, True)
+        assert (set_channels, cluster) == want, (n, s, c, g, dtype)
+        assert set_channels == gn._cluster_geometry(n, s, c, g, dtype, vec, True)[0]  # the forward's sets
+        clusters = n * c // set_channels
+        assert cluster == gn.BWD_CLUSTER_SIZES[-1] or clusters * cluster >= gn._CLUSTER_BWD_TARGET_CTAS
+        assert rows_per_cta == -(-s // cluster) and 2 * rows_per_cta * set_channels * dtype.itemsize <= gn._CLUSTER_MAX_TILE
+        cols = set_channels // vec
+        lanes = block // cols
+        assert block == cols * min(gn._CLUSTER_BLOCK // cols, max(rows_per_cta, -(-32 // cols))) and block >= 32
+        acc = _dtypes.accumulator_dtype(dtype).itemsize
+        tile = -(-rows_per_cta * set_channels * dtype.itemsize // 16) * 16
+        assert shared == 2 * tile + (2 * lanes * set_channels + 2 * set_channels + 4 * (set_channels // (c // g))) * acc + 16
+        w_dtype = f32 if dtype.itemsize == 2 else dtype
+        auto = gn._backward_plan(n, s, c, g, dtype, w_dtype, "silu", True, "auto")
+        assert (auto.cluster is not None) == (n * s * c * dtype.itemsize <= gn._CLUSTER_BWD_AUTO_MAX_BYTES), (n, s, c)
+        for path in ("cluster", "auto") if auto.cluster is not None else ("cluster",):
+            plan = gn._backward_plan(n, s, c, g, dtype, w_dtype, "silu", True, path)
+            launch = plan.cluster
+            assert launch is not None and plan.first is None and plan.resident is None and launch.expression in shipped
+            assert launch.expression.startswith("dwgn_gn_bwd_cluster<") and launch.expression.endswith(f", {vec}, {cluster}>")
+            assert launch.cluster == cluster and launch.grid[0] == clusters * cluster and launch.block[0] == block
+            assert launch.shared_mem == shared and not launch.cooperative
+            assert plan.temporaries == (((n, 2, c), _dtypes.accumulator_dtype(dtype)),)
+            steps = gn._backward_steps(plan)
+            assert steps.positions[0] == (0, 1, 2, 3, 4, 5, 9, 10, 7, 8, 6)
+            assert steps.temporaries == plan.temporaries + (_workspace.TICKETS,)
+    # Not served: the element path, more channel sets than tickets, tiles past _CLUSTER_MAX_TILE at 8 CTAs;
+    # and "fused" / "split" / "onepass" / "resident" never take it.
+    for n, s, c, g, dtype, aligned in [(2, 4096, 320, 32, f16, False), (1, 16, 15360, 1920, f32, True),
+                                       (1, 16384, 320, 32, f16, True)]:
+        plan = gn._backward_plan(n, s, c, g, dtype, dtype, "silu", aligned, "cluster")
+        assert plan.cluster is None and plan.first is not None, (n, s, c)
+    assert 15360 // 8 > _workspace.TICKET_COUNT
+    for path in ("fused", "split", "onepass", "resident"):
+        assert gn._backward_plan(2, 1024, 640, 32, f16, f32, "silu", True, path).cluster is None
+    for dtype in (f16, bf16, f32, f64):
+        names = {e for e in shipped if e.startswith(f"dwgn_gn_bwd_cluster<{_dtypes.ctype(dtype)},")}
+        assert len(names) == len(gn.weight_dtypes(dtype)) * len(gn.ACTIVATIONS) * len(gn.BWD_CLUSTER_SIZES)
+
+
 def test_group_norm_cluster_gpu_cases_cover_the_geometries():
-    # The GPU test's cluster cases (tests/test_group_norm_gpu.py) reach the
-    # geometries the kernel's strides and limits hinge on: every cluster
+    # The GPU tests' cluster cases (tests/test_group_norm_gpu.py) reach the
+    # geometries the kernels' strides and limits hinge on: every cluster
     # size, a CTA with no rows, a partial last warp, a channel set wider
-    # than its block (gn::set_group_sums' strided loop), and a CTA of more
-    # than 113 KB of shared memory (one CTA per SM); and each case's stated
-    # cluster size is the rule's.
+    # than its block (strided loops over the set's channels); forward a CTA
+    # of more than 113 KB of shared memory (one CTA per SM), backward one
+    # sample and more than 128 (the tickets' modulus); and each case's
+    # stated cluster size is the rule's.
     import numpy
 
     from cupy_dwgn import _group_norm as gn
-    from test_group_norm_gpu import _CLUSTER_CASES
+    from test_group_norm_gpu import _CLUSTER_BACKWARD_CASES, _CLUSTER_CASES
 
-    seen = collections.Counter()
-    for shape, groups, dtype, _, _, _, cluster in _CLUSTER_CASES:
-        dtype = numpy.dtype(dtype)
-        rows = math.prod(shape[1:-1])
-        geometry = gn._cluster_geometry(shape[0], rows, shape[-1], groups, dtype,
-                                        gn._vector_width(dtype, shape[-1], True), True)
-        assert geometry is not None, shape
-        set_channels, size, block, rows_per_cta, shared = geometry
-        assert size == cluster, shape
-        seen[f"size {size}"] += 1
-        seen["empty CTA"] += rows_per_cta * (size - 1) >= rows
-        seen["partial warp"] += block % 32 != 0
-        seen["set wider than the block"] += set_channels > block
-        seen["over 113 KB"] += shared > 113 * 1024
-    missing = [k for k in [f"size {s}" for s in gn.CLUSTER_SIZES] + [
-        "empty CTA", "partial warp", "set wider than the block", "over 113 KB"] if not seen[k]]
-    assert not missing, missing
+    for cases, backward, sizes, wanted in [
+            (_CLUSTER_CASES, False, gn.CLUSTER_SIZES, ["over 113 KB"]),
+            (_CLUSTER_BACKWARD_CASES, True, gn.BWD_CLUSTER_SIZES, ["one sample", "over 128 samples"])]:
+        seen = collections.Counter()
+        for shape, groups, dtype, _, _, _, cluster in cases:
+            dtype = numpy.dtype(dtype)
+            rows = math.prod(shape[1:-1])
+            geometry = gn._cluster_geometry(shape[0], rows, shape[-1], groups, dtype,
+                                            gn._vector_width(dtype, shape[-1], True), True, backward)
+            assert geometry is not None, shape
+            set_channels, size, block, rows_per_cta, shared = geometry
+            assert size == cluster, shape
+            seen[f"size {size}"] += 1
+            seen["empty CTA"] += rows_per_cta * (size - 1) >= rows
+            seen["partial warp"] += block % 32 != 0
+            seen["set wider than the block"] += set_channels > block
+            seen["over 113 KB"] += shared > 113 * 1024
+            seen["one sample"] += shape[0] == 1
+            seen["over 128 samples"] += shape[0] > 128
+        missing = [k for k in [f"size {s}" for s in sizes] + [
+            "empty CTA", "partial warp", "set wider than the block"] + wanted if not seen[k]]
+        assert not missing, (backward, missing)
 
 
 def test_group_norm_cluster_path_per_device(monkeypatch):

@@ -554,6 +554,86 @@ def test_cluster_forward_matches_the_reference(rng, set_paths, case):
     assert relative_error(dx, ref_dx) <= TOLERANCE[dtype]
 
 
+
+_CLUSTER_BACKWARD_CASES = [  # (shape, groups, dtype, weight dtype, activation, offset, cluster size the rule gives)
+    ((2, 32, 32, 640), 32, F16, F32, "silu", 3.0, 4),  # SD-size: 16 sets of 40 channels, 4 CTAs of 256 rows
+    ((8, 8, 8, 1280), 32, BFLOAT16, BFLOAT16, "gelu", 3.0, 1),  # a CTA per (sample, set)
+    ((2, 16, 16, 1280), 32, F32, F32, "gelu_tanh", 1000.0, 2),  # 1000 + randn in float32
+    ((1, 64, 64, 320), 32, F16, F16, "relu", 3.0, 8),  # one sample: every set's ticket wraps at N = 1
+    ((2, 5, 7, 24), 4, F16, F32, "silu", 3.0, 8),  # 35 rows over 8 CTAs of 5: the last holds none
+    ((3, 31, 29, 96), 32, F32, F32, "silu", 30.0, 8),  # C/G = 3: sets of 12 channels (4 groups), prime rows
+    ((130, 2, 2, 64), 8, F32, F32, "identity", 3.0, 1),  # N = 130 samples a ticket, 8 sets
+    ((4, 3, 3, 64), 1, F64, F64, "silu", 1000.0, 8),  # one group of 64 channels (the whole row a set), float64
+    ((1, 97, 12), 4, F32, F32, "gelu", 30.0, 8),  # blocks of 39 threads: a partial warp
+    ((2, 5, 5, 1016), 1, F16, F32, "silu", 3.0, 8),  # a set of 1016 channels on 127 threads
+]
+
+
+@pytest.mark.parametrize("case", _CLUSTER_BACKWARD_CASES,
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-G{c[1]}-{numpy.dtype(c[2])}-{c[4]}")
+def test_cluster_backward_matches_the_reference(rng, set_paths, case):
+    # The cluster backward (dwgn_gn_bwd_cluster: tiles of x and grad_out in
+    # a cluster's shared memory, the dx coefficients reduced through
+    # distributed shared memory, the weight gradients by the last cluster of
+    # each channel set, found by a ticket) at every cluster size, with empty
+    # CTAs, C/G odd, a partial warp, many samples, float64, with weight and
+    # bias, one of them, or neither: dx, dw and db match the reference into
+    # poisoned outputs, bit-identical run to run (each run into fresh
+    # poisoned outputs: a ticket left off 0 would leave them unwritten), and
+    # every ticket is back at 0 after the calls.
+    import cupy
+
+    from cupy_dwgn import _workspace
+
+    shape, groups, dtype, wdtype, activation, offset, cluster = case
+    if _launch.compute_capability_major(cupy.cuda.Device().id) < 9:
+        pytest.skip("thread-block clusters need compute capability 9.0")
+    set_paths("cluster")
+    gn._SIGNATURES.clear()
+    x_host = random(rng, shape, dtype, offset=offset)
+    dy_host = random(rng, shape, dtype)
+    w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    b_host = (0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    x, dy, w, b = (cupy.asarray(a) for a in (x_host, dy_host, w_host, b_host))
+    _, mean, rstd = gn.group_norm(x, groups, w, b, activation=activation, return_stats=True)
+    mean_host, rstd_host = mean.get(), rstd.get()
+    channels = shape[-1:]
+    for given in ("both", "weight", "bias", "neither"):
+        weight = w if given in ("both", "weight") else None
+        bias = b if given in ("both", "bias") else None
+        ref_dx, ref_dw, ref_db = reference.group_norm_backward(
+            dy_host, x_host, mean_host, rstd_host, groups, None if weight is None else w_host,
+            None if bias is None else b_host, activation=activation)
+        runs = []
+        for _ in range(2):
+            dx = poisoned(shape, dtype)
+            dw = None if weight is None else poisoned(channels, wdtype)
+            db = None if bias is None else poisoned(channels, wdtype)
+            got = gn.group_norm_backward(dy, x, mean, rstd, groups, weight, bias, activation=activation, out=dx,
+                                         grad_weight_out=dw, grad_bias_out=db)
+            assert got[0] is dx and (got[1] is dw) and (got[2] is db)
+            runs.append(got)
+        errors = {"dx": relative_error(runs[0][0], ref_dx)}
+        if weight is not None:
+            errors["dw"] = relative_error(runs[0][1], ref_dw)
+        if bias is not None:
+            errors["db"] = relative_error(runs[0][2], ref_db)
+        record_errors(f"group_norm cluster backward {dtype}", activation, errors)
+        assert max(errors.values()) <= TOLERANCE[dtype], (given, errors)
+        assert all(a is None and b_ is None or cupy.array_equal(a, b_) for a, b_ in zip(*runs)), (
+            f"{given}: not bit-identical run to run")
+    launches = {launch.expression: launch for entry in gn._SIGNATURES.values() for steps in entry.steps.values()
+                for launch in steps.launches}
+    assert {e.split("<")[0] for e in launches} == {"dwgn_gn_fwd_cluster", "dwgn_gn_bwd_cluster"}
+    assert {launch.cluster for e, launch in launches.items() if "bwd" in e} == {cluster}
+    header = _workspace._BUFFERS[cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr]
+    tickets = header[_workspace.ALIGNMENT:_workspace.HEADER].view(numpy.uint32)
+    assert not tickets.any(), f"tickets left at {tickets[tickets != 0]}"
+    auto = gn._backward_plan(shape[0], int(numpy.prod(shape[1:-1])), shape[-1], groups, dtype, wdtype, activation,
+                             True, "auto")
+    assert (auto.cluster is not None) == (cluster <= gn._CLUSTER_AUTO_MAX_SIZE)  # all under 16 MB
+
+
 def test_zero_size():
     import cupy
 

@@ -183,9 +183,10 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
     for argument_dtypes, steps in all_steps:
         arguments = tuple(0x5000_0000_0000 + 0x100 * k for k in range(len(argument_dtypes)))
         expected_addresses = arguments + tuple(temporary_base + offset for offset in steps.workspace[0])
-        # The grid-barrier word (_workspace.GRID_BARRIER) is an unsigned int.
+        # The grid-barrier word and the tickets (_workspace.GRID_BARRIER, TICKETS) are unsigned ints.
         dtypes = argument_dtypes + tuple(
-            numpy.dtype(numpy.uint32) if temporary == _workspace.GRID_BARRIER else numpy.dtype(temporary[1])
+            numpy.dtype(numpy.uint32) if temporary in (_workspace.GRID_BARRIER, _workspace.TICKETS)
+            else numpy.dtype(temporary[1])
             for temporary in steps.temporaries)
         received.clear()
         _launch.run(steps, arguments)
@@ -264,8 +265,8 @@ def test_steps_rebind_on_a_new_device_stream_or_workspace_buffer(monkeypatch):
         return temporary
 
     def buffer(device, stream):
-        """Where a buffer's first temporary starts: after its grid-barrier word's bytes."""
-        return _workspace._BUFFERS[device, stream].data.ptr + _workspace.ALIGNMENT
+        """Where a buffer's first temporary starts: after its header (grid-barrier word, tickets)."""
+        return _workspace._BUFFERS[device, stream].data.ptr + _workspace.HEADER
 
     lookups = []  # workspace lookups: one per (re)binding, none when a binding is reused
     addresses_on = _workspace.addresses_on
@@ -293,13 +294,16 @@ def test_steps_rebind_on_a_new_device_stream_or_workspace_buffer(monkeypatch):
 
 
 def test_workspace_layout_keeps_the_grid_barrier_word_apart():
-    # The grid-barrier word's bytes (the first ALIGNMENT of a buffer, zeroed
-    # when it is made) are never handed out as a temporary: a GRID_BARRIER
-    # request gets offset 0, every other request starts after them.
+    # The header's bytes (the first HEADER of a buffer, zeroed when it is
+    # made) are never handed out as a temporary: a GRID_BARRIER request gets
+    # offset 0, TICKETS ALIGNMENT (TICKET_COUNT words up to the header's
+    # end), every other request starts after the header.
     from cupy_dwgn import _workspace
 
     f32, f64 = numpy.dtype(numpy.float32), numpy.dtype(numpy.float64)
-    offsets, total = _workspace.layout((((10,), f32), _workspace.GRID_BARRIER, ((3,), f64)))
-    assert offsets == (_workspace.ALIGNMENT, 0, 2 * _workspace.ALIGNMENT) and total == 3 * _workspace.ALIGNMENT
+    header, align = _workspace.HEADER, _workspace.ALIGNMENT
+    offsets, total = _workspace.layout((((10,), f32), _workspace.GRID_BARRIER, ((3,), f64), _workspace.TICKETS))
+    assert offsets == (header, 0, header + align, align) and total == header + 2 * align
+    assert align + 4 * _workspace.TICKET_COUNT == header
     offsets, total = _workspace.layout((((1000,), f64),))
-    assert offsets == (_workspace.ALIGNMENT,) and total == _workspace.ALIGNMENT + 8192
+    assert offsets == (header,) and total == header + 8192
