@@ -191,6 +191,7 @@ BWD_CLUSTER_SIZES = (1, 2, 4, 8)
 _CLUSTER_BWD_TARGET_CTAS = 128
 _CLUSTER_BWD_MIN_SET_BYTES = 32
 _CLUSTER_BWD_AUTO_MAX_BYTES = 16 * 2**20
+_CLUSTER_BWD_BLOCK = 128  # at most the kernel's __launch_bounds__ (256)
 
 # Statistics split: at most this many work items (blocks) in the column
 # kernels (one wave of the cooperative grid: 2 blocks per SM on an H200's
@@ -448,16 +449,17 @@ def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False, b
     size = batch * rows * channels
     if vec == 1 or size >= _launch.INT32_LIMIT:
         return None
-    tiles, sizes, target, min_set_bytes, auto_max_bytes = (
-        (2, BWD_CLUSTER_SIZES, _CLUSTER_BWD_TARGET_CTAS, _CLUSTER_BWD_MIN_SET_BYTES, _CLUSTER_BWD_AUTO_MAX_BYTES)
-        if backward else (1, CLUSTER_SIZES, _CLUSTER_TARGET_CTAS, _CLUSTER_MIN_SET_BYTES, _CLUSTER_AUTO_MAX_BYTES))
+    tiles, sizes, target, min_set_bytes, auto_max_bytes, max_block = (
+        (2, BWD_CLUSTER_SIZES, _CLUSTER_BWD_TARGET_CTAS, _CLUSTER_BWD_MIN_SET_BYTES, _CLUSTER_BWD_AUTO_MAX_BYTES,
+         _CLUSTER_BWD_BLOCK) if backward
+        else (1, CLUSTER_SIZES, _CLUSTER_TARGET_CTAS, _CLUSTER_MIN_SET_BYTES, _CLUSTER_AUTO_MAX_BYTES, _CLUSTER_BLOCK))
     group_channels = channels // groups
     unit = group_channels * vec // math.gcd(group_channels, vec)  # whole groups of whole vectors
     set_channels = next(
         (k * unit for k in range(1, channels // unit + 1)
          if channels % (k * unit) == 0 and k * unit * itemsize >= min_set_bytes), channels)
     cols = set_channels // vec
-    if cols > _CLUSTER_BLOCK or (backward and channels // set_channels > _workspace.TICKET_COUNT):
+    if cols > max_block or (backward and channels // set_channels > _workspace.TICKET_COUNT):
         return None
     clusters = batch * (channels // set_channels)
     for cluster in sizes:  # the least size with enough CTAs (or the largest) whose tiles fit
@@ -471,7 +473,7 @@ def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False, b
     if clusters * cluster >= _launch.INT32_LIMIT or (not forced and (
             cluster > _CLUSTER_AUTO_MAX_SIZE or size * itemsize > auto_max_bytes)):
         return None
-    block = cols * min(_CLUSTER_BLOCK // cols, max(rows_per_cta, -(-32 // cols)))
+    block = cols * min(max_block // cols, max(rows_per_cta, -(-32 // cols)))
     set_groups = set_channels // group_channels
     acc = _dtypes.accumulator_dtype(dtype).itemsize
     lanes = block // cols

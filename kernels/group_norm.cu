@@ -904,6 +904,11 @@ struct BwdLane {
     }
   }
   __device__ __forceinline__ void add(const V& xv, const V& dyv) {
+    V dz = dyv;
+    add_keeping_dz(xv, dz);
+  }
+  // add, leaving dz in dyv (exact where T is Acc: float, double).
+  __device__ __forceinline__ void add_keeping_dz(const V& xv, V& dyv) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       const Acc centered = to_acc(xv.v[k]) - m[k];
@@ -911,6 +916,7 @@ struct BwdLane {
       if (ACT != kIdentity) dz *= activation_grad<ACT, fast_activation<T>()>(centered * scale[k] + b[k]);
       a[k] += dz;
       b_sum[k] += dz * (centered * r[k]);
+      dyv.v[k] = from_acc<T>(dz);
     }
   }
   // The lane's `count` rows, row k at x_column[k * row_step] (and
@@ -2177,7 +2183,8 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128) dwgn_gn_fwd_cluster
 //             the CTAs' per-channel sums in rank order and writes them to
 //             partial (N, 2, C) Acc for the weight gradients;
 //   dx        grad_in = scale_c dz - rstd c1 - (x - mean) rstd^2 c2 from the
-//             tiles (gn::dx_vector's arithmetic; dz recomputed);
+//             tiles (gn::dx_vector's arithmetic; dz recomputed for the half
+//             types, kept in the grad_out tile for float and double);
 //   weights   (when grad_weight or grad_bias is asked) the last cluster of
 //             set k to finish, by a ticket (tickets[k], atomicInc modulo N:
 //             back to 0 once all N have arrived, ready for the next launch
@@ -2191,9 +2198,9 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128) dwgn_gn_fwd_cluster
 // and grad_out tiles (R * SC elements each, 16-byte rounded), two slot
 // arrays of lanes * SC Acc, cta_chan (2 * SC Acc), cta_group and the
 // coefficients (2 * GS Acc each), the ticket's verdict (an int).
-// blockDim.x = lanes * cols, 32 <= blockDim.x <= 128.
+// blockDim.x = lanes * cols, 32 <= blockDim.x <= 256.
 template <typename T, typename W, int ACT, int VEC, int CL>
-__global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128, 1) dwgn_gn_bwd_cluster(
+__global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(256, 1) dwgn_gn_bwd_cluster(
     const T* __restrict__ grad_out, const T* __restrict__ x, const typename AccType<T>::type* __restrict__ mean,
     const typename AccType<T>::type* __restrict__ rstd, const W* __restrict__ weight, const W* __restrict__ bias,
     typename AccType<T>::type* __restrict__ partial, unsigned int* __restrict__ tickets, W* __restrict__ grad_weight,
@@ -2243,10 +2250,20 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128, 1) dwgn_gn_bwd_clus
   __syncthreads();  // the tiles are read by other threads than the ones that copied them
 
   // ---- per-channel sums of the CTA's rows, then per group.
+  // Where T is Acc (float, double) dz replaces grad_out in its tile, exactly,
+  // and the dx pass reads it back instead of evaluating act' again (whose
+  // IEEE exp and division dominate these types' time with an activation).
+  constexpr bool kKeepDz = sizeof(T) == sizeof(Acc) && ACT != gn::kIdentity;
   gn::BwdLane<T, ACT, VEC> sums;
   if (active) {
     sums.load(mean, rstd, weight, bias, n, G, D, c0 + c_local);
-    for (int r = lane; r < rows; r += lanes) sums.add(x_tile[r * cols + col], dy_tile[r * cols + col]);
+    for (int r = lane; r < rows; r += lanes) {
+      if constexpr (kKeepDz) {
+        sums.add_keeping_dz(x_tile[r * cols + col], dy_tile[r * cols + col]);
+      } else {
+        sums.add(x_tile[r * cols + col], dy_tile[r * cols + col]);
+      }
+    }
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       slots[lane * SC + c_local + k] = sums.a[k];
@@ -2344,8 +2361,8 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128, 1) dwgn_gn_bwd_clus
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         const Acc centered = to_acc(xv.v[k]) - sums.m[k];
-        Acc dz = to_acc(dyv.v[k]);
-        if (ACT != gn::kIdentity) {
+        Acc dz = to_acc(dyv.v[k]);  // dz itself where kKeepDz
+        if (ACT != gn::kIdentity && !kKeepDz) {
           dz *= gn::activation_grad<ACT, gn::fast_activation<T>()>(centered * sums.scale[k] + sums.b[k]);
         }
         out.v[k] = from_acc<T>(sums.scale[k] * dz - c1[k] - centered * c2[k]);

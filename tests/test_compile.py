@@ -1706,7 +1706,7 @@ def test_group_norm_cluster_backward_plans():
         assert rows_per_cta == -(-s // cluster) and 2 * rows_per_cta * set_channels * dtype.itemsize <= gn._CLUSTER_MAX_TILE
         cols = set_channels // vec
         lanes = block // cols
-        assert block == cols * min(gn._CLUSTER_BLOCK // cols, max(rows_per_cta, -(-32 // cols))) and block >= 32
+        assert block == cols * min(gn._CLUSTER_BWD_BLOCK // cols, max(rows_per_cta, -(-32 // cols))) and block >= 32
         acc = _dtypes.accumulator_dtype(dtype).itemsize
         tile = -(-rows_per_cta * set_channels * dtype.itemsize // 16) * 16
         assert shared == 2 * tile + (2 * lanes * set_channels + 2 * set_channels + 4 * (set_channels // (c // g))) * acc + 16

@@ -255,11 +255,11 @@ _PATH_CASES = [
 
 @pytest.mark.parametrize("case", _PATH_CASES, ids=lambda c: f"{c[0]}-G{c[1]}-{numpy.dtype(c[2])}")
 def test_every_path_agrees_with_the_reference(rng, set_paths, case):
-    # "cluster" (what "auto" takes for these forwards on an sm_90 GPU where
-    # the vector path applies) reads x once in one launch of thread-block
-    # clusters; "resident" (opt-in) reads x (and grad_out) once in one
-    # cooperative launch per direction; "fused" (what "auto" takes
-    # otherwise, and for the backward) runs two launches per direction, the
+    # "cluster" (what "auto" takes for these shapes on an sm_90 GPU where
+    # the vector path applies) reads x (and grad_out) once in one launch of
+    # thread-block clusters per direction; "resident" (opt-in) reads x (and
+    # grad_out) once in one cooperative launch per direction; "fused" (what
+    # "auto" takes otherwise) runs two launches per direction, the
     # column kernel doing its finalize after a grid barrier; "split" three;
     # "onepass" the cooperative one-launch kernels.  Each matches the
     # reference at the dtype's bound (statistics to float32 rounding), run to
@@ -280,7 +280,8 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
     vec = gn._vector_width(dtype, shape[-1], True)
     rows = int(numpy.prod(shape[1:-1]))
     clustered = gn._cluster_geometry(shape[0], rows, shape[-1], groups, dtype, vec, forced=True) is not None
-    assert clustered == (vec > 1)  # these small shapes fit wherever the vector path applies
+    clustered_backward = gn._cluster_geometry(shape[0], rows, shape[-1], groups, dtype, vec, True, True) is not None
+    assert clustered == clustered_backward == (vec > 1)  # these small shapes fit wherever the vector path applies
     for path in ("cluster", "resident", "fused", "onepass", "split"):
         set_paths(path)
         acc = _dtypes.accumulator_dtype(dtype)
@@ -299,8 +300,8 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
         again = gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation)
         for got, first in zip(again, (dx, dw, db)):
             assert cupy.array_equal(got, first), f"{path}: backward not bit-identical run to run"
-        # The cluster forward is one launch; its backward the fused two.
-        want = {"cluster": {1, 2} if clustered else {2}, "resident": {1}, "onepass": {1}, "fused": {2}, "split": {3}}
+        # The cluster forward and backward are one launch each.
+        want = {"cluster": {1} if clustered else {2}, "resident": {1}, "onepass": {1}, "fused": {2}, "split": {3}}
         assert _launch_counts(path) == want[path], path
 
 
