@@ -23,7 +23,8 @@ from harness import run_facts
 
 KNOBS = ("_MIN_ROWS_PER_CHUNK", "_MIN_ROWS_PER_HALF_CHUNK", "_MIN_ROWS_PER_LONG_CHUNK", "_TARGET_BLOCKS", "_MAX_COLUMNS", "_GROUPED_BYTES",
          "_GROUPED_TARGET_BLOCKS", "_GROUPED_MIN_ROWS", "_MAX_GROUPED_CHANNELS", "_RESIDENT_BLOCKS", "_CLUSTER_BLOCK",
-         "_CLUSTER_TARGET_CTAS", "_CLUSTER_BWD_TARGET_CTAS", "_CLUSTER_BWD_MIN_SET_BYTES", "_CLUSTER_BWD_BLOCK")
+         "_CLUSTER_TARGET_CTAS", "_CLUSTER_BWD_TARGET_CTAS", "_CLUSTER_BWD_MIN_SET_BYTES", "_CLUSTER_BWD_BLOCK",
+         "_CLUSTER_BWD_WIDE_BLOCK")
 DEFAULT = {k: getattr(gn, k) for k in KNOBS}  # the shipped values
 # (name, knobs changed from the shipped values, path)
 SETTINGS = [("shipped", {}, "auto"), ("split", {}, "split"), ("grouped", dict(_GROUPED_BYTES=0), "auto"),
@@ -43,8 +44,8 @@ PATHS = [("auto", {}, "auto"), ("cluster", {}, "cluster"), ("fused", {}, "fused"
          ("cluster, bwd 256 CTAs", dict(_CLUSTER_BWD_TARGET_CTAS=256), "cluster"),
          ("cluster, bwd 64 CTAs", dict(_CLUSTER_BWD_TARGET_CTAS=64), "cluster"),
          ("cluster, bwd sets of 128 B", dict(_CLUSTER_BWD_MIN_SET_BYTES=128), "cluster"),
-         ("cluster, bwd 256 threads", dict(_CLUSTER_BWD_BLOCK=256), "cluster"),
-         ("cluster, bwd 256 threads, 256 CTAs", dict(_CLUSTER_BWD_BLOCK=256, _CLUSTER_BWD_TARGET_CTAS=256), "cluster"),
+         ("cluster, bwd 128 threads", dict(_CLUSTER_BWD_BLOCK=128, _CLUSTER_BWD_WIDE_BLOCK=128), "cluster"),
+         ("cluster, bwd 256 threads", dict(_CLUSTER_BWD_BLOCK=256, _CLUSTER_BWD_WIDE_BLOCK=256), "cluster"),
          ("resident", {}, "resident"),
          ("resident 64", dict(_RESIDENT_BLOCKS=64), "resident"), ("resident 32", dict(_RESIDENT_BLOCKS=32), "resident")]
 CASES = [((2, 64, 64, 320), "float16"), ((2, 64, 64, 320), "float32"), ((2, 32, 32, 640), "float16"), ((2, 32, 32, 640), "float32"),

@@ -50,10 +50,12 @@ _BWD_CLUSTER = "dwgn_gn_bwd_cluster"
 #   memory of a cluster of CTAs per (sample, set of whole groups); where
 #   _cluster_geometry's rule takes it (clusters of at most 8 CTAs, tensors
 #   of at most 16 MB, the vector path; measurements at its constants below),
-#   else the two launches.  The backward has no cluster kernel.
-# * two launches, taken by "auto" (where the cluster forward is not, and for
-#   every backward) and "fused" on a device that supports cooperative
-#   launches:
+#   else the two launches.  The cluster backward, dwgn_gn_bwd_cluster, the
+#   same way (x and grad_out read once; clusters of at most 4 CTAs, tensors
+#   of at most 16 MB; its constants below), its weight gradients added by
+#   the last cluster of each channel set (a ticket in the workspace header).
+# * two launches, taken by "auto" (where the cluster kernels are not) and
+#   "fused" on a device that supports cooperative launches:
 #   forward  stats (its finalize after a grid barrier) -> fwd_apply;
 #   backward bwd_reduce (its finalize after a grid barrier) -> bwd_dx.
 #   The column kernel runs cooperatively (every block resident: its grid is
@@ -186,12 +188,33 @@ _CLUSTER_AUTO_MAX_BYTES = 16 * 2**20
 # The cluster backward (dwgn_gn_bwd_cluster: tiles of x and grad_out, the
 # weight gradients by the last cluster of each set): the same rule with its
 # own constants (both tiles within _CLUSTER_MAX_TILE; clusters of at most
-# 8 CTAs compiled) and at most _workspace.TICKET_COUNT channel sets.
+# 8 CTAs compiled; blocks of at most _CLUSTER_BWD_BLOCK threads for 2-byte
+# types, _CLUSTER_BWD_WIDE_BLOCK for 4- and 8-byte ones, within the
+# kernel's __launch_bounds__ of 256) and at most _workspace.TICKET_COUNT
+# channel sets; "auto" takes it for clusters of at most
+# _CLUSTER_BWD_AUTO_MAX_SIZE CTAs and tensors of at most
+# _CLUSTER_BWD_AUTO_MAX_BYTES.  Measured on an H200 (2026-12-04, backward
+# GPU time, CUDA graph over rotating copies, SiLU;
+# benchmarks/group_norm_tuning.py --cluster-backward;
+# results/group_norm_cluster_backward_h200_2026-12-04.txt), cluster against
+# the two launches, us:
+#   - fp16, 128 threads: 8x8x8x1280 8.8 / 14.2, 2x16x16x1280 9.1 / 11.8,
+#     2x32x32x640 13.3 / 15.0, 4x32x32x640 16.4 / 19.3; but 2x64x64x320
+#     (clusters of 8) 19.7 / 18.2;
+#   - fp32, 256 threads (128: 10.7, 12.5, 20.1, 25.7, 40.5): 8x8x8x1280
+#     10.0 / 14.9, 2x16x16x1280 10.8 / 13.5, 2x32x32x640 16.6 / 16.6,
+#     4x32x32x640 22.5 / 23.7; but 2x64x64x320 (clusters of 8: 32 clusters
+#     of 84 KB CTAs, more than the GPCs place at once) 31.6 / 22.7;
+#   - about 256 CTAs in place of 128: fp16 2x32x32x640 12.5, 2x16x16x1280
+#     9.6, 4x32x32x640 17.3; sets of at least 128 bytes: mixed (8x8x8x1280
+#     fp16 8.6, 4x32x32x640 fp16 19.4).
 BWD_CLUSTER_SIZES = (1, 2, 4, 8)
 _CLUSTER_BWD_TARGET_CTAS = 128
 _CLUSTER_BWD_MIN_SET_BYTES = 32
+_CLUSTER_BWD_BLOCK = 128
+_CLUSTER_BWD_WIDE_BLOCK = 256
+_CLUSTER_BWD_AUTO_MAX_SIZE = 4
 _CLUSTER_BWD_AUTO_MAX_BYTES = 16 * 2**20
-_CLUSTER_BWD_BLOCK = 128  # at most the kernel's __launch_bounds__ (256)
 
 # Statistics split: at most this many work items (blocks) in the column
 # kernels (one wave of the cooperative grid: 2 blocks per SM on an H200's
@@ -443,16 +466,17 @@ def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False, b
     all, more where a CTA's tiles would pass _CLUSTER_MAX_TILE) split its
     rows; the rule takes clusters of at most _CLUSTER_AUTO_MAX_SIZE on
     tensors of at most _CLUSTER_AUTO_MAX_BYTES.  The backward's constants
-    are the _CLUSTER_BWD_ ones.  Depends on the shape only (the device check
-    is _cluster_fits)."""
+    are the _CLUSTER_BWD_ ones (its block by element size).  Depends on the
+    shape only (the device check is _cluster_fits)."""
     itemsize = numpy.dtype(dtype).itemsize
     size = batch * rows * channels
     if vec == 1 or size >= _launch.INT32_LIMIT:
         return None
-    tiles, sizes, target, min_set_bytes, auto_max_bytes, max_block = (
-        (2, BWD_CLUSTER_SIZES, _CLUSTER_BWD_TARGET_CTAS, _CLUSTER_BWD_MIN_SET_BYTES, _CLUSTER_BWD_AUTO_MAX_BYTES,
-         _CLUSTER_BWD_BLOCK) if backward
-        else (1, CLUSTER_SIZES, _CLUSTER_TARGET_CTAS, _CLUSTER_MIN_SET_BYTES, _CLUSTER_AUTO_MAX_BYTES, _CLUSTER_BLOCK))
+    tiles, sizes, target, min_set_bytes, auto_max_size, auto_max_bytes, max_block = (
+        (2, BWD_CLUSTER_SIZES, _CLUSTER_BWD_TARGET_CTAS, _CLUSTER_BWD_MIN_SET_BYTES, _CLUSTER_BWD_AUTO_MAX_SIZE,
+         _CLUSTER_BWD_AUTO_MAX_BYTES, _CLUSTER_BWD_BLOCK if itemsize == 2 else _CLUSTER_BWD_WIDE_BLOCK)
+        if backward else (1, CLUSTER_SIZES, _CLUSTER_TARGET_CTAS, _CLUSTER_MIN_SET_BYTES, _CLUSTER_AUTO_MAX_SIZE,
+                          _CLUSTER_AUTO_MAX_BYTES, _CLUSTER_BLOCK))
     group_channels = channels // groups
     unit = group_channels * vec // math.gcd(group_channels, vec)  # whole groups of whole vectors
     set_channels = next(
@@ -471,7 +495,7 @@ def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False, b
     else:
         return None
     if clusters * cluster >= _launch.INT32_LIMIT or (not forced and (
-            cluster > _CLUSTER_AUTO_MAX_SIZE or size * itemsize > auto_max_bytes)):
+            cluster > auto_max_size or size * itemsize > auto_max_bytes)):
         return None
     block = cols * min(max_block // cols, max(rows_per_cta, -(-32 // cols)))
     set_groups = set_channels // group_channels

@@ -18,7 +18,7 @@
 //           is not a multiple of the vector width or a pointer is misaligned)
 //   IndexT  int, or long long when a tensor has >= 2**31 elements
 //
-// Launches (no atomics but the grid barrier's counter, no host
+// Launches (no atomics but the grid barrier's and tickets' counters, no host
 // synchronization; the reduction order depends on the shapes, the vector
 // path (C a multiple of the 16-byte vector and every pointer 16-byte
 // aligned) and the path (cluster, resident, fused or split) only, never on
@@ -31,7 +31,10 @@
 //             fwd_apply: 2 launches, reading x twice (the second time from
 //             L2 for tensors that fit it); stats -> fwd_finalize -> fwd_apply
 //             on a device without cooperative launches.
-//   backward: bwd_reduce (cooperative, with its finalize) -> bwd_dx, or
+//   backward: on sm_90, tensors of up to 16 MB on the vector path whose
+//             channel sets fit clusters of up to 4 CTAs: bwd_cluster, one
+//             launch reading x and grad_out once (at the end of this file);
+//             else bwd_reduce (cooperative, with its finalize) -> bwd_dx, or
 //             bwd_reduce -> bwd_finalize -> bwd_dx; reads x and grad_out
 //             twice (the floor is 3 passes: read x, grad_out, write grad_in).
 //   The one-pass kernels (opt-in, see _group_norm.py) do all three in one;

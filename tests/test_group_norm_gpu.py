@@ -632,7 +632,7 @@ def test_cluster_backward_matches_the_reference(rng, set_paths, case):
     assert not tickets.any(), f"tickets left at {tickets[tickets != 0]}"
     auto = gn._backward_plan(shape[0], int(numpy.prod(shape[1:-1])), shape[-1], groups, dtype, wdtype, activation,
                              True, "auto")
-    assert (auto.cluster is not None) == (cluster <= gn._CLUSTER_AUTO_MAX_SIZE)  # all under 16 MB
+    assert (auto.cluster is not None) == (cluster <= gn._CLUSTER_BWD_AUTO_MAX_SIZE)  # all under 16 MB
 
 
 def test_zero_size():
