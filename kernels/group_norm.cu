@@ -2049,6 +2049,55 @@ __device__ __forceinline__ float load_cluster(const float* p, unsigned rank) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
   return v;
 }
+// total[a] = the sum over the cluster's CL CTAs, in rank order, of what each
+// holds at p[a * stride] (p: this CTA's copy), a < NUM; every remote load is
+// issued before the first add.
+template <int CL, int NUM, typename Acc>
+__device__ __forceinline__ void cluster_sums(const Acc* p, int stride, Acc (&total)[NUM]) {
+  Acc part[NUM][CL];
+#pragma unroll
+  for (int r = 0; r < CL; ++r) {
+#pragma unroll
+    for (int a = 0; a < NUM; ++a) part[a][r] = load_cluster(p + a * stride, r);
+  }
+#pragma unroll
+  for (int a = 0; a < NUM; ++a) {
+    total[a] = Acc(0);
+#pragma unroll
+    for (int r = 0; r < CL; ++r) total[a] += part[a][r];
+  }
+}
+// A cluster CTA's place (the cluster kernels' layout): its cluster owns
+// (sample n, channel set `set` of SC = set_channels channels from c0, GS
+// groups of D), its rank r holds rows [r * R, r * R + rows) (R =
+// rows_per_cta; rows may be 0); its thread's (lane, col): cols = SC / VEC
+// threads across a row, lanes = blockDim.x / cols rows at a time.  first:
+// the CTA's first element (N * S * C < 2**31, the host's rule: int).
+struct ClusterTile {
+  int SC, D, GS, cols, lanes, lane, col, c_local, n, set, c0, row0, rows, first;
+  unsigned rank;
+  bool active;  // threads past lanes * cols only reach the barriers
+  __device__ __forceinline__ ClusterTile(int cluster_size, int S, int C, int G, int set_channels, int rows_per_cta,
+                                         int vec) {
+    SC = set_channels;
+    D = C / G;
+    GS = SC / D;
+    cols = SC / vec;
+    lanes = blockDim.x / cols;  // >= 1: the host keeps cols <= blockDim.x
+    lane = threadIdx.x / cols;
+    col = threadIdx.x - lane * cols;
+    c_local = col * vec;
+    active = lane < lanes;
+    rank = cluster_rank();
+    const int sets = C / SC;
+    n = blockIdx.x / cluster_size / sets;
+    set = blockIdx.x / cluster_size - n * sets;
+    c0 = set * SC;
+    row0 = static_cast<int>(rank) * rows_per_cta;
+    rows = max(0, min(rows_per_cta, S - row0));
+    first = (n * S + min(row0, S)) * C + c0;
+  }
+};
 }  // namespace gn
 #else
 #define DWGN_CLUSTER_DIMS(size)
@@ -2065,16 +2114,11 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128) dwgn_gn_fwd_cluster
   __trap();  // no clusters before sm_90
 #else
   extern __shared__ __align__(16) unsigned char cluster_shared[];
-  const int SC = set_channels, D = C / G, GS = SC / D;
-  const int cols = SC / VEC, lanes = blockDim.x / cols;  // >= 1: the host keeps cols <= blockDim.x
-  const int lane = threadIdx.x / cols, col = threadIdx.x - lane * cols, c_local = col * VEC;
-  const bool active = lane < lanes;  // threads past lanes * cols only reach the barriers
-  const unsigned rank = gn::cluster_rank();
-  const int sets = C / SC;
-  const int n = blockIdx.x / CL / sets;
-  const int c0 = (blockIdx.x / CL - n * sets) * SC;
-  const int row0 = static_cast<int>(rank) * rows_per_cta;
-  const int rows = max(0, min(rows_per_cta, S - row0));
+  const gn::ClusterTile P(CL, S, C, G, set_channels, rows_per_cta, VEC);
+  const int SC = P.SC, D = P.D, GS = P.GS, cols = P.cols, lanes = P.lanes, lane = P.lane, col = P.col;
+  const int c_local = P.c_local, n = P.n, c0 = P.c0, rows = P.rows, first = P.first;
+  const bool active = P.active;
+  const unsigned rank = P.rank;
   V* const tile = reinterpret_cast<V*>(cluster_shared);
   Acc* const slots = reinterpret_cast<Acc*>(cluster_shared + ((rows_per_cta * SC * static_cast<int>(sizeof(T)) + 15) & ~15));
   const int slot_stride = lanes * SC;
@@ -2084,8 +2128,6 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128) dwgn_gn_fwd_cluster
   double* const group_mean = cta_centered + 2 * GS;
   double* const group_rstd = group_mean + GS;
   Acc* const shift = reinterpret_cast<Acc*>(group_rstd + GS);
-  // N * S * C < 2**31 (the host's rule): int offsets.
-  const int first = (n * S + min(row0, S)) * C + c0;  // the CTA's first element
   const int row_vectors = C / VEC;
 
   // ---- load.
@@ -2108,13 +2150,9 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128) dwgn_gn_fwd_cluster
   gn::cluster_sync();  // every CTA's cta_sum is written
   const double count = static_cast<double>(S) * D;
   for (int q = threadIdx.x; q < GS; q += blockDim.x) {
-    double part[CL];  // every remote load in flight, then the sum in rank order
-#pragma unroll
-    for (int r = 0; r < CL; ++r) part[r] = gn::load_cluster(cta_sum + q, r);
-    double total = 0.0;
-#pragma unroll
-    for (int r = 0; r < CL; ++r) total += part[r];
-    shift[q] = static_cast<Acc>(total / count);
+    double total[1];
+    gn::cluster_sums<CL>(cta_sum + q, 0, total);
+    shift[q] = static_cast<Acc>(total[0] / count);
   }
   __syncthreads();
 
@@ -2133,18 +2171,9 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128) dwgn_gn_fwd_cluster
   gn::set_group_sums<2>(slots, slot_stride, lanes, SC, D, parts, cta_centered);
   gn::cluster_sync();  // every CTA's cta_centered is written
   for (int q = threadIdx.x; q < GS; q += blockDim.x) {
-    double part[2][CL];
-#pragma unroll
-    for (int r = 0; r < CL; ++r) {
-      part[0][r] = gn::load_cluster(cta_centered + q, r);
-      part[1][r] = gn::load_cluster(cta_centered + GS + q, r);
-    }
-    double sd = 0.0, sdd = 0.0;
-#pragma unroll
-    for (int r = 0; r < CL; ++r) {
-      sd += part[0][r];
-      sdd += part[1][r];
-    }
+    double t[2];
+    gn::cluster_sums<CL>(cta_centered + q, GS, t);
+    const double sd = t[0], sdd = t[1];
     const double mean = static_cast<double>(shift[q]) + sd / count;
     const double var = fmax(sdd - sd * (sd / count), 0.0) / count;
     const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
@@ -2215,17 +2244,11 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(256, 1) dwgn_gn_bwd_clus
   __trap();  // no clusters before sm_90
 #else
   extern __shared__ __align__(16) unsigned char cluster_shared[];
-  const int SC = set_channels, D = C / G, GS = SC / D;
-  const int cols = SC / VEC, lanes = blockDim.x / cols;  // >= 1: the host keeps cols <= blockDim.x
-  const int lane = threadIdx.x / cols, col = threadIdx.x - lane * cols, c_local = col * VEC;
-  const bool active = lane < lanes;  // threads past lanes * cols only reach the barriers
-  const unsigned rank = gn::cluster_rank();
-  const int sets = C / SC;
-  const int n = blockIdx.x / CL / sets;
-  const int set = blockIdx.x / CL - n * sets;
-  const int c0 = set * SC;
-  const int row0 = static_cast<int>(rank) * rows_per_cta;
-  const int rows = max(0, min(rows_per_cta, S - row0));
+  const gn::ClusterTile P(CL, S, C, G, set_channels, rows_per_cta, VEC);
+  const int SC = P.SC, D = P.D, GS = P.GS, cols = P.cols, lanes = P.lanes, lane = P.lane, col = P.col;
+  const int c_local = P.c_local, n = P.n, set = P.set, c0 = P.c0, rows = P.rows, first = P.first;
+  const bool active = P.active;
+  const unsigned rank = P.rank;
   const int tile_bytes = (rows_per_cta * SC * static_cast<int>(sizeof(T)) + 15) & ~15;
   V* const x_tile = reinterpret_cast<V*>(cluster_shared);
   V* const dy_tile = reinterpret_cast<V*>(cluster_shared + tile_bytes);
@@ -2235,8 +2258,6 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(256, 1) dwgn_gn_bwd_clus
   Acc* const cta_group = cta_chan + 2 * SC;       // sum w A (GS), then sum w B (GS)
   Acc* const coef = cta_group + 2 * GS;           // rstd c1 / (S D) (GS), then rstd^2 c2 / (S D) (GS)
   int* const last = reinterpret_cast<int*>(coef + 2 * GS);
-  // N * S * C < 2**31 (the host's rule): int offsets.
-  const int first = (n * S + min(row0, S)) * C + c0;  // the CTA's first element
   const int row_vectors = C / VEC;
 
   // ---- load both tiles.
@@ -2310,39 +2331,19 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(256, 1) dwgn_gn_bwd_clus
   // sample's per-channel sums for the weight gradients.
   const Acc inv_count = Acc(1) / (Acc(S) * Acc(D));
   for (int q = threadIdx.x; q < GS; q += blockDim.x) {
-    Acc part[2][CL];  // every remote load in flight, then the sums in rank order
-#pragma unroll
-    for (int r = 0; r < CL; ++r) {
-      part[0][r] = gn::load_cluster(cta_group + q, r);
-      part[1][r] = gn::load_cluster(cta_group + GS + q, r);
-    }
-    Acc c1 = Acc(0), c2 = Acc(0);
-#pragma unroll
-    for (int r = 0; r < CL; ++r) {
-      c1 += part[0][r];
-      c2 += part[1][r];
-    }
+    Acc c[2];
+    gn::cluster_sums<CL>(cta_group + q, GS, c);
     const Acc rs = rstd[static_cast<long long>(n) * G + c0 / D + q];
-    coef[q] = rs * c1 * inv_count;
-    coef[GS + q] = rs * (rs * c2 * inv_count);
+    coef[q] = rs * c[0] * inv_count;
+    coef[GS + q] = rs * (rs * c[1] * inv_count);
   }
   const bool weights = grad_weight != nullptr || grad_bias != nullptr;
   if (weights && rank == 0) {
     for (int c = threadIdx.x; c < SC; c += blockDim.x) {
-      Acc part[2][CL];
-#pragma unroll
-      for (int r = 0; r < CL; ++r) {
-        part[0][r] = gn::load_cluster(cta_chan + c, r);
-        part[1][r] = gn::load_cluster(cta_chan + SC + c, r);
-      }
-      Acc a = Acc(0), b = Acc(0);
-#pragma unroll
-      for (int r = 0; r < CL; ++r) {
-        a += part[0][r];
-        b += part[1][r];
-      }
-      partial[static_cast<long long>(n) * 2 * C + c0 + c] = a;
-      partial[static_cast<long long>(n) * 2 * C + C + c0 + c] = b;
+      Acc t[2];
+      gn::cluster_sums<CL>(cta_chan + c, SC, t);
+      partial[static_cast<long long>(n) * 2 * C + c0 + c] = t[0];
+      partial[static_cast<long long>(n) * 2 * C + C + c0 + c] = t[1];
     }
   }
   gn::cluster_arrive();  // this CTA is done reading the others' shared memory

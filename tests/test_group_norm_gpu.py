@@ -514,6 +514,23 @@ _CLUSTER_CASES = [  # (shape, groups, dtype, weight dtype, activation, offset, c
 ]
 
 
+def _cluster_inputs(rng, set_paths, case):
+    """For a cluster test case (shape, groups, dtype, weight dtype, activation,
+    offset, cluster size): skips without thread-block clusters, forces the
+    "cluster" path (what "auto" takes only for small clusters) on fresh
+    Steps, and returns host x (about offset), weight and bias."""
+    import cupy
+
+    shape, _, dtype, wdtype, _, offset, _ = case
+    if _launch.compute_capability_major(cupy.cuda.Device().id) < 9:
+        pytest.skip("thread-block clusters need compute capability 9.0")
+    set_paths("cluster")
+    gn._SIGNATURES.clear()
+    x_host = random(rng, shape, dtype, offset=offset)
+    w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    b_host = (0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    return x_host, w_host, b_host
+
 @pytest.mark.parametrize("case", _CLUSTER_CASES,
                          ids=lambda c: f"{'x'.join(map(str, c[0]))}-G{c[1]}-{numpy.dtype(c[2])}-{c[4]}")
 def test_cluster_forward_matches_the_reference(rng, set_paths, case):
@@ -527,13 +544,7 @@ def test_cluster_forward_matches_the_reference(rng, set_paths, case):
     import cupy
 
     shape, groups, dtype, wdtype, activation, offset, cluster = case
-    if _launch.compute_capability_major(cupy.cuda.Device().id) < 9:
-        pytest.skip("thread-block clusters need compute capability 9.0")
-    set_paths("cluster")  # forced: "auto" takes clusters of up to 8 CTAs
-    gn._SIGNATURES.clear()
-    x_host = random(rng, shape, dtype, offset=offset)
-    w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
-    b_host = (0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    x_host, w_host, b_host = _cluster_inputs(rng, set_paths, case)
     x, w, b = cupy.asarray(x_host), cupy.asarray(w_host), cupy.asarray(b_host)
     _forward_matches_reference(x, x_host, groups, None, None, None, None, activation, "cluster")
     y, mean, rstd = _forward_matches_reference(x, x_host, groups, w, b, w_host, b_host, activation, "cluster")
@@ -587,14 +598,8 @@ def test_cluster_backward_matches_the_reference(rng, set_paths, case):
     from cupy_dwgn import _workspace
 
     shape, groups, dtype, wdtype, activation, offset, cluster = case
-    if _launch.compute_capability_major(cupy.cuda.Device().id) < 9:
-        pytest.skip("thread-block clusters need compute capability 9.0")
-    set_paths("cluster")
-    gn._SIGNATURES.clear()
-    x_host = random(rng, shape, dtype, offset=offset)
+    x_host, w_host, b_host = _cluster_inputs(rng, set_paths, case)
     dy_host = random(rng, shape, dtype)
-    w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
-    b_host = (0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
     x, dy, w, b = (cupy.asarray(a) for a in (x_host, dy_host, w_host, b_host))
     _, mean, rstd = gn.group_norm(x, groups, w, b, activation=activation, return_stats=True)
     mean_host, rstd_host = mean.get(), rstd.get()
