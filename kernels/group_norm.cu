@@ -2220,8 +2220,9 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128) dwgn_gn_fwd_cluster
 //   weights   (when grad_weight or grad_bias is asked) the last cluster of
 //             set k to finish, by a ticket (tickets[k], atomicInc modulo N:
 //             back to 0 once all N have arrived, ready for the next launch
-//             on the stream), adds the N samples' partial sums in order n =
-//             0 .. N-1: dweight_c = sum B, dbias_c = sum A.
+//             on the stream), adds the N samples' partial sums, its rank-0
+//             CTA as a whole (gn::segment_sums: a fixed order):
+//             dweight_c = sum B, dbias_c = sum A.
 //
 // Every sum has an order fixed by the shape (which cluster is last does
 // not change the order it adds in), so results are bit-identical run to
@@ -2387,16 +2388,19 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(256, 1) dwgn_gn_bwd_clus
       *last = before == static_cast<unsigned>(N - 1);
     }
     __syncthreads();
-    if (*last) {
-      for (int c = threadIdx.x; c < SC; c += blockDim.x) {
-        Acc a = Acc(0), b = Acc(0);
-        for (int m = 0; m < N; ++m) {
-          a += __ldcg(partial + static_cast<long long>(m) * 2 * C + c0 + c);
-          b += __ldcg(partial + static_cast<long long>(m) * 2 * C + C + c0 + c);
-        }
-        if (grad_weight != nullptr) grad_weight[c0 + c] = from_acc<W>(b);
-        if (grad_bias != nullptr) grad_bias[c0 + c] = from_acc<W>(a);
-      }
+    if (*last) {  // CTA-uniform; the slots are free (scratch: 2 * blockDim.x <= 2 * slot_stride Acc)
+      // The whole CTA over the N samples (N may be large: many small
+      // samples): blockDim.x / SC threads per channel, then in order.
+      gn::segment_sums<2, Acc>(
+          SC, N, slots,
+          [&](int c, int m, Acc* v) {
+            v[0] = __ldcg(partial + static_cast<long long>(m) * 2 * C + c0 + c);
+            v[1] = __ldcg(partial + static_cast<long long>(m) * 2 * C + C + c0 + c);
+          },
+          [&](int c, const Acc (&t)[2]) {
+            if (grad_weight != nullptr) grad_weight[c0 + c] = from_acc<W>(t[1]);
+            if (grad_bias != nullptr) grad_bias[c0 + c] = from_acc<W>(t[0]);
+          });
     }
   }
   gn::cluster_wait();  // no CTA leaves while another may still read its sums

@@ -575,6 +575,7 @@ _CLUSTER_BACKWARD_CASES = [  # (shape, groups, dtype, weight dtype, activation, 
     ((2, 5, 7, 24), 4, F16, F32, "silu", 3.0, 8),  # 35 rows over 8 CTAs of 5: the last holds none
     ((3, 31, 29, 96), 32, F32, F32, "silu", 30.0, 8),  # C/G = 3: sets of 12 channels (4 groups), prime rows
     ((130, 2, 2, 64), 8, F32, F32, "identity", 3.0, 1),  # N = 130 samples a ticket, 8 sets
+    ((3000, 1, 2, 64), 8, F16, F32, "silu", 3.0, 1),  # 3000 samples: the last cluster's whole CTA adds them
     ((4, 3, 3, 64), 1, F64, F64, "silu", 1000.0, 8),  # one group of 64 channels (the whole row a set), float64
     ((1, 97, 12), 4, F32, F32, "gelu", 30.0, 8),  # blocks of 39 threads: a partial warp
     ((2, 5, 5, 1016), 1, F16, F32, "silu", 3.0, 8),  # a set of 1016 channels on 127 threads
