@@ -40,6 +40,7 @@ PATHS = [("auto", {}, "auto"), ("cluster", {}, "cluster"), ("fused", {}, "fused"
          ("cluster 128", dict(_CLUSTER_BLOCK=128), "cluster"), ("cluster 64", dict(_CLUSTER_BLOCK=64), "cluster"),
          ("cluster 128, 512 CTAs", dict(_CLUSTER_BLOCK=128, _CLUSTER_TARGET_CTAS=512), "cluster"),
          ("onepass", {}, "onepass"),
+         ("small", {}, "small"),
          # the cluster backward's knobs (the forward columns repeat the cluster forward)
          ("cluster, bwd 256 CTAs", dict(_CLUSTER_BWD_TARGET_CTAS=256), "cluster"),
          ("cluster, bwd 64 CTAs", dict(_CLUSTER_BWD_TARGET_CTAS=64), "cluster"),
@@ -64,7 +65,10 @@ def main():
     # --shipped: the shipped rule alone (an A/B of a kernel change across runs)
     # --cluster: "auto", "cluster", "fused" and the cluster variants of --paths
     # --cluster-backward: "auto", "cluster", "fused" and the cluster backward's variants
+    # --small: "auto", "small", "cluster", "fused"; --torch adds PyTorch's best format (GPU time, forward and
+    # forward+backward) to each line
     settings = (SETTINGS[:1] if "--shipped" in sys.argv[1:] else PATHS if "--paths" in sys.argv[1:]
+                else [p for p in PATHS if p[0] in ("auto", "small", "cluster", "fused")] if "--small" in sys.argv[1:]
                 else PATHS[:6] if "--cluster" in sys.argv[1:]
                 else PATHS[:3] + [p for p in PATHS if p[0].startswith("cluster, bwd")]
                 if "--cluster-backward" in sys.argv[1:] else SETTINGS)
@@ -73,14 +77,14 @@ def main():
     run_facts(torch)  # prints the device, date and copy bandwidth
     print("case | " + " | ".join(s[0] for s in settings) + "   (forward/backward GPU us, rotating copies, SiLU)", flush=True)
     for shape, dtype in cases:
-        sweep(shape, dtype, backward, settings)
+        sweep(shape, dtype, backward, settings, "--torch" in sys.argv[1:])
     for k, v in DEFAULT.items():
         setattr(gn, k, v)
     gn.FORWARD_PATH = gn.BACKWARD_PATH = "auto"
     clear()
 
 
-def sweep(shape, dtype, backward, settings):
+def sweep(shape, dtype, backward, settings, with_torch=False):
     case = bench.Case(torch, shape, dtype, "silu")
     cells = []
     for name, knobs, path in settings:
@@ -91,6 +95,11 @@ def sweep(shape, dtype, backward, settings):
         fwd = bench._graph_us([case.forward_into(i) for i in range(case.copies)])
         bwd = bench._graph_us([case.backward(i, into=True) for i in range(case.copies)]) if backward else 0.0
         cells.append(f"{fwd:6.1f}/{bwd:6.1f}")
+    if with_torch:  # PyTorch's faster format: forward / forward+backward
+        r = range(case.copies)
+        fwd, fwd_bwd = (min(bench._torch_graph_us(torch, [make(i, cl) for i in r]) for cl in (False, True))
+                        for make in (case.torch_forward, case.torch_forward_backward))
+        cells.append(f"torch {fwd:6.1f}/{fwd_bwd:6.1f} (fwd+bwd)")
     print(f"{'x'.join(map(str, shape))} {dtype} | " + " | ".join(cells), flush=True)
 
 

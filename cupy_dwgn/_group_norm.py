@@ -39,6 +39,9 @@ _RESIDENT = "dwgn_gn_fwd_resident"
 _BWD_RESIDENT = "dwgn_gn_bwd_resident"
 _CLUSTER = "dwgn_gn_fwd_cluster"
 _BWD_CLUSTER = "dwgn_gn_bwd_cluster"
+_SMALL = "dwgn_gn_fwd_small"
+_BWD_SMALL = "dwgn_gn_bwd_small"
+_BWD_WEIGHTS = "dwgn_gn_bwd_weights"
 
 # ---------------------------------------------------------------------------
 # Path choice (written down here, applied by _path, _cluster_geometry and
@@ -130,7 +133,7 @@ _BWD_CLUSTER = "dwgn_gn_bwd_cluster"
 # elementwise kernels by column with each column's coefficients loaded once
 # (apply alone up to 19% faster, the op's forward -3% to +6%, backward 1-15%
 # slower).
-FORWARD_PATH = "auto"  # "auto", "cluster", "fused", "split", "onepass" or "resident" (tests and benchmarks force one)
+FORWARD_PATH = "auto"  # "auto", "small", "cluster", "fused", "split", "onepass" or "resident" (tests and benchmarks force one)
 BACKWARD_PATH = "auto"
 # Phase-1 work items (n, chunk of rows): about this many in all, each at
 # least lanes * row batch rows (every thread gets a whole batch).  Shape only.
@@ -208,6 +211,15 @@ _CLUSTER_AUTO_MAX_BYTES = 16 * 2**20
 #   - about 256 CTAs in place of 128: fp16 2x32x32x640 12.5, 2x16x16x1280
 #     9.6, 4x32x32x640 17.3; sets of at least 128 bytes: mixed (8x8x8x1280
 #     fp16 8.6, 4x32x32x640 fp16 19.4).
+# Small groups (dwgn_gn_fwd_small / dwgn_gn_bwd_small + dwgn_gn_bwd_weights:
+# a warp per (sample, group) item): "auto" takes them, on every device, for
+# groups of at most _SMALL_MAX_GROUP elements (S * D) -- many samples of few
+# rows, where a block or cluster per (sample, set) mostly waits on its
+# barriers.  Measured on an H200 (2026-12-04, GPU time, SiLU; results/group_norm_small_h200_2026-12-04.txt).
+_SMALL_MAX_GROUP = 512
+_SMALL_BLOCK = 256  # the kernels' __launch_bounds__ (dwgn_gn_bwd_small's shared slots: 8 warps)
+_WEIGHTS_BLOCK = 1024  # dwgn_gn_bwd_weights: 32 channels a block
+
 BWD_CLUSTER_SIZES = (1, 2, 4, 8)
 _CLUSTER_BWD_TARGET_CTAS = 128
 _CLUSTER_BWD_MIN_SET_BYTES = 32
@@ -337,6 +349,7 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                         name(_CLUSTER, t, w, _ACT_CODE[a], vecs[1], size)
                         for w in ws for a in activations for size in CLUSTER_SIZES
                     ]
+                    specs += [name(_SMALL, t, w, _ACT_CODE[a]) for w in ws for a in activations]
             else:
                 specs += [
                     name(_BWD_REDUCE, t, w, _ACT_CODE[a], v, i)
@@ -359,6 +372,8 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                         name(_BWD_CLUSTER, t, w, _ACT_CODE[a], vecs[1], size)
                         for w in ws for a in activations for size in BWD_CLUSTER_SIZES
                     ]
+                    specs += [name(_BWD_SMALL, t, w, _ACT_CODE[a]) for w in ws for a in activations]
+                    specs += [name(_BWD_WEIGHTS, acc, w) for w in ws]
     return [(KERNEL_FILE, e) for e in dict.fromkeys(specs)]
 
 
@@ -379,6 +394,7 @@ class _Plan(typing.NamedTuple):
     onepass: _launch.Launch = None  # the one-pass kernel (then first/finalize/elementwise are None)
     resident: _launch.Launch = None  # the resident kernel, forward or backward (likewise)
     cluster: _launch.Launch = None  # the cluster forward or backward (likewise)
+    small: _launch.Launch = None  # the small-group forward or backward (likewise; backward: then finalize)
 
 
 def _vector_width(dtype, channels, aligned):
@@ -400,14 +416,20 @@ def _geometry(batch, rows, channels, dtype, aligned):
 def _path(setting, device):
     """The plans' path for a FORWARD_PATH / BACKWARD_PATH setting on
     ``device`` (the current one), where it can launch cooperative kernels (else "split"):
-    "onepass", "resident" and "cluster" (forced; the plans fall back to
-    "fused" where they do not apply), "auto" on a device with thread-block
-    clusters (each direction takes its cluster kernel where
-    _cluster_geometry's rule does, else "fused"), else "fused"."""
+    "onepass", "resident", "cluster" and "small" (forced; the plans fall
+    back to "fused" where they do not apply), "auto" on a device with
+    thread-block clusters (each direction takes the small-group kernels
+    where _small_serves says, else its cluster kernel where
+    _cluster_geometry's rule does, else "fused"), "auto, no clusters" on
+    one without (small groups, else "fused"), else "fused"."""
+    if setting == "small":
+        return setting
     if setting == "split" or not _launch.cooperative_supported():
         return "split"
     if setting in ("auto", "cluster"):
-        return setting if _launch.compute_capability_major(device) >= 9 else "fused"
+        if _launch.compute_capability_major(device) >= 9:
+            return setting
+        return "auto, no clusters" if setting == "auto" else "fused"
     return setting if setting in ("onepass", "resident") else "fused"
 
 
@@ -518,6 +540,19 @@ def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False, b
     return set_channels, cluster, block, rows_per_cta, shared
 
 
+def _small_serves(batch, rows, channels, groups, path):
+    """Whether the small-group kernels (a warp per (sample, group)) take the
+    shape on ``path``: forced ("small") wherever 32-bit offsets and
+    gn::small_div serve, by "auto" for groups of at most _SMALL_MAX_GROUP
+    elements.  Depends on the shape only."""
+    count = rows * (channels // groups)
+    if path not in ("small", "auto", "auto, no clusters") or batch * rows * channels >= _launch.INT32_LIMIT:
+        return False
+    if batch * groups * 32 >= _launch.INT32_LIMIT or count >= 1 << 22:
+        return False
+    return path == "small" or count <= _SMALL_MAX_GROUP
+
+
 def _plan_on(device, build, plan_args, aligned, setting):
     """The plan ``build`` (_forward_plan, _backward_plan) makes for the
     path ``setting`` on ``device``: a resident plan whose grid cannot all be
@@ -599,6 +634,18 @@ def _onepass_geometry(batch, rows, channels, groups, dtype, vec, path, backward=
 def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps, aligned, path="split"):
     name = _compile.name_expression
     index, t, acc_dtype, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
+    if _small_serves(batch, rows, channels, groups, path):
+        items = batch * groups
+        return _Plan(
+            None, None, None, (), ((batch, groups), acc_dtype),
+            small=_launch.Launch(
+                KERNEL_FILE, name(_SMALL, t, _dtypes.ctype(w_dtype), _ACT_CODE[activation]),
+                (-(-items * 32 // _SMALL_BLOCK),), (_SMALL_BLOCK,), 0,
+                (i32(batch), i32(rows), i32(channels), i32(groups), acc_dtype.type(eps)),
+            ),
+        )
+    if path in ("small", "auto, no clusters"):  # where the small-group kernel does not apply
+        path = "fused"
     cluster = None
     if path in ("auto", "cluster"):
         cluster = _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=path == "cluster")
@@ -712,8 +759,8 @@ def _forward_steps(plan, mean_temporary, rstd_temporary):
         _workspace.GRID_BARRIER,)
     if plan.resident is not None:  # (x, partial, weight, bias, mean, rstd, y, barrier)
         return _launch.Steps(((plan.resident, (0, 6, 1, 2, mean, rstd, 3, barrier)),), temporaries)
-    if plan.cluster is not None:  # (x, weight, bias, mean, rstd, y)
-        return _launch.Steps(((plan.cluster, (0, 1, 2, mean, rstd, 3)),), temporaries)
+    if plan.cluster is not None or plan.small is not None:  # (x, weight, bias, mean, rstd, y)
+        return _launch.Steps(((plan.cluster or plan.small, (0, 1, 2, mean, rstd, 3)),), temporaries)
     if plan.onepass is not None:  # (x, partial, weight, bias, mean, rstd, coefficients, y, barrier)
         return _launch.Steps(((plan.onepass, (0, 6, 1, 2, mean, rstd, 7, 3, barrier)),), temporaries)
     # (x, partial, weight, bias, mean, rstd, coefficients, barrier)
@@ -723,6 +770,8 @@ def _forward_steps(plan, mean_temporary, rstd_temporary):
 
 
 def _backward_steps(plan):
+    if plan.small is not None:  # (grad_out, x, mean, rstd, w, b, partial, grad_x), then (partial, dw, db)
+        return _launch.Steps(((plan.small, (0, 1, 2, 3, 4, 5, 9, 6)), (plan.finalize, (9, 7, 8))), plan.temporaries)
     if plan.cluster is not None:  # (grad_out, x, mean, rstd, w, b, partial, tickets, dw, db, grad_x)
         return _launch.Steps(((plan.cluster, (0, 1, 2, 3, 4, 5, 9, 10, 7, 8, 6)),),
                              plan.temporaries + (_workspace.TICKETS,))
@@ -753,6 +802,24 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
     index, t, acc_dtype, vec, num_vectors = _geometry(batch, rows, channels, dtype, aligned)
     w_ctype = _dtypes.ctype(w_dtype)
     act = _ACT_CODE[activation]
+    if _small_serves(batch, rows, channels, groups, path):
+        items = batch * groups
+        common = (i32(batch), i32(rows), i32(channels), i32(groups))
+        return _Plan(
+            None,
+            _launch.Launch(  # the weight gradients, from the samples' per-channel sums
+                KERNEL_FILE, name(_BWD_WEIGHTS, _dtypes.ctype(acc_dtype), w_ctype), (-(-channels // 32),),
+                (_WEIGHTS_BLOCK,), 0, (i32(batch), i32(channels)),
+            ),
+            None,
+            (((batch, 2, channels), acc_dtype),),  # the samples' per-channel sums
+            small=_launch.Launch(
+                KERNEL_FILE, name(_BWD_SMALL, t, w_ctype, act), (-(-items * 32 // _SMALL_BLOCK),), (_SMALL_BLOCK,),
+                0, common,
+            ),
+        )
+    if path in ("small", "auto, no clusters"):  # where the small-group kernels do not apply
+        path = "fused"
     cluster = None
     if path in ("auto", "cluster"):
         cluster = _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=path == "cluster", backward=True)

@@ -2406,3 +2406,205 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(256, 1) dwgn_gn_bwd_clus
   gn::cluster_wait();  // no CTA leaves while another may still read its sums
 #endif
 }
+
+// ---------------------------------------------------------------------------
+// Small groups: a warp per (sample n, group g) item (item w = n * G + g),
+// for shapes whose groups hold few elements (count = S * D; many samples of
+// few rows, (N, C) inputs), where a block or cluster per (sample, set) would
+// wait on its barriers for a handful of elements each.  The group's elements
+// are read from global memory in each pass (from L1 / L2 after the first);
+// element i of the group is row i / D, channel i % D.  Host rule:
+// _group_norm._small_serves.  N * S * C < 2**31 (int offsets); count < 2**22
+// (gn::small_div).
+namespace gn {
+struct SmallGroup {
+  int item, lane, n, g, D, count, base;  // base: the group's first element (row 0, channel g * D)
+  bool valid;                            // warp-uniform: the grid's last warps may hold no item
+  __device__ __forceinline__ SmallGroup(int N, int S, int C, int G) {
+    item = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    lane = threadIdx.x & 31;
+    valid = item < N * G;
+    n = item / G;
+    g = item - n * G;
+    D = C / G;
+    count = S * D;
+    base = n * S * C + g * D;
+  }
+  // Offset of element i from base (row i / D, channel i % D).
+  __device__ __forceinline__ int at(int i, int C, float inv_d) const {
+    const int s = dwgn::small_div(i, inv_d);
+    return s * C + (i - s * D);
+  }
+};
+}  // namespace gn
+
+// Forward: the group's mean (pass 1, double across lanes), sums about it
+// rounded to Acc (pass 2: the two-pass variance of the cluster forward), y as
+// gn::apply_tile forms it (pass 3).  x and y may be the same array (a warp
+// writes only its group, after reading it).  blockDim.x a multiple of 32.
+template <typename T, typename W, int ACT>
+__global__ void __launch_bounds__(256, 1) dwgn_gn_fwd_small(
+    const T* x, const W* __restrict__ weight, const W* __restrict__ bias,
+    typename AccType<T>::type* __restrict__ mean_out, typename AccType<T>::type* __restrict__ rstd_out, T* y, int N,
+    int S, int C, int G, typename AccType<T>::type eps) {
+  using Acc = typename AccType<T>::type;
+  const gn::SmallGroup P(N, S, C, G);
+  if (!P.valid) return;  // whole warps: no shuffle below misses a lane
+  const float inv_d = 1.0f / static_cast<float>(P.D);
+  const T* xg = x + P.base;
+  Acc sum = Acc(0);
+  for (int i = P.lane; i < P.count; i += 32) sum += to_acc(xg[P.at(i, C, inv_d)]);
+  const double count = static_cast<double>(P.count);
+  const Acc shift = static_cast<Acc>(dwgn::warp_sum(static_cast<double>(sum)) / count);
+  Acc sd = Acc(0), sdd = Acc(0);
+  for (int i = P.lane; i < P.count; i += 32) {
+    const Acc d = to_acc(xg[P.at(i, C, inv_d)]) - shift;
+    sd += d;
+    sdd += d * d;
+  }
+  const double total_d = dwgn::warp_sum(static_cast<double>(sd));
+  const double total_dd = dwgn::warp_sum(static_cast<double>(sdd));
+  const double mean = static_cast<double>(shift) + total_d / count;
+  const double var = fmax(total_dd - total_d * (total_d / count), 0.0) / count;
+  const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
+  if (P.lane == 0) {
+    mean_out[P.item] = static_cast<Acc>(mean);
+    rstd_out[P.item] = static_cast<Acc>(rstd);
+  }
+  const Acc hi = static_cast<Acc>(mean), rstd_acc = static_cast<Acc>(rstd);
+  const double lo = mean - static_cast<double>(hi);  // exact
+  T* yg = y + P.base;
+  for (int i = P.lane; i < P.count; i += 32) {
+    const int s = dwgn::small_div(i, inv_d);
+    const int d = i - s * P.D, e = s * C + d, c = P.g * P.D + d;
+    const Acc scale = weight != nullptr ? rstd_acc * to_acc(weight[c]) : rstd_acc;
+    const Acc b = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+    const Acc offset = static_cast<Acc>(static_cast<double>(b) - lo * static_cast<double>(scale));
+    const Acc z = (to_acc(xg[e]) - hi) * scale + offset;
+    yg[e] = from_acc<T>(gn::activation<ACT, gn::fast_activation<T>()>(z));
+  }
+}
+
+// Backward: per channel of the group, A = sum dz and B = sum dz * xhat over
+// the S rows (the arithmetic of gn::BwdLane): K = max(1, 32 / D) lanes per
+// channel (lane = r * min(D, 32) + d: channel d, rows r, r + K, ...; for D
+// >= 32 a lane walks channels d, d + 32, ...), the K row slots added in
+// order through shared memory; written to partial (N, 2, C) Acc for the
+// weight gradients (dwgn_gn_bwd_weights); the dx coefficients from sum_c w_c
+// A_c and sum_c w_c B_c (a butterfly), then dx element by element (dz
+// recomputed).  grad_in must not overlap x or grad_out (the host checks
+// it).  blockDim.x = 256.
+template <typename T, typename W, int ACT>
+__global__ void __launch_bounds__(256, 1) dwgn_gn_bwd_small(
+    const T* __restrict__ grad_out, const T* __restrict__ x, const typename AccType<T>::type* __restrict__ mean,
+    const typename AccType<T>::type* __restrict__ rstd, const W* __restrict__ weight, const W* __restrict__ bias,
+    typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_in, int N, int S, int C, int G) {
+  using Acc = typename AccType<T>::type;
+  __shared__ Acc row_slots[8][2][32];  // a warp's lanes' channel sums (K > 1)
+  const gn::SmallGroup P(N, S, C, G);
+  if (!P.valid) return;  // whole warps: no shuffle or __syncwarp below misses a lane
+  const int D = P.D, lane = P.lane, c0 = P.g * D;
+  const int warp = threadIdx.x >> 5;
+  const Acc m = mean[P.item], r = rstd[P.item];
+  const T* xg = x + P.base;
+  const T* dyg = grad_out + P.base;
+  const int width = min(D, 32), K = max(1, 32 / D);
+  const int d0 = lane % width, r0 = lane / width;
+  Acc wa = Acc(0), wb = Acc(0);  // this lane's share of sum_c w_c A_c, sum_c w_c B_c
+  // K > 1: one channel per lane (d0 < D), one trip, so __syncwarp is reached by all.
+  for (int d = d0; d < D; d += width) {
+    const int c = c0 + d;
+    const Acc w = weight != nullptr ? to_acc(weight[c]) : Acc(1);
+    const Acc scale = r * w;
+    const Acc b = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+    Acc a = Acc(0), bsum = Acc(0);
+    if (r0 < K) {
+      for (int s = r0; s < S; s += K) {
+        const int e = s * C + d;
+        const Acc centered = to_acc(xg[e]) - m;
+        Acc dz = to_acc(dyg[e]);
+        if (ACT != gn::kIdentity) dz *= gn::activation_grad<ACT, gn::fast_activation<T>()>(centered * scale + b);
+        a += dz;
+        bsum += dz * (centered * r);
+      }
+    }
+    if (K > 1) {  // warp-uniform
+      row_slots[warp][0][lane] = a;
+      row_slots[warp][1][lane] = bsum;
+      __syncwarp();
+      if (r0 == 0) {
+        a = bsum = Acc(0);
+        for (int j = 0; j < K; ++j) {
+          a += row_slots[warp][0][j * D + d0];
+          bsum += row_slots[warp][1][j * D + d0];
+        }
+      }
+      __syncwarp();
+    }
+    if (r0 == 0) {
+      partial[static_cast<long long>(P.n) * 2 * C + c] = a;
+      partial[static_cast<long long>(P.n) * 2 * C + C + c] = bsum;
+      wa += w * a;
+      wb += w * bsum;
+    }
+  }
+  const Acc inv_count = Acc(1) / (Acc(S) * Acc(D));
+  const Acc k1 = r * dwgn::warp_sum(wa) * inv_count;
+  const Acc k2 = r * (r * dwgn::warp_sum(wb) * inv_count);
+  const float inv_d = 1.0f / static_cast<float>(D);
+  T* dxg = grad_in + P.base;
+  for (int i = lane; i < P.count; i += 32) {
+    const int s = dwgn::small_div(i, inv_d);
+    const int d = i - s * D, e = s * C + d, c = c0 + d;
+    const Acc scale = weight != nullptr ? r * to_acc(weight[c]) : r;
+    const Acc centered = to_acc(xg[e]) - m;
+    Acc dz = to_acc(dyg[e]);
+    if (ACT != gn::kIdentity) {
+      const Acc b = bias != nullptr ? to_acc(bias[c]) : Acc(0);
+      dz *= gn::activation_grad<ACT, gn::fast_activation<T>()>(centered * scale + b);
+    }
+    dxg[e] = from_acc<T>(scale * dz - k1 - centered * k2);
+  }
+}
+
+// The weight gradients from per-sample channel sums: partial (N, 2, C) Acc
+// (A = sum dz, B = sum dz * xhat), dweight_c = sum_n B, dbias_c = sum_n A
+// (each written when its pointer is not null).  A block of 1024 threads per
+// 32 channels: lane = channel (coalesced), warp j adds samples j, j + 32,
+// ... (kFinalizeBatch loads in flight), then the 32 warps in order.
+template <typename Acc, typename W>
+__global__ void __launch_bounds__(1024) dwgn_gn_bwd_weights(const Acc* __restrict__ partial,
+                                                            W* __restrict__ grad_weight, W* __restrict__ grad_bias,
+                                                            int N, int C) {
+  __shared__ Acc warp_sums[2][32][33];
+  if (grad_weight == nullptr && grad_bias == nullptr) return;  // grid-uniform
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int c = blockIdx.x * 32 + lane;
+  Acc a = Acc(0), b = Acc(0);
+  if (c < C) {
+    gn::batched_walk<gn::kFinalizeBatch>(
+        warp, N, warps,
+        [&](long long n) {
+          gn::Vec<Acc, 2> v;
+          v.v[0] = partial[n * 2 * C + c];
+          v.v[1] = partial[n * 2 * C + C + c];
+          return v;
+        },
+        [&](const gn::Vec<Acc, 2>& v) {
+          a += v.v[0];
+          b += v.v[1];
+        });
+  }
+  warp_sums[0][warp][lane] = a;
+  warp_sums[1][warp][lane] = b;
+  __syncthreads();
+  if (warp == 0 && c < C) {
+    a = b = Acc(0);
+    for (int j = 0; j < warps; ++j) {
+      a += warp_sums[0][j][lane];
+      b += warp_sums[1][j][lane];
+    }
+    if (grad_weight != nullptr) grad_weight[c] = from_acc<W>(b);
+    if (grad_bias != nullptr) grad_bias[c] = from_acc<W>(a);
+  }
+}

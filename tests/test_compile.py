@@ -1650,8 +1650,9 @@ def test_group_norm_cluster_plans():
         # "auto" takes clusters of at most _CLUSTER_AUTO_MAX_SIZE CTAs, else the two launches.
         auto = gn._forward_plan(n, s, c, g, dtype, w_dtype, "silu", 1e-5, True, "auto")
         taken = cluster <= gn._CLUSTER_AUTO_MAX_SIZE and n * s * c * dtype.itemsize <= gn._CLUSTER_AUTO_MAX_BYTES
-        assert (auto.cluster is not None) == taken, (n, s, c)
-        assert auto.cluster is not None or (auto.first is not None and auto.finalize is None)
+        small = gn._small_serves(n, s, c, g, "auto")  # small groups: "auto" takes the small-group kernel first
+        assert (auto.cluster is not None) == (taken and not small) and (auto.small is not None) == small, (n, s, c)
+        assert auto.cluster is not None or auto.small is not None or (auto.first is not None and auto.finalize is None)
         for path in ("cluster", "auto") if auto.cluster is not None else ("cluster",):
             plan = gn._forward_plan(n, s, c, g, dtype, w_dtype, "silu", 1e-5, True, path)
             launch = plan.cluster
@@ -1714,8 +1715,9 @@ def test_group_norm_cluster_backward_plans():
         w_dtype = f32 if dtype.itemsize == 2 else dtype
         auto = gn._backward_plan(n, s, c, g, dtype, w_dtype, "silu", True, "auto")
         taken = cluster <= gn._CLUSTER_BWD_AUTO_MAX_SIZE and n * s * c * dtype.itemsize <= gn._CLUSTER_BWD_AUTO_MAX_BYTES
-        assert (auto.cluster is not None) == taken, (n, s, c)
-        assert auto.cluster is not None or (auto.first is not None and auto.finalize is None)
+        small = gn._small_serves(n, s, c, g, "auto")  # small groups: "auto" takes the small-group kernels first
+        assert (auto.cluster is not None) == (taken and not small) and (auto.small is not None) == small, (n, s, c)
+        assert auto.cluster is not None or auto.small is not None or (auto.first is not None and auto.finalize is None)
         for path in ("cluster", "auto") if auto.cluster is not None else ("cluster",):
             plan = gn._backward_plan(n, s, c, g, dtype, w_dtype, "silu", True, path)
             launch = plan.cluster
@@ -1795,7 +1797,7 @@ def test_group_norm_cluster_path_per_device(monkeypatch):
     monkeypatch.setattr(_launch, "cooperative_supported", lambda: True)
     monkeypatch.setattr(_launch, "compute_capability_major", lambda device: devices[device][0])
     monkeypatch.setattr(_launch, "max_shared_per_block", lambda device: devices[device][1])
-    assert [gn._path("auto", d) for d in (0, 1, 2)] == ["auto", "fused", "auto"]
+    assert [gn._path("auto", d) for d in (0, 1, 2)] == ["auto", "auto, no clusters", "auto"]
     assert [gn._path("cluster", d) for d in (0, 1)] == ["cluster", "fused"]
     assert gn._path("fused", 0) == "fused" and gn._path("resident", 0) == "resident" and gn._path("split", 0) == "split"
     eight = (2, 1024, 640, 32, f16, f32, "silu", 1e-5)  # clusters of 8, 31 KB of shared memory

@@ -282,7 +282,7 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
     clustered = gn._cluster_geometry(shape[0], rows, shape[-1], groups, dtype, vec, forced=True) is not None
     clustered_backward = gn._cluster_geometry(shape[0], rows, shape[-1], groups, dtype, vec, True, True) is not None
     assert clustered == clustered_backward == (vec > 1)  # these small shapes fit wherever the vector path applies
-    for path in ("cluster", "resident", "fused", "onepass", "split"):
+    for path in ("cluster", "small", "resident", "fused", "onepass", "split"):
         set_paths(path)
         acc = _dtypes.accumulator_dtype(dtype)
         y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
@@ -300,8 +300,9 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
         again = gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation)
         for got, first in zip(again, (dx, dw, db)):
             assert cupy.array_equal(got, first), f"{path}: backward not bit-identical run to run"
-        # The cluster forward and backward are one launch each.
-        want = {"cluster": {1} if clustered else {2}, "resident": {1}, "onepass": {1}, "fused": {2}, "split": {3}}
+        # The cluster forward and backward are one launch each; small groups one forward, two backward.
+        want = {"cluster": {1} if clustered else {2}, "small": {1, 2}, "resident": {1}, "onepass": {1}, "fused": {2},
+                "split": {3}}
         assert _launch_counts(path) == want[path], path
 
 
@@ -639,6 +640,72 @@ def test_cluster_backward_matches_the_reference(rng, set_paths, case):
     auto = gn._backward_plan(shape[0], int(numpy.prod(shape[1:-1])), shape[-1], groups, dtype, wdtype, activation,
                              True, "auto")
     assert (auto.cluster is not None) == (cluster <= gn._CLUSTER_BWD_AUTO_MAX_SIZE)  # all under 16 MB
+
+
+
+_SMALL_CASES = [  # (shape, groups, dtype, weight dtype, activation, offset)
+    ((4096, 64), 8, F32, F32, "silu", 1000.0),  # (N, C): 8 elements a group, 1000 + randn in float32
+    ((3000, 1, 2, 64), 8, F16, F32, "gelu", 3.0),  # D = 8: 4 lanes a channel (K = 4)
+    ((257, 3, 5, 99), 33, BFLOAT16, BFLOAT16, "gelu_tanh", 3.0),  # D = 3: K = 10, 2 lanes idle; C odd (scalar)
+    ((64, 2, 2, 96), 4, F32, F32, "relu", 30.0),  # D = 24: one lane a channel, 8 idle
+    ((33, 1, 7, 320), 4, F16, F16, "silu", 3.0),  # D = 80 > 32: a lane walks channels d, d + 32, ...
+    ((16, 1, 1, 1024), 1024, F64, F64, "silu", 1000.0),  # D = 1: 32 lanes a channel, float64
+    ((2, 64, 64, 320), 32, F16, F32, "identity", 3.0),  # forced on an SD shape: 40960 elements a group
+]
+
+
+@pytest.mark.parametrize("case", _SMALL_CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-G{c[1]}-{numpy.dtype(c[2])}")
+def test_small_groups_match_the_reference(rng, set_paths, case):
+    # The small-group kernels (a warp per (sample, group); backward the
+    # samples' per-channel sums, then dwgn_gn_bwd_weights) over every lane
+    # layout of the backward (K lanes a channel, idle lanes, a lane walking
+    # several channels), the scalar and vector paths, large means, float64:
+    # y, mean, rstd, dx, dw, db match the reference into poisoned outputs,
+    # with weight and bias, one of them or neither, bit-identical run to
+    # run, the forward in place too; "auto" takes them where _small_serves
+    # says.
+    import cupy
+
+    shape, groups, dtype, wdtype, activation, offset = case
+    set_paths("small")
+    gn._SIGNATURES.clear()
+    x_host = random(rng, shape, dtype, offset=offset)
+    dy_host = random(rng, shape, dtype)
+    w_host = (1.0 + 0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    b_host = (0.5 * rng.standard_normal(shape[-1])).astype(wdtype)
+    x, dy, w, b = (cupy.asarray(a) for a in (x_host, dy_host, w_host, b_host))
+    _forward_matches_reference(x, x_host, groups, None, None, None, None, activation, "small")
+    y, mean, rstd = _forward_matches_reference(x, x_host, groups, w, b, w_host, b_host, activation, "small")
+    in_place = cupy.asarray(x_host)
+    assert gn.group_norm(in_place, groups, w, b, activation=activation, out=in_place) is in_place
+    assert cupy.array_equal(in_place, y), "in place differs"
+    mean_host, rstd_host = mean.get(), rstd.get()
+    for given in ("both", "weight", "bias", "neither"):
+        weight = w if given in ("both", "weight") else None
+        bias = b if given in ("both", "bias") else None
+        ref_dx, ref_dw, ref_db = reference.group_norm_backward(
+            dy_host, x_host, mean_host, rstd_host, groups, None if weight is None else w_host,
+            None if bias is None else b_host, activation=activation)
+        runs = []
+        for _ in range(2):
+            dx = poisoned(shape, dtype)
+            dw = None if weight is None else poisoned(shape[-1:], wdtype)
+            db = None if bias is None else poisoned(shape[-1:], wdtype)
+            runs.append(gn.group_norm_backward(dy, x, mean, rstd, groups, weight, bias, activation=activation,
+                                               out=dx, grad_weight_out=dw, grad_bias_out=db))
+        errors = {"dx": relative_error(runs[0][0], ref_dx)}
+        if weight is not None:
+            errors["dw"] = relative_error(runs[0][1], ref_dw)
+        if bias is not None:
+            errors["db"] = relative_error(runs[0][2], ref_db)
+        record_errors(f"group_norm small {dtype}", activation, errors)
+        assert max(errors.values()) <= TOLERANCE[dtype], (given, errors)
+        assert all(a is None and b_ is None or cupy.array_equal(a, b_) for a, b_ in zip(*runs)), (
+            f"{given}: not bit-identical run to run")
+    assert _kernels() == {"dwgn_gn_fwd_small", "dwgn_gn_bwd_small", "dwgn_gn_bwd_weights"}
+    rows = int(numpy.prod(shape[1:-1]))
+    auto = gn._forward_plan(shape[0], rows, shape[-1], groups, dtype, wdtype, activation, 1e-5, True, "auto")
+    assert (auto.small is not None) == (rows * (shape[-1] // groups) <= gn._SMALL_MAX_GROUP)
 
 
 def test_zero_size():

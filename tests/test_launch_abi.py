@@ -102,7 +102,7 @@ def _steps_of_every_path(monkeypatch):
                 forward_arguments = (dtype, w_dtype, w_dtype, dtype, acc, acc)
                 backward_arguments = (dtype, dtype, acc, acc, w_dtype, w_dtype, dtype, w_dtype, w_dtype)
                 for aligned, path in itertools.product((True, False),
-                                                       ("split", "fused", "onepass", "resident", "cluster")):
+                                                       ("split", "fused", "onepass", "resident", "cluster", "small")):
                     plan = _group_norm._forward_plan(n, s, c, groups, dtype, w_dtype, "silu", 1e-5, aligned, path)
                     for mean_temporary in (False, True):
                         for rstd_temporary in (False, True):
