@@ -469,9 +469,10 @@ def _misaligned(a):
 
 
 def group_norm(paths=None):
-    # Every path: "cluster" (what "auto" takes for the forward on an sm_90
-    # GPU where the vector path applies and a set's rows fit the cluster's
-    # shared memory), "resident" (opt-in; these cases all fit on chip),
+    # Every path: "cluster" (what "auto" takes on an sm_90 GPU where the
+    # vector path applies and a set's rows fit the cluster's shared memory),
+    # "small" (a warp per (sample, group): what "auto" takes for small
+    # groups), "resident" (opt-in; these cases all fit on chip),
     # "fused" (the column kernels with their finalize after a grid barrier),
     # "split" (three launches), "onepass";
     # per-channel partial sums (what these small tensors take) and per-group
@@ -481,7 +482,8 @@ def group_norm(paths=None):
     from cupy_dwgn import _group_norm
 
     shipped_grouped_bytes = _group_norm._GROUPED_BYTES
-    for path, grouped_bytes in [("cluster", shipped_grouped_bytes), ("resident", shipped_grouped_bytes),
+    for path, grouped_bytes in [("cluster", shipped_grouped_bytes), ("small", shipped_grouped_bytes),
+                                ("resident", shipped_grouped_bytes),
                                 ("fused", shipped_grouped_bytes), ("fused", 0),
                                 ("split", shipped_grouped_bytes), ("split", 0), ("onepass", shipped_grouped_bytes)]:
         if paths is not None and path not in paths:
@@ -489,6 +491,7 @@ def group_norm(paths=None):
         _group_norm.FORWARD_PATH = _group_norm.BACKWARD_PATH = path
         _group_norm._GROUPED_BYTES = grouped_bytes
         _group_norm._forward_plan.cache_clear()
+        _group_norm._backward_plan.cache_clear()
         _group_norm._SIGNATURES.clear()
         group_norm_cases()
     _group_norm.FORWARD_PATH = _group_norm.BACKWARD_PATH = "auto"
@@ -503,8 +506,13 @@ def gn_resident():
 
 
 def gn_cluster():
-    # The cluster forward alone (and the fused backward after it).
+    # The cluster forward and backward alone.
     group_norm(paths=("cluster",))
+
+
+def gn_small():
+    # The small-group kernels alone (forward, backward and the weight gradients' reduce).
+    group_norm(paths=("small",))
 
 
 def group_norm_cases():
@@ -536,6 +544,7 @@ if __name__ == "__main__":
          "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_plane_wgrad": nchw_plane_wgrad, "nchw_rows": nchw_rows, "nchw_forward_regs": nchw_forward_regs,
          "nhwc_direct": nhwc_direct,
          "nhwc_ring": nhwc_ring, "nhwc_phase": nhwc_phase, "wgrad_mma": wgrad_mma,
-         "group_norm": group_norm, "gn_resident": gn_resident, "gn_cluster": gn_cluster}[family]()
+         "group_norm": group_norm, "gn_resident": gn_resident, "gn_cluster": gn_cluster,
+         "gn_small": gn_small}[family]()
     cupy.cuda.Device().synchronize()
     print("sanitizer workload done")
