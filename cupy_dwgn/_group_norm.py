@@ -44,9 +44,14 @@ _BWD_SMALL = "dwgn_gn_bwd_small"
 _BWD_WEIGHTS = "dwgn_gn_bwd_weights"
 
 # ---------------------------------------------------------------------------
-# Path choice (written down here, applied by _path, _cluster_geometry and
-# _onepass_geometry):
+# Path choice (written down here, applied by _path, _small_serves,
+# _cluster_geometry and _onepass_geometry):
 #
+# * small groups, taken by "auto" on every device for groups of at most
+#   _SMALL_MAX_GROUP elements (S * D: many samples of few rows, (N, C)
+#   inputs): dwgn_gn_fwd_small (ONE launch) and dwgn_gn_bwd_small +
+#   dwgn_gn_bwd_weights (two), a warp per (sample, group); measurements at
+#   its constants below.
 # * the cluster forward, taken by "auto" on a device of compute capability 9
 #   (thread-block clusters) with cooperative launches: dwgn_gn_fwd_cluster,
 #   ONE launch, no grid barrier, no workspace, x read once into the shared
@@ -215,8 +220,18 @@ _CLUSTER_AUTO_MAX_BYTES = 16 * 2**20
 # a warp per (sample, group) item): "auto" takes them, on every device, for
 # groups of at most _SMALL_MAX_GROUP elements (S * D) -- many samples of few
 # rows, where a block or cluster per (sample, set) mostly waits on its
-# barriers.  Measured on an H200 (2026-12-04, GPU time, SiLU; results/group_norm_small_h200_2026-12-04.txt).
-_SMALL_MAX_GROUP = 512
+# barriers.  Measured on an H200 (2026-12-04, forward / backward GPU time,
+# SiLU, G = 32 unless named; benchmarks/group_norm_tuning.py --small --torch;
+# results/group_norm_small_h200_2026-12-04.txt), small against cluster
+# against the two launches, us (group size in brackets):
+#   - 4096x1x1x64 G8 fp32 [8] 71.6/110.4 against 191.4/272.1 and
+#     747.7/608.1 (PyTorch 85.5 forward, 209.6 forward+backward);
+#     512x4x4x320 fp16 [160] 17.1/25.1, 37.8/68.5, 109.1/92.7 (PyTorch 28.6,
+#     171.4); 128x8x8x256 fp16 [512] 11.8/14.3, 23.5/31.2, 35.9/34.5;
+#     64x4x4x1280 fp32 [640] 10.0/25.2, 17.8/27.5, 26.4/27.3;
+#   - but 32x8x8x640 fp16 [1280] 13.4/18.7 against 10.5/12.5 (two launches
+#     17.8/18.5), 8x8x8x1280 fp16 [2560] 22.4/23.8 against 8.5/9.2 (11.4/14.1).
+_SMALL_MAX_GROUP = 1024
 _SMALL_BLOCK = 256  # the kernels' __launch_bounds__ (dwgn_gn_bwd_small's shared slots: 8 warps)
 _WEIGHTS_BLOCK = 1024  # dwgn_gn_bwd_weights: 32 channels a block
 
