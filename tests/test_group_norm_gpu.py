@@ -560,7 +560,8 @@ def test_cluster_forward_matches_the_reference(rng, set_paths, case):
     vec = gn._vector_width(dtype, shape[-1], True)
     auto = gn._forward_plan(shape[0], int(numpy.prod(shape[1:-1])), shape[-1], groups, dtype, wdtype, activation,
                             1e-5, True, "auto")
-    assert (auto.cluster is not None) == (cluster <= gn._CLUSTER_AUTO_MAX_SIZE) and vec > 1  # all under 16 MB
+    small = gn._small_serves(shape[0], int(numpy.prod(shape[1:-1])), shape[-1], groups, "auto")  # taken first
+    assert (auto.cluster is not None) == (cluster <= gn._CLUSTER_AUTO_MAX_SIZE and not small) and vec > 1  # < 16 MB
     dy_host = random(rng, shape, dtype)
     dx = gn.group_norm_backward(cupy.asarray(dy_host), x, mean, rstd, groups, activation=activation)[0]
     ref_dx = reference.group_norm_backward(dy_host, x_host, mean.get(), rstd.get(), groups, activation=activation)[0]
@@ -639,7 +640,8 @@ def test_cluster_backward_matches_the_reference(rng, set_paths, case):
     assert not tickets.any(), f"tickets left at {tickets[tickets != 0]}"
     auto = gn._backward_plan(shape[0], int(numpy.prod(shape[1:-1])), shape[-1], groups, dtype, wdtype, activation,
                              True, "auto")
-    assert (auto.cluster is not None) == (cluster <= gn._CLUSTER_BWD_AUTO_MAX_SIZE)  # all under 16 MB
+    small = gn._small_serves(shape[0], int(numpy.prod(shape[1:-1])), shape[-1], groups, "auto")  # taken first
+    assert (auto.cluster is not None) == (cluster <= gn._CLUSTER_BWD_AUTO_MAX_SIZE and not small)  # all < 16 MB
 
 
 
