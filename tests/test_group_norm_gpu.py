@@ -410,6 +410,43 @@ def _forward_matches_reference(x, x_host, groups, weight, bias, weight_host, bia
     return y, mean, rstd
 
 
+def _backward_matches_reference(dy, x, mean, rstd, dy_host, x_host, groups, weight_pair, bias_pair, activation,
+                                label):
+    """group_norm_backward with weight and bias, one of them, or neither
+    (weight_pair, bias_pair: (device, host) arrays), each twice into fresh
+    poisoned dx, dw, db: the outputs are the ones given, each within the
+    dtype's bound of the float64 reference from the same statistics, and
+    the two runs bit-identical (so a run that left an output unwritten, as
+    a ticket left off 0 would, fails)."""
+    import cupy
+
+    dtype, shape = x.dtype, x.shape
+    mean_host, rstd_host = mean.get(), rstd.get()
+    for given in ("both", "weight", "bias", "neither"):
+        weight, weight_host = weight_pair if given in ("both", "weight") else (None, None)
+        bias, bias_host = bias_pair if given in ("both", "bias") else (None, None)
+        ref_dx, ref_dw, ref_db = reference.group_norm_backward(
+            dy_host, x_host, mean_host, rstd_host, groups, weight_host, bias_host, activation=activation)
+        runs = []
+        for _ in range(2):
+            dx = poisoned(shape, dtype)
+            dw = None if weight is None else poisoned(shape[-1:], weight.dtype)
+            db = None if bias is None else poisoned(shape[-1:], bias.dtype)
+            got = gn.group_norm_backward(dy, x, mean, rstd, groups, weight, bias, activation=activation, out=dx,
+                                         grad_weight_out=dw, grad_bias_out=db)
+            assert got[0] is dx and got[1] is dw and got[2] is db
+            runs.append(got)
+        errors = {"dx": relative_error(runs[0][0], ref_dx)}
+        if weight is not None:
+            errors["dw"] = relative_error(runs[0][1], ref_dw)
+        if bias is not None:
+            errors["db"] = relative_error(runs[0][2], ref_db)
+        record_errors(f"group_norm {label} {dtype}", activation, errors)
+        assert max(errors.values()) <= TOLERANCE[dtype], (given, errors)
+        assert all(a is None and b is None or cupy.array_equal(a, b) for a, b in zip(*runs)), (
+            f"{given}: not bit-identical run to run")
+
+
 _RESIDENT_CASES = [  # (shape, groups, dtype, weight dtype, activation, offset, aligned)
     ((2, 64, 64, 320), 32, F16, F32, "silu", 3.0, True),  # SD-size: 64 tiles of 64 rows per sample
     ((2, 64, 64, 320), 32, F32, F32, "identity", 1000.0, True),  # 1000 + randn in float32
@@ -605,32 +642,8 @@ def test_cluster_backward_matches_the_reference(rng, set_paths, case):
     dy_host = random(rng, shape, dtype)
     x, dy, w, b = (cupy.asarray(a) for a in (x_host, dy_host, w_host, b_host))
     _, mean, rstd = gn.group_norm(x, groups, w, b, activation=activation, return_stats=True)
-    mean_host, rstd_host = mean.get(), rstd.get()
-    channels = shape[-1:]
-    for given in ("both", "weight", "bias", "neither"):
-        weight = w if given in ("both", "weight") else None
-        bias = b if given in ("both", "bias") else None
-        ref_dx, ref_dw, ref_db = reference.group_norm_backward(
-            dy_host, x_host, mean_host, rstd_host, groups, None if weight is None else w_host,
-            None if bias is None else b_host, activation=activation)
-        runs = []
-        for _ in range(2):
-            dx = poisoned(shape, dtype)
-            dw = None if weight is None else poisoned(channels, wdtype)
-            db = None if bias is None else poisoned(channels, wdtype)
-            got = gn.group_norm_backward(dy, x, mean, rstd, groups, weight, bias, activation=activation, out=dx,
-                                         grad_weight_out=dw, grad_bias_out=db)
-            assert got[0] is dx and (got[1] is dw) and (got[2] is db)
-            runs.append(got)
-        errors = {"dx": relative_error(runs[0][0], ref_dx)}
-        if weight is not None:
-            errors["dw"] = relative_error(runs[0][1], ref_dw)
-        if bias is not None:
-            errors["db"] = relative_error(runs[0][2], ref_db)
-        record_errors(f"group_norm cluster backward {dtype}", activation, errors)
-        assert max(errors.values()) <= TOLERANCE[dtype], (given, errors)
-        assert all(a is None and b_ is None or cupy.array_equal(a, b_) for a, b_ in zip(*runs)), (
-            f"{given}: not bit-identical run to run")
+    _backward_matches_reference(dy, x, mean, rstd, dy_host, x_host, groups, (w, w_host), (b, b_host), activation,
+                                "cluster backward")
     launches = {launch.expression: launch for entry in gn._SIGNATURES.values() for steps in entry.steps.values()
                 for launch in steps.launches}
     assert {e.split("<")[0] for e in launches} == {"dwgn_gn_fwd_cluster", "dwgn_gn_bwd_cluster"}
@@ -681,29 +694,8 @@ def test_small_groups_match_the_reference(rng, set_paths, case):
     in_place = cupy.asarray(x_host)
     assert gn.group_norm(in_place, groups, w, b, activation=activation, out=in_place) is in_place
     assert cupy.array_equal(in_place, y), "in place differs"
-    mean_host, rstd_host = mean.get(), rstd.get()
-    for given in ("both", "weight", "bias", "neither"):
-        weight = w if given in ("both", "weight") else None
-        bias = b if given in ("both", "bias") else None
-        ref_dx, ref_dw, ref_db = reference.group_norm_backward(
-            dy_host, x_host, mean_host, rstd_host, groups, None if weight is None else w_host,
-            None if bias is None else b_host, activation=activation)
-        runs = []
-        for _ in range(2):
-            dx = poisoned(shape, dtype)
-            dw = None if weight is None else poisoned(shape[-1:], wdtype)
-            db = None if bias is None else poisoned(shape[-1:], wdtype)
-            runs.append(gn.group_norm_backward(dy, x, mean, rstd, groups, weight, bias, activation=activation,
-                                               out=dx, grad_weight_out=dw, grad_bias_out=db))
-        errors = {"dx": relative_error(runs[0][0], ref_dx)}
-        if weight is not None:
-            errors["dw"] = relative_error(runs[0][1], ref_dw)
-        if bias is not None:
-            errors["db"] = relative_error(runs[0][2], ref_db)
-        record_errors(f"group_norm small {dtype}", activation, errors)
-        assert max(errors.values()) <= TOLERANCE[dtype], (given, errors)
-        assert all(a is None and b_ is None or cupy.array_equal(a, b_) for a, b_ in zip(*runs)), (
-            f"{given}: not bit-identical run to run")
+    _backward_matches_reference(dy, x, mean, rstd, dy_host, x_host, groups, (w, w_host), (b, b_host), activation,
+                                "small")
     assert _kernels() == {"dwgn_gn_fwd_small", "dwgn_gn_bwd_small", "dwgn_gn_bwd_weights"}
     rows = int(numpy.prod(shape[1:-1]))
     auto = gn._forward_plan(shape[0], rows, shape[-1], groups, dtype, wdtype, activation, 1e-5, True, "auto")
