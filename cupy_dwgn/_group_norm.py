@@ -436,11 +436,13 @@ def _path(setting, device):
     thread-block clusters (each direction takes the small-group kernels
     where _small_serves says, else its cluster kernel where
     _cluster_geometry's rule does, else "fused"), "auto, no clusters" on
-    one without (small groups, else "fused"), else "fused"."""
+    one without (small groups, else "fused"), else "fused".  Without
+    cooperative launches: "small, split" and "auto, split" (small groups
+    as above, else "split"), else "split"."""
+    if setting == "split" or not _launch.cooperative_supported():
+        return f"{setting}, split" if setting in ("small", "auto") else "split"
     if setting == "small":
         return setting
-    if setting == "split" or not _launch.cooperative_supported():
-        return "split"
     if setting in ("auto", "cluster"):
         if _launch.compute_capability_major(device) >= 9:
             return setting
@@ -555,17 +557,23 @@ def _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=False, b
     return set_channels, cluster, block, rows_per_cta, shared
 
 
+# The _path values on which _small_serves may take the small-group kernels,
+# and the path each falls back to where it does not.
+_SMALL_PATHS = {"small": "fused", "small, split": "split", "auto": "auto", "auto, no clusters": "fused",
+                "auto, split": "split"}
+
+
 def _small_serves(batch, rows, channels, groups, path):
     """Whether the small-group kernels (a warp per (sample, group)) take the
     shape on ``path``: forced ("small") wherever 32-bit offsets and
     gn::small_div serve, by "auto" for groups of at most _SMALL_MAX_GROUP
     elements.  Depends on the shape only."""
     count = rows * (channels // groups)
-    if path not in ("small", "auto", "auto, no clusters") or batch * rows * channels >= _launch.INT32_LIMIT:
+    if path not in _SMALL_PATHS or batch * rows * channels >= _launch.INT32_LIMIT:
         return False
     if batch * groups * 32 >= _launch.INT32_LIMIT or count >= 1 << 22:
         return False
-    return path == "small" or count <= _SMALL_MAX_GROUP
+    return path.startswith("small") or count <= _SMALL_MAX_GROUP
 
 
 def _plan_on(device, build, plan_args, aligned, setting):
@@ -659,8 +667,7 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
                 (i32(batch), i32(rows), i32(channels), i32(groups), acc_dtype.type(eps)),
             ),
         )
-    if path in ("small", "auto, no clusters"):  # where the small-group kernel does not apply
-        path = "fused"
+    path = _SMALL_PATHS.get(path, path)  # where the small-group kernel does not apply
     cluster = None
     if path in ("auto", "cluster"):
         cluster = _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=path == "cluster")
@@ -833,8 +840,7 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
                 0, common,
             ),
         )
-    if path in ("small", "auto, no clusters"):  # where the small-group kernels do not apply
-        path = "fused"
+    path = _SMALL_PATHS.get(path, path)  # where the small-group kernels do not apply
     cluster = None
     if path in ("auto", "cluster"):
         cluster = _cluster_geometry(batch, rows, channels, groups, dtype, vec, forced=path == "cluster", backward=True)

@@ -1798,6 +1798,21 @@ def test_group_norm_cluster_path_per_device(monkeypatch):
     monkeypatch.setattr(_launch, "compute_capability_major", lambda device: devices[device][0])
     monkeypatch.setattr(_launch, "max_shared_per_block", lambda device: devices[device][1])
     assert [gn._path("auto", d) for d in (0, 1, 2)] == ["auto", "auto, no clusters", "auto"]
+    # The small-group kernels on every device; without cooperative launches the fallback is "split".
+    shape = (4096, 1, 64, 8, f32, f32, "silu", 1e-5)
+    assert gn._plan_on(1, gn._forward_plan, shape, True, "auto").small is not None
+    with monkeypatch.context() as m:
+        m.setattr(_launch, "cooperative_supported", lambda: False)
+        assert [gn._path(p, 0) for p in ("auto", "small", "fused", "cluster")] == [
+            "auto, split", "small, split", "split", "split"]
+        assert gn._plan_on(0, gn._forward_plan, shape, True, "auto").small is not None
+        assert gn._plan_on(0, gn._backward_plan, shape[:-1], True, "auto").small is not None
+        for setting in ("auto", "small"):  # too large a group for "auto": the three launches
+            big = (2, 4096, 320, 32, f16, f32, "silu", 1e-5)
+            plan = gn._plan_on(0, gn._forward_plan, big, True, setting)
+            assert plan.small is None if setting == "auto" else plan.small is not None
+        plan = gn._plan_on(0, gn._forward_plan, (2, 4096, 320, 32, f16, f32, "silu", 1e-5), True, "auto")
+        assert plan.first is not None and plan.finalize is not None and not plan.first.cooperative
     assert [gn._path("cluster", d) for d in (0, 1)] == ["cluster", "fused"]
     assert gn._path("fused", 0) == "fused" and gn._path("resident", 0) == "resident" and gn._path("split", 0) == "split"
     eight = (2, 1024, 640, 32, f16, f32, "silu", 1e-5)  # clusters of 8, 31 KB of shared memory
@@ -1811,7 +1826,8 @@ def test_group_norm_cluster_path_per_device(monkeypatch):
     assert gn._plan_on(0, gn._forward_plan, sixteen, True, "cluster").cluster.cluster == 16
     assert gn._plan_on(2, gn._forward_plan, sixteen, True, "cluster").cluster is None  # 16 CTAs: compute capability 9
     monkeypatch.setattr(_launch, "cooperative_supported", lambda: False)
-    assert gn._path("auto", 0) == "split" and gn._path("cluster", 0) == "split"
+    assert gn._path("auto", 0) == "auto, split" and gn._path("cluster", 0) == "split"
+    assert gn._plan_on(0, gn._forward_plan, sixteen, True, "auto").first.cooperative is False  # the three launches
 
 
 def test_group_norm_fused_plans_and_split_rules():
