@@ -28,6 +28,7 @@ import numpy
 from cupy_dwgn import _launch, _validate, depthwise
 from cupy_dwgn import _depthwise_nchw as nchw_generic
 from cupy_dwgn import _depthwise_nchw_forward_regs as nchw_walk
+from cupy_dwgn import _depthwise_nchw_mma as nchw_mma
 from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
 from cupy_dwgn import _depthwise_nchw_rows as nchw_rows
 from cupy_dwgn import _depthwise_nchw_window as nchw_window
@@ -53,6 +54,7 @@ def _nhwc_tiled(g, dtype, backward, index):
 # launch: (src, weight, bias or 0, dst).
 CANDIDATES = {
     "NCHW": {
+        "mma": lambda g, dt, bw, index: nchw_mma.plan(g, dt, bw, index, 16, 16),
         "rows": lambda g, dt, bw, index: nchw_rows.plan(g, dt, bw, index),
         "walk": lambda g, dt, bw, index: nchw_walk.plan(g, dt, bw, 16, 16),
         "plane": lambda g, dt, bw, index: nchw_plane.plan(g, dt, bw, index, 16, 16),

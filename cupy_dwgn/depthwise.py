@@ -5,14 +5,17 @@ Each public function validates its arguments, then takes the first kernel
 family that serves the call (a plan function returns None / False when its
 kernel does not serve the geometry), in this order:
 
-* NCHW forward:   large filter (>= 9x9, stride 1) -> rows (destination
+* NCHW forward:   large filter (>= 9x9, stride 1) -> tensor cores (half
+                  types, 3x3/5x5/7x7 at stride 1, where
+                  _depthwise_nchw_mma.preferred) -> rows (destination
                   rows of <= 16 values, where _depthwise_nchw_rows.preferred)
                   -> register row walk (3x3/5x5 at stride 2, 2-byte 3x3 on
                   rows of 8-value vectors at stride 1, where
                   _depthwise_nchw_forward_regs.preferred) -> whole plane
                   (where _depthwise_nchw_plane.preferred) -> register window
                   (3x3/5x5/7x7, dilation 1, stride 1 or 2) -> tiled / direct
-* NCHW backward-input: large filter -> rows (stride 1, where preferred) ->
+* NCHW backward-input: large filter -> tensor cores (where preferred) ->
+                  rows (stride 1, where preferred) ->
                   register row walk (stride 1, where preferred) -> whole
                   plane (where preferred) -> register window (stride 1) ->
                   tiled (stride 1) / direct gather (any stride)
@@ -58,6 +61,7 @@ from . import (
     _depthwise_nchw,
     _depthwise_nchw_forward_regs,
     _depthwise_nchw_large,
+    _depthwise_nchw_mma,
     _depthwise_nchw_plane,
     _depthwise_nchw_plane_wgrad,
     _depthwise_nchw_rows,
@@ -113,6 +117,7 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
             specs += _depthwise_nchw.specializations(name, dtypes, sizes, large_index)
             if name != "depthwise_conv2d_backward_weight":
                 backward = name == "depthwise_conv2d_backward_input"
+                specs += _depthwise_nchw_mma.specializations(dtypes, sizes, backward, large_index)
                 specs += _depthwise_nchw_rows.specializations(dtypes, sizes, backward, large_index)
                 specs += _depthwise_nchw_forward_regs.specializations(dtypes, sizes, backward, large_index)
                 specs += _depthwise_nchw_plane.specializations(dtypes, sizes, backward, large_index)
@@ -459,6 +464,7 @@ def _forward_steps(g, layout, x, out):
     else:
         launch = (
             _depthwise_nchw_large.plan(g, x.dtype, False)
+            or _depthwise_nchw_mma.select(g, x.dtype, False, index, _alignment(x), _alignment(out))
             or _depthwise_nchw_rows.select(g, x.dtype, False, index)
             or _depthwise_nchw_forward_regs.select(g, x.dtype, False, _alignment(x), _alignment(out))
             or (_depthwise_nchw_plane.preferred(g, x.dtype, False)
@@ -492,6 +498,7 @@ def _backward_input_steps(g, layout, grad_out, out):
     else:
         launch = (
             _depthwise_nchw_large.plan(g, grad_out.dtype, True)
+            or _depthwise_nchw_mma.select(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
             or _depthwise_nchw_rows.select(g, grad_out.dtype, True, index)
             or _depthwise_nchw_forward_regs.select(g, grad_out.dtype, True, _alignment(grad_out), _alignment(out))
             or (_depthwise_nchw_plane.preferred(g, grad_out.dtype, True)

@@ -195,17 +195,12 @@ __device__ __forceinline__ unsigned source_columns(int cb, const Args& a) {
   return column_ok;
 }
 
-// Bytes from the 16-byte boundary at or below p to p.
-__device__ __forceinline__ int head_bytes(const void* p) {
-  return static_cast<int>(reinterpret_cast<size_t>(p) & 15);
-}
-
 // cp.async of a unit's `bytes` source bytes at `src` into `raw`, from the
 // 16-byte boundary at or below src: the unit lands at raw + head_bytes(src).
 // The last vector may be partial (zero-filled, never read).
 // The copies join the thread's current group (copy_async commits it).
 __device__ __forceinline__ void copy_range_async(const void* src, unsigned char* raw, int bytes) {
-  const int head = head_bytes(src);
+  const int head = dwgn::head_bytes(src);
   const unsigned char* from = static_cast<const unsigned char*>(src) - head;
   const int total = bytes + head;
   const int whole = total & ~15;  // bytes in whole 16-byte vectors
@@ -217,24 +212,6 @@ __device__ __forceinline__ void copy_range_async(const void* src, unsigned char*
 __device__ __forceinline__ void copy_async(const void* src, unsigned char* raw, int bytes) {
   copy_range_async(src, raw, bytes);
   dwgn::cp_async_commit();
-}
-
-// The unit's `count` outputs, gathered at stage + head_bytes(dst) (stage
-// 16-byte aligned), to dst: 16-byte stores between the first and the last
-// 16-byte boundary of the range, element stores outside them.
-template <typename T>
-__device__ __forceinline__ void store_unit(const unsigned char* stage, T* __restrict__ dst, int count) {
-  const int head = head_bytes(dst);
-  unsigned char* to = reinterpret_cast<unsigned char*>(dst) - head;
-  const int end = head + count * static_cast<int>(sizeof(T));
-  for (int o = threadIdx.x * 16; o < end; o += blockDim.x * 16) {
-    if (o >= head && o + 16 <= end) {
-      *reinterpret_cast<uint4*>(to + o) = *reinterpret_cast<const uint4*>(stage + o);
-    } else {
-      for (int b = max(o, head); b < min(o + 16, end); b += static_cast<int>(sizeof(T)))
-        *reinterpret_cast<T*>(to + b) = *reinterpret_cast<const T*>(stage + b);
-    }
-  }
 }
 
 // The SPAN source values of a window row from `values` (shared or global),
@@ -382,13 +359,13 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE>) dw
     __syncthreads();           // every thread's part has
     const dwgn_plane::Unit u = dwgn_plane::unit_of<R, STRIDE, KH>(unit, a);
     const T* values = reinterpret_cast<const T*>(raw + (step % kBuffers) * raw_bytes +
-                                                 dwgn_plane::head_bytes(unit_src(u)));
+                                                 dwgn::head_bytes(unit_src(u)));
     if (out_stage_bytes) {
-      compute(u, values, reinterpret_cast<T*>(stage + dwgn_plane::head_bytes(unit_dst(u))), false);
+      compute(u, values, reinterpret_cast<T*>(stage + dwgn::head_bytes(unit_dst(u))), false);
       // Every output of the unit is in the buffer; the next write to it
       // follows the next step's barrier, after every thread's stores here.
       __syncthreads();
-      dwgn_plane::store_unit(stage, unit_dst(u), u.dst_count);
+      dwgn::store_unit(stage, unit_dst(u), u.dst_count);
     } else {
       compute(u, values, unit_dst(u), vector_stores != 0);
     }
@@ -582,9 +559,9 @@ __global__ void __launch_bounds__(256, dwgn_plane::kWgradMinBlocks<K, STRIDE>) d
     if (place.local_plane < planes) {
       const unsigned char* buffer = raw + (step % kBuffers) * raw_bytes;
       dwgn_plane::accumulate_item<T, K, STRIDE>(
-          reinterpret_cast<const T*>(buffer + dwgn_plane::head_bytes(x_at(u))) + place.local_plane * src_plane,
+          reinterpret_cast<const T*>(buffer + dwgn::head_bytes(x_at(u))) + place.local_plane * src_plane,
           u.src_row0,
-          reinterpret_cast<const T*>(buffer + grad_offset + dwgn_plane::head_bytes(grad_at(u))) +
+          reinterpret_cast<const T*>(buffer + grad_offset + dwgn::head_bytes(grad_at(u))) +
               place.local_plane * dst_plane,
           u.dst_row0, u.dst_row0 / R + place.row_block, place.col_block, column_ok, acc, a);
     }

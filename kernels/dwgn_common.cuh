@@ -177,4 +177,29 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// Bytes from the 16-byte boundary at or below p to p.
+__device__ __forceinline__ int head_bytes(const void* p) {
+  return static_cast<int>(reinterpret_cast<size_t>(p) & 15);
+}
+
+// A block's `count` outputs (one contiguous range of dst), gathered in
+// shared memory at stage + head_bytes(dst) (stage 16-byte aligned), to dst:
+// 16-byte stores between the first and the last 16-byte boundary of the
+// range, element stores outside them.  Shared by the NCHW kernels that
+// stage a unit's destination planes.
+template <typename T>
+__device__ __forceinline__ void store_unit(const unsigned char* stage, T* __restrict__ dst, int count) {
+  const int head = head_bytes(dst);
+  unsigned char* to = reinterpret_cast<unsigned char*>(dst) - head;
+  const int end = head + count * static_cast<int>(sizeof(T));
+  for (int o = threadIdx.x * 16; o < end; o += blockDim.x * 16) {
+    if (o >= head && o + 16 <= end) {
+      *reinterpret_cast<uint4*>(to + o) = *reinterpret_cast<const uint4*>(stage + o);
+    } else {
+      for (int b = max(o, head); b < min(o + 16, end); b += static_cast<int>(sizeof(T)))
+        *reinterpret_cast<T*>(to + b) = *reinterpret_cast<const T*>(stage + b);
+    }
+  }
+}
+
 }  // namespace dwgn

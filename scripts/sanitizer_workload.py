@@ -284,6 +284,31 @@ def nchw_forward_regs():
     ])
 
 
+def nchw_mma():
+    # The NCHW tensor-core kernel (float32 keeps the others): row copies in
+    # 16-, 8- and 4-byte pieces and 2-byte loads (misaligned views, odd
+    # widths), planes of several strips and row tiles (one plane a unit, 80 KB
+    # of shared memory), 8 planes a unit, padding past the filter's half,
+    # per-side padding, a valid correlation, 1-row planes, an inf (its strips
+    # recomputed output by output).
+    from cupy_dwgn import _depthwise_nchw_mma
+
+    cases = [
+        ((2, 5, 56, 56), 7, 1, 3), ((1, 3, 112, 112), 3, 1, 1), ((4, 70, 14, 14), 3, 1, 1), ((2, 9, 19, 19), 5, 1, 2),
+        ((2, 5, 29, 31), 5, 1, ((0, 4), (3, 1))), ((1, 3, 40, 24), 7, 1, "valid"), ((2, 5, 1, 31), 3, 1, 1),
+        ((1, 6, 17, 9), 7, 1, 8), ((1, 2, 150, 150), 5, 1, 2),
+    ]
+    _nchw_direct_calls(_depthwise_nchw_mma, cases)
+    _depthwise_nchw_mma.MODE = "always"
+    try:
+        x = rng.standard_normal((2, 5, 14, 18), dtype=cupy.float32).astype(cupy.float16)
+        x[1, 2, 6, 7] = cupy.inf
+        w = rng.standard_normal((5, 1, 5, 5), dtype=cupy.float32).astype(cupy.float16)
+        cupy_dwgn.depthwise_conv2d(x, w, padding=2)
+    finally:
+        _depthwise_nchw_mma.MODE = "rule"
+
+
 def nhwc_direct():
     # The NHWC direct kernel for every 3x3/5x5 NHWC forward (stride 1 and 2)
     # and stride-1 backward-input call it serves (MODE "always", the
@@ -537,11 +562,12 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "nchw_window", "nchw_plane", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_plane_wgrad", "nchw_rows", "nchw_forward_regs",
+    families = sys.argv[1:] or ["depthwise", "nchw_window", "nchw_plane", "nchw_mma", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_plane_wgrad", "nchw_rows", "nchw_forward_regs",
                                 "nhwc_direct", "nhwc_ring", "nhwc_phase", "wgrad_mma", "group_norm"]
     for family in families:
         {"depthwise": depthwise, "nchw_window": nchw_window, "nchw_plane": nchw_plane, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
          "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_plane_wgrad": nchw_plane_wgrad, "nchw_rows": nchw_rows, "nchw_forward_regs": nchw_forward_regs,
+         "nchw_mma": nchw_mma,
          "nhwc_direct": nhwc_direct,
          "nhwc_ring": nhwc_ring, "nhwc_phase": nhwc_phase, "wgrad_mma": wgrad_mma,
          "group_norm": group_norm, "gn_resident": gn_resident, "gn_cluster": gn_cluster,

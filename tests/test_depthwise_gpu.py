@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_forward_regs, _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _depthwise_wgrad_mma,
+    _depthwise_nchw_forward_regs, _depthwise_nchw_mma, _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _depthwise_wgrad_mma,
     _launch, _validate, depthwise, reference,
 )
 
@@ -326,6 +326,132 @@ def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
     error = relative_error(dst, want)
     record_errors("depthwise NCHW plane kernel", str(numpy.dtype(dtype)), {("backward_input" if backward else "forward"): error})
     assert error <= TOLERANCE[dtype]
+
+
+# The NCHW tensor-core kernel, launched directly: the plane kernel's stride-1
+# cases (odd, prime and one-row planes, every padding form, many planes a
+# call, partial last units) and planes of several row tiles and column
+# strips (56, 112 and 150 wide: one plane a unit, up to 99 KB of shared
+# memory), 14x14 planes (8 a unit), valid correlations; rows copied in 16-,
+# 8-, 4-byte pieces or 2-byte loads (odd widths, a misaligned source), into
+# an aligned or a misaligned destination with guard values on both sides.
+MMA_CASES = [c for c in PLANE_CASES if len(c) == 5] + [
+    ("56x56 7x7 p3", (2, 5, 56, 56), 7, 3, None),
+    ("14x14 3x3 p1 many planes", (4, 70, 14, 14), 3, 1, None),
+    ("112x112 3x3 p1", (1, 3, 112, 112), 3, 1, None),
+    ("150x150 5x5 p2", (1, 2, 150, 150), 5, 2, None),
+    ("19x19 5x5 p2", (2, 9, 19, 19), 5, 2, None),
+    ("28x36 5x5 per-side padding", (2, 4, 28, 36), 5, ((2, 0), (4, 1)), None),
+    ("40x24 7x7 valid", (1, 3, 40, 24), 7, "valid", None),
+]
+
+
+def _mma_plan(g, dtype, backward, src, dst):
+    index = _launch.index_type(src.size, dst.size)
+    return _depthwise_nchw_mma.plan(g, numpy.dtype(dtype), backward, index, depthwise._alignment(src),
+                                    depthwise._alignment(dst))
+
+
+@pytest.mark.parametrize("misaligned", ["aligned", "misaligned", "dst_misaligned"])
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", _depthwise_nchw_mma.DTYPES, ids=str)
+@pytest.mark.parametrize("case", MMA_CASES, ids=lambda c: c[0])
+def test_nchw_mma_kernel_matches_reference(case, dtype, backward, misaligned, rng):
+    _, x_shape, k, padding, _ = case
+    g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, k, k), padding, dtype, backward, rng)
+    size = int(numpy.prod(want.shape))
+    lead = 16 // numpy.dtype(dtype).itemsize if misaligned != "dst_misaligned" else 1
+    guarded = poisoned((lead + size + 1,), dtype)
+    dst = guarded[lead:lead + size].reshape(want.shape)
+    src_gpu = _misaligned(src.shape, dtype, src) if misaligned == "misaligned" else cupy.asarray(src)
+    launch = _mma_plan(g, dtype, backward, src_gpu, dst)
+    _, _, _, _, offset_top, offset_left = _validate.correlation_frame(g, backward)
+    if not (offset_top >= 0 and 0 <= offset_left <= _depthwise_nchw_mma.LEFT):
+        assert launch is None  # the correlation's offsets leave the image's padding: the kernel declines
+        return
+    assert launch is not None
+    piece = int(launch.scalars[-1])
+    row_bytes = 2 * src.shape[3]
+    assert piece == (2 if misaligned == "misaligned" else next(p for p in (16, 8, 4, 2) if row_bytes % p == 0))
+    w_gpu, b_gpu = cupy.asarray(w), 0 if b is None else cupy.asarray(b)
+    launch(src_gpu, w_gpu, b_gpu, dst)
+    assert bool(cupy.isnan(guarded[lead - 1])) and bool(cupy.isnan(guarded[-1])), "a store outside dst"
+    error = relative_error(dst, want)
+    record_errors("depthwise NCHW tensor-core kernel", str(numpy.dtype(dtype)),
+                  {("backward_input" if backward else "forward"): error})
+    assert error <= TOLERANCE[dtype]
+    first = dst.view(cupy.uint16).copy()
+    dst.fill(numpy.nan)
+    launch(src_gpu, w_gpu, b_gpu, dst)
+    assert bool((dst.view(cupy.uint16) == first).all()), "not bit-identical run to run"
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", _depthwise_nchw_mma.DTYPES, ids=str)
+def test_nchw_mma_keeps_non_finite_values_in_their_windows(dtype, backward, rng):
+    # A tile's product also meets the values beside each output's window
+    # (with B's zeros: 0 * inf is NaN); the kernel recomputes such strips
+    # output by output, so exactly the outputs whose windows hold the inf or
+    # NaN are non-finite, as in the reference, and the rest match it.
+    inf, nan = numpy.inf, numpy.nan
+    for k, padding, spots in (
+        (3, 1, [((0, 1, 5, 9), inf), ((1, 2, 0, 0), nan)]), (5, 2, [((1, 3, 0, 0), -inf), ((0, 2, 13, 7), inf)]),
+        (7, 3, [((1, 0, 6, 13), inf)]), (7, 0, [((0, 4, 5, 2), inf)]),
+    ):
+        g, src, w, b, _ = _direct_launch_data((2, 5, 14, 18), (5, 1, k, k), padding, dtype, backward, rng)
+        for spot, value in spots:
+            src[spot] = value
+        conv = dict(padding=padding)
+        if backward:
+            want = reference.depthwise_conv2d_backward_input(src, w, (2, 5, 14, 18), **conv)
+        else:
+            want = reference.depthwise_conv2d(src, w, b, **conv)
+        finite = numpy.isfinite(want)
+        assert finite.any() and not finite.all()
+        src_gpu = cupy.asarray(src)
+        dst = poisoned(want.shape, dtype)
+        launch = _mma_plan(g, dtype, backward, src_gpu, dst)
+        launch(src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
+        assert bool((cupy.isfinite(dst).get() == finite).all()), (k, padding, spots)
+        assert relative_error(dst.get()[finite], want[finite]) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", _depthwise_nchw_mma.DTYPES, ids=str)
+def test_nchw_mma_dispatch_follows_the_mode(dtype, rng, monkeypatch):
+    # MODE "always" / "rule" / "never": the ops launch the kernel exactly where
+    # the mode says (and its rule where "rule"), with bias, and the results
+    # match the reference; stride 2, dilation 2, a depth multiplier and
+    # float32 keep the other kernels under "always".
+    for mode in ("always", "rule", "never"):
+        monkeypatch.setattr(_depthwise_nchw_mma, "MODE", mode)
+        monkeypatch.setattr(depthwise, "_SIGNATURES", {})
+        for k, padding in ((3, 1), (5, ((1, 3), (2, 2))), (7, 3)):
+            shape = (2, 6, 20, 22)
+            g, x, w, b, want = _direct_launch_data(shape, (6, 1, k, k), padding, dtype, False, rng)
+            x_gpu, w_gpu = cupy.asarray(x), cupy.asarray(w)
+            y = cupy_dwgn.depthwise_conv2d(x_gpu, w_gpu, cupy.asarray(b), padding=padding,
+                                           out=poisoned(want.shape, dtype))
+            steps = depthwise._forward_steps(g, "NCHW", x_gpu, y)
+            taken = steps.launches[0].expression.startswith(_depthwise_nchw_mma.KERNEL)
+            assert taken == (mode == "always" or (mode == "rule" and _depthwise_nchw_mma.preferred(g, dtype, False)))
+            assert relative_error(y, want) <= TOLERANCE[dtype]
+            dy = cupy.asarray(random(rng, want.shape, dtype))
+            dx = cupy_dwgn.depthwise_conv2d_backward_input(dy, w_gpu, shape, padding=padding,
+                                                           out=poisoned(shape, dtype))
+            steps = depthwise._backward_input_steps(g, "NCHW", dy, dx)
+            taken = steps.launches[0].expression.startswith(_depthwise_nchw_mma.KERNEL)
+            assert taken == (mode == "always" or (mode == "rule" and _depthwise_nchw_mma.preferred(g, dtype, True)))
+            want_dx = reference.depthwise_conv2d_backward_input(dy.get(), w, shape, padding=padding)
+            assert relative_error(dx, want_dx) <= TOLERANCE[dtype]
+    monkeypatch.setattr(_depthwise_nchw_mma, "MODE", "always")
+    for x_shape, w_shape, stride, dilation, dtype_other in (
+        ((2, 6, 20, 22), (6, 1, 3, 3), 2, 1, dtype), ((2, 6, 20, 22), (6, 1, 3, 3), 1, 2, dtype),
+        ((2, 6, 20, 22), (12, 1, 3, 3), 1, 1, dtype), ((2, 6, 20, 22), (6, 1, 3, 3), 1, 1, numpy.float32),
+    ):
+        g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation)
+        x_gpu = cupy.zeros(x_shape, dtype_other)
+        steps = depthwise._forward_steps(g, "NCHW", x_gpu, x_gpu)
+        assert not steps.launches[0].expression.startswith(_depthwise_nchw_mma.KERNEL)
 
 
 def test_plane_kernel_rule_and_dispatch():
