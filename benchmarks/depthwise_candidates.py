@@ -28,7 +28,7 @@ import numpy
 from cupy_dwgn import _launch, _validate, depthwise
 from cupy_dwgn import _depthwise_nchw as nchw_generic
 from cupy_dwgn import _depthwise_nchw_forward_regs as nchw_walk
-from cupy_dwgn import _depthwise_nchw_mma as nchw_mma
+from cupy_dwgn import _depthwise_conv_mma as conv_mma
 from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
 from cupy_dwgn import _depthwise_nchw_rows as nchw_rows
 from cupy_dwgn import _depthwise_nchw_window as nchw_window
@@ -54,7 +54,7 @@ def _nhwc_tiled(g, dtype, backward, index):
 # launch: (src, weight, bias or 0, dst).
 CANDIDATES = {
     "NCHW": {
-        "mma": lambda g, dt, bw, index: nchw_mma.plan(g, dt, bw, index, 16, 16),
+        "mma": lambda g, dt, bw, index: conv_mma.plan(g, dt, bw, "NCHW", index, 16, 16),
         "rows": lambda g, dt, bw, index: nchw_rows.plan(g, dt, bw, index),
         "walk": lambda g, dt, bw, index: nchw_walk.plan(g, dt, bw, 16, 16),
         "plane": lambda g, dt, bw, index: nchw_plane.plan(g, dt, bw, index, 16, 16),
@@ -63,6 +63,7 @@ CANDIDATES = {
                                            if g.stride_h == 1 and nchw_generic._use_tiled(g, dt) else None),
     },
     "NHWC": {
+        "mma": lambda g, dt, bw, index: conv_mma.plan(g, dt, bw, "NHWC", index, 16, 16),
         "ring": lambda g, dt, bw, index: nhwc_ring.plan_on_device(g, dt, bw, index, 16, 16),
         "direct": lambda g, dt, bw, index: nhwc_direct.plan(g, dt, bw, index, 16, 16),
         "window": lambda g, dt, bw, index: nhwc_window.plan(g, dt, bw, index, 16, 16),

@@ -7,7 +7,7 @@ kernel does not serve the geometry), in this order:
 
 * NCHW forward:   large filter (>= 9x9, stride 1) -> tensor cores (half
                   types, 3x3/5x5/7x7 at stride 1, where
-                  _depthwise_nchw_mma.preferred) -> rows (destination
+                  _depthwise_conv_mma.preferred: nowhere until measured) -> rows (destination
                   rows of <= 16 values, where _depthwise_nchw_rows.preferred)
                   -> register row walk (3x3/5x5 at stride 2, 2-byte 3x3 on
                   rows of 8-value vectors at stride 1, where
@@ -34,7 +34,9 @@ kernel does not serve the geometry), in this order:
                   -> two-pass kernel (_depthwise_nchw)
 * NHWC, all three ops: large filter (>= 9x9, stride 1: transposed to NCHW
                   around the NCHW large-filter kernels, _depthwise_nhwc_large)
-* NHWC forward and backward-input: -> row ring (3x3, forward stride 1 or
+* NHWC forward and backward-input: -> tensor cores (half types, 3x3/5x5/7x7
+                  at stride 1, C a multiple of 8, where
+                  _depthwise_conv_mma.preferred) -> row ring (3x3, forward stride 1 or
                   2, backward-input stride 1; 5x5 forward stride 2; rows
                   copied whole into shared memory, where
                   _depthwise_nhwc_ring.preferred) -> direct (3x3/5x5, forward
@@ -61,7 +63,7 @@ from . import (
     _depthwise_nchw,
     _depthwise_nchw_forward_regs,
     _depthwise_nchw_large,
-    _depthwise_nchw_mma,
+    _depthwise_conv_mma,
     _depthwise_nchw_plane,
     _depthwise_nchw_plane_wgrad,
     _depthwise_nchw_rows,
@@ -117,7 +119,7 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
             specs += _depthwise_nchw.specializations(name, dtypes, sizes, large_index)
             if name != "depthwise_conv2d_backward_weight":
                 backward = name == "depthwise_conv2d_backward_input"
-                specs += _depthwise_nchw_mma.specializations(dtypes, sizes, backward, large_index)
+                specs += _depthwise_conv_mma.specializations(dtypes, sizes, backward, large_index, "NCHW")
                 specs += _depthwise_nchw_rows.specializations(dtypes, sizes, backward, large_index)
                 specs += _depthwise_nchw_forward_regs.specializations(dtypes, sizes, backward, large_index)
                 specs += _depthwise_nchw_plane.specializations(dtypes, sizes, backward, large_index)
@@ -133,6 +135,8 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
         if "NHWC" in layouts:
             specs += _depthwise_nhwc.specializations(name, dtypes, sizes, large_index)
             if name != "depthwise_conv2d_backward_weight":
+                specs += _depthwise_conv_mma.specializations(
+                    dtypes, sizes, name == "depthwise_conv2d_backward_input", large_index, "NHWC")
                 # One kernel serves forward and backward-input.
                 specs += _depthwise_nhwc_window.specializations(dtypes, sizes, large_index)
                 specs += _depthwise_nhwc_ring.specializations(
@@ -458,13 +462,14 @@ def _forward_steps(g, layout, x, out):
         if routed is not None:
             return _launch.Steps(*routed)
         signature = (g, x.dtype, False, index, _alignment(x), _alignment(out))
-        launch = (_depthwise_nhwc_ring.select(*signature) or _depthwise_nhwc_direct.select(*signature)
+        launch = (_depthwise_conv_mma.select(g, x.dtype, False, "NHWC", index, _alignment(x), _alignment(out))
+                  or _depthwise_nhwc_ring.select(*signature) or _depthwise_nhwc_direct.select(*signature)
                   or _depthwise_nhwc_window.select(*signature))
         launches = (launch,) if launch else _depthwise_nhwc.forward_plan(g, x.dtype, index, _vector_aligned(x, out))
     else:
         launch = (
             _depthwise_nchw_large.plan(g, x.dtype, False)
-            or _depthwise_nchw_mma.select(g, x.dtype, False, index, _alignment(x), _alignment(out))
+            or _depthwise_conv_mma.select(g, x.dtype, False, "NCHW", index, _alignment(x), _alignment(out))
             or _depthwise_nchw_rows.select(g, x.dtype, False, index)
             or _depthwise_nchw_forward_regs.select(g, x.dtype, False, _alignment(x), _alignment(out))
             or (_depthwise_nchw_plane.preferred(g, x.dtype, False)
@@ -484,7 +489,9 @@ def _backward_input_steps(g, layout, grad_out, out):
             return _launch.Steps(*routed)
         # The stride-1 vector case runs a forward kernel (bias slot: NULL).
         signature = (g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
-        launch = (_depthwise_nhwc_ring.select(*signature) or _depthwise_nhwc_direct.select(*signature)
+        launch = (_depthwise_conv_mma.select(g, grad_out.dtype, True, "NHWC", index, _alignment(grad_out),
+                                             _alignment(out))
+                  or _depthwise_nhwc_ring.select(*signature) or _depthwise_nhwc_direct.select(*signature)
                   or _depthwise_nhwc_window.select(*signature))
         if launch:
             forward_kernel = True
@@ -498,7 +505,7 @@ def _backward_input_steps(g, layout, grad_out, out):
     else:
         launch = (
             _depthwise_nchw_large.plan(g, grad_out.dtype, True)
-            or _depthwise_nchw_mma.select(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
+            or _depthwise_conv_mma.select(g, grad_out.dtype, True, "NCHW", index, _alignment(grad_out), _alignment(out))
             or _depthwise_nchw_rows.select(g, grad_out.dtype, True, index)
             or _depthwise_nchw_forward_regs.select(g, grad_out.dtype, True, _alignment(grad_out), _alignment(out))
             or (_depthwise_nchw_plane.preferred(g, grad_out.dtype, True)

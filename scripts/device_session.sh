@@ -11,7 +11,7 @@
 # (models: the real-model training-step benchmark, about 3 minutes; on 2 GPUs the tests step also runs
 # tests/test_multi_gpu.py and examples/ddp_train.py).
 # GNBENCH_ARGS go to benchmarks/group_norm.py (e.g. "--dtypes float16 --quick").
-# SANITIZER_ARGS pick kernel families (depthwise nchw_window nchw_plane nhwc_window nhwc_wgrad nchw_wgrad_regs nchw_plane_wgrad nchw_rows nhwc_direct nhwc_phase group_norm gn_resident gn_cluster gn_small), SANITIZER_TOOLS the tools (memcheck racecheck); DWBENCH_ARGS go to benchmarks/depthwise.py
+# SANITIZER_ARGS pick kernel families (depthwise nchw_window nchw_plane conv_mma nhwc_window nhwc_wgrad nchw_wgrad_regs nchw_plane_wgrad nchw_rows nhwc_direct nhwc_phase group_norm gn_resident gn_cluster gn_small), SANITIZER_TOOLS the tools (memcheck racecheck); DWBENCH_ARGS go to benchmarks/depthwise.py
 # (the 144-cell depthwise table, about 70 s on an H200; e.g. "--dtypes float16 --quick").
 # PYTEST_ARGS replaces the pytest selection (default "-m gpu"; e.g. "-m 'gpu and not slow'").
 # DWGN_COMMIT: the commit the results files record.  Pass it (DWGN_COMMIT=$(git rev-parse --short HEAD))

@@ -284,29 +284,42 @@ def nchw_forward_regs():
     ])
 
 
-def nchw_mma():
-    # The NCHW tensor-core kernel (float32 keeps the others): row copies in
-    # 16-, 8- and 4-byte pieces and 2-byte loads (misaligned views, odd
-    # widths), planes of several strips and row tiles (one plane a unit, 80 KB
-    # of shared memory), 8 planes a unit, padding past the filter's half,
-    # per-side padding, a valid correlation, 1-row planes, an inf (its strips
-    # recomputed output by output).
-    from cupy_dwgn import _depthwise_nchw_mma
+def conv_mma():
+    # The tensor-core forward / backward-input (float32 keeps the others),
+    # NCHW: row copies in 16-, 8- and 4-byte pieces and 2-byte loads
+    # (misaligned views, odd widths), planes of several strips and row tiles,
+    # bands of rows (150 and 112 wide), 8 planes a unit, padding past the
+    # filter's half, per-side padding, a valid correlation, 1-row planes;
+    # NHWC: whole planes and bands of 8-channel groups; an inf in each layout
+    # (its strips recomputed output by output).
+    from cupy_dwgn import _depthwise_conv_mma, _dtypes, depthwise as dw
 
     cases = [
         ((2, 5, 56, 56), 7, 1, 3), ((1, 3, 112, 112), 3, 1, 1), ((4, 70, 14, 14), 3, 1, 1), ((2, 9, 19, 19), 5, 1, 2),
         ((2, 5, 29, 31), 5, 1, ((0, 4), (3, 1))), ((1, 3, 40, 24), 7, 1, "valid"), ((2, 5, 1, 31), 3, 1, 1),
         ((1, 6, 17, 9), 7, 1, 8), ((1, 2, 150, 150), 5, 1, 2),
     ]
-    _nchw_direct_calls(_depthwise_nchw_mma, cases)
-    _depthwise_nchw_mma.MODE = "always"
+    _nchw_direct_calls(_depthwise_conv_mma, cases)
+    _depthwise_conv_mma.MODE, dw._SIGNATURES = "always", {}
     try:
-        x = rng.standard_normal((2, 5, 14, 18), dtype=cupy.float32).astype(cupy.float16)
-        x[1, 2, 6, 7] = cupy.inf
-        w = rng.standard_normal((5, 1, 5, 5), dtype=cupy.float32).astype(cupy.float16)
-        cupy_dwgn.depthwise_conv2d(x, w, padding=2)
+        for dtype in (cupy.float16, _dtypes.bfloat16):
+            for x_shape, k, padding in (((2, 28, 28, 16), 5, 2), ((1, 56, 56, 8), 7, 3), ((1, 150, 150, 8), 5, 2),
+                                        ((2, 13, 11, 24), 3, 1), ((1, 17, 9, 8), 7, 8)):
+                conv = dict(padding=padding, layout="NHWC")
+                c = x_shape[3]
+                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+                w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
+                b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
+                y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
+                cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
+        for layout, shape in (("NCHW", (2, 5, 14, 18)), ("NHWC", (2, 14, 18, 8))):
+            x = rng.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
+            x[(1, 2, 6, 7) if layout == "NCHW" else (1, 6, 7, 2)] = cupy.inf
+            c = shape[1] if layout == "NCHW" else shape[3]
+            w = rng.standard_normal((c, 1, 5, 5), dtype=cupy.float32).astype(cupy.float16)
+            cupy_dwgn.depthwise_conv2d(x, w, padding=2, layout=layout)
     finally:
-        _depthwise_nchw_mma.MODE = "rule"
+        _depthwise_conv_mma.MODE, dw._SIGNATURES = "rule", {}
 
 
 def nhwc_direct():
@@ -562,12 +575,12 @@ def group_norm_cases():
 if __name__ == "__main__":
     import sys
 
-    families = sys.argv[1:] or ["depthwise", "nchw_window", "nchw_plane", "nchw_mma", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_plane_wgrad", "nchw_rows", "nchw_forward_regs",
+    families = sys.argv[1:] or ["depthwise", "nchw_window", "nchw_plane", "conv_mma", "nhwc_window", "nhwc_wgrad", "nchw_wgrad_regs", "nchw_plane_wgrad", "nchw_rows", "nchw_forward_regs",
                                 "nhwc_direct", "nhwc_ring", "nhwc_phase", "wgrad_mma", "group_norm"]
     for family in families:
         {"depthwise": depthwise, "nchw_window": nchw_window, "nchw_plane": nchw_plane, "nhwc_window": nhwc_window, "nhwc_wgrad": nhwc_wgrad,
          "nchw_wgrad_regs": nchw_wgrad_regs, "nchw_plane_wgrad": nchw_plane_wgrad, "nchw_rows": nchw_rows, "nchw_forward_regs": nchw_forward_regs,
-         "nchw_mma": nchw_mma,
+         "conv_mma": conv_mma,
          "nhwc_direct": nhwc_direct,
          "nhwc_ring": nhwc_ring, "nhwc_phase": nhwc_phase, "wgrad_mma": wgrad_mma,
          "group_norm": group_norm, "gn_resident": gn_resident, "gn_cluster": gn_cluster,

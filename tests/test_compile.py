@@ -3013,40 +3013,39 @@ def test_wgrad_mma_plan():
             mma.plan(g, half, "NCHW", "int", 16, 16, None, stages)
 
 
-# The NCHW tensor-core forward / backward-input (_depthwise_nchw_mma): its
-# NumPy emulation (tests/_nchw_mma_emulation.py: zero-padded images, items
-# dealt to the warps, ldmatrix chunks, the lanes' banded B fragments by the
-# PTX layouts of mma.m16n8k16 / m16n8k8, the D layout into the stage, the
-# strip recomputed tap by tap where a result is not finite) against the
-# float64 reference: every output staged once, every read inside the image,
-# an inf or NaN reaching exactly the outputs whose windows hold it.
-_NCHW_MMA_GEOMETRIES = [
-    # (x shape, K, padding, backward, inf at (n, c, h, w) of the source or None)
-    ((2, 5, 28, 28), 5, 2, False, None), ((2, 5, 28, 28), 5, 2, True, None), ((1, 3, 56, 56), 7, 3, False, None),
-    ((1, 3, 56, 56), 7, 3, True, None), ((3, 9, 14, 14), 3, 1, False, None), ((3, 9, 14, 14), 3, 1, True, None),
-    ((2, 4, 13, 11), 3, 1, False, None), ((2, 3, 19, 19), 5, 2, True, None), ((1, 2, 1, 31), 3, 1, False, None),
-    ((1, 2, 5, 5), 7, 3, False, None), ((1, 2, 5, 5), 7, 3, True, None), ((1, 2, 29, 31), 5, ((0, 4), (3, 1)), False, None),
-    ((1, 2, 29, 31), 5, ((0, 4), (3, 1)), True, None), ((1, 2, 40, 24), 7, "valid", False, None),
-    ((1, 2, 40, 24), 7, "valid", True, None), ((1, 2, 17, 9), 7, 8, False, None), ((1, 1, 70, 66), 3, 1, False, None),
-    ((2, 4, 28, 36), 5, ((2, 0), (4, 1)), True, None), ((1, 2, 33, 45), 7, ((1, 5), (6, 0)), False, None),
-    ((2, 5, 14, 18), 5, 2, False, (1, 3, 0, 0)), ((2, 5, 14, 18), 7, 0, False, (0, 4, 5, 2)),
-    ((2, 5, 14, 18), 3, 1, True, (0, 1, 5, 9)), ((2, 5, 14, 18), 7, 3, True, (1, 0, 6, 13)),
+# The tensor-core forward / backward-input (_depthwise_conv_mma), NCHW and
+# NHWC: its NumPy emulation (tests/_conv_mma_emulation.py: units of planes,
+# bands and channel groups, zero-padded images, items dealt to the warps,
+# ldmatrix chunks, the lanes' banded B fragments by the PTX layouts of
+# mma.m16n8k16 / m16n8k8, the D layout into the stage, the strip recomputed
+# tap by tap where a result is not finite) against the float64 reference:
+# every output staged once, every read inside the image, an inf or NaN
+# reaching exactly the outputs whose windows hold it.
+_CONV_MMA_GEOMETRIES = [
+    # (NCHW x shape, K, padding, backward, inf at (n, c, h, w) of the source or None)
+    ((2, 8, 28, 28), 5, 2, False, None), ((2, 8, 28, 28), 5, 2, True, None), ((1, 8, 56, 56), 7, 3, False, None),
+    ((1, 8, 56, 56), 7, 3, True, None), ((3, 16, 14, 14), 3, 1, False, None), ((3, 9, 14, 14), 3, 1, True, None),
+    ((2, 4, 13, 11), 3, 1, False, None), ((2, 8, 19, 19), 5, 2, True, None), ((1, 8, 1, 31), 3, 1, False, None),
+    ((1, 8, 5, 5), 7, 3, False, None), ((1, 8, 5, 5), 7, 3, True, None), ((1, 8, 29, 31), 5, ((0, 4), (3, 1)), False, None),
+    ((1, 8, 29, 31), 5, ((0, 4), (3, 1)), True, None), ((1, 8, 40, 24), 7, "valid", False, None),
+    ((1, 8, 40, 24), 7, "valid", True, None), ((1, 8, 17, 9), 7, 8, False, None), ((1, 8, 70, 66), 3, 1, False, None),
+    ((2, 8, 28, 36), 5, ((2, 0), (4, 1)), True, None), ((1, 8, 33, 45), 7, ((1, 5), (6, 0)), False, None),
+    # bands of rows: 150-wide 5x5 (NCHW and NHWC), 112-wide 7x7 backward, padding rows at a band's edge
+    ((1, 8, 150, 150), 5, 2, False, None), ((1, 8, 112, 112), 7, 3, True, None),
+    ((1, 8, 100, 130), 3, ((5, 0), (1, 1)), False, None), ((1, 8, 100, 130), 3, ((0, 2), (1, 1)), True, None),
+    ((2, 8, 14, 18), 5, 2, False, (1, 3, 0, 0)), ((2, 8, 14, 18), 7, 0, False, (0, 4, 5, 2)),
+    ((2, 8, 14, 18), 3, 1, True, (0, 1, 5, 9)), ((2, 8, 14, 18), 7, 3, True, (1, 0, 6, 13)),
+    ((1, 8, 70, 140), 5, 2, False, (0, 6, 47, 139)),
 ]
 
 
-@pytest.mark.parametrize("piece", [16, 4, 2])
-@pytest.mark.parametrize("case", _NCHW_MMA_GEOMETRIES,
-                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-{c[2]}-{'bwd' if c[3] else 'fwd'}-{c[4]}")
-def test_nchw_mma_index_math_matches_the_reference(case, piece):
+def _conv_mma_case(case, layout, rng):
     import numpy
 
-    import _nchw_mma_emulation as emulation
-    from cupy_dwgn import _depthwise_nchw_mma as mma
     from cupy_dwgn import _validate, reference
 
     x_shape, k, padding, backward, spot = case
     c = x_shape[1]
-    rng = numpy.random.default_rng(12)
     g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1)
     y_shape = (x_shape[0], c, g.out_height, g.out_width)
     src = rng.standard_normal(y_shape if backward else x_shape).astype(numpy.float16)
@@ -3054,18 +3053,38 @@ def test_nchw_mma_index_math_matches_the_reference(case, piece):
     b = None if backward else rng.standard_normal(c).astype(numpy.float16)
     if spot is not None:
         src[spot] = numpy.inf
+    if layout == "NHWC":
+        src = numpy.ascontiguousarray(src.transpose(0, 2, 3, 1))
+        x_shape = (x_shape[0], x_shape[2], x_shape[3], c)
+        g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1, layout="NHWC")
     with numpy.errstate(invalid="ignore"):
         if backward:
-            want = reference.depthwise_conv2d_backward_input(src, w, x_shape, padding=padding)
+            want = reference.depthwise_conv2d_backward_input(src, w, x_shape, padding=padding, layout=layout)
         else:
-            want = reference.depthwise_conv2d(src, w, b, padding=padding)
-    launch = mma.plan.__wrapped__(g, numpy.dtype(numpy.float16), backward, "int", piece, 16)
-    _, _, _, _, offset_top, offset_left = _validate.correlation_frame(g, backward)
-    if not (offset_top >= 0 and 0 <= offset_left <= mma.LEFT):
+            want = reference.depthwise_conv2d(src, w, b, padding=padding, layout=layout)
+    return g, src, w, b, want
+
+
+@pytest.mark.parametrize("layout, piece", [("NCHW", 16), ("NCHW", 4), ("NCHW", 2), ("NHWC", 16)])
+@pytest.mark.parametrize("case", _CONV_MMA_GEOMETRIES,
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-{c[2]}-{'bwd' if c[3] else 'fwd'}-{c[4]}")
+def test_conv_mma_index_math_matches_the_reference(case, layout, piece):
+    import numpy
+
+    import _conv_mma_emulation as emulation
+    from cupy_dwgn import _depthwise_conv_mma as mma
+    from cupy_dwgn import _validate
+
+    g, src, w, b, want = _conv_mma_case(case, layout, numpy.random.default_rng(12))
+    backward, spot = case[3], case[4]
+    launch = mma.plan.__wrapped__(g, numpy.dtype(numpy.float16), backward, layout, "int", piece, 16)
+    _, src_w, _, _, offset_top, offset_left = _validate.correlation_frame(g, backward)
+    if not (offset_top >= 0 and 0 <= offset_left <= mma.LEFT) or (layout == "NHWC" and g.channels % 8):
         assert launch is None
         return
     assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
-    assert int(launch.scalars[-1]) == next(p for p in (16, 8, 4, 2) if p <= piece and (2 * src.shape[3]) % p == 0)
+    if layout == "NCHW":  # row copies in the largest piece the row bytes and the address allow
+        assert int(launch.scalars[-1]) == next(p for p in (16, 8, 4, 2) if p <= piece and (2 * src_w) % p == 0)
     got = emulation.emulate(launch, src, w, b)
     finite = numpy.isfinite(want)
     assert (numpy.isfinite(got) == finite).all()
@@ -3073,53 +3092,64 @@ def test_nchw_mma_index_math_matches_the_reference(case, piece):
     numpy.testing.assert_allclose(got[finite], want[finite], rtol=1e-12, atol=1e-12)
 
 
-def test_nchw_mma_plan():
-    # What the NCHW tensor-core kernel serves (half types, 3x3/5x5/7x7 at
-    # stride 1, dilation 1, multiplier 1; the correlation's offsets in [0, 8];
-    # one plane's image and outputs within MAX_SHARED), its planes per unit
-    # and shared memory.
+def test_conv_mma_plan():
+    # What the tensor-core forward / backward-input serves (half types,
+    # 3x3/5x5/7x7 at stride 1, dilation 1, multiplier 1; the correlation's
+    # offsets in [0, 8]; NHWC: C a multiple of 8, 16-byte aligned), its
+    # units (NCHW planes or bands, NHWC bands of 8 channels) and shared memory.
     import numpy
 
-    from cupy_dwgn import _depthwise_nchw_mma as mma
+    from cupy_dwgn import _depthwise_conv_mma as mma
     from cupy_dwgn import _dtypes, _validate
 
     shipped = set(ALL_SPECIALIZATIONS)
     half, bf16, single = numpy.dtype(numpy.float16), numpy.dtype(_dtypes.bfloat16), numpy.dtype(numpy.float32)
-    for n, c, hw, k, stride, dilation, m, padding, dtype, backward, served in [
-        (64, 240, 28, 5, 1, 1, 1, 2, half, False, True), (64, 240, 28, 5, 1, 1, 1, 2, bf16, True, True),
-        (64, 96, 56, 7, 1, 1, 1, 3, half, False, True), (64, 384, 14, 7, 1, 1, 1, 3, bf16, True, True),
-        (64, 144, 56, 3, 1, 1, 1, 1, half, False, True), (2, 3, 150, 5, 1, 1, 1, 2, half, False, True),
-        (1, 3, 224, 3, 1, 1, 1, 1, half, False, False),  # one plane's image and outputs pass MAX_SHARED
-        (64, 96, 56, 3, 2, 1, 1, 1, half, False, False), (64, 96, 56, 3, 1, 2, 1, 2, half, False, False),
-        (64, 96, 56, 3, 1, 1, 2, 1, half, False, False), (64, 96, 56, 3, 1, 1, 1, 1, single, False, False),
-        (64, 96, 56, 9, 1, 1, 1, 4, half, False, False), (8, 16, 20, 3, 1, 1, 1, 9, half, False, False),
-        (8, 16, 20, 3, 1, 1, 1, 3, half, True, False),  # backward-input offsets 2 - 3 < 0
-        (8, 16, 20, 7, 1, 1, 1, 8, half, False, True),
+    for layout, n, c, hw, k, stride, dilation, m, padding, dtype, backward, alignment, served in [
+        ("NCHW", 64, 240, 28, 5, 1, 1, 1, 2, half, False, 16, True), ("NHWC", 64, 240, 28, 5, 1, 1, 1, 2, bf16, True, 16, True),
+        ("NCHW", 64, 96, 56, 7, 1, 1, 1, 3, half, False, 16, True), ("NHWC", 64, 96, 56, 7, 1, 1, 1, 3, half, False, 16, True),
+        ("NCHW", 64, 384, 14, 7, 1, 1, 1, 3, bf16, True, 16, True), ("NCHW", 64, 144, 56, 3, 1, 1, 1, 1, half, False, 2, True),
+        ("NCHW", 2, 3, 150, 5, 1, 1, 1, 2, half, False, 16, True), ("NHWC", 2, 16, 112, 3, 1, 1, 1, 1, half, False, 16, True),
+        ("NHWC", 2, 16, 224, 3, 1, 1, 1, 1, half, False, 16, False),  # a 16-row band of 8 channels passes MAX_SHARED
+        ("NCHW", 1, 3, 1000, 3, 1, 1, 1, 1, half, False, 16, True), ("NCHW", 1, 3, 3000, 3, 1, 1, 1, 1, half, False, 16, False),
+        ("NHWC", 64, 20, 28, 5, 1, 1, 1, 2, half, False, 16, False), ("NHWC", 64, 24, 28, 5, 1, 1, 1, 2, half, False, 8, False),
+        ("NCHW", 64, 96, 56, 3, 2, 1, 1, 1, half, False, 16, False), ("NCHW", 64, 96, 56, 3, 1, 2, 1, 2, half, False, 16, False),
+        ("NCHW", 64, 96, 56, 3, 1, 1, 2, 1, half, False, 16, False), ("NCHW", 64, 96, 56, 3, 1, 1, 1, 1, single, False, 16, False),
+        ("NCHW", 64, 96, 56, 9, 1, 1, 1, 4, half, False, 16, False), ("NCHW", 8, 16, 20, 3, 1, 1, 1, 9, half, False, 16, False),
+        ("NCHW", 8, 16, 20, 3, 1, 1, 1, 3, half, True, 16, False),  # backward-input offsets 2 - 3 < 0
+        ("NCHW", 8, 16, 20, 7, 1, 1, 1, 8, half, False, 16, True), ("NCHW", 8, 16, 20, 3, 1, 1, 1, 1, half, False, 1, False),
     ]:
-        g = _validate.conv_geometry((n, c, hw, hw), (c * m, 1, k, k), stride, padding, dilation)
-        launch = mma.plan(g, dtype, backward, "int", 16, 16)
-        assert (launch is not None) == served, (n, c, hw, k, stride, dilation, m, padding, dtype, backward)
+        x_shape = (n, c, hw, hw) if layout == "NCHW" else (n, hw, hw, c)
+        g = _validate.conv_geometry(x_shape, (c * m, 1, k, k), stride, padding, dilation, layout=layout)
+        launch = mma.plan(g, dtype, backward, layout, "int", alignment, alignment)
+        assert (launch is not None) == served, (layout, n, c, hw, k, stride, dilation, m, padding, dtype, backward)
         if launch is None:
             continue
         assert (launch.file, launch.expression) in shipped
-        (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, image_rows, row_stride,
-         piece) = (int(v) for v in launch.scalars)
-        assert (channels, planes) == (c, n * c) and launch.block == (mma.THREADS, 1, 1)
-        assert launch.grid[0] == -(-planes // per_unit)
-        row_tiles = -(-dst_h // 16)
-        image_bytes = image_rows * row_stride * 2
-        assert launch.shared_mem == per_unit * image_bytes + -(-per_unit * dst_h * dst_w * 2 // 16) * 16 + 16
-        assert launch.shared_mem <= (mma.MAX_SHARED if per_unit == 1 else mma.SHARED_TARGET)
-        # about two items a warp, fewer planes only for shared memory or a small call
-        wanted = -(-2 * mma.WARPS // row_tiles)
-        assert per_unit <= wanted and (per_unit == wanted or per_unit == 1 or per_unit == -(-planes // mma.MIN_UNITS)
-                                       or (per_unit + 1) * image_bytes > mma.SHARED_TARGET - 16)
-        assert piece == next(p for p in (16, 8, 4, 2) if (2 * src_w) % p == 0)
-    # pieces follow the source's alignment; odd addresses are refused
-    g = _validate.conv_geometry((2, 4, 28, 28), (4, 1, 5, 5), 1, 2, 1)
-    assert [int(mma.plan(g, half, False, "int", a, 16).scalars[-1]) for a in (16, 8, 4, 2)] == [8, 8, 4, 2]
-    assert mma.plan(g, half, False, "int", 1, 16) is None and mma.plan(g, half, False, "int", 16, 1) is None
-    assert mma.plan(g, half, False, "long long", 16, 16).expression == f"{mma.KERNEL}<__half, 5, false, long long>"
+        (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, num_bands, band_rows,
+         image_rows, row_stride, piece) = (int(v) for v in launch.scalars)
+        assert channels == c and launch.block == (mma.THREADS, 1, 1)
+        assert row_stride % 8 == 0 and row_stride // 8 % 2 == 1 and row_stride >= max(8 + src_w, 8 * -(-dst_w // 8) + 16)
+        assert launch.shared_mem <= mma.SHARED_TARGET or (band_rows == 16 and launch.shared_mem <= mma.MAX_SHARED)
+        if layout == "NHWC":
+            assert planes == n and per_unit == 8 and launch.grid[0] == n * num_bands * c // 8 and piece == 16
+        else:
+            assert planes == n * c and launch.grid[0] == -(-planes // per_unit) * num_bands
+            assert num_bands == 1 or (per_unit == 1 and num_bands >= 2)
+            assert piece == next(p for p in (16, 8, 4, 2) if (2 * src_w) % p == 0 and alignment % p == 0)
+        assert num_bands * band_rows >= dst_h > (num_bands - 1) * band_rows
+        if num_bands > 1:  # the tallest bands that fit: 16 more rows would not
+            taller = mma._shared(per_unit, band_rows + 16 + k - 1, row_stride, band_rows + 16, dst_w, layout)
+            assert band_rows + 16 >= dst_h or taller > mma.SHARED_TARGET
+    # NCHW whole planes: about two items a warp, fewer planes only for shared memory or a small call
+    for n, c, hw in ((64, 240, 28), (64, 384, 14), (2, 24, 28), (64, 96, 56)):
+        g = _validate.conv_geometry((n, c, hw, hw), (c, 1, 5, 5), 1, 2, 1)
+        launch = mma.plan(g, half, False, "NCHW", "int", 16, 16)
+        per_unit, num_bands = int(launch.scalars[8]), int(launch.scalars[9])
+        wanted = min(-(-2 * mma.WARPS // -(-hw // 16)), -(-n * c // mma.MIN_UNITS))
+        assert num_bands == 1 and per_unit <= max(1, wanted)
+    g = _validate.conv_geometry((2, 8, 28, 28), (8, 1, 5, 5), 1, 2, 1)
+    assert mma.plan(g, half, False, "NCHW", "long long", 16, 16).expression == f"{mma.KERNEL}<__half, 5, false, false, long long>"
+    assert mma.plan(g, half, True, "NCHW", "int", 16, 16).expression == f"{mma.KERNEL}<__half, 5, true, false, int>"
 
 
 def test_wgrad_mma_rule():

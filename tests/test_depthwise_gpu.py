@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from cupy_dwgn import (
-    _depthwise_nchw_forward_regs, _depthwise_nchw_mma, _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _depthwise_wgrad_mma,
+    _depthwise_nchw_forward_regs, _depthwise_conv_mma, _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _depthwise_wgrad_mma,
     _launch, _validate, depthwise, reference,
 )
 
@@ -328,13 +328,15 @@ def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
     assert error <= TOLERANCE[dtype]
 
 
-# The NCHW tensor-core kernel, launched directly: the plane kernel's stride-1
-# cases (odd, prime and one-row planes, every padding form, many planes a
-# call, partial last units) and planes of several row tiles and column
-# strips (56, 112 and 150 wide: one plane a unit, up to 99 KB of shared
-# memory), 14x14 planes (8 a unit), valid correlations; rows copied in 16-,
-# 8-, 4-byte pieces or 2-byte loads (odd widths, a misaligned source), into
-# an aligned or a misaligned destination with guard values on both sides.
+# The tensor-core forward / backward-input kernel (_depthwise_conv_mma),
+# launched directly: the plane kernel's stride-1 cases (odd, prime and
+# one-row planes, every padding form, many planes a call, partial last
+# units) and planes of several row tiles and column strips (56, 112 and 150
+# wide: bands of rows), 14x14 planes (8 a unit), valid correlations; NCHW
+# rows copied in 16-, 8-, 4-byte pieces or 2-byte loads (odd widths, a
+# misaligned source), into an aligned or a misaligned destination with
+# guard values on both sides; NHWC with the channels rounded up to a
+# multiple of 8 (misaligned arrays refused).
 MMA_CASES = [c for c in PLANE_CASES if len(c) == 5] + [
     ("56x56 7x7 p3", (2, 5, 56, 56), 7, 3, None),
     ("14x14 3x3 p1 many planes", (4, 70, 14, 14), 3, 1, None),
@@ -343,41 +345,54 @@ MMA_CASES = [c for c in PLANE_CASES if len(c) == 5] + [
     ("19x19 5x5 p2", (2, 9, 19, 19), 5, 2, None),
     ("28x36 5x5 per-side padding", (2, 4, 28, 36), 5, ((2, 0), (4, 1)), None),
     ("40x24 7x7 valid", (1, 3, 40, 24), 7, "valid", None),
+    ("100x130 3x3 padding rows at band edges", (1, 2, 100, 130), 3, ((5, 0), (1, 1)), None),
 ]
 
 
-def _mma_plan(g, dtype, backward, src, dst):
+def _mma_plan(g, dtype, backward, layout, src, dst):
     index = _launch.index_type(src.size, dst.size)
-    return _depthwise_nchw_mma.plan(g, numpy.dtype(dtype), backward, index, depthwise._alignment(src),
+    return _depthwise_conv_mma.plan(g, numpy.dtype(dtype), backward, layout, index, depthwise._alignment(src),
                                     depthwise._alignment(dst))
 
 
-@pytest.mark.parametrize("misaligned", ["aligned", "misaligned", "dst_misaligned"])
+def _mma_data(case, dtype, backward, layout, rng):
+    """_direct_launch_data of an MMA case in ``layout`` (NHWC: C rounded up
+    to a multiple of 8)."""
+    _, (n, c, h, w), k, padding, _ = case
+    if layout == "NHWC":
+        c = -(-c // 8) * 8
+    x_shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
+    return _direct_launch_data(x_shape, (c, 1, k, k), padding, dtype, backward, rng, layout=layout)
+
+
+@pytest.mark.parametrize("layout, misaligned", [("NCHW", "aligned"), ("NCHW", "misaligned"), ("NCHW", "dst_misaligned"),
+                                                ("NHWC", "aligned"), ("NHWC", "misaligned")])
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
-@pytest.mark.parametrize("dtype", _depthwise_nchw_mma.DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", _depthwise_conv_mma.DTYPES, ids=str)
 @pytest.mark.parametrize("case", MMA_CASES, ids=lambda c: c[0])
-def test_nchw_mma_kernel_matches_reference(case, dtype, backward, misaligned, rng):
-    _, x_shape, k, padding, _ = case
-    g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, k, k), padding, dtype, backward, rng)
+def test_conv_mma_kernel_matches_reference(case, dtype, backward, layout, misaligned, rng):
+    g, src, w, b, want = _mma_data(case, dtype, backward, layout, rng)
     size = int(numpy.prod(want.shape))
     lead = 16 // numpy.dtype(dtype).itemsize if misaligned != "dst_misaligned" else 1
     guarded = poisoned((lead + size + 1,), dtype)
     dst = guarded[lead:lead + size].reshape(want.shape)
     src_gpu = _misaligned(src.shape, dtype, src) if misaligned == "misaligned" else cupy.asarray(src)
-    launch = _mma_plan(g, dtype, backward, src_gpu, dst)
+    launch = _mma_plan(g, dtype, backward, layout, src_gpu, dst)
     _, _, _, _, offset_top, offset_left = _validate.correlation_frame(g, backward)
-    if not (offset_top >= 0 and 0 <= offset_left <= _depthwise_nchw_mma.LEFT):
-        assert launch is None  # the correlation's offsets leave the image's padding: the kernel declines
+    if not (offset_top >= 0 and 0 <= offset_left <= _depthwise_conv_mma.LEFT) or (
+            layout == "NHWC" and misaligned != "aligned"):
+        assert launch is None  # offsets past the image's padding, or NHWC pixels not 16-byte aligned
         return
     assert launch is not None
-    piece = int(launch.scalars[-1])
-    row_bytes = 2 * src.shape[3]
-    assert piece == (2 if misaligned == "misaligned" else next(p for p in (16, 8, 4, 2) if row_bytes % p == 0))
+    if layout == "NCHW":
+        row_bytes = 2 * src.shape[3]
+        piece = 2 if misaligned == "misaligned" else next(p for p in (16, 8, 4, 2) if row_bytes % p == 0)
+        assert int(launch.scalars[-1]) == piece
     w_gpu, b_gpu = cupy.asarray(w), 0 if b is None else cupy.asarray(b)
     launch(src_gpu, w_gpu, b_gpu, dst)
     assert bool(cupy.isnan(guarded[lead - 1])) and bool(cupy.isnan(guarded[-1])), "a store outside dst"
     error = relative_error(dst, want)
-    record_errors("depthwise NCHW tensor-core kernel", str(numpy.dtype(dtype)),
+    record_errors(f"depthwise {layout} tensor-core kernel", str(numpy.dtype(dtype)),
                   {("backward_input" if backward else "forward"): error})
     assert error <= TOLERANCE[dtype]
     first = dst.view(cupy.uint16).copy()
@@ -386,9 +401,10 @@ def test_nchw_mma_kernel_matches_reference(case, dtype, backward, misaligned, rn
     assert bool((dst.view(cupy.uint16) == first).all()), "not bit-identical run to run"
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
-@pytest.mark.parametrize("dtype", _depthwise_nchw_mma.DTYPES, ids=str)
-def test_nchw_mma_keeps_non_finite_values_in_their_windows(dtype, backward, rng):
+@pytest.mark.parametrize("dtype", _depthwise_conv_mma.DTYPES, ids=str)
+def test_conv_mma_keeps_non_finite_values_in_their_windows(dtype, backward, layout, rng):
     # A tile's product also meets the values beside each output's window
     # (with B's zeros: 0 * inf is NaN); the kernel recomputes such strips
     # output by output, so exactly the outputs whose windows hold the inf or
@@ -398,60 +414,66 @@ def test_nchw_mma_keeps_non_finite_values_in_their_windows(dtype, backward, rng)
         (3, 1, [((0, 1, 5, 9), inf), ((1, 2, 0, 0), nan)]), (5, 2, [((1, 3, 0, 0), -inf), ((0, 2, 13, 7), inf)]),
         (7, 3, [((1, 0, 6, 13), inf)]), (7, 0, [((0, 4, 5, 2), inf)]),
     ):
-        g, src, w, b, _ = _direct_launch_data((2, 5, 14, 18), (5, 1, k, k), padding, dtype, backward, rng)
+        g, src, w, b, _ = _direct_launch_data((2, 8, 14, 18), (8, 1, k, k), padding, dtype, backward, rng)
         for spot, value in spots:
             src[spot] = value
-        conv = dict(padding=padding)
+        conv = dict(padding=padding, layout=layout)
+        src = _to_layout(src, layout)
+        x_shape = _shape((2, 8, 14, 18), layout)
+        g = _validate.conv_geometry(x_shape, (8, 1, k, k), 1, padding, 1, layout=layout)
         if backward:
-            want = reference.depthwise_conv2d_backward_input(src, w, (2, 5, 14, 18), **conv)
+            want = reference.depthwise_conv2d_backward_input(src, w, x_shape, **conv)
         else:
             want = reference.depthwise_conv2d(src, w, b, **conv)
         finite = numpy.isfinite(want)
         assert finite.any() and not finite.all()
         src_gpu = cupy.asarray(src)
         dst = poisoned(want.shape, dtype)
-        launch = _mma_plan(g, dtype, backward, src_gpu, dst)
+        launch = _mma_plan(g, dtype, backward, layout, src_gpu, dst)
         launch(src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
         assert bool((cupy.isfinite(dst).get() == finite).all()), (k, padding, spots)
         assert relative_error(dst.get()[finite], want[finite]) <= TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("dtype", _depthwise_nchw_mma.DTYPES, ids=str)
-def test_nchw_mma_dispatch_follows_the_mode(dtype, rng, monkeypatch):
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", _depthwise_conv_mma.DTYPES, ids=str)
+def test_conv_mma_dispatch_follows_the_mode(dtype, layout, rng, monkeypatch):
     # MODE "always" / "rule" / "never": the ops launch the kernel exactly where
     # the mode says (and its rule where "rule"), with bias, and the results
-    # match the reference; stride 2, dilation 2, a depth multiplier and
-    # float32 keep the other kernels under "always".
+    # match the reference; stride 2, dilation 2, a depth multiplier, float32
+    # and (NHWC) C not a multiple of 8 keep the other kernels under "always".
     for mode in ("always", "rule", "never"):
-        monkeypatch.setattr(_depthwise_nchw_mma, "MODE", mode)
+        monkeypatch.setattr(_depthwise_conv_mma, "MODE", mode)
         monkeypatch.setattr(depthwise, "_SIGNATURES", {})
         for k, padding in ((3, 1), (5, ((1, 3), (2, 2))), (7, 3)):
-            shape = (2, 6, 20, 22)
-            g, x, w, b, want = _direct_launch_data(shape, (6, 1, k, k), padding, dtype, False, rng)
+            shape = _shape((2, 8, 20, 22), layout)
+            g, x, w, b, want = _direct_launch_data(shape, (8, 1, k, k), padding, dtype, False, rng, layout=layout)
+            conv = dict(padding=padding, layout=layout)
             x_gpu, w_gpu = cupy.asarray(x), cupy.asarray(w)
-            y = cupy_dwgn.depthwise_conv2d(x_gpu, w_gpu, cupy.asarray(b), padding=padding,
-                                           out=poisoned(want.shape, dtype))
-            steps = depthwise._forward_steps(g, "NCHW", x_gpu, y)
-            taken = steps.launches[0].expression.startswith(_depthwise_nchw_mma.KERNEL)
-            assert taken == (mode == "always" or (mode == "rule" and _depthwise_nchw_mma.preferred(g, dtype, False)))
+            y = cupy_dwgn.depthwise_conv2d(x_gpu, w_gpu, cupy.asarray(b), out=poisoned(want.shape, dtype), **conv)
+            steps = depthwise._forward_steps(g, layout, x_gpu, y)
+            taken = steps.launches[0].expression.startswith(_depthwise_conv_mma.KERNEL)
+            rule = _depthwise_conv_mma.preferred(g, dtype, False, layout)
+            assert taken == (mode == "always" or (mode == "rule" and rule))
             assert relative_error(y, want) <= TOLERANCE[dtype]
             dy = cupy.asarray(random(rng, want.shape, dtype))
-            dx = cupy_dwgn.depthwise_conv2d_backward_input(dy, w_gpu, shape, padding=padding,
-                                                           out=poisoned(shape, dtype))
-            steps = depthwise._backward_input_steps(g, "NCHW", dy, dx)
-            taken = steps.launches[0].expression.startswith(_depthwise_nchw_mma.KERNEL)
-            assert taken == (mode == "always" or (mode == "rule" and _depthwise_nchw_mma.preferred(g, dtype, True)))
-            want_dx = reference.depthwise_conv2d_backward_input(dy.get(), w, shape, padding=padding)
+            dx = cupy_dwgn.depthwise_conv2d_backward_input(dy, w_gpu, shape, out=poisoned(shape, dtype), **conv)
+            steps = depthwise._backward_input_steps(g, layout, dy, dx)
+            taken = steps.launches[0].expression.startswith(_depthwise_conv_mma.KERNEL)
+            rule = _depthwise_conv_mma.preferred(g, dtype, True, layout)
+            assert taken == (mode == "always" or (mode == "rule" and rule))
+            want_dx = reference.depthwise_conv2d_backward_input(dy.get(), w, shape, **conv)
             assert relative_error(dx, want_dx) <= TOLERANCE[dtype]
-    monkeypatch.setattr(_depthwise_nchw_mma, "MODE", "always")
-    for x_shape, w_shape, stride, dilation, dtype_other in (
-        ((2, 6, 20, 22), (6, 1, 3, 3), 2, 1, dtype), ((2, 6, 20, 22), (6, 1, 3, 3), 1, 2, dtype),
-        ((2, 6, 20, 22), (12, 1, 3, 3), 1, 1, dtype), ((2, 6, 20, 22), (6, 1, 3, 3), 1, 1, numpy.float32),
-    ):
-        g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation)
-        x_gpu = cupy.zeros(x_shape, dtype_other)
-        steps = depthwise._forward_steps(g, "NCHW", x_gpu, x_gpu)
-        assert not steps.launches[0].expression.startswith(_depthwise_nchw_mma.KERNEL)
+    monkeypatch.setattr(_depthwise_conv_mma, "MODE", "always")
+    for (n, c, h, w_), w_shape, stride, dilation, dtype_other in (
+        ((2, 8, 20, 22), (8, 1, 3, 3), 2, 1, dtype), ((2, 8, 20, 22), (8, 1, 3, 3), 1, 2, dtype),
+        ((2, 8, 20, 22), (16, 1, 3, 3), 1, 1, dtype), ((2, 8, 20, 22), (8, 1, 3, 3), 1, 1, numpy.float32),
+    ) + ((((2, 12, 20, 22), (12, 1, 3, 3), 1, 1, dtype),) if layout == "NHWC" else ()):
+        shape = _shape((n, c, h, w_), layout)
+        g = _validate.conv_geometry(shape, w_shape, stride, 1, dilation, layout=layout)
+        x_gpu = cupy.zeros(shape, dtype_other)
+        steps = depthwise._forward_steps(g, layout, x_gpu, x_gpu)
+        assert not steps.launches[0].expression.startswith(_depthwise_conv_mma.KERNEL)
 
 
 def test_plane_kernel_rule_and_dispatch():
@@ -2211,6 +2233,53 @@ def test_nchw_plane_kernels_over_2_31_elements(case, backward):
         else:
             want = reference.depthwise_conv2d(plane, wc, padding=1)
         assert relative_error(out[:, c : c + 1], want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+def test_conv_mma_kernel_over_2_31_elements(backward, layout):
+    # The tensor-core kernel with 64-bit offsets, launched directly, 3x3
+    # padding 1 float16.  NCHW (1, 2739200, 28, 28): plane 2739137 straddles
+    # 2**31 (units of whole planes); NHWC (1, 4793600, 56, 8) = 2**31 + 49152
+    # elements: pixel rows from 4793490 lie past 2**31 (units of row bands of
+    # the 8 channels).  Checked: NCHW planes whole; NHWC the first 20 rows
+    # and the last 120 against the reference of their slab of rows.
+    half = numpy.dtype(numpy.float16)
+    shape = (1, 2739200, 28, 28) if layout == "NCHW" else (1, 4793600, 56, 8)
+    assert numpy.prod(shape) > 2**31
+    c = shape[1] if layout == "NCHW" else shape[3]
+    g = _validate.conv_geometry(shape, (c, 1, 3, 3), 1, 1, 1, layout=layout)
+    src = cupy.random.default_rng(13).standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
+    w_host = random(numpy.random.default_rng(13), (c, 1, 3, 3), numpy.float16)
+    dst = cupy.full(shape, numpy.nan, cupy.float16)
+    launch = _depthwise_conv_mma.plan(g, half, backward, layout, _launch.index_type(src.size, dst.size), 16, 16)
+    assert launch.expression.endswith("long long>")
+    launch(src, cupy.asarray(w_host), 0, dst)
+    conv = reference.depthwise_conv2d_backward_input if backward else reference.depthwise_conv2d
+    if layout == "NCHW":
+        for plane in (0, 2739136, 2739137, 2739138, 2739199):
+            source, wc = src[:, plane : plane + 1].get(), w_host[plane : plane + 1]
+            want = conv(source, wc, source.shape, padding=1) if backward else conv(source, wc, padding=1)
+            assert relative_error(dst[:, plane : plane + 1], want) <= TOLERANCE[half]
+        return
+    height = shape[1]
+    assert 4793490 * 56 * 8 < 2**31 < 4793491 * 56 * 8
+    # (destination rows, source rows, the slab's vertical padding): forward a
+    # source row beyond each end of the rows; backward-input the grad_out rows
+    # whose forward windows meet them (padding 2 where the slab is inside).
+    for rows, source_rows, padding in (
+        ((0, 20), (0, 21), (1, 2) if backward else (1, 0)),
+        ((height - 120, height), (height - 121, height), (2, 1) if backward else (0, 1)),
+    ):
+        source = src[:, source_rows[0] : source_rows[1]].get()
+        slab_shape = (1, rows[1] - rows[0], 56, 8)
+        pad = (padding, (1, 1))
+        if backward:
+            want = conv(source, w_host, slab_shape, padding=pad, layout="NHWC")
+        else:
+            want = conv(source, w_host, padding=pad, layout="NHWC")
+        assert relative_error(dst[:, rows[0] : rows[1]], want) <= TOLERANCE[half], rows
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from cupy.cuda import memory  # noqa: E402
 
 from cupy_dwgn import _compile, _dtypes, _group_norm, _launch, _validate, _workspace, depthwise  # noqa: E402
 from cupy_dwgn import (  # noqa: E402
-    _depthwise_nchw_large, _depthwise_nchw_window, _depthwise_nhwc_direct, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_window,
+    _depthwise_conv_mma, _depthwise_nchw_large, _depthwise_nchw_window, _depthwise_nhwc_direct, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_window,
     _depthwise_wgrad_mma,
 )
 
@@ -85,6 +85,11 @@ def _steps_of_every_path(monkeypatch):
                     monkeypatch.setattr(_depthwise_wgrad_mma, "MODE", "always")
                     steps.append(((dtype, dtype, None, dtype), depthwise._backward_weight_steps(g, layout, y, x_off)))
                     monkeypatch.setattr(_depthwise_wgrad_mma, "MODE", "rule")
+                    # The tensor-core forward / backward-input wherever it serves the call.
+                    monkeypatch.setattr(_depthwise_conv_mma, "MODE", "always")
+                    steps.append(((dtype,) * 4, depthwise._forward_steps(g, layout, x_off, y)))
+                    steps.append(((dtype, dtype, None, dtype), depthwise._backward_input_steps(g, layout, y, x_off)))
+                    monkeypatch.setattr(_depthwise_conv_mma, "MODE", "rule")
                     if layout == "NHWC":  # the ring, register-window and direct kernels wherever they serve the call
                         kernels = (_depthwise_nhwc_ring, _depthwise_nhwc_window, _depthwise_nhwc_direct)
                         for module in kernels:

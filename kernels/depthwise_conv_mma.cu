@@ -1,8 +1,8 @@
-// Depthwise 2-D convolution, NCHW, on the tensor cores: the forward at
-// stride 1 and the backward-input (its stride-1 correlation with the filter
-// rotated by 180 degrees) for float16 and bfloat16, 3x3 / 5x5 / 7x7 filters
-// at dilation 1, depth multiplier 1, float32 accumulation (mma.sync
-// m16n8k16 and m16n8k8).
+// Depthwise 2-D convolution on the tensor cores, NCHW or channels-last
+// (NHWC): the forward at stride 1 and the backward-input (its stride-1
+// correlation with the filter rotated by 180 degrees) for float16 and
+// bfloat16, 3x3 / 5x5 / 7x7 filters at dilation 1, depth multiplier 1,
+// float32 accumulation (mma.sync m16n8k16 and m16n8k8).
 //
 // Why tensor cores: with float32 accumulation every output of a CUDA-core
 // kernel costs K*K FMAs plus the conversions of the values it reads, and
@@ -23,14 +23,16 @@
 // ldmatrix; along a strip of kStrip tiles each chunk is loaded once per kh
 // and feeds up to three tiles.
 //
-// The source planes go to shared memory as zero-padded images: image row
-// offset_top + r holds source row r at columns kLeft .. kLeft + width - 1
-// (kLeft = 8 keeps every row 16-byte aligned, so rows are copied with
-// cp.async pieces of 16, 8 or 4 bytes, whichever the row bytes and the
-// address allow, and 2-byte loads otherwise); everything else is zero,
-// so padding needs no test.  row_stride (halves) is a multiple of 8 with an
-// odd number of 16-byte vectors: the 8 rows of an ldmatrix fall in
-// different banks.
+// Each channel's source rows go to shared memory as a zero-padded image:
+// image row i holds source row out_row0 - offset_top + i (out_row0: the
+// unit's first destination row) at columns kLeft .. kLeft + width - 1;
+// everything else is zero, so padding needs no test.  row_stride (values)
+// is a multiple of 8 with an odd number of 16-byte vectors: the 8 rows of an
+// ldmatrix fall in different banks.  kLeft = 8 keeps NCHW rows 16-byte
+// aligned, so they are copied with cp.async pieces of 16, 8 or 4 bytes
+// (whichever the row bytes and the address allow; 2-byte loads otherwise);
+// NHWC pixels are 16-byte vectors of the unit's 8 channels, split into the
+// 8 images as they are stored.
 //
 // Non-finite values: a tile's product also multiplies the image values
 // next to each output's window by B's zeros, and 0 * inf is NaN, where the
@@ -41,17 +43,21 @@
 // padding zeros): exactly the outputs whose windows hold an inf or NaN are
 // non-finite, as in the reference.
 //
-// Work: a block of kWarps warps owns planes_per_unit consecutive planes
-// (blockIdx.x; the unit's source and destination planes are contiguous in
-// NCHW); the (plane, 16-row tile) items are dealt to the warps in a fixed
-// order; each warp walks its item's columns in strips.  Outputs gather in a
-// shared stage (the unit's destination planes as they lie in dst) and leave
-// in 16-byte stores (dwgn::store_unit).  The host
-// (cupy_dwgn/_depthwise_nchw_mma.py) sizes the unit and the image.
+// Work units (blockIdx.x; the host sizes them, cupy_dwgn/_depthwise_conv_mma.py):
+// * NCHW: planes_per_unit consecutive whole planes, or (num_bands > 1) one
+//   band of band_rows destination rows of one plane: the unit's source rows
+//   and destination rows are each one contiguous range.
+// * NHWC: (sample, band of band_rows destination rows, group of 8
+//   channels), the groups of a band in consecutive blocks.
+// A block of kWarps warps deals the unit's (channel, 16-row tile) items to
+// its warps in a fixed order; each warp walks its item's columns in strips.
+// Outputs gather in a shared stage (per channel, the unit's destination
+// rows) and leave in 16-byte stores: NCHW as the flat range they are in dst
+// (dwgn::store_unit), NHWC as pixels of 8 channels.
 //
 // Template parameters: T (__half or __nv_bfloat16), K (3, 5 or 7), BACKWARD,
-// IndexT (int, or long long when a tensor has >= 2**31 elements: only the
-// unit's plane offsets use it).
+// NHWC, IndexT (int, or long long when a tensor has >= 2**31 elements:
+// only the unit's offsets use it).
 
 #include "dwgn_common.cuh"
 
@@ -59,10 +65,14 @@ namespace dwgn_dmma {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
+// Blocks an SM the register budget is set for (at most 128 registers):
+// without it ptxas held some specializations to 64 and spilled (NVRTC 13,
+// sm_90: the NHWC and 64-bit-index ones, 16-52 bytes).
+constexpr int kMinBlocks = 4;
 // 8-column tiles a warp keeps in flight along a row strip (16 float
 // accumulators; chunks loaded per tile: (kStrip + 2) / kStrip).
 constexpr int kStrip = 4;
-// Image column of source column 0 (host: _depthwise_nchw_mma.LEFT).
+// Image column of source column 0 (host: _depthwise_conv_mma.LEFT).
 constexpr int kLeft = 8;
 
 // D += A * B for one m16n8k16 / m16n8k8 tile, T operands, float32 in place.
@@ -104,22 +114,24 @@ __device__ __forceinline__ unsigned tap_bits(const unsigned short* __restrict__ 
   return BACKWARD ? w[(K - 1 - kh) * K + (K - 1 - tap)] : w[kh * K + tap];
 }
 
-// Copy the unit's source rows into the images (image p row offset_top + r,
-// from column kLeft), in piece_bytes pieces: the rows are contiguous in src,
-// so piece i of the unit is at from + i * piece_bytes.
-__device__ __forceinline__ void copy_rows(unsigned short* images, const unsigned char* from, int rows, int height,
-                                          int row_bytes, int piece_bytes, int image_rows, int row_stride,
-                                          int offset_top) {
+// NCHW: copy `rows` source rows (contiguous in src from `from`, rows
+// first_row .. of `planes` planes of `height` rows) into the images (plane
+// p's row r at image row r - first_row + image_row0, column kLeft), in
+// piece_bytes pieces: piece i of the range is at from + i * piece_bytes.
+__device__ __forceinline__ void copy_rows(unsigned short* images, int image_halves, const unsigned char* from,
+                                          int planes, int height, int image_row0, int row_bytes, int piece_bytes,
+                                          int row_stride) {
   const int pieces_per_row = row_bytes / piece_bytes;
-  const int pieces = rows * pieces_per_row;  // < 2**22: the unit fits shared memory
+  const int pieces = planes * height * pieces_per_row;  // < 2**22: the unit fits shared memory
   const float inv_pieces = __frcp_rn(static_cast<float>(pieces_per_row));
   const float inv_height = __frcp_rn(static_cast<float>(height));
   for (int i = threadIdx.x; i < pieces; i += kThreads) {
     const int row = dwgn::small_div(i, inv_pieces);
     const int within = i - row * pieces_per_row;
     const int plane = dwgn::small_div(row, inv_height);
-    const int image_row = plane * image_rows + row - plane * height + offset_top;
-    unsigned char* to = reinterpret_cast<unsigned char*>(images + image_row * row_stride + kLeft) + within * piece_bytes;
+    const int image_row = row - plane * height + image_row0;
+    unsigned char* to = reinterpret_cast<unsigned char*>(images + plane * image_halves + image_row * row_stride + kLeft) +
+                        within * piece_bytes;
     const unsigned char* piece = from + static_cast<size_t>(i) * piece_bytes;
     switch (piece_bytes) {  // block-uniform
       case 16: dwgn::cp_async<16>(to, piece); break;
@@ -132,13 +144,104 @@ __device__ __forceinline__ void copy_rows(unsigned short* images, const unsigned
   dwgn::cp_async_wait<0>();
 }
 
+// NHWC: the `rows` x `width` pixels from `from` (pixel (r, x) at from +
+// (r * width + x) * channels, 8 values of this unit's channels) into the 8
+// images (row r at image row image_row0 + r, column kLeft + x).  Four
+// loads in flight a thread before their values are stored.
+__device__ __forceinline__ void copy_pixels(unsigned short* images, int image_halves, const uint4* from, int rows,
+                                            int width, int channels, int image_row0, int row_stride) {
+  constexpr int kBatch = 4;
+  const int pixels = rows * width;  // < 2**22: the unit fits shared memory
+  const float inv_width = __frcp_rn(static_cast<float>(width));
+  const int vectors_per_pixel = channels / 8;
+  for (int first = threadIdx.x; first < pixels; first += kBatch * kThreads) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = first + b * kThreads;
+      if (i < pixels) v[b] = from[static_cast<size_t>(i) * vectors_per_pixel];
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = first + b * kThreads;
+      if (i >= pixels) break;
+      const int r = dwgn::small_div(i, inv_width);
+      unsigned short* to = images + (image_row0 + r) * row_stride + kLeft + i - r * width;
+      const unsigned words[4] = {v[b].x, v[b].y, v[b].z, v[b].w};
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+        to[c * image_halves] = static_cast<unsigned short>(c & 1 ? words[c >> 1] >> 16 : words[c >> 1] & 0xffffu);
+    }
+  }
+}
+
+// NHWC: the unit's staged outputs (8 channel planes of `rows` x `width`, at
+// `stage`) to dst as 16-byte pixels (pixel (r, x) at to + (r * width + x) *
+// channels).
+__device__ __forceinline__ void store_pixels(const unsigned short* stage, uint4* to, int rows, int width,
+                                             int channels) {
+  const int pixels = rows * width;
+  const int vectors_per_pixel = channels / 8;
+  for (int i = threadIdx.x; i < pixels; i += kThreads) {
+    unsigned words[4];
+#pragma unroll
+    for (int c = 0; c < 8; c += 2)
+      words[c >> 1] = stage[c * pixels + i] | static_cast<unsigned>(stage[(c + 1) * pixels + i]) << 16;
+    to[static_cast<size_t>(i) * vectors_per_pixel] = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
+
+// The unit of blockIdx.x (kernel header): its channels (images), the first
+// channel (NHWC; NCHW: the first plane), its destination rows, and where its
+// source and destination ranges start (NCHW: element offsets of src / dst;
+// NHWC: of the unit's first pixel at the sample's row).
+struct Unit {
+  int planes, first, out_row0, out_rows, src_row0, src_rows;
+};
+
+template <bool NHWC>
+__device__ __forceinline__ Unit unit_of(int num_planes, int channels, int src_height, int dst_height,
+                                        int offset_top, int planes_per_unit, int num_bands, int band_rows,
+                                        int image_rows, int& sample) {
+  Unit u;
+  int band;
+  if (NHWC) {
+    const int groups = channels / 8;
+    const int rest = blockIdx.x / groups;  // (sample, band)
+    u.first = (blockIdx.x - rest * groups) * 8;
+    sample = rest / num_bands;
+    band = rest - sample * num_bands;
+    u.planes = 8;
+  } else if (num_bands > 1) {
+    sample = blockIdx.x / num_bands;  // the plane
+    band = blockIdx.x - sample * num_bands;
+    u.first = sample;
+    u.planes = 1;
+  } else {
+    sample = 0;
+    band = 0;
+    u.first = blockIdx.x * planes_per_unit;
+    u.planes = min(planes_per_unit, num_planes - u.first);
+  }
+  u.out_row0 = band * band_rows;
+  u.out_rows = min(band_rows, dst_height - u.out_row0);
+  // Image row i holds source row out_row0 - offset_top + i: the rows the
+  // unit's tiles read that lie in the image.
+  const int first_source = u.out_row0 - offset_top;
+  u.src_row0 = max(first_source, 0);
+  u.src_rows = max(0, min(first_source + image_rows, src_height) - u.src_row0);
+  return u;
+}
+
 }  // namespace dwgn_dmma
 
-template <typename T, int K, bool BACKWARD, typename IndexT>
-__global__ void __launch_bounds__(dwgn_dmma::kThreads) dwgn_dwconv2d_mma(
+template <typename T, int K, bool BACKWARD, bool NHWC, typename IndexT>
+__global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dwgn_dwconv2d_mma(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
     int channels, int num_planes, int src_height, int src_width, int dst_height, int dst_width, int offset_top,
-    int offset_left, int planes_per_unit, int image_rows, int row_stride, int piece_bytes) {
+    int offset_left, int planes_per_unit, int num_bands, int band_rows, int image_rows, int row_stride,
+    int piece_bytes) {
   using namespace dwgn_dmma;
   static_assert(K == 3 || K == 5 || K == 7, "3x3, 5x5 and 7x7 filters");
   extern __shared__ __align__(16) unsigned char shared[];
@@ -146,32 +249,47 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads) dwgn_dwconv2d_mma(
   const int image_halves = image_rows * row_stride;  // a multiple of 8
   unsigned char* const stage = shared + static_cast<size_t>(planes_per_unit) * image_halves * 2;
 
-  const int first_plane = blockIdx.x * planes_per_unit;
-  const int planes = min(planes_per_unit, num_planes - first_plane);
-  const int src_plane = src_height * src_width, dst_plane = dst_height * dst_width;
-  T* const unit_dst = dst + static_cast<IndexT>(first_plane) * dst_plane;
+  int sample;
+  const Unit u = unit_of<NHWC>(num_planes, channels, src_height, dst_height, offset_top, planes_per_unit,
+                               num_bands, band_rows, image_rows, sample);
+  const int image_row0 = u.src_row0 - (u.out_row0 - offset_top);  // the image row of source row src_row0
+  const int stage_plane = u.out_rows * dst_width;
+  // NCHW: the unit's outputs, one range of dst from here; NHWC: the unit's first output pixel.
+  T* const unit_dst = NHWC ? dst + (static_cast<IndexT>(sample) * dst_height + u.out_row0) * dst_width * channels + u.first
+                           : dst + static_cast<IndexT>(u.first) * dst_height * dst_width +
+                                 static_cast<IndexT>(u.out_row0) * dst_width;
 
   // The images' padding is zero; the rows land over it after the barrier.
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  for (int i = threadIdx.x; i < planes * image_halves / 8; i += kThreads) reinterpret_cast<uint4*>(images)[i] = zero;
+  for (int i = threadIdx.x; i < u.planes * image_halves / 8; i += kThreads) reinterpret_cast<uint4*>(images)[i] = zero;
   __syncthreads();
-  copy_rows(images, reinterpret_cast<const unsigned char*>(src + static_cast<IndexT>(first_plane) * src_plane),
-            planes * src_height, src_height, src_width * 2, piece_bytes, image_rows, row_stride, offset_top);
-  __syncthreads();  // every piece landed
+  if (NHWC) {
+    copy_pixels(images, image_halves,
+                reinterpret_cast<const uint4*>(src + (static_cast<IndexT>(sample) * src_height + u.src_row0) *
+                                                         src_width * channels + u.first),
+                u.src_rows, src_width, channels, image_row0, row_stride);
+  } else {
+    copy_rows(images, image_halves,
+              reinterpret_cast<const unsigned char*>(src + static_cast<IndexT>(u.first) * src_height * src_width +
+                                                     static_cast<IndexT>(u.src_row0) * src_width),
+              u.planes, u.src_rows, image_row0, src_width * 2, piece_bytes, row_stride);
+  }
+  __syncthreads();  // every row landed
 
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int warp = threadIdx.x >> 5;
-  const int row_tiles = (dst_height + 15) >> 4, col_tiles = (dst_width + 7) >> 3;
+  const int row_tiles = (u.out_rows + 15) >> 4, col_tiles = (dst_width + 7) >> 3;
   const float inv_row_tiles = __frcp_rn(static_cast<float>(row_tiles));
-  T* const staged = reinterpret_cast<T*>(stage + dwgn::head_bytes(unit_dst));
+  // NCHW: the range starts at stage + head_bytes(unit_dst) (dwgn::store_unit); NHWC: at stage.
+  T* const staged = reinterpret_cast<T*>(stage + (NHWC ? 0 : dwgn::head_bytes(unit_dst)));
   const int shift = kLeft - offset_left;  // host: 0 <= offset_left <= kLeft
   unsigned b01[K][2], b2[K];               // the filter rows' B fragments (k 0-15, k 16-23)
   float bias_value = 0.0f;
   int built = -1;                          // the channel b01 / b2 hold
-  for (int item = warp; item < planes * row_tiles; item += kWarps) {
+  for (int item = warp; item < u.planes * row_tiles; item += kWarps) {
     const int p = dwgn::small_div(item, inv_row_tiles);
     const int row_tile = item - p * row_tiles;
-    const int channel = (first_plane + p) % channels;
+    const int channel = NHWC ? u.first + p : (u.first + p) % channels;
     if (channel != built) {  // warp-uniform
       built = channel;
       const unsigned short* w = reinterpret_cast<const unsigned short*>(weight) + channel * K * K;
@@ -188,7 +306,7 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads) dwgn_dwconv2d_mma(
     const int row0 = row_tile * 16;
     // ldmatrix rows: lane l < 16 gives row l of the tile (lanes 16-31 repeat them, unused).
     const unsigned short* lane_row = image + (row0 + (lane & 15)) * row_stride;
-    T* const out_plane = staged + p * dst_plane;
+    T* const out_plane = staged + p * stage_plane;
     for (int tile0 = 0; tile0 < col_tiles; tile0 += kStrip) {
       const int tiles = min(kStrip, col_tiles - tile0);  // warp-uniform
       float acc[kStrip][4];
@@ -224,12 +342,14 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads) dwgn_dwconv2d_mma(
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int y = row0 + g + (e >> 1) * 8, x = (tile0 + t) * 8 + 2 * q + (e & 1);
-          if (y >= dst_height || x >= dst_width) continue;
+          if (y >= u.out_rows || x >= dst_width) continue;
           float value = acc[t][e];
           if (!exact) {  // warp-uniform: the window's taps one by one (see the header)
             const unsigned short* w = reinterpret_cast<const unsigned short*>(weight) + channel * K * K;
             value = bias_value;
+#pragma unroll 1
             for (int kh = 0; kh < K; ++kh)
+#pragma unroll 1
               for (int kw = 0; kw < K; ++kw) {
                 const unsigned short bits = image[(y + kh) * row_stride + x + shift + kw];
                 const unsigned short tap = BACKWARD ? w[(K - 1 - kh) * K + (K - 1 - kw)] : w[kh * K + kw];
@@ -242,5 +362,10 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads) dwgn_dwconv2d_mma(
     }
   }
   __syncthreads();  // the unit's outputs are staged
-  dwgn::store_unit(stage, unit_dst, planes * dst_plane);
+  if (NHWC) {
+    store_pixels(reinterpret_cast<const unsigned short*>(stage), reinterpret_cast<uint4*>(unit_dst), u.out_rows,
+                 dst_width, channels);
+  } else {
+    dwgn::store_unit(stage, unit_dst, u.planes * stage_plane);
+  }
 }

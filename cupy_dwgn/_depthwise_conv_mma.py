@@ -1,0 +1,200 @@
+"""Forward (stride 1) and backward-input on the tensor cores, NCHW or NHWC
+(kernels/depthwise_conv_mma.cu): float16 and bfloat16, 3x3 / 5x5 / 7x7
+filters at dilation 1, depth multiplier 1, float32 accumulation.  Per
+channel and filter row, a tile of 16 x 8 outputs is one matrix product of
+16 image rows with a banded matrix of the filter row (the kernel's header
+says why and how); a strip that meets a non-finite value is recomputed
+output by output, so infs and NaNs reach exactly the outputs whose windows
+hold them.  The ops take it where ``preferred`` says so; ``MODE`` overrides
+that for tests and benchmarks.
+
+Launch rule (no user tuning), from the shape only:
+
+* A block of 128 threads (4 warps) owns a unit; its (channel, 16-row tile)
+  items are dealt to the warps.  NCHW: P whole planes (P = ceil(8 / row
+  tiles), about two items a warp), fewer where the shared memory passes
+  ``SHARED_TARGET`` or where the call would have fewer than ``MIN_UNITS``
+  units; a plane whose buffers pass ``SHARED_TARGET`` goes in bands of rows
+  (units of one band of one plane).  NHWC: (sample, band of rows, group of
+  8 channels), whole planes where they fit ``SHARED_TARGET``, else the
+  tallest bands (multiples of 16 rows) that do.  16-row bands of rows too wide for
+  that may take up to ``MAX_SHARED``.
+* Shared memory: the unit's zero-padded images (one per channel: every row
+  a tile reads; ``LEFT`` zero columns, the source row, zeros to the last
+  tile's window; rows of an odd number of 16-byte vectors) and its
+  destination rows, staged for 16-byte stores.
+* NCHW rows are copied in cp.async pieces of 16, 8 or 4 bytes (the largest
+  that divides the row bytes and the source address), else 2-byte loads;
+  NHWC takes C a multiple of 8 and both arrays 16-byte aligned (pixels of
+  8 channels in 16-byte loads and stores).
+* Served where the correlation's offsets lie in [0, LEFT] (padding at most
+  the filter size minus one for the backward-input).
+"""
+
+import functools
+
+import numpy
+
+from . import _compile, _dtypes, _launch, _validate
+from ._launch import i32
+
+#: "rule": the ops take this kernel where ``preferred`` says it wins;
+#: "always": wherever it serves the call (tests, the sanitizer workload,
+#: benchmarks); "never": not at all.
+MODE = "rule"
+
+KERNEL_FILE = "depthwise_conv_mma.cu"
+KERNEL = "dwgn_dwconv2d_mma"
+FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
+DTYPES = (numpy.dtype(numpy.float16), _dtypes.bfloat16)
+LAYOUTS = ("NCHW", "NHWC")
+
+WARPS = 4  # kernel: kWarps
+THREADS = 32 * WARPS
+LEFT = 8  # kernel: kLeft, the image column of source column 0
+NHWC_CHANNELS = 8  # channels of an NHWC unit (one 16-byte pixel vector)
+#: Shared memory a block aims at (4 blocks an SM) and may take (the opt-in
+#: limit of every sm_80+ GPU but the A100/H100/H200 class), so plans do not
+#: depend on the device.
+SHARED_TARGET = 48 * 1024
+MAX_SHARED = 99 * 1024
+#: Units per call the NCHW planes per unit leave at least (2 blocks on each
+#: of an H200's 132 SMs), where there are that many planes.
+MIN_UNITS = 264
+_MAX_GRID = 2**31 - 1
+
+
+def _expression(dtype, k, backward, layout, index):
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, str(backward).lower(),
+                                    str(layout == "NHWC").lower(), index)
+
+
+def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True), layouts=LAYOUTS):
+    """``(file, name expression)`` of every specialization.
+
+    backward: None (both), False (forward) or True (backward-input)."""
+    layouts = (layouts,) if isinstance(layouts, str) else tuple(layouts)
+    variants = [(is_backward, layout) for is_backward in (False, True) if backward is None or is_backward == backward
+                for layout in LAYOUTS if layout in layouts]
+    return _compile.filter_size_specializations(
+        KERNEL_FILE, lambda dtype, size, index, is_backward, layout: _expression(dtype, size[0], is_backward, layout,
+                                                                                  index),
+        DTYPES, FILTER_SIZES, dtypes, filter_sizes, large_index, variants)
+
+
+def preferred(g, dtype, backward, layout):
+    """Whether the ops take this kernel for ``g`` (where it serves the
+    call): nowhere yet.  The kernel has not run on a GPU (written in a
+    session that was lent none); the rule comes from
+    benchmarks/depthwise_candidates.py once it has."""
+    return False
+
+
+def select(g, dtype, backward, layout, index, src_alignment, dst_alignment):
+    """``plan(...)`` when the ops take this kernel (per ``MODE``), else None."""
+    if MODE == "never" or (MODE == "rule" and not preferred(g, dtype, backward, layout)):
+        return None
+    return plan(g, dtype, backward, layout, index, src_alignment, dst_alignment)
+
+
+def row_stride(g, backward):
+    """Values a row of an image takes (kernel header): ``LEFT`` zeros, the
+    source row, zeros to the end of the last tile's 24-column window,
+    rounded to 8 values, with an odd number of 16-byte vectors."""
+    _, src_w, _, dst_w, _, _ = _validate.correlation_frame(g, backward)
+    stride = -(-max(8 * -(-dst_w // 8) + 16, LEFT + src_w) // 8) * 8
+    return stride + 8 if stride // 8 % 2 == 0 else stride
+
+
+def _shared(planes, image_rows, stride, out_rows, dst_w, layout):
+    """Dynamic shared memory of a unit: its images and its staged outputs
+    (NCHW: 16 bytes more for a range that starts between 16-byte
+    boundaries)."""
+    stage = planes * out_rows * dst_w * 2
+    return planes * image_rows * stride * 2 + (-(-stage // 16) * 16 + 16 if layout == "NCHW" else stage)
+
+
+def units(g, backward, layout):
+    """(planes per unit, num_bands, band_rows, image_rows, shared memory)
+    of the kernel for ``g`` (the module docstring's rule), or None when no
+    unit fits ``MAX_SHARED``."""
+    src_h, src_w, dst_h, dst_w, offset_top, _ = _validate.correlation_frame(g, backward)
+    k = g.filter_height
+    stride = row_stride(g, backward)
+    row_tiles = -(-dst_h // 16)
+    if layout == "NCHW":
+        planes = g.batch * g.channels
+        # Whole planes: every source row in the image (the unit's planes are one range of src).
+        image_rows = max(16 * row_tiles + k - 1, offset_top + src_h)
+        per_unit = max(1, min(-(-2 * WARPS // row_tiles), -(-planes // MIN_UNITS)))
+        while per_unit > 1 and _shared(per_unit, image_rows, stride, dst_h, dst_w, layout) > SHARED_TARGET:
+            per_unit -= 1
+        shared = _shared(per_unit, image_rows, stride, dst_h, dst_w, layout)
+        if shared <= SHARED_TARGET:
+            return per_unit, 1, dst_h, image_rows, shared
+        per_band = 1
+    else:
+        per_band = NHWC_CHANNELS
+    # Bands of 16 * t rows: the tallest that fits SHARED_TARGET (a band reads
+    # only its own rows and K - 1 more), at least two for NCHW.
+    tiles_cap = row_tiles - 1 if layout == "NCHW" else row_tiles
+    # (no taller band fits: 16 rows of images alone take per_band * 16 * stride * 2 bytes)
+    tiles_cap = min(tiles_cap, SHARED_TARGET // (per_band * 16 * stride * 2))
+    choice = None
+    for tiles in range(max(tiles_cap, 1), 0, -1):
+        band_rows = 16 * tiles
+        image_rows = band_rows + k - 1
+        shared = _shared(per_band, image_rows, stride, min(band_rows, dst_h), dst_w, layout)
+        if shared <= SHARED_TARGET or (tiles == 1 and shared <= MAX_SHARED):
+            choice = (per_band, -(-dst_h // band_rows), band_rows, image_rows, shared)
+            break
+    return choice
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(g, dtype, backward, layout, index, src_alignment, dst_alignment):
+    """The Launch for this signature (arguments: src, weight, bias or the
+    null pointer, dst), or None when this kernel does not serve it.
+    ``*_alignment``: the largest of 16, 8, 4, 2, 1 dividing the address."""
+    dtype = numpy.dtype(dtype)
+    if (
+        (g.filter_height, g.filter_width) not in FILTER_SIZES
+        or dtype not in DTYPES
+        or layout not in LAYOUTS
+        or (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w, g.multiplier) != (1, 1, 1, 1, 1)
+        or min(g.batch, g.channels, g.height, g.width, g.out_height, g.out_width) <= 0
+        or src_alignment % 2 or dst_alignment % 2
+        or (layout == "NHWC" and (g.channels % NHWC_CHANNELS or src_alignment % 16 or dst_alignment % 16))
+    ):
+        return None
+    src_h, src_w, dst_h, dst_w, offset_top, offset_left = _validate.correlation_frame(g, backward)
+    if not (0 <= offset_top and 0 <= offset_left <= LEFT):
+        return None
+    if g.batch * g.channels >= 2**31:
+        return None
+    planned = units(g, backward, layout)
+    if planned is None:
+        return None
+    per_unit, num_bands, band_rows, image_rows, shared = planned
+    if layout == "NCHW":
+        grid = -(-g.batch * g.channels // per_unit) * num_bands
+        num_planes = g.batch * g.channels
+    else:
+        grid = g.batch * num_bands * (g.channels // NHWC_CHANNELS)
+        num_planes = g.batch
+    if grid > _MAX_GRID:
+        return None
+    # NCHW row copies (NHWC copies 16-byte pixels; the kernel ignores it)
+    piece = 16 if layout == "NHWC" else next((p for p in (16, 8, 4) if (2 * src_w) % p == 0 and src_alignment % p == 0), 2)
+    return _launch.Launch(
+        KERNEL_FILE,
+        _expression(dtype, g.filter_height, backward, layout, index),
+        (grid,),
+        (THREADS,),
+        shared,
+        (
+            i32(g.channels), i32(num_planes), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top),
+            i32(offset_left), i32(per_unit), i32(num_bands), i32(band_rows), i32(image_rows),
+            i32(row_stride(g, backward)), i32(piece),
+        ),
+    )

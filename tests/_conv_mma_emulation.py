@@ -1,0 +1,165 @@
+"""What kernels/depthwise_conv_mma.cu computes for a launch of
+_depthwise_conv_mma.plan: a NumPy transcription of its index math, used by
+tests/test_compile.py (CPU).  Per block (blockIdx.x): the unit (NCHW: P
+whole planes or one band of one plane; NHWC: sample, band, group of 8
+channels), its zero-padded images (the source rows it copies asserted to
+be every row its outputs read that lies in the image, each landing inside
+its image; NCHW units of several planes copy whole planes, one range of
+src), the (channel, 16-row tile) items dealt to the 4 warps (item i to warp
+i % 4), each walking its columns in strips of 4 tiles: per filter row the
+8-column chunks as ldmatrix reads them (lane l < 16 gives row l; every read
+asserted inside the image), the lanes' B fragments from the kernel's tap
+formula assembled into the 24 x 8 banded matrix by the PTX layouts of
+mma.m16n8k16 / m16n8k8 (lane = 4 g + q: b0 = B[2q..2q+1][g], b1 =
+B[2q+8..2q+9][g], k8's b0 = B[16+2q..17+2q][g]; every entry set by
+exactly one lane), the products with IEEE semantics (0 * inf is NaN, as on
+the tensor cores), the strip recomputed tap by tap where a result is not
+finite, the outputs through the lanes' D layout (d0/d1 = D[g][2q..2q+1],
+d2/d3 = D[g + 8][...]) into the stage (each output of the call staged
+exactly once, by the unit that owns its row), then to dst.  float64 sums
+(the kernel's are float32)."""
+
+import numpy
+
+WARPS, STRIP, LEFT, NHWC_CHANNELS = 4, 4, 8, 8  # kernel: kWarps, kStrip, kLeft; an NHWC unit's channels
+
+
+def _template(expression):
+    args = expression[expression.index("<") + 1 : -1].split(", ")
+    return int(args[1]), args[2] == "true", args[3] == "true"
+
+
+def _lane_b(weights, k, backward, kh, shift):
+    """The 24 x 8 matrix B of filter row kh as the 32 lanes' fragments
+    (three words each) build it; weights: (K, K) float64."""
+    b = numpy.full((24, 8), numpy.nan)
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+        k0 = 2 * q - shift - g
+        for row, tap in ((2 * q, k0), (2 * q + 1, k0 + 1), (2 * q + 8, k0 + 8), (2 * q + 9, k0 + 9),
+                         (2 * q + 16, k0 + 16), (2 * q + 17, k0 + 17)):
+            assert numpy.isnan(b[row, g]), "a B entry set twice"
+            if 0 <= tap < k:
+                b[row, g] = weights[k - 1 - kh, k - 1 - tap] if backward else weights[kh, tap]
+            else:
+                b[row, g] = 0.0
+    assert not numpy.isnan(b).any(), "a B entry no lane sets"
+    return b
+
+
+def _products(a, b):
+    """a (16 x 24) @ b (24 x 8) with every product formed (0 * inf is NaN)."""
+    with numpy.errstate(invalid="ignore", over="ignore"):
+        return (a[:, :, None] * b[None, :, :]).sum(axis=1)
+
+
+def _units(launch, batch, channels, dst_h, num_bands, band_rows, per_unit, nhwc):
+    """(first channel plane index list, out_row0, out_rows) of every block."""
+    units = []
+    for block in range(launch.grid[0]):
+        if nhwc:
+            groups = channels // NHWC_CHANNELS
+            rest, group = divmod(block, groups)
+            sample, band = divmod(rest, num_bands)
+            assert sample < batch
+            planes = [sample * channels + group * NHWC_CHANNELS + c for c in range(NHWC_CHANNELS)]
+        elif num_bands > 1:
+            plane, band = divmod(block, num_bands)
+            planes = [plane]
+        else:
+            band = 0
+            planes = list(range(block * per_unit, min((block + 1) * per_unit, batch * channels)))
+        out_row0 = band * band_rows
+        units.append((planes, out_row0, min(band_rows, dst_h - out_row0)))
+    return units
+
+
+def emulate(launch, src, weight, bias=None):
+    """dst as the launch writes it, in the launch's layout; src the
+    correlation's source (x, or grad_out for the backward-input) in that
+    layout, weight (C, 1, K, K), bias (C,) or None."""
+    (channels, num_planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, num_bands, band_rows,
+     image_rows, row_stride, piece) = (int(v) for v in launch.scalars)
+    k, backward, nhwc = _template(launch.expression)
+    assert launch.block[0] == 32 * WARPS
+    batch = src.shape[0]
+    values = (src.transpose(0, 3, 1, 2) if nhwc else src).astype(numpy.float64)
+    assert values.shape == (batch, channels, src_h, src_w) and num_planes == (batch if nhwc else batch * channels)
+    values = values.reshape(batch * channels, src_h, src_w)
+    assert 0 <= offset_top and 0 <= offset_left <= LEFT
+    assert row_stride % 8 == 0 and (row_stride // 8) % 2 == 1, "ldmatrix rows in different banks"
+    assert LEFT + src_w <= row_stride
+    assert nhwc or (piece in (16, 8, 4, 2) and (2 * src_w) % piece == 0)
+    assert band_rows % 16 == 0 or num_bands == 1
+    assert num_bands * band_rows >= dst_h > (num_bands - 1) * band_rows
+    unit_planes = NHWC_CHANNELS if nhwc else per_unit
+    assert not (nhwc and per_unit != NHWC_CHANNELS) and (num_bands == 1 or nhwc or per_unit == 1)
+    image_halves = image_rows * row_stride
+    assert image_rows >= 16 * -(-min(band_rows, dst_h) // 16) + k - 1, "a tile's rows past the image"
+    # the stage starts 16-byte aligned after the images (NCHW: its range up to 14 bytes in)
+    stage_bytes = unit_planes * min(band_rows, dst_h) * dst_w * 2 + (0 if nhwc else 14)
+    assert (unit_planes * image_halves * 2) % 16 == 0
+    assert launch.shared_mem >= unit_planes * image_halves * 2 + stage_bytes
+    weights = weight.astype(numpy.float64).reshape(channels, k, k)
+    biases = None if (backward or bias is None) else bias.astype(numpy.float64)
+    dst = numpy.full((batch * channels, dst_h, dst_w), numpy.nan)
+    written = numpy.zeros(dst.shape, bool)
+    col_tiles = -(-dst_w // 8)
+    shift = LEFT - offset_left
+    for planes, out_row0, out_rows in _units(launch, batch, channels, dst_h, num_bands, band_rows, per_unit, nhwc):
+        first_source = out_row0 - offset_top
+        src_row0 = max(first_source, 0)
+        src_rows = max(0, min(first_source + image_rows, src_h) - src_row0)
+        if len(planes) > 1 and not nhwc:
+            assert (src_row0, src_rows) == (0, src_h), "a unit of several planes copies whole planes"
+        # every source row the unit's outputs read, where it lies in the image, is copied
+        needed = [r for r in range(first_source, first_source + out_rows + k - 1) if 0 <= r < src_h]
+        assert all(src_row0 <= r < src_row0 + src_rows for r in needed)
+        images = numpy.zeros((len(planes), image_rows, row_stride))
+        for p, plane in enumerate(planes):
+            rows = slice(src_row0 - first_source, src_row0 - first_source + src_rows)
+            assert src_rows == 0 or 0 <= rows.start and rows.stop <= image_rows
+            images[p, rows, LEFT : LEFT + src_w] = values[plane, src_row0 : src_row0 + src_rows]
+        row_tiles = -(-out_rows // 16)
+        for warp in range(WARPS):
+            for item in range(warp, len(planes) * row_tiles, WARPS):
+                p, row_tile = divmod(item, row_tiles)
+                channel = planes[p] % channels
+                bs = [_lane_b(weights[channel], k, backward, kh, shift) for kh in range(k)]
+                bias_value = 0.0 if biases is None else biases[channel]
+                w = weights[channel][::-1, ::-1] if backward else weights[channel]
+                row0 = row_tile * 16
+                for tile0 in range(0, col_tiles, STRIP):
+                    tiles = min(STRIP, col_tiles - tile0)
+                    acc = numpy.full((tiles, 16, 8), bias_value)
+                    for kh in range(k):
+                        rows = row0 + kh + numpy.arange(16)
+                        assert rows[-1] < image_rows, "an ldmatrix row past the image"
+                        chunks = []
+                        for c in range(tiles + 2):
+                            column = (tile0 + c) * 8
+                            assert column + 8 <= row_stride, "an ldmatrix row past the image's row"
+                            chunks.append(images[p, rows, column : column + 8])
+                        for t in range(tiles):
+                            acc[t] = acc[t] + _products(numpy.hstack(chunks[t : t + 3]), bs[kh])
+                    exact = numpy.isfinite(acc).all()  # else the strip, output by output
+                    for t in range(tiles):  # the lanes' D layout
+                        for lane in range(32):
+                            g, q = lane // 4, lane % 4
+                            for e in range(4):
+                                i, n = g + (e >> 1) * 8, 2 * q + (e & 1)
+                                y, x = row0 + i, (tile0 + t) * 8 + n
+                                if y >= out_rows or x >= dst_w:
+                                    continue
+                                value = acc[t, i, n]
+                                if not exact:
+                                    window = images[p, y : y + k, x + shift : x + shift + k]
+                                    assert window.shape == (k, k), "a recomputed window past the image"
+                                    with numpy.errstate(invalid="ignore", over="ignore"):
+                                        value = bias_value + (window * w).sum()
+                                assert not written[planes[p], out_row0 + y, x], "an output staged twice"
+                                written[planes[p], out_row0 + y, x] = True
+                                dst[planes[p], out_row0 + y, x] = value
+    assert written.all(), "an output never staged"
+    dst = dst.reshape(batch, channels, dst_h, dst_w)
+    return numpy.ascontiguousarray(dst.transpose(0, 2, 3, 1)) if nhwc else dst
