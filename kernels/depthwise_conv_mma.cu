@@ -229,7 +229,9 @@ __device__ __forceinline__ Unit unit_of(int num_planes, int channels, int src_he
   // Image row i holds source row out_row0 - offset_top + i: the rows the
   // unit's tiles read that lie in the image.
   const int first_source = u.out_row0 - offset_top;
-  u.src_row0 = max(first_source, 0);
+  // (clamped to the source: a band wholly in the padding below copies nothing
+  // and forms no pointer past the tensor)
+  u.src_row0 = min(max(first_source, 0), src_height);
   u.src_rows = max(0, min(first_source + image_rows, src_height) - u.src_row0);
   return u;
 }
@@ -292,7 +294,7 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dw
     const int channel = NHWC ? u.first + p : (u.first + p) % channels;
     if (channel != built) {  // warp-uniform
       built = channel;
-      const unsigned short* w = reinterpret_cast<const unsigned short*>(weight) + channel * K * K;
+      const unsigned short* w = reinterpret_cast<const unsigned short*>(weight) + static_cast<size_t>(channel) * K * K;
       const int k0 = 2 * q - shift - g;  // tap of B row 2q in column g
 #pragma unroll
       for (int kh = 0; kh < K; ++kh) {
@@ -345,7 +347,7 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dw
           if (y >= u.out_rows || x >= dst_width) continue;
           float value = acc[t][e];
           if (!exact) {  // warp-uniform: the window's taps one by one (see the header)
-            const unsigned short* w = reinterpret_cast<const unsigned short*>(weight) + channel * K * K;
+            const unsigned short* w = reinterpret_cast<const unsigned short*>(weight) + static_cast<size_t>(channel) * K * K;
             value = bias_value;
 #pragma unroll 1
             for (int kh = 0; kh < K; ++kh)

@@ -108,7 +108,7 @@ def emulate(launch, src, weight, bias=None):
     shift = LEFT - offset_left
     for planes, out_row0, out_rows in _units(launch, batch, channels, dst_h, num_bands, band_rows, per_unit, nhwc):
         first_source = out_row0 - offset_top
-        src_row0 = max(first_source, 0)
+        src_row0 = min(max(first_source, 0), src_h)
         src_rows = max(0, min(first_source + image_rows, src_h) - src_row0)
         if len(planes) > 1 and not nhwc:
             assert (src_row0, src_rows) == (0, src_h), "a unit of several planes copies whole planes"

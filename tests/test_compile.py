@@ -3033,6 +3033,10 @@ _CONV_MMA_GEOMETRIES = [
     # bands of rows: 150-wide 5x5 (NCHW and NHWC), 112-wide 7x7 backward, padding rows at a band's edge
     ((1, 8, 150, 150), 5, 2, False, None), ((1, 8, 112, 112), 7, 3, True, None),
     ((1, 8, 100, 130), 3, ((5, 0), (1, 1)), False, None), ((1, 8, 100, 130), 3, ((0, 2), (1, 1)), True, None),
+    # bands wholly in the padding above the image (they copy nothing), padding past the right edge,
+    # a partial last unit of planes (601 planes, 3 a unit)
+    ((1, 8, 30, 20), 3, ((100, 0), (1, 1)), False, None), ((1, 8, 30, 20), 3, ((40, 0), (1, 1)), False, None),
+    ((1, 8, 30, 20), 5, ((2, 2), (0, 9)), True, None), ((601, 1, 9, 9), 3, 1, False, None),
     ((2, 8, 14, 18), 5, 2, False, (1, 3, 0, 0)), ((2, 8, 14, 18), 7, 0, False, (0, 4, 5, 2)),
     ((2, 8, 14, 18), 3, 1, True, (0, 1, 5, 9)), ((2, 8, 14, 18), 7, 3, True, (1, 0, 6, 13)),
     ((1, 8, 70, 140), 5, 2, False, (0, 6, 47, 139)),

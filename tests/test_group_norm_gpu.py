@@ -661,8 +661,10 @@ def test_cluster_backward_matches_the_reference(rng, set_paths, case):
 _SMALL_CASES = [  # (shape, groups, dtype, weight dtype, activation, offset)
     ((4096, 64), 8, F32, F32, "silu", 1000.0),  # (N, C): 8 elements a group, 1000 + randn in float32
     ((3000, 1, 2, 64), 8, F16, F32, "gelu", 3.0),  # D = 8: 4 lanes a channel (K = 4)
-    ((257, 3, 5, 99), 33, BFLOAT16, BFLOAT16, "gelu_tanh", 3.0),  # D = 3: K = 10, 2 lanes idle; C odd (scalar)
+    ((257, 3, 5, 99), 33, BFLOAT16, BFLOAT16, "gelu_tanh", 3.0),  # D = 3: K = 10, 2 lanes idle
     ((64, 2, 2, 96), 4, F32, F32, "relu", 30.0),  # D = 24: one lane a channel, 8 idle
+    ((100, 3, 3, 64), 4, F16, F16, "silu", 3.0),  # D = 16: K = 2, no lane idle
+    ((50, 2, 5, 128), 4, F32, F32, "gelu", 3.0),  # D = 32: one lane a channel, none idle
     ((33, 1, 7, 320), 4, F16, F16, "silu", 3.0),  # D = 80 > 32: a lane walks channels d, d + 32, ...
     ((16, 2, 3, 1024), 1024, F64, F64, "silu", 1000.0),  # D = 1: 32 lanes a channel (6 rows), float64
     ((2, 64, 64, 320), 32, F16, F32, "identity", 3.0),  # forced on an SD shape: 40960 elements a group
