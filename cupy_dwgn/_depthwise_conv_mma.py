@@ -1,8 +1,8 @@
-"""Forward (stride 1) and backward-input on the tensor cores, NCHW or NHWC
+"""Forward (stride 1 or 2) and backward-input on the tensor cores, NCHW or NHWC
 (kernels/depthwise_conv_mma.cu): float16 and bfloat16, 3x3 / 5x5 / 7x7
 filters at dilation 1, depth multiplier 1, float32 accumulation.  Per
 channel and filter row, a tile of 16 x 8 outputs is one matrix product of
-16 image rows with a banded matrix of the filter row (the kernel's header
+16 image rows (S apart) with a banded matrix of the filter row (the kernel's header
 says why and how); a strip that meets a non-finite value is recomputed
 output by output, so infs and NaNs reach exactly the outputs whose windows
 hold them.  The ops take it where ``preferred`` says so; ``MODE`` overrides
@@ -28,7 +28,8 @@ Launch rule (no user tuning), from the shape only:
   NHWC takes C a multiple of 8 and both arrays 16-byte aligned (pixels of
   8 channels in 16-byte loads and stores).
 * Served where the correlation's offsets lie in [0, LEFT] (padding at most
-  the filter size minus one for the backward-input).
+  the filter size minus one for the backward-input); the forward at stride
+  1 or 2, the backward-input at stride 1.
 """
 
 import functools
@@ -48,6 +49,8 @@ KERNEL = "dwgn_dwconv2d_mma"
 FILTER_SIZES = ((3, 3), (5, 5), (7, 7))
 DTYPES = (numpy.dtype(numpy.float16), _dtypes.bfloat16)
 LAYOUTS = ("NCHW", "NHWC")
+#: (stride, backward) of the specializations: the backward-input is a stride-1 correlation.
+VARIANTS = ((1, False), (2, False), (1, True))
 
 WARPS = 4  # kernel: kWarps
 THREADS = 32 * WARPS
@@ -64,8 +67,8 @@ MIN_UNITS = 264
 _MAX_GRID = 2**31 - 1
 
 
-def _expression(dtype, k, backward, layout, index):
-    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, str(backward).lower(),
+def _expression(dtype, k, stride, backward, layout, index):
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, str(backward).lower(),
                                     str(layout == "NHWC").lower(), index)
 
 
@@ -74,11 +77,11 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 
     backward: None (both), False (forward) or True (backward-input)."""
     layouts = (layouts,) if isinstance(layouts, str) else tuple(layouts)
-    variants = [(is_backward, layout) for is_backward in (False, True) if backward is None or is_backward == backward
-                for layout in LAYOUTS if layout in layouts]
+    variants = [(stride, is_backward, layout) for stride, is_backward in VARIANTS
+                if backward is None or is_backward == backward for layout in LAYOUTS if layout in layouts]
     return _compile.filter_size_specializations(
-        KERNEL_FILE, lambda dtype, size, index, is_backward, layout: _expression(dtype, size[0], is_backward, layout,
-                                                                                  index),
+        KERNEL_FILE, lambda dtype, size, index, stride, is_backward, layout: _expression(
+            dtype, size[0], stride, is_backward, layout, index),
         DTYPES, FILTER_SIZES, dtypes, filter_sizes, large_index, variants)
 
 
@@ -97,13 +100,29 @@ def select(g, dtype, backward, layout, index, src_alignment, dst_alignment):
     return plan(g, dtype, backward, layout, index, src_alignment, dst_alignment)
 
 
+def _chunks(stride):
+    """8-column chunks a tile's window takes (kernel: kChunks)."""
+    return 3 if stride == 1 else 4
+
+
 def row_stride(g, backward):
     """Values a row of an image takes (kernel header): ``LEFT`` zeros, the
-    source row, zeros to the end of the last tile's 24-column window,
-    rounded to 8 values, with an odd number of 16-byte vectors."""
+    source row, zeros to the end of the last tile's window (24 columns from
+    column 8 * S * tile; S = 2: 32), rounded to 8 values, with an odd number
+    of 16-byte vectors."""
     _, src_w, _, dst_w, _, _ = _validate.correlation_frame(g, backward)
-    stride = -(-max(8 * -(-dst_w // 8) + 16, LEFT + src_w) // 8) * 8
+    s = g.stride_h
+    stride = -(-max(8 * s * (-(-dst_w // 8) - 1) + 8 * _chunks(s), LEFT + src_w) // 8) * 8
     return stride + 8 if stride // 8 % 2 == 0 else stride
+
+
+def image_rows(g, out_rows, whole_planes, backward):
+    """Rows of an image for a unit of ``out_rows`` destination rows: every
+    row its 16-row tiles read (S * (16 t - 1) + K), and for units of whole
+    planes every source row (they are one range of src)."""
+    src_h, _, _, _, offset_top, _ = _validate.correlation_frame(g, backward)
+    rows = g.stride_h * (16 * -(-out_rows // 16) - 1) + g.filter_height
+    return max(rows, offset_top + src_h) if whole_planes else rows
 
 
 def _shared(planes, image_rows, stride, out_rows, dst_w, layout):
@@ -118,35 +137,33 @@ def units(g, backward, layout):
     """(planes per unit, num_bands, band_rows, image_rows, shared memory)
     of the kernel for ``g`` (the module docstring's rule), or None when no
     unit fits ``MAX_SHARED``."""
-    src_h, src_w, dst_h, dst_w, offset_top, _ = _validate.correlation_frame(g, backward)
-    k = g.filter_height
+    _, _, dst_h, dst_w, _, _ = _validate.correlation_frame(g, backward)
     stride = row_stride(g, backward)
     row_tiles = -(-dst_h // 16)
     if layout == "NCHW":
         planes = g.batch * g.channels
-        # Whole planes: every source row in the image (the unit's planes are one range of src).
-        image_rows = max(16 * row_tiles + k - 1, offset_top + src_h)
+        rows = image_rows(g, dst_h, True, backward)
         per_unit = max(1, min(-(-2 * WARPS // row_tiles), -(-planes // MIN_UNITS)))
-        while per_unit > 1 and _shared(per_unit, image_rows, stride, dst_h, dst_w, layout) > SHARED_TARGET:
+        while per_unit > 1 and _shared(per_unit, rows, stride, dst_h, dst_w, layout) > SHARED_TARGET:
             per_unit -= 1
-        shared = _shared(per_unit, image_rows, stride, dst_h, dst_w, layout)
+        shared = _shared(per_unit, rows, stride, dst_h, dst_w, layout)
         if shared <= SHARED_TARGET:
-            return per_unit, 1, dst_h, image_rows, shared
+            return per_unit, 1, dst_h, rows, shared
         per_band = 1
     else:
         per_band = NHWC_CHANNELS
     # Bands of 16 * t rows: the tallest that fits SHARED_TARGET (a band reads
-    # only its own rows and K - 1 more), at least two for NCHW.
+    # only the source rows of its own tiles), at least two for NCHW.
     tiles_cap = row_tiles - 1 if layout == "NCHW" else row_tiles
     # (no taller band fits: 16 rows of images alone take per_band * 16 * stride * 2 bytes)
     tiles_cap = min(tiles_cap, SHARED_TARGET // (per_band * 16 * stride * 2))
     choice = None
     for tiles in range(max(tiles_cap, 1), 0, -1):
         band_rows = 16 * tiles
-        image_rows = band_rows + k - 1
-        shared = _shared(per_band, image_rows, stride, min(band_rows, dst_h), dst_w, layout)
+        rows = image_rows(g, band_rows, False, backward)
+        shared = _shared(per_band, rows, stride, min(band_rows, dst_h), dst_w, layout)
         if shared <= SHARED_TARGET or (tiles == 1 and shared <= MAX_SHARED):
-            choice = (per_band, -(-dst_h // band_rows), band_rows, image_rows, shared)
+            choice = (per_band, -(-dst_h // band_rows), band_rows, rows, shared)
             break
     return choice
 
@@ -161,7 +178,8 @@ def plan(g, dtype, backward, layout, index, src_alignment, dst_alignment):
         (g.filter_height, g.filter_width) not in FILTER_SIZES
         or dtype not in DTYPES
         or layout not in LAYOUTS
-        or (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w, g.multiplier) != (1, 1, 1, 1, 1)
+        or (g.stride_h, backward) not in VARIANTS
+        or (g.stride_w, g.dilation_h, g.dilation_w, g.multiplier) != (g.stride_h, 1, 1, 1)
         or min(g.batch, g.channels, g.height, g.width, g.out_height, g.out_width) <= 0
         or src_alignment % 2 or dst_alignment % 2
         or (layout == "NHWC" and (g.channels % NHWC_CHANNELS or src_alignment % 16 or dst_alignment % 16))
@@ -188,7 +206,7 @@ def plan(g, dtype, backward, layout, index, src_alignment, dst_alignment):
     piece = 16 if layout == "NHWC" else next((p for p in (16, 8, 4) if (2 * src_w) % p == 0 and src_alignment % p == 0), 2)
     return _launch.Launch(
         KERNEL_FILE,
-        _expression(dtype, g.filter_height, backward, layout, index),
+        _expression(dtype, g.filter_height, g.stride_h, backward, layout, index),
         (grid,),
         (THREADS,),
         shared,

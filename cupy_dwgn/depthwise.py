@@ -6,7 +6,7 @@ family that serves the call (a plan function returns None / False when its
 kernel does not serve the geometry), in this order:
 
 * NCHW forward:   large filter (>= 9x9, stride 1) -> tensor cores (half
-                  types, 3x3/5x5/7x7 at stride 1, where
+                  types, 3x3/5x5/7x7 at stride 1 or 2, where
                   _depthwise_conv_mma.preferred: nowhere until measured) -> rows (destination
                   rows of <= 16 values, where _depthwise_nchw_rows.preferred)
                   -> register row walk (3x3/5x5 at stride 2, 2-byte 3x3 on
@@ -35,7 +35,7 @@ kernel does not serve the geometry), in this order:
 * NHWC, all three ops: large filter (>= 9x9, stride 1: transposed to NCHW
                   around the NCHW large-filter kernels, _depthwise_nhwc_large)
 * NHWC forward and backward-input: -> tensor cores (half types, 3x3/5x5/7x7
-                  at stride 1, C a multiple of 8, where
+                  at stride 1 or 2 (backward-input 1), C a multiple of 8, where
                   _depthwise_conv_mma.preferred) -> row ring (3x3, forward stride 1 or
                   2, backward-input stride 1; 5x5 forward stride 2; rows
                   copied whole into shared memory, where

@@ -1,5 +1,5 @@
 // Depthwise 2-D convolution on the tensor cores, NCHW or channels-last
-// (NHWC): the forward at stride 1 and the backward-input (its stride-1
+// (NHWC): the forward at stride 1 or 2 and the backward-input (its stride-1
 // correlation with the filter rotated by 180 degrees) for float16 and
 // bfloat16, 3x3 / 5x5 / 7x7 filters at dilation 1, depth multiplier 1,
 // float32 accumulation (mma.sync m16n8k16 and m16n8k8).
@@ -12,19 +12,21 @@
 // destination rows x 8 destination columns, the row sums are one matrix
 // product with a banded (Toeplitz) matrix of the filter row:
 //
-//   D[i][n] += sum_k A[i][k] * B[k][n],   A[i][k] = image[row0 + kh + i][col0 + k],
-//                                          B[k][n] = w[kh][k - shift - n]  (0 outside [0, K))
+//   D[i][n] += sum_k A[i][k] * B[k][n],   A[i][k] = image[S * (row0 + i) + kh][col0 + k],
+//                                          B[k][n] = w[kh][k - shift - S * n]  (0 outside [0, K))
 //
-// with shift = kLeft - offset_left and col0 = 8 * tile: k runs over 24
-// image columns (three 8-column chunks: one m16n8k16 for the first two, one
-// m16n8k8 for the third), enough for 8 outputs of a filter up to 9 wide.
-// B depends on the channel and kh only: a lane builds its fragments once
-// per channel (3 words per filter row).  A comes from shared memory by
-// ldmatrix; along a strip of kStrip tiles each chunk is loaded once per kh
-// and feeds up to three tiles.
+// with S the stride, shift = kLeft - offset_left and col0 = 8 * S * tile.
+// At stride 1, k runs over 24 image columns (three 8-column chunks: one
+// m16n8k16 for the first two, one m16n8k8 for the third), enough for 8
+// outputs of a filter up to 9 wide; at stride 2 over 32 (two m16n8k16),
+// enough for 8 outputs 2 apart of a filter up to 11 wide.  B depends on the
+// channel and kh only: a lane builds its fragments once per channel (3 or 4
+// words per filter row).  A comes from shared memory by ldmatrix (its 16
+// rows S apart); along a strip of kStrip tiles each chunk is loaded once per
+// kh and feeds up to 3 (stride 2: 2) tiles.
 //
 // Each channel's source rows go to shared memory as a zero-padded image:
-// image row i holds source row out_row0 - offset_top + i (out_row0: the
+// image row i holds source row S * out_row0 - offset_top + i (out_row0: the
 // unit's first destination row) at columns kLeft .. kLeft + width - 1;
 // everything else is zero, so padding needs no test.  row_stride (values)
 // is a multiple of 8 with an odd number of 16-byte vectors: the 8 rows of an
@@ -55,8 +57,8 @@
 // rows) and leave in 16-byte stores: NCHW as the flat range they are in dst
 // (dwgn::store_unit), NHWC as pixels of 8 channels.
 //
-// Template parameters: T (__half or __nv_bfloat16), K (3, 5 or 7), BACKWARD,
-// NHWC, IndexT (int, or long long when a tensor has >= 2**31 elements:
+// Template parameters: T (__half or __nv_bfloat16), K (3, 5 or 7), STRIDE
+// (1 or 2; 1 when BACKWARD), BACKWARD, NHWC, IndexT (int, or long long when a tensor has >= 2**31 elements:
 // only the unit's offsets use it).
 
 #include "dwgn_common.cuh"
@@ -70,7 +72,7 @@ constexpr int kThreads = 32 * kWarps;
 // sm_90: the NHWC and 64-bit-index ones, 16-52 bytes).
 constexpr int kMinBlocks = 4;
 // 8-column tiles a warp keeps in flight along a row strip (16 float
-// accumulators; chunks loaded per tile: (kStrip + 2) / kStrip).
+// accumulators; chunks loaded per tile: (S * kStrip + 2) / kStrip).
 constexpr int kStrip = 4;
 // Image column of source column 0 (host: _depthwise_conv_mma.LEFT).
 constexpr int kLeft = 8;
@@ -200,7 +202,7 @@ struct Unit {
   int planes, first, out_row0, out_rows, src_row0, src_rows;
 };
 
-template <bool NHWC>
+template <int STRIDE, bool NHWC>
 __device__ __forceinline__ Unit unit_of(int num_planes, int channels, int src_height, int dst_height,
                                         int offset_top, int planes_per_unit, int num_bands, int band_rows,
                                         int image_rows, int& sample) {
@@ -226,9 +228,9 @@ __device__ __forceinline__ Unit unit_of(int num_planes, int channels, int src_he
   }
   u.out_row0 = band * band_rows;
   u.out_rows = min(band_rows, dst_height - u.out_row0);
-  // Image row i holds source row out_row0 - offset_top + i: the rows the
-  // unit's tiles read that lie in the image.
-  const int first_source = u.out_row0 - offset_top;
+  // Image row i holds source row STRIDE * out_row0 - offset_top + i: the
+  // rows the unit's tiles read that lie in the image.
+  const int first_source = STRIDE * u.out_row0 - offset_top;
   // (clamped to the source: a band wholly in the padding below copies nothing
   // and forms no pointer past the tensor)
   u.src_row0 = min(max(first_source, 0), src_height);
@@ -238,7 +240,7 @@ __device__ __forceinline__ Unit unit_of(int num_planes, int channels, int src_he
 
 }  // namespace dwgn_dmma
 
-template <typename T, int K, bool BACKWARD, bool NHWC, typename IndexT>
+template <typename T, int K, int STRIDE, bool BACKWARD, bool NHWC, typename IndexT>
 __global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dwgn_dwconv2d_mma(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
     int channels, int num_planes, int src_height, int src_width, int dst_height, int dst_width, int offset_top,
@@ -246,15 +248,18 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dw
     int piece_bytes) {
   using namespace dwgn_dmma;
   static_assert(K == 3 || K == 5 || K == 7, "3x3, 5x5 and 7x7 filters");
+  static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "the backward-input is a stride-1 correlation");
+  // 8-column chunks a tile's window takes: 24 columns (k16 + k8) at stride 1, 32 (k16 + k16) at stride 2.
+  constexpr int kChunks = STRIDE == 1 ? 3 : 4;
   extern __shared__ __align__(16) unsigned char shared[];
   unsigned short* const images = reinterpret_cast<unsigned short*>(shared);
   const int image_halves = image_rows * row_stride;  // a multiple of 8
   unsigned char* const stage = shared + static_cast<size_t>(planes_per_unit) * image_halves * 2;
 
   int sample;
-  const Unit u = unit_of<NHWC>(num_planes, channels, src_height, dst_height, offset_top, planes_per_unit,
+  const Unit u = unit_of<STRIDE, NHWC>(num_planes, channels, src_height, dst_height, offset_top, planes_per_unit,
                                num_bands, band_rows, image_rows, sample);
-  const int image_row0 = u.src_row0 - (u.out_row0 - offset_top);  // the image row of source row src_row0
+  const int image_row0 = u.src_row0 - (STRIDE * u.out_row0 - offset_top);  // the image row of source row src_row0
   const int stage_plane = u.out_rows * dst_width;
   // NCHW: the unit's outputs, one range of dst from here; NHWC: the unit's first output pixel.
   T* const unit_dst = NHWC ? dst + (static_cast<IndexT>(sample) * dst_height + u.out_row0) * dst_width * channels + u.first
@@ -285,7 +290,8 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dw
   // NCHW: the range starts at stage + head_bytes(unit_dst) (dwgn::store_unit); NHWC: at stage.
   T* const staged = reinterpret_cast<T*>(stage + (NHWC ? 0 : dwgn::head_bytes(unit_dst)));
   const int shift = kLeft - offset_left;  // host: 0 <= offset_left <= kLeft
-  unsigned b01[K][2], b2[K];               // the filter rows' B fragments (k 0-15, k 16-23)
+  // The filter rows' B fragments: k 0-15 (b01), then k 16-23 (stride 1) or 16-31 (stride 2).
+  unsigned b01[K][2], b23[K][kChunks - 2];
   float bias_value = 0.0f;
   int built = -1;                          // the channel b01 / b2 hold
   for (int item = warp; item < u.planes * row_tiles; item += kWarps) {
@@ -295,19 +301,21 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dw
     if (channel != built) {  // warp-uniform
       built = channel;
       const unsigned short* w = reinterpret_cast<const unsigned short*>(weight) + static_cast<size_t>(channel) * K * K;
-      const int k0 = 2 * q - shift - g;  // tap of B row 2q in column g
+      const int k0 = 2 * q - shift - STRIDE * g;  // tap of B row 2q in column g
 #pragma unroll
       for (int kh = 0; kh < K; ++kh) {
         b01[kh][0] = tap_bits<K, BACKWARD>(w, kh, k0) | tap_bits<K, BACKWARD>(w, kh, k0 + 1) << 16;
         b01[kh][1] = tap_bits<K, BACKWARD>(w, kh, k0 + 8) | tap_bits<K, BACKWARD>(w, kh, k0 + 9) << 16;
-        b2[kh] = tap_bits<K, BACKWARD>(w, kh, k0 + 16) | tap_bits<K, BACKWARD>(w, kh, k0 + 17) << 16;
+#pragma unroll
+        for (int j = 0; j < kChunks - 2; ++j)
+          b23[kh][j] = tap_bits<K, BACKWARD>(w, kh, k0 + 16 + 8 * j) | tap_bits<K, BACKWARD>(w, kh, k0 + 17 + 8 * j) << 16;
       }
       bias_value = (!BACKWARD && bias != nullptr) ? dwgn::to_acc(bias[channel]) : 0.0f;
     }
     const unsigned short* image = images + p * image_halves;
     const int row0 = row_tile * 16;
-    // ldmatrix rows: lane l < 16 gives row l of the tile (lanes 16-31 repeat them, unused).
-    const unsigned short* lane_row = image + (row0 + (lane & 15)) * row_stride;
+    // ldmatrix rows: lane l < 16 gives the image row of the tile's row l (lanes 16-31 repeat them, unused).
+    const unsigned short* lane_row = image + STRIDE * (row0 + (lane & 15)) * row_stride;
     T* const out_plane = staged + p * stage_plane;
     for (int tile0 = 0; tile0 < col_tiles; tile0 += kStrip) {
       const int tiles = min(kStrip, col_tiles - tile0);  // warp-uniform
@@ -318,16 +326,23 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dw
         for (int e = 0; e < 4; ++e) acc[t][e] = bias_value;
 #pragma unroll
       for (int kh = 0; kh < K; ++kh) {
-        const unsigned short* chunk_row = lane_row + kh * row_stride + tile0 * 8;
-        unsigned frag[kStrip + 2][2];
+        // Tile t's window: chunks STRIDE * t .. STRIDE * t + kChunks - 1 of the strip.
+        const unsigned short* chunk_row = lane_row + kh * row_stride + STRIDE * tile0 * 8;
+        unsigned frag[STRIDE * kStrip + 2][2];
 #pragma unroll
-        for (int c = 0; c < kStrip + 2; ++c)
-          if (c < tiles + 2) load_chunk(frag[c], chunk_row + 8 * c);
+        for (int c = 0; c < STRIDE * kStrip + 2; ++c)
+          if (c < STRIDE * tiles + 2) load_chunk(frag[c], chunk_row + 8 * c);
 #pragma unroll
         for (int t = 0; t < kStrip; ++t) {
           if (t < tiles) {
-            Mma<T>::k16(acc[t], frag[t][0], frag[t][1], frag[t + 1][0], frag[t + 1][1], b01[kh][0], b01[kh][1]);
-            Mma<T>::k8(acc[t], frag[t + 2][0], frag[t + 2][1], b2[kh]);
+            const int c = STRIDE * t;
+            Mma<T>::k16(acc[t], frag[c][0], frag[c][1], frag[c + 1][0], frag[c + 1][1], b01[kh][0], b01[kh][1]);
+            if constexpr (STRIDE == 1) {
+              Mma<T>::k8(acc[t], frag[c + 2][0], frag[c + 2][1], b23[kh][0]);
+            } else {
+              Mma<T>::k16(acc[t], frag[c + 2][0], frag[c + 2][1], frag[c + 3][0], frag[c + 3][1], b23[kh][0],
+                          b23[kh][1]);
+            }
           }
         }
       }
@@ -353,7 +368,7 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dw
             for (int kh = 0; kh < K; ++kh)
 #pragma unroll 1
               for (int kw = 0; kw < K; ++kw) {
-                const unsigned short bits = image[(y + kh) * row_stride + x + shift + kw];
+                const unsigned short bits = image[(STRIDE * y + kh) * row_stride + STRIDE * x + shift + kw];
                 const unsigned short tap = BACKWARD ? w[(K - 1 - kh) * K + (K - 1 - kw)] : w[kh * K + kw];
                 value = fmaf(dwgn::half_of_word(T(), tap, 0), dwgn::half_of_word(T(), bits, 0), value);
               }

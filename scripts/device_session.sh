@@ -2,7 +2,7 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all but models and ncu): facts cold warm examples cli tests sanitizer dwbench gnbench host models ncu
+# STEPS selects parts (default: all but candidates, models and ncu): facts cold warm examples cli tests sanitizer candidates dwbench gnbench host models ncu
 # (ncu: Nsight Compute on scripts/ncu_workload.py's cases NCU_CASES (default all), the summary in ncu_summary.txt;
 # it needs hardware counters: seen working on the Firecracker machines, not on gVisor).
 # (warm: compile the kernels into CuPy's disk cache with WARM_ARGS, several processes at once; after cold, whose
@@ -87,6 +87,16 @@ if has models; then
 fi
 if has host; then
   python3 benchmarks/host_overhead.py --profile --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.txt"
+fi
+if has candidates; then
+  # Every forward / backward-input kernel that serves each shape, side by side (the view dispatch rules are read
+  # from); CANDIDATE_ARGS replaces the default selection (the half-type shapes of the depthwise table and
+  # EfficientNet-B3 (stride 1 and 2), where the tensor-core kernel competes).
+  python3 benchmarks/depthwise_candidates.py ${CANDIDATE_ARGS:---no-torch --dtypes float16 bfloat16 --shapes \
+    64x144x56x3x1 64x384x28x3x1 64x240x28x5x1 64x96x56x7x1 64x384x14x7x1 64x960x7x3x1 64x24x150x3x1 \
+    64x192x75x3x1 64x288x38x5x1 64x576x19x3x1 64x576x19x5x1 64x1392x10x5x1 64x96x112x3x2 64x144x150x3x2 \
+    64x192x75x5x2 64x288x38x3x2 64x816x19x5x2} 2>&1 | tee "$OUT/candidates.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if has dwbench; then
   python3 benchmarks/depthwise.py --json "$OUT/depthwise.json" --png "$OUT/depthwise.png" ${DWBENCH_ARGS:-} 2>&1 \

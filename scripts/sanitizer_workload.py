@@ -285,8 +285,8 @@ def nchw_forward_regs():
 
 
 def conv_mma():
-    # The tensor-core forward / backward-input (float32 keeps the others),
-    # NCHW: row copies in 16-, 8- and 4-byte pieces and 2-byte loads
+    # The tensor-core forward (stride 1 and 2) / backward-input (float32
+    # keeps the others), NCHW: row copies in 16-, 8- and 4-byte pieces and 2-byte loads
     # (misaligned views, odd widths), planes of several strips and row tiles,
     # bands of rows (150 and 112 wide), 8 planes a unit, padding past the
     # filter's half, per-side padding, a valid correlation, 1-row planes;
@@ -297,21 +297,25 @@ def conv_mma():
     cases = [
         ((2, 5, 56, 56), 7, 1, 3), ((1, 3, 112, 112), 3, 1, 1), ((4, 70, 14, 14), 3, 1, 1), ((2, 9, 19, 19), 5, 1, 2),
         ((2, 5, 29, 31), 5, 1, ((0, 4), (3, 1))), ((1, 3, 40, 24), 7, 1, "valid"), ((2, 5, 1, 31), 3, 1, 1),
-        ((1, 6, 17, 9), 7, 1, 8), ((1, 2, 150, 150), 5, 1, 2),
+        ((1, 6, 17, 9), 7, 1, 8), ((1, 2, 150, 150), 5, 1, 2), ((2, 8, 38, 38), 3, 2, 1), ((1, 3, 75, 75), 5, 2, 2),
+        ((1, 2, 150, 150), 3, 2, 1), ((1, 3, 9, 9), 5, 2, 4),
     ]
     _nchw_direct_calls(_depthwise_conv_mma, cases)
     _depthwise_conv_mma.MODE, dw._SIGNATURES = "always", {}
     try:
         for dtype in (cupy.float16, _dtypes.bfloat16):
-            for x_shape, k, padding in (((2, 28, 28, 16), 5, 2), ((1, 56, 56, 8), 7, 3), ((1, 150, 150, 8), 5, 2),
-                                        ((2, 13, 11, 24), 3, 1), ((1, 17, 9, 8), 7, 8)):
-                conv = dict(padding=padding, layout="NHWC")
+            for x_shape, k, stride, padding in (((2, 28, 28, 16), 5, 1, 2), ((1, 56, 56, 8), 7, 1, 3),
+                                                ((1, 150, 150, 8), 5, 1, 2), ((2, 13, 11, 24), 3, 1, 1),
+                                                ((1, 17, 9, 8), 7, 1, 8), ((2, 38, 38, 16), 3, 2, 1),
+                                                ((1, 75, 75, 8), 5, 2, 2)):
+                conv = dict(stride=stride, padding=padding, layout="NHWC")
                 c = x_shape[3]
                 x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
                 w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
                 b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
                 y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
-                cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
+                if stride == 1:
+                    cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
         for layout, shape in (("NCHW", (2, 5, 14, 18)), ("NHWC", (2, 14, 18, 8))):
             x = rng.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
             x[(1, 2, 6, 7) if layout == "NCHW" else (1, 6, 7, 2)] = cupy.inf

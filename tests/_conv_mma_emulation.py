@@ -26,18 +26,19 @@ WARPS, STRIP, LEFT, NHWC_CHANNELS = 4, 4, 8, 8  # kernel: kWarps, kStrip, kLeft;
 
 def _template(expression):
     args = expression[expression.index("<") + 1 : -1].split(", ")
-    return int(args[1]), args[2] == "true", args[3] == "true"
+    return int(args[1]), int(args[2]), args[3] == "true", args[4] == "true"
 
 
-def _lane_b(weights, k, backward, kh, shift):
-    """The 24 x 8 matrix B of filter row kh as the 32 lanes' fragments
-    (three words each) build it; weights: (K, K) float64."""
-    b = numpy.full((24, 8), numpy.nan)
+def _lane_b(weights, k, stride, backward, kh, shift):
+    """The 24 x 8 (stride 2: 32 x 8) matrix B of filter row kh as the 32
+    lanes' fragments (three or four words each) build it; weights: (K, K)
+    float64."""
+    chunks = 3 if stride == 1 else 4
+    b = numpy.full((8 * chunks, 8), numpy.nan)
     for lane in range(32):
         g, q = lane // 4, lane % 4
-        k0 = 2 * q - shift - g
-        for row, tap in ((2 * q, k0), (2 * q + 1, k0 + 1), (2 * q + 8, k0 + 8), (2 * q + 9, k0 + 9),
-                         (2 * q + 16, k0 + 16), (2 * q + 17, k0 + 17)):
+        k0 = 2 * q - shift - stride * g
+        for row, tap in [(2 * q + 8 * j + e, k0 + 8 * j + e) for j in range(chunks) for e in (0, 1)]:
             assert numpy.isnan(b[row, g]), "a B entry set twice"
             if 0 <= tap < k:
                 b[row, g] = weights[k - 1 - kh, k - 1 - tap] if backward else weights[kh, tap]
@@ -48,7 +49,7 @@ def _lane_b(weights, k, backward, kh, shift):
 
 
 def _products(a, b):
-    """a (16 x 24) @ b (24 x 8) with every product formed (0 * inf is NaN)."""
+    """a (16 x k) @ b (k x 8) with every product formed (0 * inf is NaN)."""
     with numpy.errstate(invalid="ignore", over="ignore"):
         return (a[:, :, None] * b[None, :, :]).sum(axis=1)
 
@@ -80,7 +81,9 @@ def emulate(launch, src, weight, bias=None):
     layout, weight (C, 1, K, K), bias (C,) or None."""
     (channels, num_planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, num_bands, band_rows,
      image_rows, row_stride, piece) = (int(v) for v in launch.scalars)
-    k, backward, nhwc = _template(launch.expression)
+    k, stride, backward, nhwc = _template(launch.expression)
+    chunks = 3 if stride == 1 else 4
+    assert stride == 1 or not backward
     assert launch.block[0] == 32 * WARPS
     batch = src.shape[0]
     values = (src.transpose(0, 3, 1, 2) if nhwc else src).astype(numpy.float64)
@@ -95,7 +98,7 @@ def emulate(launch, src, weight, bias=None):
     unit_planes = NHWC_CHANNELS if nhwc else per_unit
     assert not (nhwc and per_unit != NHWC_CHANNELS) and (num_bands == 1 or nhwc or per_unit == 1)
     image_halves = image_rows * row_stride
-    assert image_rows >= 16 * -(-min(band_rows, dst_h) // 16) + k - 1, "a tile's rows past the image"
+    assert image_rows >= stride * (16 * -(-min(band_rows, dst_h) // 16) - 1) + k, "a tile's rows past the image"
     # the stage starts 16-byte aligned after the images (NCHW: its range up to 14 bytes in)
     stage_bytes = unit_planes * min(band_rows, dst_h) * dst_w * 2 + (0 if nhwc else 14)
     assert (unit_planes * image_halves * 2) % 16 == 0
@@ -107,13 +110,13 @@ def emulate(launch, src, weight, bias=None):
     col_tiles = -(-dst_w // 8)
     shift = LEFT - offset_left
     for planes, out_row0, out_rows in _units(launch, batch, channels, dst_h, num_bands, band_rows, per_unit, nhwc):
-        first_source = out_row0 - offset_top
+        first_source = stride * out_row0 - offset_top
         src_row0 = min(max(first_source, 0), src_h)
         src_rows = max(0, min(first_source + image_rows, src_h) - src_row0)
         if len(planes) > 1 and not nhwc:
             assert (src_row0, src_rows) == (0, src_h), "a unit of several planes copies whole planes"
         # every source row the unit's outputs read, where it lies in the image, is copied
-        needed = [r for r in range(first_source, first_source + out_rows + k - 1) if 0 <= r < src_h]
+        needed = [r for r in range(first_source, first_source + stride * (out_rows - 1) + k) if 0 <= r < src_h]
         assert all(src_row0 <= r < src_row0 + src_rows for r in needed)
         images = numpy.zeros((len(planes), image_rows, row_stride))
         for p, plane in enumerate(planes):
@@ -125,7 +128,7 @@ def emulate(launch, src, weight, bias=None):
             for item in range(warp, len(planes) * row_tiles, WARPS):
                 p, row_tile = divmod(item, row_tiles)
                 channel = planes[p] % channels
-                bs = [_lane_b(weights[channel], k, backward, kh, shift) for kh in range(k)]
+                bs = [_lane_b(weights[channel], k, stride, backward, kh, shift) for kh in range(k)]
                 bias_value = 0.0 if biases is None else biases[channel]
                 w = weights[channel][::-1, ::-1] if backward else weights[channel]
                 row0 = row_tile * 16
@@ -133,15 +136,16 @@ def emulate(launch, src, weight, bias=None):
                     tiles = min(STRIP, col_tiles - tile0)
                     acc = numpy.full((tiles, 16, 8), bias_value)
                     for kh in range(k):
-                        rows = row0 + kh + numpy.arange(16)
+                        rows = stride * (row0 + numpy.arange(16)) + kh
                         assert rows[-1] < image_rows, "an ldmatrix row past the image"
-                        chunks = []
-                        for c in range(tiles + 2):
-                            column = (tile0 + c) * 8
+                        loaded = []
+                        for c in range(stride * tiles + 2):
+                            column = (stride * tile0 + c) * 8
                             assert column + 8 <= row_stride, "an ldmatrix row past the image's row"
-                            chunks.append(images[p, rows, column : column + 8])
+                            loaded.append(images[p, rows, column : column + 8])
                         for t in range(tiles):
-                            acc[t] = acc[t] + _products(numpy.hstack(chunks[t : t + 3]), bs[kh])
+                            window = numpy.hstack(loaded[stride * t : stride * t + chunks])
+                            acc[t] = acc[t] + _products(window, bs[kh])
                     exact = numpy.isfinite(acc).all()  # else the strip, output by output
                     for t in range(tiles):  # the lanes' D layout
                         for lane in range(32):
@@ -153,7 +157,8 @@ def emulate(launch, src, weight, bias=None):
                                     continue
                                 value = acc[t, i, n]
                                 if not exact:
-                                    window = images[p, y : y + k, x + shift : x + shift + k]
+                                    window = images[p, stride * y : stride * y + k,
+                                                    stride * x + shift : stride * x + shift + k]
                                     assert window.shape == (k, k), "a recomputed window past the image"
                                     with numpy.errstate(invalid="ignore", over="ignore"):
                                         value = bias_value + (window * w).sum()

@@ -3040,6 +3040,12 @@ _CONV_MMA_GEOMETRIES = [
     ((2, 8, 14, 18), 5, 2, False, (1, 3, 0, 0)), ((2, 8, 14, 18), 7, 0, False, (0, 4, 5, 2)),
     ((2, 8, 14, 18), 3, 1, True, (0, 1, 5, 9)), ((2, 8, 14, 18), 7, 3, True, (1, 0, 6, 13)),
     ((1, 8, 70, 140), 5, 2, False, (0, 6, 47, 139)),
+    # stride 2 (forward): EfficientNet's 38 -> 19 and 75 -> 38, odd and even sources, per-side padding,
+    # padding past the filter's half, bands (150 -> 75), an inf
+    ((2, 8, 38, 38), 3, 1, False, None, 2), ((2, 8, 75, 75), 5, 2, False, None, 2), ((1, 8, 19, 19), 5, 2, False, None, 2),
+    ((1, 8, 28, 28), 7, 3, False, None, 2), ((2, 8, 13, 16), 3, ((0, 1), (1, 0)), False, None, 2),
+    ((1, 8, 9, 9), 5, 4, False, None, 2), ((1, 8, 150, 150), 3, 1, False, None, 2), ((1, 8, 112, 112), 7, 3, False, None, 2),
+    ((2, 8, 14, 18), 5, 2, False, (1, 3, 4, 9), 2), ((1, 8, 40, 24), 7, "valid", False, None, 2),
 ]
 
 
@@ -3048,9 +3054,10 @@ def _conv_mma_case(case, layout, rng):
 
     from cupy_dwgn import _validate, reference
 
-    x_shape, k, padding, backward, spot = case
+    x_shape, k, padding, backward, spot, *more = case
+    stride = more[0] if more else 1
     c = x_shape[1]
-    g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1)
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
     y_shape = (x_shape[0], c, g.out_height, g.out_width)
     src = rng.standard_normal(y_shape if backward else x_shape).astype(numpy.float16)
     w = rng.standard_normal((c, 1, k, k)).astype(numpy.float16)
@@ -3060,18 +3067,19 @@ def _conv_mma_case(case, layout, rng):
     if layout == "NHWC":
         src = numpy.ascontiguousarray(src.transpose(0, 2, 3, 1))
         x_shape = (x_shape[0], x_shape[2], x_shape[3], c)
-        g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1, layout="NHWC")
+        g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
     with numpy.errstate(invalid="ignore"):
         if backward:
             want = reference.depthwise_conv2d_backward_input(src, w, x_shape, padding=padding, layout=layout)
         else:
-            want = reference.depthwise_conv2d(src, w, b, padding=padding, layout=layout)
+            want = reference.depthwise_conv2d(src, w, b, stride=stride, padding=padding, layout=layout)
     return g, src, w, b, want
 
 
 @pytest.mark.parametrize("layout, piece", [("NCHW", 16), ("NCHW", 4), ("NCHW", 2), ("NHWC", 16)])
 @pytest.mark.parametrize("case", _CONV_MMA_GEOMETRIES,
-                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-{c[2]}-{'bwd' if c[3] else 'fwd'}-{c[4]}")
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-{c[2]}-{'bwd' if c[3] else 'fwd'}-{c[4]}"
+                                       + (f"-s{c[5]}" if len(c) > 5 else ""))
 def test_conv_mma_index_math_matches_the_reference(case, layout, piece):
     import numpy
 
@@ -3083,7 +3091,8 @@ def test_conv_mma_index_math_matches_the_reference(case, layout, piece):
     backward, spot = case[3], case[4]
     launch = mma.plan.__wrapped__(g, numpy.dtype(numpy.float16), backward, layout, "int", piece, 16)
     _, src_w, _, _, offset_top, offset_left = _validate.correlation_frame(g, backward)
-    if not (offset_top >= 0 and 0 <= offset_left <= mma.LEFT) or (layout == "NHWC" and g.channels % 8):
+    if (not (offset_top >= 0 and 0 <= offset_left <= mma.LEFT) or (layout == "NHWC" and g.channels % 8)
+            or mma.units(g, backward, layout) is None):  # (NHWC 150 -> 75: a 16-row band of 8 channels passes MAX_SHARED)
         assert launch is None
         return
     assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
@@ -3116,7 +3125,9 @@ def test_conv_mma_plan():
         ("NHWC", 2, 16, 224, 3, 1, 1, 1, 1, half, False, 16, False),  # a 16-row band of 8 channels passes MAX_SHARED
         ("NCHW", 1, 3, 1000, 3, 1, 1, 1, 1, half, False, 16, True), ("NCHW", 1, 3, 3000, 3, 1, 1, 1, 1, half, False, 16, False),
         ("NHWC", 64, 20, 28, 5, 1, 1, 1, 2, half, False, 16, False), ("NHWC", 64, 24, 28, 5, 1, 1, 1, 2, half, False, 8, False),
-        ("NCHW", 64, 96, 56, 3, 2, 1, 1, 1, half, False, 16, False), ("NCHW", 64, 96, 56, 3, 1, 2, 1, 2, half, False, 16, False),
+        ("NCHW", 64, 96, 112, 3, 2, 1, 1, 1, half, False, 16, True), ("NHWC", 64, 192, 75, 5, 2, 1, 1, 2, bf16, False, 16, True),
+        ("NCHW", 64, 96, 56, 3, 2, 1, 1, 1, half, True, 16, False),  # a strided backward-input is no correlation
+        ("NCHW", 64, 96, 56, 3, 3, 1, 1, 1, half, False, 16, False), ("NCHW", 64, 96, 56, 3, 1, 2, 1, 2, half, False, 16, False),
         ("NCHW", 64, 96, 56, 3, 1, 1, 2, 1, half, False, 16, False), ("NCHW", 64, 96, 56, 3, 1, 1, 1, 1, single, False, 16, False),
         ("NCHW", 64, 96, 56, 9, 1, 1, 1, 4, half, False, 16, False), ("NCHW", 8, 16, 20, 3, 1, 1, 1, 9, half, False, 16, False),
         ("NCHW", 8, 16, 20, 3, 1, 1, 1, 3, half, True, 16, False),  # backward-input offsets 2 - 3 < 0
@@ -3132,7 +3143,9 @@ def test_conv_mma_plan():
         (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, num_bands, band_rows,
          image_rows, row_stride, piece) = (int(v) for v in launch.scalars)
         assert channels == c and launch.block == (mma.THREADS, 1, 1)
-        assert row_stride % 8 == 0 and row_stride // 8 % 2 == 1 and row_stride >= max(8 + src_w, 8 * -(-dst_w // 8) + 16)
+        chunks = 3 if stride == 1 else 4
+        assert row_stride % 8 == 0 and row_stride // 8 % 2 == 1
+        assert row_stride >= max(8 + src_w, 8 * stride * (-(-dst_w // 8) - 1) + 8 * chunks)
         assert launch.shared_mem <= mma.SHARED_TARGET or (band_rows == 16 and launch.shared_mem <= mma.MAX_SHARED)
         if layout == "NHWC":
             assert planes == n and per_unit == 8 and launch.grid[0] == n * num_bands * c // 8 and piece == 16
@@ -3142,7 +3155,7 @@ def test_conv_mma_plan():
             assert piece == next(p for p in (16, 8, 4, 2) if (2 * src_w) % p == 0 and alignment % p == 0)
         assert num_bands * band_rows >= dst_h > (num_bands - 1) * band_rows
         if num_bands > 1:  # the tallest bands that fit: 16 more rows would not
-            taller = mma._shared(per_unit, band_rows + 16 + k - 1, row_stride, band_rows + 16, dst_w, layout)
+            taller = mma._shared(per_unit, stride * (band_rows + 15) + k, row_stride, band_rows + 16, dst_w, layout)
             assert band_rows + 16 >= dst_h or taller > mma.SHARED_TARGET
     # NCHW whole planes: about two items a warp, fewer planes only for shared memory or a small call
     for n, c, hw in ((64, 240, 28), (64, 384, 14), (2, 24, 28), (64, 96, 56)):
@@ -3152,8 +3165,10 @@ def test_conv_mma_plan():
         wanted = min(-(-2 * mma.WARPS // -(-hw // 16)), -(-n * c // mma.MIN_UNITS))
         assert num_bands == 1 and per_unit <= max(1, wanted)
     g = _validate.conv_geometry((2, 8, 28, 28), (8, 1, 5, 5), 1, 2, 1)
-    assert mma.plan(g, half, False, "NCHW", "long long", 16, 16).expression == f"{mma.KERNEL}<__half, 5, false, false, long long>"
-    assert mma.plan(g, half, True, "NCHW", "int", 16, 16).expression == f"{mma.KERNEL}<__half, 5, true, false, int>"
+    assert mma.plan(g, half, False, "NCHW", "long long", 16, 16).expression == f"{mma.KERNEL}<__half, 5, 1, false, false, long long>"
+    assert mma.plan(g, half, True, "NCHW", "int", 16, 16).expression == f"{mma.KERNEL}<__half, 5, 1, true, false, int>"
+    g = _validate.conv_geometry((2, 28, 28, 8), (8, 1, 3, 3), 2, 1, 1, layout="NHWC")
+    assert mma.plan(g, bf16, False, "NHWC", "int", 16, 16).expression == f"{mma.KERNEL}<__nv_bfloat16, 3, 2, false, true, int>"
 
 
 def test_wgrad_mma_rule():

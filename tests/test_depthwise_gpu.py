@@ -329,15 +329,15 @@ def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
 
 
 # The tensor-core forward / backward-input kernel (_depthwise_conv_mma),
-# launched directly: the plane kernel's stride-1 cases (odd, prime and
-# one-row planes, every padding form, many planes a call, partial last
-# units) and planes of several row tiles and column strips (56, 112 and 150
+# launched directly: the plane kernel's cases (odd, prime and one-row
+# planes, every padding form, many planes a call, partial last units; the
+# forward at stride 2 on EfficientNet's planes and bands) and planes of several row tiles and column strips (56, 112 and 150
 # wide: bands of rows), 14x14 planes (8 a unit), valid correlations; NCHW
 # rows copied in 16-, 8-, 4-byte pieces or 2-byte loads (odd widths, a
 # misaligned source), into an aligned or a misaligned destination with
 # guard values on both sides; NHWC with the channels rounded up to a
 # multiple of 8 (misaligned arrays refused).
-MMA_CASES = [c for c in PLANE_CASES if len(c) == 5] + [
+MMA_CASES = PLANE_CASES + [
     ("56x56 7x7 p3", (2, 5, 56, 56), 7, 3, None),
     ("14x14 3x3 p1 many planes", (4, 70, 14, 14), 3, 1, None),
     ("112x112 3x3 p1", (1, 3, 112, 112), 3, 1, None),
@@ -346,6 +346,8 @@ MMA_CASES = [c for c in PLANE_CASES if len(c) == 5] + [
     ("28x36 5x5 per-side padding", (2, 4, 28, 36), 5, ((2, 0), (4, 1)), None),
     ("40x24 7x7 valid", (1, 3, 40, 24), 7, "valid", None),
     ("100x130 3x3 padding rows at band edges", (1, 2, 100, 130), 3, ((5, 0), (1, 1)), None),
+    ("112x112 7x7 p3 s2 bands", (1, 3, 112, 112), 7, 3, None, 2),
+    ("30x20 3x3 top padding 100 s2", (1, 2, 30, 20), 3, ((100, 0), (1, 1)), None, 2),
 ]
 
 
@@ -358,11 +360,11 @@ def _mma_plan(g, dtype, backward, layout, src, dst):
 def _mma_data(case, dtype, backward, layout, rng):
     """_direct_launch_data of an MMA case in ``layout`` (NHWC: C rounded up
     to a multiple of 8)."""
-    _, (n, c, h, w), k, padding, _ = case
+    _, (n, c, h, w), k, padding, _, *more = case
     if layout == "NHWC":
         c = -(-c // 8) * 8
     x_shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
-    return _direct_launch_data(x_shape, (c, 1, k, k), padding, dtype, backward, rng, layout=layout)
+    return _direct_launch_data(x_shape, (c, 1, k, k), padding, dtype, backward, rng, more[0] if more else 1, layout)
 
 
 @pytest.mark.parametrize("layout, misaligned", [("NCHW", "aligned"), ("NCHW", "misaligned"), ("NCHW", "dst_misaligned"),
@@ -378,10 +380,13 @@ def test_conv_mma_kernel_matches_reference(case, dtype, backward, layout, misali
     dst = guarded[lead:lead + size].reshape(want.shape)
     src_gpu = _misaligned(src.shape, dtype, src) if misaligned == "misaligned" else cupy.asarray(src)
     launch = _mma_plan(g, dtype, backward, layout, src_gpu, dst)
+    if backward and g.stride_h != 1:  # a strided backward-input is no correlation: the kernel declines it
+        assert launch is None
+        return
     _, _, _, _, offset_top, offset_left = _validate.correlation_frame(g, backward)
-    if not (offset_top >= 0 and 0 <= offset_left <= _depthwise_conv_mma.LEFT) or (
-            layout == "NHWC" and misaligned != "aligned"):
-        assert launch is None  # offsets past the image's padding, or NHWC pixels not 16-byte aligned
+    if (not (offset_top >= 0 and 0 <= offset_left <= _depthwise_conv_mma.LEFT)
+            or (layout == "NHWC" and misaligned != "aligned") or _depthwise_conv_mma.units(g, backward, layout) is None):
+        assert launch is None  # offsets past the image's padding, NHWC pixels not 16-byte aligned, no unit fits
         return
     assert launch is not None
     if layout == "NCHW":
@@ -440,7 +445,7 @@ def test_conv_mma_keeps_non_finite_values_in_their_windows(dtype, backward, layo
 def test_conv_mma_dispatch_follows_the_mode(dtype, layout, rng, monkeypatch):
     # MODE "always" / "rule" / "never": the ops launch the kernel exactly where
     # the mode says (and its rule where "rule"), with bias, and the results
-    # match the reference; stride 2, dilation 2, a depth multiplier, float32
+    # match the reference; stride 3, dilation 2, a depth multiplier, float32
     # and (NHWC) C not a multiple of 8 keep the other kernels under "always".
     for mode in ("always", "rule", "never"):
         monkeypatch.setattr(_depthwise_conv_mma, "MODE", mode)
@@ -466,7 +471,7 @@ def test_conv_mma_dispatch_follows_the_mode(dtype, layout, rng, monkeypatch):
             assert relative_error(dx, want_dx) <= TOLERANCE[dtype]
     monkeypatch.setattr(_depthwise_conv_mma, "MODE", "always")
     for (n, c, h, w_), w_shape, stride, dilation, dtype_other in (
-        ((2, 8, 20, 22), (8, 1, 3, 3), 2, 1, dtype), ((2, 8, 20, 22), (8, 1, 3, 3), 1, 2, dtype),
+        ((2, 8, 20, 22), (8, 1, 3, 3), 3, 1, dtype), ((2, 8, 20, 22), (8, 1, 3, 3), 1, 2, dtype),
         ((2, 8, 20, 22), (16, 1, 3, 3), 1, 1, dtype), ((2, 8, 20, 22), (8, 1, 3, 3), 1, 1, numpy.float32),
     ) + ((((2, 12, 20, 22), (12, 1, 3, 3), 1, 1, dtype),) if layout == "NHWC" else ()):
         shape = _shape((n, c, h, w_), layout)
