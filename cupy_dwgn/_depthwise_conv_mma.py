@@ -11,8 +11,8 @@ that for tests and benchmarks.
 Launch rule (no user tuning), from the shape only:
 
 * A block of 128 threads (4 warps) owns a unit; its (channel, 16-row tile)
-  items are dealt to the warps.  NCHW: P whole planes (P = ceil(8 / row
-  tiles), about two items a warp), fewer where the shared memory passes
+  items are dealt to the warps.  NCHW: P whole planes (P = ceil(4 *
+  ``ITEMS_PER_WARP`` / row tiles), about two items a warp), fewer where the shared memory passes
   ``SHARED_TARGET`` or where the call would have fewer than ``MIN_UNITS``
   units; a plane whose buffers pass ``SHARED_TARGET`` goes in bands of rows
   (units of one band of one plane).  NHWC: (sample, band of rows, group of
@@ -61,6 +61,8 @@ NHWC_CHANNELS = 8  # channels of an NHWC unit (one 16-byte pixel vector)
 #: depend on the device.
 SHARED_TARGET = 48 * 1024
 MAX_SHARED = 99 * 1024
+#: (channel, row tile) items per warp an NCHW unit of whole planes aims at.
+ITEMS_PER_WARP = 2
 #: Units per call the NCHW planes per unit leave at least (2 blocks on each
 #: of an H200's 132 SMs), where there are that many planes.
 MIN_UNITS = 264
@@ -143,7 +145,7 @@ def units(g, backward, layout):
     if layout == "NCHW":
         planes = g.batch * g.channels
         rows = image_rows(g, dst_h, True, backward)
-        per_unit = max(1, min(-(-2 * WARPS // row_tiles), -(-planes // MIN_UNITS)))
+        per_unit = max(1, min(-(-ITEMS_PER_WARP * WARPS // row_tiles), -(-planes // MIN_UNITS)))
         while per_unit > 1 and _shared(per_unit, rows, stride, dst_h, dst_w, layout) > SHARED_TARGET:
             per_unit -= 1
         shared = _shared(per_unit, rows, stride, dst_h, dst_w, layout)

@@ -58,8 +58,8 @@
 // (dwgn::store_unit), NHWC as pixels of 8 channels.
 //
 // Template parameters: T (__half or __nv_bfloat16), K (3, 5 or 7), STRIDE
-// (1 or 2; 1 when BACKWARD), BACKWARD, NHWC, IndexT (int, or long long when a tensor has >= 2**31 elements:
-// only the unit's offsets use it).
+// (1 or 2; 1 when BACKWARD), BACKWARD, NHWC, IndexT (int, or long long when
+// a tensor has >= 2**31 elements: only the unit's offsets use it).
 
 #include "dwgn_common.cuh"
 
@@ -116,10 +116,11 @@ __device__ __forceinline__ unsigned tap_bits(const unsigned short* __restrict__ 
   return BACKWARD ? w[(K - 1 - kh) * K + (K - 1 - tap)] : w[kh * K + tap];
 }
 
-// NCHW: copy `rows` source rows (contiguous in src from `from`, rows
-// first_row .. of `planes` planes of `height` rows) into the images (plane
-// p's row r at image row r - first_row + image_row0, column kLeft), in
-// piece_bytes pieces: piece i of the range is at from + i * piece_bytes.
+// NCHW: copy `height` source rows of each of `planes` planes, one
+// contiguous range of src from `from` (whole planes, or one band of one
+// plane), into the images (a plane's r-th row at image row image_row0 + r
+// of its image, from column kLeft), in piece_bytes pieces: piece i of the
+// range is at from + i * piece_bytes.
 __device__ __forceinline__ void copy_rows(unsigned short* images, int image_halves, const unsigned char* from,
                                           int planes, int height, int image_row0, int row_bytes, int piece_bytes,
                                           int row_stride) {
@@ -193,11 +194,11 @@ __device__ __forceinline__ void store_pixels(const unsigned short* stage, uint4*
   }
 }
 
-
-// The unit of blockIdx.x (kernel header): its channels (images), the first
-// channel (NHWC; NCHW: the first plane), its destination rows, and where its
-// source and destination ranges start (NCHW: element offsets of src / dst;
-// NHWC: of the unit's first pixel at the sample's row).
+// The unit of blockIdx.x (kernel header): its channels (images), its first
+// plane (NCHW) or channel (NHWC), its destination rows [out_row0, out_row0 +
+// out_rows), and the source rows [src_row0, src_row0 + src_rows) its tiles
+// read that lie in the image (`sample`: NHWC its sample, NCHW bands its
+// plane).
 struct Unit {
   int planes, first, out_row0, out_rows, src_row0, src_rows;
 };

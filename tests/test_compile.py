@@ -3162,7 +3162,7 @@ def test_conv_mma_plan():
         g = _validate.conv_geometry((n, c, hw, hw), (c, 1, 5, 5), 1, 2, 1)
         launch = mma.plan(g, half, False, "NCHW", "int", 16, 16)
         per_unit, num_bands = int(launch.scalars[8]), int(launch.scalars[9])
-        wanted = min(-(-2 * mma.WARPS // -(-hw // 16)), -(-n * c // mma.MIN_UNITS))
+        wanted = min(-(-mma.ITEMS_PER_WARP * mma.WARPS // -(-hw // 16)), -(-n * c // mma.MIN_UNITS))
         assert num_bands == 1 and per_unit <= max(1, wanted)
     g = _validate.conv_geometry((2, 8, 28, 28), (8, 1, 5, 5), 1, 2, 1)
     assert mma.plan(g, half, False, "NCHW", "long long", 16, 16).expression == f"{mma.KERNEL}<__half, 5, 1, false, false, long long>"
