@@ -11,7 +11,7 @@ and each kernel's largest difference from the one the ops take, relative to
 the largest output, with any output left unwritten (NaN) counted.
 
     PYTHONPATH=.:benchmarks python benchmarks/depthwise_candidates.py --shapes 64x40x150x3x1 ...
-        [--dtypes float16 ...] [--layouts NHWC] [--forward-only] [--no-torch] [--mma-variants 4:48 2:96 ...]
+        [--dtypes float16 ...] [--layouts NHWC] [--forward-only] [--no-torch] [--mma-variants 4:48 2:96 2:48:1 ...]
 
 Shapes: N x C x H(=W) x filter size x stride ("same" padding K // 2).  The
 NHWC ring kernel is timed as the ops plan it (under the device's opt-in
@@ -74,22 +74,25 @@ CANDIDATES = {
 
 def mma_variants(specs):
     """Candidates of the tensor-core kernel with other unit sizes: each spec
-    "ITEMS:KB" plans it with ITEMS_PER_WARP = ITEMS and SHARED_TARGET = KB
-    kilobytes (named mma<ITEMS>:<KB>K), for tuning its rule."""
-    def planner(items, kilobytes, layout):
+    "ITEMS:KB[:BUFFERS]" plans it with ITEMS_PER_WARP = ITEMS, SHARED_TARGET
+    = KB kilobytes and NCHW_BUFFERS = BUFFERS (default 2; named
+    mma<ITEMS>:<KB>K[:<BUFFERS>b]), for tuning its rule."""
+    def planner(items, kilobytes, buffers, layout):
         def plan(g, dt, bw, index):
-            saved = conv_mma.ITEMS_PER_WARP, conv_mma.SHARED_TARGET
-            conv_mma.ITEMS_PER_WARP, conv_mma.SHARED_TARGET = items, kilobytes * 1024
+            saved = conv_mma.ITEMS_PER_WARP, conv_mma.SHARED_TARGET, conv_mma.NCHW_BUFFERS
+            conv_mma.ITEMS_PER_WARP, conv_mma.SHARED_TARGET, conv_mma.NCHW_BUFFERS = items, kilobytes * 1024, buffers
             try:
                 return conv_mma.plan.__wrapped__(g, dt, bw, layout, index, 16, 16)
             finally:
-                conv_mma.ITEMS_PER_WARP, conv_mma.SHARED_TARGET = saved
+                conv_mma.ITEMS_PER_WARP, conv_mma.SHARED_TARGET, conv_mma.NCHW_BUFFERS = saved
         return plan
 
     for spec in specs:
-        items, kilobytes = (int(v) for v in spec.split(":"))
+        items, kilobytes, *rest = (int(v) for v in spec.split(":"))
+        buffers = rest[0] if rest else 2
         for layout in CANDIDATES:
-            CANDIDATES[layout][f"mma{items}:{kilobytes}K"] = planner(items, kilobytes, layout)
+            name = f"mma{items}:{kilobytes}K" + (f":{buffers}b" if rest else "")
+            CANDIDATES[layout][name] = planner(items, kilobytes, buffers, layout)
 
 
 def torch_times(torch, n, c, hw, k, stride, dtype, backward):
@@ -151,8 +154,9 @@ def main():
     parser.add_argument("--layouts", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES))
     parser.add_argument("--forward-only", action="store_true", help="no backward-input lines")
     parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
-    parser.add_argument("--mma-variants", nargs="+", default=[], metavar="ITEMS:KB",
-                        help="also the tensor-core kernel with ITEMS_PER_WARP = ITEMS and SHARED_TARGET = KB kilobytes")
+    parser.add_argument("--mma-variants", nargs="+", default=[], metavar="ITEMS:KB[:BUFFERS]",
+                        help="also the tensor-core kernel with ITEMS_PER_WARP = ITEMS, SHARED_TARGET = KB kilobytes "
+                             "(and NCHW_BUFFERS = BUFFERS)")
     args = parser.parse_args()
     mma_variants(args.mma_variants)
     torch = None

@@ -10,8 +10,9 @@ that for tests and benchmarks.
 
 Launch rule (no user tuning), from the shape only:
 
-* A block of 128 threads (4 warps) owns a unit; its (channel, 16-row tile)
-  items are dealt to the warps.  NCHW: P whole planes (P = ceil(4 *
+* A persistent grid (at most the blocks resident at once) of 128-thread
+  blocks (4 warps), each walking the units grid-size apart; a unit's
+  (channel, 16-row tile) items are dealt to the warps.  NCHW: P whole planes (P = ceil(4 *
   ``ITEMS_PER_WARP`` / row tiles), about two items a warp), fewer where the shared memory passes
   ``SHARED_TARGET`` or where the call would have fewer than ``MIN_UNITS``
   units; a plane whose buffers pass ``SHARED_TARGET`` goes in bands of rows
@@ -21,8 +22,9 @@ Launch rule (no user tuning), from the shape only:
   that may take up to ``MAX_SHARED``.
 * Shared memory: the unit's zero-padded images (one per channel: every row
   a tile reads; ``LEFT`` zero columns, the source row, zeros to the last
-  tile's window; rows of an odd number of 16-byte vectors) and its
-  destination rows, staged for 16-byte stores.
+  tile's window; rows of an odd number of 16-byte vectors), twice for NCHW
+  where that fits (``units``: the next unit's rows in flight while the warps
+  work), and its destination rows, staged for 16-byte stores.
 * NCHW rows are copied in cp.async pieces of 16, 8 or 4 bytes (the largest
   that divides the row bytes and the source address), else 2-byte loads;
   NHWC takes C a multiple of 8 and both arrays 16-byte aligned (pixels of
@@ -63,6 +65,8 @@ SHARED_TARGET = 48 * 1024
 MAX_SHARED = 99 * 1024
 #: (channel, row tile) items per warp an NCHW unit of whole planes aims at.
 ITEMS_PER_WARP = 2
+#: Image buffers of an NCHW block (1: zero, copy, work, store, one unit after another).
+NCHW_BUFFERS = 2
 #: Units per call the NCHW planes per unit leave at least (2 blocks on each
 #: of an H200's 132 SMs), where there are that many planes.
 MIN_UNITS = 264
@@ -127,18 +131,30 @@ def image_rows(g, out_rows, whole_planes, backward):
     return max(rows, offset_top + src_h) if whole_planes else rows
 
 
-def _shared(planes, image_rows, stride, out_rows, dst_w, layout):
-    """Dynamic shared memory of a unit: its images and its staged outputs
-    (NCHW: 16 bytes more for a range that starts between 16-byte
+def _shared(planes, image_rows, stride, out_rows, dst_w, layout, buffers):
+    """Dynamic shared memory of a block: its image buffers and its staged
+    outputs (NCHW: 16 bytes more for a range that starts between 16-byte
     boundaries)."""
     stage = planes * out_rows * dst_w * 2
-    return planes * image_rows * stride * 2 + (-(-stage // 16) * 16 + 16 if layout == "NCHW" else stage)
+    return buffers * planes * image_rows * stride * 2 + (-(-stage // 16) * 16 + 16 if layout == "NCHW" else stage)
 
 
 def units(g, backward, layout):
-    """(planes per unit, num_bands, band_rows, image_rows, shared memory)
-    of the kernel for ``g`` (the module docstring's rule), or None when no
-    unit fits ``MAX_SHARED``."""
+    """(planes per unit, num_bands, band_rows, image_rows, shared memory,
+    image buffers) of the kernel for ``g`` (the module docstring's rule), or
+    None when no unit fits ``MAX_SHARED``.  NCHW takes ``NCHW_BUFFERS``
+    buffers where a unit fits with them, else one (rows too wide); NHWC one
+    (its pixels are split into the images by loads and stores, not copied
+    ahead)."""
+    for buffers in ((NCHW_BUFFERS, 1) if layout == "NCHW" and NCHW_BUFFERS != 1 else (1,)):
+        planned = _units(g, backward, layout, buffers)
+        if planned is not None:
+            return (*planned, buffers)
+    return None
+
+
+def _units(g, backward, layout, buffers):
+    """units() for ``buffers`` image buffers a block."""
     _, _, dst_h, dst_w, _, _ = _validate.correlation_frame(g, backward)
     stride = row_stride(g, backward)
     row_tiles = -(-dst_h // 16)
@@ -146,9 +162,9 @@ def units(g, backward, layout):
         planes = g.batch * g.channels
         rows = image_rows(g, dst_h, True, backward)
         per_unit = max(1, min(-(-ITEMS_PER_WARP * WARPS // row_tiles), -(-planes // MIN_UNITS)))
-        while per_unit > 1 and _shared(per_unit, rows, stride, dst_h, dst_w, layout) > SHARED_TARGET:
+        while per_unit > 1 and _shared(per_unit, rows, stride, dst_h, dst_w, layout, buffers) > SHARED_TARGET:
             per_unit -= 1
-        shared = _shared(per_unit, rows, stride, dst_h, dst_w, layout)
+        shared = _shared(per_unit, rows, stride, dst_h, dst_w, layout, buffers)
         if shared <= SHARED_TARGET:
             return per_unit, 1, dst_h, rows, shared
         per_band = 1
@@ -157,17 +173,15 @@ def units(g, backward, layout):
     # Bands of 16 * t rows: the tallest that fits SHARED_TARGET (a band reads
     # only the source rows of its own tiles), at least two for NCHW.
     tiles_cap = row_tiles - 1 if layout == "NCHW" else row_tiles
-    # (no taller band fits: 16 rows of images alone take per_band * 16 * stride * 2 bytes)
-    tiles_cap = min(tiles_cap, SHARED_TARGET // (per_band * 16 * stride * 2))
-    choice = None
+    # (no taller band fits: 16 rows of images alone take buffers * per_band * 16 * stride * 2 bytes)
+    tiles_cap = min(tiles_cap, SHARED_TARGET // (buffers * per_band * 16 * stride * 2))
     for tiles in range(max(tiles_cap, 1), 0, -1):
         band_rows = 16 * tiles
         rows = image_rows(g, band_rows, False, backward)
-        shared = _shared(per_band, rows, stride, min(band_rows, dst_h), dst_w, layout)
+        shared = _shared(per_band, rows, stride, min(band_rows, dst_h), dst_w, layout, buffers)
         if shared <= SHARED_TARGET or (tiles == 1 and shared <= MAX_SHARED):
-            choice = (per_band, -(-dst_h // band_rows), band_rows, rows, shared)
-            break
-    return choice
+            return per_band, -(-dst_h // band_rows), band_rows, rows, shared
+    return None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -195,26 +209,27 @@ def plan(g, dtype, backward, layout, index, src_alignment, dst_alignment):
     planned = units(g, backward, layout)
     if planned is None:
         return None
-    per_unit, num_bands, band_rows, image_rows, shared = planned
+    per_unit, num_bands, band_rows, image_rows, shared, buffers = planned
     if layout == "NCHW":
-        grid = -(-g.batch * g.channels // per_unit) * num_bands
+        num_units = -(-g.batch * g.channels // per_unit) * num_bands
         num_planes = g.batch * g.channels
     else:
-        grid = g.batch * num_bands * (g.channels // NHWC_CHANNELS)
+        num_units = g.batch * num_bands * (g.channels // NHWC_CHANNELS)
         num_planes = g.batch
-    if grid > _MAX_GRID:
+    if num_units > _MAX_GRID:
         return None
     # NCHW row copies (NHWC copies 16-byte pixels; the kernel ignores it)
     piece = 16 if layout == "NHWC" else next((p for p in (16, 8, 4) if (2 * src_w) % p == 0 and src_alignment % p == 0), 2)
     return _launch.Launch(
         KERNEL_FILE,
         _expression(dtype, g.filter_height, g.stride_h, backward, layout, index),
-        (grid,),
+        (num_units,),
         (THREADS,),
         shared,
         (
             i32(g.channels), i32(num_planes), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top),
             i32(offset_left), i32(per_unit), i32(num_bands), i32(band_rows), i32(image_rows),
-            i32(row_stride(g, backward)), i32(piece),
+            i32(row_stride(g, backward)), i32(piece), i32(num_units), i32(buffers),
         ),
+        persistent=True,
     )

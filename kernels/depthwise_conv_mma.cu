@@ -45,14 +45,19 @@
 // padding zeros): exactly the outputs whose windows hold an inf or NaN are
 // non-finite, as in the reference.
 //
-// Work units (blockIdx.x; the host sizes them, cupy_dwgn/_depthwise_conv_mma.py):
+// Work units (the host sizes them, cupy_dwgn/_depthwise_conv_mma.py):
 // * NCHW: planes_per_unit consecutive whole planes, or (num_bands > 1) one
 //   band of band_rows destination rows of one plane: the unit's source rows
 //   and destination rows are each one contiguous range.
 // * NHWC: (sample, band of band_rows destination rows, group of 8
-//   channels), the groups of a band in consecutive blocks.
-// A block of kWarps warps deals the unit's (channel, 16-row tile) items to
-// its warps in a fixed order; each warp walks its item's columns in strips.
+//   channels), the groups of a band in consecutive units.
+// The grid is persistent (at most the blocks resident at once): block b
+// takes units b, b + gridDim.x, ...  With buffers == 2 (NCHW, where two
+// units' images fit) the next unit's rows are copied with cp.async into the
+// second buffer while the warps work on the first; otherwise a block zeroes,
+// copies, works and stores one unit after another.  A block of kWarps warps
+// deals a unit's (channel, 16-row tile) items to its warps in a fixed
+// order; each warp walks its item's columns in strips.
 // Outputs gather in a shared stage (per channel, the unit's destination
 // rows) and leave in 16-byte stores: NCHW as the flat range they are in dst
 // (dwgn::store_unit), NHWC as pixels of 8 channels.
@@ -120,7 +125,7 @@ __device__ __forceinline__ unsigned tap_bits(const unsigned short* __restrict__ 
 // contiguous range of src from `from` (whole planes, or one band of one
 // plane), into the images (a plane's r-th row at image row image_row0 + r
 // of its image, from column kLeft), in piece_bytes pieces: piece i of the
-// range is at from + i * piece_bytes.
+// range is at from + i * piece_bytes.  The caller commits the copies.
 __device__ __forceinline__ void copy_rows(unsigned short* images, int image_halves, const unsigned char* from,
                                           int planes, int height, int image_row0, int row_bytes, int piece_bytes,
                                           int row_stride) {
@@ -143,8 +148,6 @@ __device__ __forceinline__ void copy_rows(unsigned short* images, int image_halv
       default: *reinterpret_cast<unsigned short*>(to) = *reinterpret_cast<const unsigned short*>(piece);
     }
   }
-  dwgn::cp_async_commit();
-  dwgn::cp_async_wait<0>();
 }
 
 // NHWC: the `rows` x `width` pixels from `from` (pixel (r, x) at from +
@@ -194,111 +197,116 @@ __device__ __forceinline__ void store_pixels(const unsigned short* stage, uint4*
   }
 }
 
-// The unit of blockIdx.x (kernel header): its channels (images), its first
+// The kernel's scalar arguments (the host's plan).
+struct Geometry {
+  int channels, num_planes, src_height, src_width, dst_height, dst_width, offset_top, offset_left;
+  int planes_per_unit, num_bands, band_rows, image_rows, row_stride, piece_bytes;
+};
+
+// Unit `index` of the call (kernel header): its channels (images), its first
 // plane (NCHW) or channel (NHWC), its destination rows [out_row0, out_row0 +
 // out_rows), and the source rows [src_row0, src_row0 + src_rows) its tiles
-// read that lie in the image (`sample`: NHWC its sample, NCHW bands its
-// plane).
+// read that lie in the image, from image row image_row0 (`sample`: NHWC
+// its sample, NCHW bands its plane; with no source rows image_row0 means
+// nothing).
 struct Unit {
   int planes, first, out_row0, out_rows, src_row0, src_rows;
+  int image_row0;  // the image row of source row src_row0
 };
 
 template <int STRIDE, bool NHWC>
-__device__ __forceinline__ Unit unit_of(int num_planes, int channels, int src_height, int dst_height,
-                                        int offset_top, int planes_per_unit, int num_bands, int band_rows,
-                                        int image_rows, int& sample) {
+__device__ __forceinline__ Unit unit_of(int index, const Geometry& a, int& sample) {
   Unit u;
   int band;
   if (NHWC) {
-    const int groups = channels / 8;
-    const int rest = blockIdx.x / groups;  // (sample, band)
-    u.first = (blockIdx.x - rest * groups) * 8;
-    sample = rest / num_bands;
-    band = rest - sample * num_bands;
+    const int groups = a.channels / 8;
+    const int rest = index / groups;  // (sample, band)
+    u.first = (index - rest * groups) * 8;
+    sample = rest / a.num_bands;
+    band = rest - sample * a.num_bands;
     u.planes = 8;
-  } else if (num_bands > 1) {
-    sample = blockIdx.x / num_bands;  // the plane
-    band = blockIdx.x - sample * num_bands;
+  } else if (a.num_bands > 1) {
+    sample = index / a.num_bands;  // the plane
+    band = index - sample * a.num_bands;
     u.first = sample;
     u.planes = 1;
   } else {
     sample = 0;
     band = 0;
-    u.first = blockIdx.x * planes_per_unit;
-    u.planes = min(planes_per_unit, num_planes - u.first);
+    u.first = index * a.planes_per_unit;
+    u.planes = min(a.planes_per_unit, a.num_planes - u.first);
   }
-  u.out_row0 = band * band_rows;
-  u.out_rows = min(band_rows, dst_height - u.out_row0);
+  u.out_row0 = band * a.band_rows;
+  u.out_rows = min(a.band_rows, a.dst_height - u.out_row0);
   // Image row i holds source row STRIDE * out_row0 - offset_top + i: the
   // rows the unit's tiles read that lie in the image.
-  const int first_source = STRIDE * u.out_row0 - offset_top;
+  const int first_source = STRIDE * u.out_row0 - a.offset_top;
   // (clamped to the source: a band wholly in the padding below copies nothing
   // and forms no pointer past the tensor)
-  u.src_row0 = min(max(first_source, 0), src_height);
-  u.src_rows = max(0, min(first_source + image_rows, src_height) - u.src_row0);
+  u.src_row0 = min(max(first_source, 0), a.src_height);
+  u.src_rows = max(0, min(first_source + a.image_rows, a.src_height) - u.src_row0);
+  u.image_row0 = u.src_row0 - first_source;
   return u;
 }
 
-}  // namespace dwgn_dmma
+// NCHW: the unit's destination range (its outputs, one range of dst);
+// NHWC: its first output pixel.
+template <typename T, bool NHWC, typename IndexT>
+__device__ __forceinline__ T* unit_destination(T* dst, const Unit& u, int sample, const Geometry& a) {
+  return NHWC ? dst + (static_cast<IndexT>(sample) * a.dst_height + u.out_row0) * a.dst_width * a.channels + u.first
+              : dst + static_cast<IndexT>(u.first) * a.dst_height * a.dst_width +
+                    static_cast<IndexT>(u.out_row0) * a.dst_width;
+}
 
-template <typename T, int K, int STRIDE, bool BACKWARD, bool NHWC, typename IndexT>
-__global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dwgn_dwconv2d_mma(
-    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
-    int channels, int num_planes, int src_height, int src_width, int dst_height, int dst_width, int offset_top,
-    int offset_left, int planes_per_unit, int num_bands, int band_rows, int image_rows, int row_stride,
-    int piece_bytes) {
-  using namespace dwgn_dmma;
-  static_assert(K == 3 || K == 5 || K == 7, "3x3, 5x5 and 7x7 filters");
-  static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "the backward-input is a stride-1 correlation");
-  // 8-column chunks a tile's window takes: 24 columns (k16 + k8) at stride 1, 32 (k16 + k16) at stride 2.
-  constexpr int kChunks = STRIDE == 1 ? 3 : 4;
-  extern __shared__ __align__(16) unsigned char shared[];
-  unsigned short* const images = reinterpret_cast<unsigned short*>(shared);
-  const int image_halves = image_rows * row_stride;  // a multiple of 8
-  unsigned char* const stage = shared + static_cast<size_t>(planes_per_unit) * image_halves * 2;
-
-  int sample;
-  const Unit u = unit_of<STRIDE, NHWC>(num_planes, channels, src_height, dst_height, offset_top, planes_per_unit,
-                               num_bands, band_rows, image_rows, sample);
-  const int image_row0 = u.src_row0 - (STRIDE * u.out_row0 - offset_top);  // the image row of source row src_row0
-  const int stage_plane = u.out_rows * dst_width;
-  // NCHW: the unit's outputs, one range of dst from here; NHWC: the unit's first output pixel.
-  T* const unit_dst = NHWC ? dst + (static_cast<IndexT>(sample) * dst_height + u.out_row0) * dst_width * channels + u.first
-                           : dst + static_cast<IndexT>(u.first) * dst_height * dst_width +
-                                 static_cast<IndexT>(u.out_row0) * dst_width;
-
-  // The images' padding is zero; the rows land over it after the barrier.
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  for (int i = threadIdx.x; i < u.planes * image_halves / 8; i += kThreads) reinterpret_cast<uint4*>(images)[i] = zero;
-  __syncthreads();
+// Issue the unit's source rows into `images` (NCHW: cp.async pieces, not
+// committed; NHWC: loads and stores, done on return).
+template <typename T, bool NHWC, typename IndexT>
+__device__ __forceinline__ void copy_unit(unsigned short* images, const T* src, const Unit& u, int sample,
+                                          const Geometry& a) {
+  const int image_halves = a.image_rows * a.row_stride;
   if (NHWC) {
     copy_pixels(images, image_halves,
-                reinterpret_cast<const uint4*>(src + (static_cast<IndexT>(sample) * src_height + u.src_row0) *
-                                                         src_width * channels + u.first),
-                u.src_rows, src_width, channels, image_row0, row_stride);
+                reinterpret_cast<const uint4*>(src + (static_cast<IndexT>(sample) * a.src_height + u.src_row0) *
+                                                         a.src_width * a.channels + u.first),
+                u.src_rows, a.src_width, a.channels, u.image_row0, a.row_stride);
   } else {
     copy_rows(images, image_halves,
-              reinterpret_cast<const unsigned char*>(src + static_cast<IndexT>(u.first) * src_height * src_width +
-                                                     static_cast<IndexT>(u.src_row0) * src_width),
-              u.planes, u.src_rows, image_row0, src_width * 2, piece_bytes, row_stride);
+              reinterpret_cast<const unsigned char*>(src + static_cast<IndexT>(u.first) * a.src_height * a.src_width +
+                                                     static_cast<IndexT>(u.src_row0) * a.src_width),
+              u.planes, u.src_rows, u.image_row0, a.src_width * 2, a.piece_bytes, a.row_stride);
   }
-  __syncthreads();  // every row landed
+}
 
+// Zero `count` 16-byte vectors from `to`.
+__device__ __forceinline__ void zero_vectors(unsigned short* to, int count) {
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  for (int i = threadIdx.x; i < count; i += kThreads) reinterpret_cast<uint4*>(to)[i] = zero;
+}
+
+// The unit's outputs from its images into the stage (`staged`: where its
+// first output goes), a warp per (channel, 16-row tile) item.
+template <typename T, int K, int STRIDE, bool BACKWARD, bool NHWC>
+__device__ __forceinline__ void compute_unit(const unsigned short* images, T* staged, const Unit& u,
+                                             const T* __restrict__ weight, const T* __restrict__ bias,
+                                             const Geometry& a) {
+  // 8-column chunks a tile's window takes: 24 columns (k16 + k8) at stride 1, 32 (k16 + k16) at stride 2.
+  constexpr int kChunks = STRIDE == 1 ? 3 : 4;
+  const int image_halves = a.image_rows * a.row_stride;
+  const int row_stride = a.row_stride, dst_width = a.dst_width;
+  const int stage_plane = u.out_rows * dst_width;
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int warp = threadIdx.x >> 5;
   const int row_tiles = (u.out_rows + 15) >> 4, col_tiles = (dst_width + 7) >> 3;
   const float inv_row_tiles = __frcp_rn(static_cast<float>(row_tiles));
-  // NCHW: the range starts at stage + head_bytes(unit_dst) (dwgn::store_unit); NHWC: at stage.
-  T* const staged = reinterpret_cast<T*>(stage + (NHWC ? 0 : dwgn::head_bytes(unit_dst)));
-  const int shift = kLeft - offset_left;  // host: 0 <= offset_left <= kLeft
+  const int shift = kLeft - a.offset_left;  // host: 0 <= offset_left <= kLeft
   // The filter rows' B fragments: k 0-15 (b01), then k 16-23 (stride 1) or 16-31 (stride 2).
   unsigned b01[K][2], b23[K][kChunks - 2];
   float bias_value = 0.0f;
-  int built = -1;                          // the channel b01 / b2 hold
+  int built = -1;                          // the channel b01 / b23 hold
   for (int item = warp; item < u.planes * row_tiles; item += kWarps) {
     const int p = dwgn::small_div(item, inv_row_tiles);
     const int row_tile = item - p * row_tiles;
-    const int channel = NHWC ? u.first + p : (u.first + p) % channels;
+    const int channel = NHWC ? u.first + p : (u.first + p) % a.channels;
     if (channel != built) {  // warp-uniform
       built = channel;
       const unsigned short* w = reinterpret_cast<const unsigned short*>(weight) + static_cast<size_t>(channel) * K * K;
@@ -379,11 +387,92 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dw
       }
     }
   }
-  __syncthreads();  // the unit's outputs are staged
-  if (NHWC) {
-    store_pixels(reinterpret_cast<const unsigned short*>(stage), reinterpret_cast<uint4*>(unit_dst), u.out_rows,
-                 dst_width, channels);
-  } else {
-    dwgn::store_unit(stage, unit_dst, u.planes * stage_plane);
+}
+
+}  // namespace dwgn_dmma
+
+template <typename T, int K, int STRIDE, bool BACKWARD, bool NHWC, typename IndexT>
+__global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dwgn_dwconv2d_mma(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
+    int channels, int num_planes, int src_height, int src_width, int dst_height, int dst_width, int offset_top,
+    int offset_left, int planes_per_unit, int num_bands, int band_rows, int image_rows, int row_stride,
+    int piece_bytes, int num_units, int buffers) {
+  using namespace dwgn_dmma;
+  static_assert(K == 3 || K == 5 || K == 7, "3x3, 5x5 and 7x7 filters");
+  static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "the backward-input is a stride-1 correlation");
+  const Geometry a{channels,        num_planes, src_height, src_width,  dst_height, dst_width,  offset_top,
+                   offset_left,     planes_per_unit, num_bands, band_rows, image_rows, row_stride, piece_bytes};
+  extern __shared__ __align__(16) unsigned char shared[];
+  unsigned short* const images = reinterpret_cast<unsigned short*>(shared);
+  const int image_halves = image_rows * row_stride;          // a multiple of 8
+  const int buffer_halves = planes_per_unit * image_halves;  // one unit's images
+  unsigned char* const stage = shared + static_cast<size_t>(buffers) * buffer_halves * 2;
+  // A persistent grid (the host caps it at the blocks resident at once):
+  // units blockIdx.x, + gridDim.x, ...  The last step is tested before it is
+  // taken (unit + gridDim.x may not fit an int).
+  int unit = blockIdx.x;
+  if (unit >= num_units) return;  // block-uniform
+  int sample;
+  if (!NHWC && buffers == 2) {  // block-uniform
+    // Two image buffers: the next unit's rows are copied (cp.async) into one
+    // while the warps work on the other.  The padding is zeroed once; a
+    // band's rows outside the image are zeroed before its copies (units of
+    // whole planes copy the same rows every time).
+    zero_vectors(images, 2 * buffer_halves / 8);
+    __syncthreads();
+    copy_unit<T, NHWC, IndexT>(images, src, unit_of<STRIDE, NHWC>(unit, a, sample), sample, a);
+    dwgn::cp_async_commit();
+    for (int b = 0;; b ^= 1) {
+      const Unit u = unit_of<STRIDE, NHWC>(unit, a, sample);
+      const bool more = num_units - unit > static_cast<int>(gridDim.x);
+      if (more) {  // into the other buffer, last read before the previous unit's second barrier
+        unsigned short* next_images = images + (b ^ 1) * buffer_halves;
+        int next_sample;
+        const Unit n = unit_of<STRIDE, NHWC>(unit + gridDim.x, a, next_sample);
+        if (num_bands > 1) {  // one image: the rows above and below the band's source rows (all, if none)
+          const int top = n.src_rows > 0 ? n.image_row0 : image_rows;
+          const int end = n.src_rows > 0 ? n.image_row0 + n.src_rows : image_rows;  // <= image_rows
+          zero_vectors(next_images, top * row_stride / 8);
+          zero_vectors(next_images + end * row_stride, (image_rows - end) * row_stride / 8);
+        }
+        copy_unit<T, NHWC, IndexT>(next_images, src, n, next_sample, a);
+      }
+      dwgn::cp_async_commit();  // (an empty group past the last unit)
+      dwgn::cp_async_wait<1>();  // this unit's copies landed (the next unit's may be in flight)
+      __syncthreads();
+      T* const unit_dst = unit_destination<T, NHWC, IndexT>(dst, u, sample, a);
+      compute_unit<T, K, STRIDE, BACKWARD, NHWC>(images + b * buffer_halves,
+                                                 reinterpret_cast<T*>(stage + dwgn::head_bytes(unit_dst)), u, weight,
+                                                 bias, a);
+      __syncthreads();  // the unit's outputs are staged; its images are read
+      dwgn::store_unit(stage, unit_dst, u.planes * u.out_rows * dst_width);
+      if (!more) break;
+      unit += gridDim.x;
+    }
+    return;
+  }
+  for (;;) {  // one buffer: zero, copy, work, store
+    const Unit u = unit_of<STRIDE, NHWC>(unit, a, sample);
+    // The images' padding is zero; the rows land over it after the barrier
+    // (the previous unit's warps finished reading them before its second barrier).
+    zero_vectors(images, u.planes * image_halves / 8);
+    __syncthreads();
+    copy_unit<T, NHWC, IndexT>(images, src, u, sample, a);
+    dwgn::cp_async_commit();
+    dwgn::cp_async_wait<0>();
+    __syncthreads();  // every row landed
+    T* const unit_dst = unit_destination<T, NHWC, IndexT>(dst, u, sample, a);
+    // NCHW: the range starts at stage + head_bytes(unit_dst) (dwgn::store_unit); NHWC: at stage.
+    compute_unit<T, K, STRIDE, BACKWARD, NHWC>(
+        images, reinterpret_cast<T*>(stage + (NHWC ? 0 : dwgn::head_bytes(unit_dst))), u, weight, bias, a);
+    __syncthreads();  // the unit's outputs are staged
+    if (NHWC) {
+      store_pixels(reinterpret_cast<const unsigned short*>(stage), reinterpret_cast<uint4*>(unit_dst), u.out_rows,
+                   dst_width, channels);
+    } else {
+      dwgn::store_unit(stage, unit_dst, u.planes * u.out_rows * dst_width);
+    }
+    if (num_units - unit <= static_cast<int>(gridDim.x)) break;
+    unit += gridDim.x;
   }
 }

@@ -92,7 +92,7 @@ if has candidates; then
   # Every forward / backward-input kernel that serves each shape, side by side (the view dispatch rules are read
   # from); CANDIDATE_ARGS replaces the default selection (the half-type shapes of the depthwise table and
   # EfficientNet-B3 (stride 1 and 2), where the tensor-core kernel competes).
-  python3 benchmarks/depthwise_candidates.py ${CANDIDATE_ARGS:---no-torch --dtypes float16 bfloat16 --mma-variants 1:48 4:48 4:96 --shapes \
+  python3 benchmarks/depthwise_candidates.py ${CANDIDATE_ARGS:---no-torch --dtypes float16 bfloat16 --mma-variants 1:48 4:48 4:96 2:48:1 --shapes \
     64x144x56x3x1 64x384x28x3x1 64x240x28x5x1 64x96x56x7x1 64x384x14x7x1 64x960x7x3x1 64x24x150x3x1 \
     64x192x75x3x1 64x288x38x5x1 64x576x19x3x1 64x576x19x5x1 64x1392x10x5x1 64x96x112x3x2 64x144x150x3x2 \
     64x192x75x5x2 64x288x38x3x2 64x816x19x5x2} 2>&1 | tee "$OUT/candidates.txt"

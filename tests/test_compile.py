@@ -3097,8 +3097,9 @@ def test_conv_mma_index_math_matches_the_reference(case, layout, piece):
         return
     assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
     if layout == "NCHW":  # row copies in the largest piece the row bytes and the address allow
-        assert int(launch.scalars[-1]) == next(p for p in (16, 8, 4, 2) if p <= piece and (2 * src_w) % p == 0)
-    got = emulation.emulate(launch, src, w, b)
+        assert int(launch.scalars[13]) == next(p for p in (16, 8, 4, 2) if p <= piece and (2 * src_w) % p == 0)
+    # four resident blocks: each walks several units, its image buffers reused (NCHW: two, refilled in turn)
+    got = emulation.emulate(launch, src, w, b, resident=4)
     finite = numpy.isfinite(want)
     assert (numpy.isfinite(got) == finite).all()
     assert spot is None or not finite.all()
@@ -3141,8 +3142,12 @@ def test_conv_mma_plan():
             continue
         assert (launch.file, launch.expression) in shipped
         (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, num_bands, band_rows,
-         image_rows, row_stride, piece) = (int(v) for v in launch.scalars)
+         image_rows, row_stride, piece, num_units, buffers) = (int(v) for v in launch.scalars)
         assert channels == c and launch.block == (mma.THREADS, 1, 1)
+        assert launch.persistent and launch.grid[0] == num_units and buffers in ((2, 1) if layout == "NCHW" else (1,))
+        # NCHW: two buffers unless no unit fits with them
+        assert buffers == 1 or mma._units(g, backward, layout, 2) is not None
+        assert buffers == 2 or layout == "NHWC" or mma._units(g, backward, layout, 2) is None
         chunks = 3 if stride == 1 else 4
         assert row_stride % 8 == 0 and row_stride // 8 % 2 == 1
         assert row_stride >= max(8 + src_w, 8 * stride * (-(-dst_w // 8) - 1) + 8 * chunks)
@@ -3155,7 +3160,8 @@ def test_conv_mma_plan():
             assert piece == next(p for p in (16, 8, 4, 2) if (2 * src_w) % p == 0 and alignment % p == 0)
         assert num_bands * band_rows >= dst_h > (num_bands - 1) * band_rows
         if num_bands > 1:  # the tallest bands that fit: 16 more rows would not
-            taller = mma._shared(per_unit, stride * (band_rows + 15) + k, row_stride, band_rows + 16, dst_w, layout)
+            taller = mma._shared(per_unit, stride * (band_rows + 15) + k, row_stride, band_rows + 16, dst_w, layout,
+                                 buffers)
             assert band_rows + 16 >= dst_h or taller > mma.SHARED_TARGET
     # NCHW whole planes: about two items a warp, fewer planes only for shared memory or a small call
     for n, c, hw in ((64, 240, 28), (64, 384, 14), (2, 24, 28), (64, 96, 56)):
