@@ -284,6 +284,27 @@ def nchw_forward_regs():
     ])
 
 
+def _nhwc_call(dtype, x_shape, k, stride, padding):
+    # One NHWC forward (with bias) on random data and, at stride 1, its
+    # backward-input; returns (x, weight, bias, y).
+    c = x_shape[3]
+    conv = dict(stride=stride, padding=padding, layout="NHWC")
+    x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
+    w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
+    b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
+    y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
+    if stride == 1:
+        cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
+    return x, w, b, y
+
+
+def _nhwc_calls(dtypes, cases):
+    # _nhwc_call for each of `cases` ((x shape, filter size, stride, padding)) in each dtype.
+    for dtype in dtypes:
+        for x_shape, k, stride, padding in cases:
+            _nhwc_call(dtype, x_shape, k, stride, padding)
+
+
 def conv_mma():
     # The tensor-core forward (stride 1 and 2) / backward-input (float32
     # keeps the others), NCHW: row copies in 16-, 8- and 4-byte pieces and 2-byte loads
@@ -303,19 +324,10 @@ def conv_mma():
     _nchw_direct_calls(_depthwise_conv_mma, cases)
     _depthwise_conv_mma.MODE, dw._SIGNATURES = "always", {}
     try:
-        for dtype in (cupy.float16, _dtypes.bfloat16):
-            for x_shape, k, stride, padding in (((2, 28, 28, 16), 5, 1, 2), ((1, 56, 56, 8), 7, 1, 3),
-                                                ((1, 150, 150, 8), 5, 1, 2), ((2, 13, 11, 24), 3, 1, 1),
-                                                ((1, 17, 9, 8), 7, 1, 8), ((2, 38, 38, 16), 3, 2, 1),
-                                                ((1, 75, 75, 8), 5, 2, 2)):
-                conv = dict(stride=stride, padding=padding, layout="NHWC")
-                c = x_shape[3]
-                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
-                w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
-                b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
-                y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
-                if stride == 1:
-                    cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
+        _nhwc_calls((cupy.float16, _dtypes.bfloat16), [
+            ((2, 28, 28, 16), 5, 1, 2), ((1, 56, 56, 8), 7, 1, 3), ((1, 150, 150, 8), 5, 1, 2), ((2, 13, 11, 24), 3, 1, 1),
+            ((1, 17, 9, 8), 7, 1, 8), ((2, 38, 38, 16), 3, 2, 1), ((1, 75, 75, 8), 5, 2, 2),
+        ])
         for layout, shape in (("NCHW", (2, 5, 14, 18)), ("NHWC", (2, 14, 18, 8))):
             x = rng.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
             x[(1, 2, 6, 7) if layout == "NCHW" else (1, 6, 7, 2)] = cupy.inf
@@ -335,20 +347,11 @@ def nhwc_direct():
 
     _depthwise_nhwc_direct.MODE, _depthwise_nhwc_ring.MODE, dw._SIGNATURES = "always", "never", {}
     try:
-        for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
-            for x_shape, k, stride, padding in [
-                ((2, 13, 11, 32), 3, 1, 1), ((1, 9, 10, 16), 5, 1, ((0, 4), (3, 1))), ((1, 5, 3, 8), 3, 1, 4),
-                ((3, 1, 1, 24), 3, 1, 1), ((2, 7, 7, 296), 5, 1, 2), ((2, 15, 13, 40), 3, 2, 1),
-                ((1, 17, 16, 16), 5, 2, ((4, 0), (1, 2))),
-            ]:
-                c = x_shape[3]
-                conv = dict(stride=stride, padding=padding, layout="NHWC")
-                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
-                w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
-                b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
-                y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
-                if stride == 1:
-                    cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
+        _nhwc_calls((cupy.float32, cupy.float16, _dtypes.bfloat16), [
+            ((2, 13, 11, 32), 3, 1, 1), ((1, 9, 10, 16), 5, 1, ((0, 4), (3, 1))), ((1, 5, 3, 8), 3, 1, 4),
+            ((3, 1, 1, 24), 3, 1, 1), ((2, 7, 7, 296), 5, 1, 2), ((2, 15, 13, 40), 3, 2, 1),
+            ((1, 17, 16, 16), 5, 2, ((4, 0), (1, 2))),
+        ])
     finally:
         _depthwise_nhwc_direct.MODE, _depthwise_nhwc_ring.MODE, dw._SIGNATURES = "rule", "rule", {}
 
@@ -381,13 +384,7 @@ def nhwc_ring():
                 x_shape, stride, padding = case[:3]
                 k = case[3] if len(case) > 3 else 3
                 c = x_shape[3]
-                conv = dict(stride=stride, padding=padding, layout="NHWC")
-                x = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
-                w = rng.standard_normal((c, 1, k, k), dtype=cupy.float32).astype(dtype)
-                b = rng.standard_normal((c,), dtype=cupy.float32).astype(dtype)
-                y = cupy_dwgn.depthwise_conv2d(x, w, b, **conv)
-                if stride == 1:
-                    cupy_dwgn.depthwise_conv2d_backward_input(y, w, x_shape, **conv)
+                x, w, b, y = _nhwc_call(dtype, x_shape, k, stride, padding)
                 g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
                 launch = _depthwise_nhwc_ring.plan_on_device(g, numpy.dtype(dtype), False, "int", 16, 16, None, False)
                 if launch is None:  # past even the device's limit (the ops took another kernel)
