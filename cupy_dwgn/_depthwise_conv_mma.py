@@ -2,8 +2,8 @@
 (kernels/depthwise_conv_mma.cu): float16 and bfloat16, 3x3 / 5x5 / 7x7
 filters at dilation 1, depth multiplier 1, float32 accumulation.  Per
 channel and filter row, a tile of 16 x 8 outputs is one matrix product of
-16 image rows (S apart) with a banded matrix of the filter row (the kernel's header
-says why and how); a strip that meets a non-finite value is recomputed
+16 image rows (S apart) with a banded matrix of the filter row (the
+kernel's header says why and how); a strip that meets a non-finite value is recomputed
 output by output, so infs and NaNs reach exactly the outputs whose windows
 hold them.  The ops take it where ``preferred`` says so; ``MODE`` overrides
 that for tests and benchmarks.
@@ -12,14 +12,15 @@ Launch rule (no user tuning), from the shape only:
 
 * A persistent grid (at most the blocks resident at once) of 128-thread
   blocks (4 warps), each walking the units grid-size apart; a unit's
-  (channel, 16-row tile) items are dealt to the warps.  NCHW: P whole planes (P = ceil(4 *
-  ``ITEMS_PER_WARP`` / row tiles), about two items a warp), fewer where the shared memory passes
-  ``SHARED_TARGET`` or where the call would have fewer than ``MIN_UNITS``
-  units; a plane whose buffers pass ``SHARED_TARGET`` goes in bands of rows
-  (units of one band of one plane).  NHWC: (sample, band of rows, group of
-  8 channels), whole planes where they fit ``SHARED_TARGET``, else the
-  tallest bands (multiples of 16 rows) that do.  16-row bands of rows too wide for
-  that may take up to ``MAX_SHARED``.
+  (channel, 16-row tile) items are dealt to the warps.  NCHW: P whole
+  planes (P = ceil(4 * ``ITEMS_PER_WARP`` / row tiles), about two items a
+  warp), fewer where the shared memory passes ``SHARED_TARGET`` or where
+  the call would have fewer than ``MIN_UNITS`` units; a plane whose buffers
+  pass ``SHARED_TARGET`` goes in bands of rows (units of one band of one
+  plane).  NHWC: (sample, band of rows, group of 8 channels), whole planes
+  where they fit ``SHARED_TARGET``, else the tallest bands (multiples of 16
+  rows) that do.  16-row bands of rows too wide for that may take up to
+  ``MAX_SHARED``.
 * Shared memory: the unit's zero-padded images (one per channel: every row
   a tile reads; ``LEFT`` zero columns, the source row, zeros to the last
   tile's window; rows of an odd number of 16-byte vectors), twice for NCHW
@@ -99,8 +100,9 @@ def preferred(g, dtype, backward, layout):
     return False
 
 
-def select(g, dtype, backward, layout, index, src_alignment, dst_alignment):
-    """``plan(...)`` when the ops take this kernel (per ``MODE``), else None."""
+def select(g, dtype, backward, index, src_alignment, dst_alignment, layout):
+    """``plan(...)`` when the ops take this kernel (per ``MODE``), else None
+    (the other direct kernels' select signature, then the layout)."""
     if MODE == "never" or (MODE == "rule" and not preferred(g, dtype, backward, layout)):
         return None
     return plan(g, dtype, backward, layout, index, src_alignment, dst_alignment)
@@ -219,7 +221,8 @@ def plan(g, dtype, backward, layout, index, src_alignment, dst_alignment):
     if num_units > _MAX_GRID:
         return None
     # NCHW row copies (NHWC copies 16-byte pixels; the kernel ignores it)
-    piece = 16 if layout == "NHWC" else next((p for p in (16, 8, 4) if (2 * src_w) % p == 0 and src_alignment % p == 0), 2)
+    piece = 16 if layout == "NHWC" else next(
+        (p for p in (16, 8, 4) if (2 * src_w) % p == 0 and src_alignment % p == 0), 2)
     return _launch.Launch(
         KERNEL_FILE,
         _expression(dtype, g.filter_height, g.stride_h, backward, layout, index),

@@ -462,14 +462,13 @@ def _forward_steps(g, layout, x, out):
         if routed is not None:
             return _launch.Steps(*routed)
         signature = (g, x.dtype, False, index, _alignment(x), _alignment(out))
-        launch = (_depthwise_conv_mma.select(g, x.dtype, False, "NHWC", index, _alignment(x), _alignment(out))
-                  or _depthwise_nhwc_ring.select(*signature) or _depthwise_nhwc_direct.select(*signature)
-                  or _depthwise_nhwc_window.select(*signature))
+        launch = (_depthwise_conv_mma.select(*signature, "NHWC") or _depthwise_nhwc_ring.select(*signature)
+                  or _depthwise_nhwc_direct.select(*signature) or _depthwise_nhwc_window.select(*signature))
         launches = (launch,) if launch else _depthwise_nhwc.forward_plan(g, x.dtype, index, _vector_aligned(x, out))
     else:
         launch = (
             _depthwise_nchw_large.plan(g, x.dtype, False)
-            or _depthwise_conv_mma.select(g, x.dtype, False, "NCHW", index, _alignment(x), _alignment(out))
+            or _depthwise_conv_mma.select(g, x.dtype, False, index, _alignment(x), _alignment(out), "NCHW")
             or _depthwise_nchw_rows.select(g, x.dtype, False, index)
             or _depthwise_nchw_forward_regs.select(g, x.dtype, False, _alignment(x), _alignment(out))
             or (_depthwise_nchw_plane.preferred(g, x.dtype, False)
@@ -489,10 +488,8 @@ def _backward_input_steps(g, layout, grad_out, out):
             return _launch.Steps(*routed)
         # The stride-1 vector case runs a forward kernel (bias slot: NULL).
         signature = (g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out))
-        launch = (_depthwise_conv_mma.select(g, grad_out.dtype, True, "NHWC", index, _alignment(grad_out),
-                                             _alignment(out))
-                  or _depthwise_nhwc_ring.select(*signature) or _depthwise_nhwc_direct.select(*signature)
-                  or _depthwise_nhwc_window.select(*signature))
+        launch = (_depthwise_conv_mma.select(*signature, "NHWC") or _depthwise_nhwc_ring.select(*signature)
+                  or _depthwise_nhwc_direct.select(*signature) or _depthwise_nhwc_window.select(*signature))
         if launch:
             forward_kernel = True
         else:
@@ -505,7 +502,8 @@ def _backward_input_steps(g, layout, grad_out, out):
     else:
         launch = (
             _depthwise_nchw_large.plan(g, grad_out.dtype, True)
-            or _depthwise_conv_mma.select(g, grad_out.dtype, True, "NCHW", index, _alignment(grad_out), _alignment(out))
+            or _depthwise_conv_mma.select(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out),
+                                          "NCHW")
             or _depthwise_nchw_rows.select(g, grad_out.dtype, True, index)
             or _depthwise_nchw_forward_regs.select(g, grad_out.dtype, True, _alignment(grad_out), _alignment(out))
             or (_depthwise_nchw_plane.preferred(g, grad_out.dtype, True)

@@ -400,8 +400,8 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dw
   using namespace dwgn_dmma;
   static_assert(K == 3 || K == 5 || K == 7, "3x3, 5x5 and 7x7 filters");
   static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "the backward-input is a stride-1 correlation");
-  const Geometry a{channels,        num_planes, src_height, src_width,  dst_height, dst_width,  offset_top,
-                   offset_left,     planes_per_unit, num_bands, band_rows, image_rows, row_stride, piece_bytes};
+  const Geometry a{channels, num_planes, src_height, src_width, dst_height, dst_width, offset_top,
+                   offset_left, planes_per_unit, num_bands, band_rows, image_rows, row_stride, piece_bytes};
   extern __shared__ __align__(16) unsigned char shared[];
   unsigned short* const images = reinterpret_cast<unsigned short*>(shared);
   const int image_halves = image_rows * row_stride;          // a multiple of 8
