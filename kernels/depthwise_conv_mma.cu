@@ -283,6 +283,46 @@ __device__ __forceinline__ void zero_vectors(unsigned short* to, int count) {
   for (int i = threadIdx.x; i < count; i += kThreads) reinterpret_cast<uint4*>(to)[i] = zero;
 }
 
+// Two outputs as one word (the lower column in the low half).
+template <typename T>
+__device__ __forceinline__ unsigned pack_pair(float low, float high) {
+  const T l = dwgn::from_acc<T>(low), h = dwgn::from_acc<T>(high);
+  return static_cast<unsigned>(reinterpret_cast<const unsigned short&>(l)) |
+         static_cast<unsigned>(reinterpret_cast<const unsigned short&>(h)) << 16;
+}
+
+// One strip's products: for each filter row kh, the strip's chunks of the
+// lane's ldmatrix row (`strip_row`: the strip's first column of the tile's
+// row, kh = 0) and each tile's m16n8k16 + m16n8k8 (stride 2: two
+// m16n8k16).  FULL: tiles == kStrip, known at compile time.
+template <typename T, int K, int STRIDE, bool FULL>
+__device__ __forceinline__ void accumulate(float (&acc)[kStrip][4], const unsigned short* strip_row, int row_stride,
+                                           int tiles, const unsigned (&b01)[K][2],
+                                           const unsigned (&b23)[K][STRIDE == 1 ? 1 : 2]) {
+#pragma unroll
+  for (int kh = 0; kh < K; ++kh) {
+    // Tile t's window: chunks STRIDE * t .. STRIDE * t + kChunks - 1 of the strip.
+    const unsigned short* chunk_row = strip_row + kh * row_stride;
+    unsigned frag[STRIDE * kStrip + 2][2];
+#pragma unroll
+    for (int c = 0; c < STRIDE * kStrip + 2; ++c)
+      if (FULL || c < STRIDE * tiles + 2) load_chunk(frag[c], chunk_row + 8 * c);
+#pragma unroll
+    for (int t = 0; t < kStrip; ++t) {
+      if (FULL || t < tiles) {
+        const int c = STRIDE * t;
+        Mma<T>::k16(acc[t], frag[c][0], frag[c][1], frag[c + 1][0], frag[c + 1][1], b01[kh][0], b01[kh][1]);
+        if constexpr (STRIDE == 1) {
+          Mma<T>::k8(acc[t], frag[c + 2][0], frag[c + 2][1], b23[kh][0]);
+        } else {
+          Mma<T>::k16(acc[t], frag[c + 2][0], frag[c + 2][1], frag[c + 3][0], frag[c + 3][1], b23[kh][0],
+                      b23[kh][1]);
+        }
+      }
+    }
+  }
+}
+
 // The unit's outputs from its images into the stage (`staged`: where its
 // first output goes), a warp per (channel, 16-row tile) item.
 template <typename T, int K, int STRIDE, bool BACKWARD, bool NHWC>
@@ -294,6 +334,8 @@ __device__ __forceinline__ void compute_unit(const unsigned short* images, T* st
   const int image_halves = a.image_rows * a.row_stride;
   const int row_stride = a.row_stride, dst_width = a.dst_width;
   const int stage_plane = u.out_rows * dst_width;
+  // Output pairs (columns 2q, 2q + 1) go in one 4-byte store where every pair is 4-byte aligned in the stage.
+  const bool pairs = dst_width % 2 == 0 && reinterpret_cast<size_t>(staged) % 4 == 0;
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int warp = threadIdx.x >> 5;
   const int row_tiles = (u.out_rows + 15) >> 4, col_tiles = (dst_width + 7) >> 3;
@@ -333,28 +375,12 @@ __device__ __forceinline__ void compute_unit(const unsigned short* images, T* st
       for (int t = 0; t < kStrip; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[t][e] = bias_value;
-#pragma unroll
-      for (int kh = 0; kh < K; ++kh) {
-        // Tile t's window: chunks STRIDE * t .. STRIDE * t + kChunks - 1 of the strip.
-        const unsigned short* chunk_row = lane_row + kh * row_stride + STRIDE * tile0 * 8;
-        unsigned frag[STRIDE * kStrip + 2][2];
-#pragma unroll
-        for (int c = 0; c < STRIDE * kStrip + 2; ++c)
-          if (c < STRIDE * tiles + 2) load_chunk(frag[c], chunk_row + 8 * c);
-#pragma unroll
-        for (int t = 0; t < kStrip; ++t) {
-          if (t < tiles) {
-            const int c = STRIDE * t;
-            Mma<T>::k16(acc[t], frag[c][0], frag[c][1], frag[c + 1][0], frag[c + 1][1], b01[kh][0], b01[kh][1]);
-            if constexpr (STRIDE == 1) {
-              Mma<T>::k8(acc[t], frag[c + 2][0], frag[c + 2][1], b23[kh][0]);
-            } else {
-              Mma<T>::k16(acc[t], frag[c + 2][0], frag[c + 2][1], frag[c + 3][0], frag[c + 3][1], b23[kh][0],
-                          b23[kh][1]);
-            }
-          }
-        }
-      }
+      const unsigned short* strip_row = lane_row + STRIDE * tile0 * 8;
+      // (a full strip takes no per-chunk or per-tile predicate)
+      if (tiles == kStrip)
+        accumulate<T, K, STRIDE, true>(acc, strip_row, row_stride, tiles, b01, b23);
+      else
+        accumulate<T, K, STRIDE, false>(acc, strip_row, row_stride, tiles, b01, b23);
       bool finite = true;
 #pragma unroll
       for (int t = 0; t < kStrip; ++t)
@@ -362,6 +388,26 @@ __device__ __forceinline__ void compute_unit(const unsigned short* images, T* st
         for (int e = 0; e < 4; ++e) finite &= t >= tiles || isfinite(acc[t][e]);
       const bool exact = __all_sync(0xffffffffu, finite);
       // This lane's outputs: rows row0 + g (+ 8), columns 8 * tile + 2q (+ 1).
+      if (exact) {  // warp-uniform
+#pragma unroll
+        for (int t = 0; t < kStrip; ++t) {
+          if (t >= tiles) break;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int y = row0 + g + 8 * h, x = (tile0 + t) * 8 + 2 * q;
+            if (y >= u.out_rows || x >= dst_width) continue;
+            T* const out = out_plane + y * dst_width + x;
+            if (pairs) {  // (dst_width even: x + 1 is inside too)
+              *reinterpret_cast<unsigned*>(out) = pack_pair<T>(acc[t][2 * h], acc[t][2 * h + 1]);
+            } else {
+              out[0] = dwgn::from_acc<T>(acc[t][2 * h]);
+              if (x + 1 < dst_width) out[1] = dwgn::from_acc<T>(acc[t][2 * h + 1]);
+            }
+          }
+        }
+        continue;
+      }
+      // A non-finite value: each output from its window's taps one by one (see the header).
 #pragma unroll
       for (int t = 0; t < kStrip; ++t) {
         if (t >= tiles) break;
@@ -369,19 +415,16 @@ __device__ __forceinline__ void compute_unit(const unsigned short* images, T* st
         for (int e = 0; e < 4; ++e) {
           const int y = row0 + g + (e >> 1) * 8, x = (tile0 + t) * 8 + 2 * q + (e & 1);
           if (y >= u.out_rows || x >= dst_width) continue;
-          float value = acc[t][e];
-          if (!exact) {  // warp-uniform: the window's taps one by one (see the header)
-            const unsigned short* w = reinterpret_cast<const unsigned short*>(weight) + static_cast<size_t>(channel) * K * K;
-            value = bias_value;
+          const unsigned short* w = reinterpret_cast<const unsigned short*>(weight) + static_cast<size_t>(channel) * K * K;
+          float value = bias_value;
 #pragma unroll 1
-            for (int kh = 0; kh < K; ++kh)
+          for (int kh = 0; kh < K; ++kh)
 #pragma unroll 1
-              for (int kw = 0; kw < K; ++kw) {
-                const unsigned short bits = image[(STRIDE * y + kh) * row_stride + STRIDE * x + shift + kw];
-                const unsigned short tap = BACKWARD ? w[(K - 1 - kh) * K + (K - 1 - kw)] : w[kh * K + kw];
-                value = fmaf(dwgn::half_of_word(T(), tap, 0), dwgn::half_of_word(T(), bits, 0), value);
-              }
-          }
+            for (int kw = 0; kw < K; ++kw) {
+              const unsigned short bits = image[(STRIDE * y + kh) * row_stride + STRIDE * x + shift + kw];
+              const unsigned short tap = BACKWARD ? w[(K - 1 - kh) * K + (K - 1 - kw)] : w[kh * K + kw];
+              value = fmaf(dwgn::half_of_word(T(), tap, 0), dwgn::half_of_word(T(), bits, 0), value);
+            }
           out_plane[y * dst_width + x] = dwgn::from_acc<T>(value);
         }
       }

@@ -21,7 +21,8 @@ weight gradient, MODE "always", the tensor-core one "never": 64x384x14 7x7,
 64x576x19 3x3, 64x192x75 3x3, float16), dw_effnet (EfficientNet-B3's odd
 widths in NCHW float16: 64x192x75 3x3 forward and backward-input, the
 whole-plane kernel in bands, and its weight gradient; 64x288x38 3x3
-stride-2 forward).
+stride-2 forward), dw_conv_mma (the tensor-core forward, MODE "always":
+64x144x56 3x3 both layouts, 64x96x56 7x7 and 64x960x7 3x3 NCHW, float16).
 """
 import sys
 
@@ -72,6 +73,10 @@ CASES = {
     "dw_wgrad_mma": lambda: _always("_depthwise_wgrad_mma",
         lambda: [dw(64, c, h, k, 1, cupy.float16, directions=("backward_weight",))
                  for c, h, k in ((384, 14, 7), (240, 28, 5))]),
+    "dw_conv_mma": lambda: _always("_depthwise_conv_mma",
+        lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=layouts, directions=("forward",))
+                 for c, h, k, layouts in ((144, 56, 3, ("NCHW", "NHWC")), (96, 56, 7, ("NCHW",)),
+                                          (960, 7, 3, ("NCHW",)))]),
     "dw_plane_wgrad": lambda: _always("_depthwise_nchw_plane_wgrad",
         lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=("NCHW",), directions=("backward_weight",))
                  for c, h, k in ((384, 14, 7), (576, 19, 3), (192, 75, 3))],
