@@ -27,7 +27,8 @@ Launch rule (no user tuning), from the shape only:
   where that fits (``units``: the next unit's rows in flight while the warps
   work), and its destination rows, staged for 16-byte stores.
 * NCHW rows are copied in cp.async pieces of 16, 8 or 4 bytes (the largest
-  that divides the row bytes and the source address), else 2-byte loads;
+  that divides the row bytes and the source address), else the range's
+  4-byte words (loads, a few a thread in flight, split into the rows);
   NHWC takes C a multiple of 8 and both arrays 16-byte aligned (pixels of
   8 channels in 16-byte loads and stores).
 * Served where the correlation's offsets lie in [0, LEFT] (padding at most

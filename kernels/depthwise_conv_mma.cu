@@ -32,7 +32,8 @@
 // is a multiple of 8 with an odd number of 16-byte vectors: the 8 rows of an
 // ldmatrix fall in different banks.  kLeft = 8 keeps NCHW rows 16-byte
 // aligned, so they are copied with cp.async pieces of 16, 8 or 4 bytes
-// (whichever the row bytes and the address allow; 2-byte loads otherwise);
+// (whichever the row bytes and the address allow; otherwise the range's
+// 4-byte words, loaded a few a thread at once and split into the rows);
 // NHWC pixels are 16-byte vectors of the unit's 8 channels, split into the
 // 8 images as they are stored.
 //
@@ -121,14 +122,59 @@ __device__ __forceinline__ unsigned tap_bits(const unsigned short* __restrict__ 
   return BACKWARD ? w[(K - 1 - kh) * K + (K - 1 - tap)] : w[kh * K + tap];
 }
 
+// NCHW rows whose bytes are not a multiple of 4 (odd widths): the range's
+// values by 4-byte words from the word boundary below it (the word holding
+// its first value; the last word may hold one value past it: inside the same
+// 4-byte-aligned word, so inside the allocation), kBatch words a thread in
+// flight before their values are stored (one at a time, each load's latency
+// before its store, this copy took 5x the time of the cp.async pieces:
+// 64x960x7 3x3 fp16 59 us against 9).
+__device__ __forceinline__ void copy_values(unsigned short* images, int image_halves, const unsigned char* from,
+                                            int planes, int height, int width, int image_row0, int row_stride) {
+  constexpr int kBatch = 4;
+  const int values = planes * height * width;  // < 2**22: the unit fits shared memory
+  const int head = static_cast<int>(reinterpret_cast<size_t>(from) & 2) >> 1;  // values before the range in its word
+  const unsigned* words = reinterpret_cast<const unsigned*>(from - 2 * head);
+  const int count = (head + values + 1) >> 1;
+  const float inv_width = __frcp_rn(static_cast<float>(width));
+  const float inv_height = __frcp_rn(static_cast<float>(height));
+  for (int first = threadIdx.x; first < count; first += kBatch * kThreads) {
+    unsigned word[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = first + b * kThreads;
+      if (i < count) word[b] = words[i];
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = first + b * kThreads;
+      if (i >= count) break;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int v = 2 * i + half - head;  // the value's index in the range
+        if (v < 0 || v >= values) continue;
+        const int row = dwgn::small_div(v, inv_width);
+        const int plane = dwgn::small_div(row, inv_height);
+        images[plane * image_halves + (row - plane * height + image_row0) * row_stride + kLeft + v - row * width] =
+            static_cast<unsigned short>(half ? word[b] >> 16 : word[b] & 0xffffu);
+      }
+    }
+  }
+}
+
 // NCHW: copy `height` source rows of each of `planes` planes, one
 // contiguous range of src from `from` (whole planes, or one band of one
 // plane), into the images (a plane's r-th row at image row image_row0 + r
 // of its image, from column kLeft), in piece_bytes pieces: piece i of the
-// range is at from + i * piece_bytes.  The caller commits the copies.
+// range is at from + i * piece_bytes (cp.async: the caller commits them);
+// 2: copy_values.
 __device__ __forceinline__ void copy_rows(unsigned short* images, int image_halves, const unsigned char* from,
                                           int planes, int height, int image_row0, int row_bytes, int piece_bytes,
                                           int row_stride) {
+  if (piece_bytes == 2) {  // block-uniform
+    copy_values(images, image_halves, from, planes, height, row_bytes / 2, image_row0, row_stride);
+    return;
+  }
   const int pieces_per_row = row_bytes / piece_bytes;
   const int pieces = planes * height * pieces_per_row;  // < 2**22: the unit fits shared memory
   const float inv_pieces = __frcp_rn(static_cast<float>(pieces_per_row));
@@ -144,8 +190,7 @@ __device__ __forceinline__ void copy_rows(unsigned short* images, int image_halv
     switch (piece_bytes) {  // block-uniform
       case 16: dwgn::cp_async<16>(to, piece); break;
       case 8: dwgn::cp_async<8>(to, piece); break;
-      case 4: dwgn::cp_async<4>(to, piece); break;
-      default: *reinterpret_cast<unsigned short*>(to) = *reinterpret_cast<const unsigned short*>(piece);
+      default: dwgn::cp_async<4>(to, piece);
     }
   }
 }
