@@ -75,16 +75,19 @@ CANDIDATES = {
 def mma_variants(specs):
     """Candidates of the tensor-core kernel with other unit sizes: each spec
     "ITEMS:KB[:BUFFERS]" plans it with ITEMS_PER_WARP = ITEMS, SHARED_TARGET
-    = KB kilobytes and NCHW_BUFFERS = BUFFERS (default 2; named
+    = KB kilobytes and NCHW_BUFFERS = NHWC_BUFFERS = BUFFERS (default 2; named
     mma<ITEMS>:<KB>K[:<BUFFERS>b]), for tuning its rule."""
     def planner(items, kilobytes, buffers, layout):
         def plan(g, dt, bw, index):
-            saved = conv_mma.ITEMS_PER_WARP, conv_mma.SHARED_TARGET, conv_mma.NCHW_BUFFERS
-            conv_mma.ITEMS_PER_WARP, conv_mma.SHARED_TARGET, conv_mma.NCHW_BUFFERS = items, kilobytes * 1024, buffers
+            names = ("ITEMS_PER_WARP", "SHARED_TARGET", "NCHW_BUFFERS", "NHWC_BUFFERS")
+            saved = [getattr(conv_mma, name) for name in names]
+            for name, value in zip(names, (items, kilobytes * 1024, buffers, buffers)):
+                setattr(conv_mma, name, value)
             try:
                 return conv_mma.plan.__wrapped__(g, dt, bw, layout, index, 16, 16)
             finally:
-                conv_mma.ITEMS_PER_WARP, conv_mma.SHARED_TARGET, conv_mma.NCHW_BUFFERS = saved
+                for name, value in zip(names, saved):
+                    setattr(conv_mma, name, value)
         return plan
 
     for spec in specs:

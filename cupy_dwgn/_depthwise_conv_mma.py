@@ -69,6 +69,9 @@ MAX_SHARED = 99 * 1024
 ITEMS_PER_WARP = 2
 #: Image buffers of an NCHW block (1: zero, copy, work, store, one unit after another).
 NCHW_BUFFERS = 2
+#: NHWC: 2, the next unit's pixels copied ahead (cp.async) into a raw area,
+#: split into the one image buffer once landed; 1: loaded and split unit by unit.
+NHWC_BUFFERS = 2
 #: Units per call the NCHW planes per unit leave at least (2 blocks on each
 #: of an H200's 132 SMs), where there are that many planes.
 MIN_UNITS = 264
@@ -134,22 +137,24 @@ def image_rows(g, out_rows, whole_planes, backward):
     return max(rows, offset_top + src_h) if whole_planes else rows
 
 
-def _shared(planes, image_rows, stride, out_rows, dst_w, layout, buffers):
-    """Dynamic shared memory of a block: its image buffers and its staged
-    outputs (NCHW: 16 bytes more for a range that starts between 16-byte
-    boundaries)."""
+def _shared(planes, image_rows, stride, out_rows, dst_w, layout, buffers, src_w):
+    """Dynamic shared memory of a block: its image buffers (NHWC with pixels
+    copied ahead: one, and the raw pixels of up to ``image_rows`` source
+    rows) and its staged outputs (NCHW: 16 bytes more for a range that starts
+    between 16-byte boundaries)."""
     stage = planes * out_rows * dst_w * 2
-    return buffers * planes * image_rows * stride * 2 + (-(-stage // 16) * 16 + 16 if layout == "NCHW" else stage)
+    if layout == "NHWC":
+        return planes * image_rows * stride * 2 + (image_rows * src_w * 16 if buffers == 2 else 0) + stage
+    return buffers * planes * image_rows * stride * 2 + -(-stage // 16) * 16 + 16
 
 
 def units(g, backward, layout):
     """(planes per unit, num_bands, band_rows, image_rows, shared memory,
     image buffers) of the kernel for ``g`` (the module docstring's rule), or
-    None when no unit fits ``MAX_SHARED``.  NCHW takes ``NCHW_BUFFERS``
-    buffers where a unit fits with them, else one (rows too wide); NHWC one
-    (its pixels are split into the images by loads and stores, not copied
-    ahead)."""
-    for buffers in ((NCHW_BUFFERS, 1) if layout == "NCHW" and NCHW_BUFFERS != 1 else (1,)):
+    None when no unit fits ``MAX_SHARED``.  Each layout takes its
+    ``*_BUFFERS`` where a unit fits with them, else one (rows too wide)."""
+    wanted = NCHW_BUFFERS if layout == "NCHW" else NHWC_BUFFERS
+    for buffers in ((wanted, 1) if wanted != 1 else (1,)):
         planned = _units(g, backward, layout, buffers)
         if planned is not None:
             return (*planned, buffers)
@@ -158,16 +163,16 @@ def units(g, backward, layout):
 
 def _units(g, backward, layout, buffers):
     """units() for ``buffers`` image buffers a block."""
-    _, _, dst_h, dst_w, _, _ = _validate.correlation_frame(g, backward)
+    _, src_w, dst_h, dst_w, _, _ = _validate.correlation_frame(g, backward)
     stride = row_stride(g, backward)
     row_tiles = -(-dst_h // 16)
     if layout == "NCHW":
         planes = g.batch * g.channels
         rows = image_rows(g, dst_h, True, backward)
         per_unit = max(1, min(-(-ITEMS_PER_WARP * WARPS // row_tiles), -(-planes // MIN_UNITS)))
-        while per_unit > 1 and _shared(per_unit, rows, stride, dst_h, dst_w, layout, buffers) > SHARED_TARGET:
+        while per_unit > 1 and _shared(per_unit, rows, stride, dst_h, dst_w, layout, buffers, src_w) > SHARED_TARGET:
             per_unit -= 1
-        shared = _shared(per_unit, rows, stride, dst_h, dst_w, layout, buffers)
+        shared = _shared(per_unit, rows, stride, dst_h, dst_w, layout, buffers, src_w)
         if shared <= SHARED_TARGET:
             return per_unit, 1, dst_h, rows, shared
         per_band = 1
@@ -176,12 +181,12 @@ def _units(g, backward, layout, buffers):
     # Bands of 16 * t rows: the tallest that fits SHARED_TARGET (a band reads
     # only the source rows of its own tiles), at least two for NCHW.
     tiles_cap = row_tiles - 1 if layout == "NCHW" else row_tiles
-    # (no taller band fits: 16 rows of images alone take buffers * per_band * 16 * stride * 2 bytes)
-    tiles_cap = min(tiles_cap, SHARED_TARGET // (buffers * per_band * 16 * stride * 2))
+    # (no taller band fits: 16 rows of images (and NHWC raw pixels) alone take the bytes below)
+    tiles_cap = min(tiles_cap, SHARED_TARGET // _shared(per_band, 16, stride, 0, dst_w, layout, buffers, src_w))
     for tiles in range(max(tiles_cap, 1), 0, -1):
         band_rows = 16 * tiles
         rows = image_rows(g, band_rows, False, backward)
-        shared = _shared(per_band, rows, stride, min(band_rows, dst_h), dst_w, layout, buffers)
+        shared = _shared(per_band, rows, stride, min(band_rows, dst_h), dst_w, layout, buffers, src_w)
         if shared <= SHARED_TARGET or (tiles == 1 and shared <= MAX_SHARED):
             return per_band, -(-dst_h // band_rows), band_rows, rows, shared
     return None

@@ -195,10 +195,23 @@ __device__ __forceinline__ void copy_rows(unsigned short* images, int image_halv
   }
 }
 
-// NHWC: the `rows` x `width` pixels from `from` (pixel (r, x) at from +
-// (r * width + x) * channels, 8 values of this unit's channels) into the 8
-// images (row r at image row image_row0 + r, column kLeft + x).  Four
-// loads in flight a thread before their values are stored.
+// NHWC: pixel i of a unit's source rows (row r = i / width at image row
+// image_row0 + r, column kLeft + i - r * width), 8 values of the unit's
+// channels, split into the 8 images.
+__device__ __forceinline__ void put_pixel(unsigned short* images, int image_halves, const uint4& v, int i,
+                                          float inv_width, int width, int image_row0, int row_stride) {
+  const int r = dwgn::small_div(i, inv_width);
+  unsigned short* to = images + (image_row0 + r) * row_stride + kLeft + i - r * width;
+  const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+    to[c * image_halves] = static_cast<unsigned short>(c & 1 ? words[c >> 1] >> 16 : words[c >> 1] & 0xffffu);
+}
+
+// NHWC, one buffer: the `rows` x `width` pixels from `from` (pixel (r, x)
+// at from + (r * width + x) * channels, 8 values of this unit's channels)
+// into the 8 images.  Four loads in flight a thread before their values
+// are stored.
 __device__ __forceinline__ void copy_pixels(unsigned short* images, int image_halves, const uint4* from, int rows,
                                             int width, int channels, int image_row0, int row_stride) {
   constexpr int kBatch = 4;
@@ -216,14 +229,27 @@ __device__ __forceinline__ void copy_pixels(unsigned short* images, int image_ha
     for (int b = 0; b < kBatch; ++b) {
       const int i = first + b * kThreads;
       if (i >= pixels) break;
-      const int r = dwgn::small_div(i, inv_width);
-      unsigned short* to = images + (image_row0 + r) * row_stride + kLeft + i - r * width;
-      const unsigned words[4] = {v[b].x, v[b].y, v[b].z, v[b].w};
-#pragma unroll
-      for (int c = 0; c < 8; ++c)
-        to[c * image_halves] = static_cast<unsigned short>(c & 1 ? words[c >> 1] >> 16 : words[c >> 1] & 0xffffu);
+      put_pixel(images, image_halves, v[b], i, inv_width, width, image_row0, row_stride);
     }
   }
+}
+
+// NHWC, pixels copied ahead: the unit's `rows` x `width` pixels from `from`
+// into `raw` (pixel i at raw + 16 i) by cp.async (the caller commits them).
+__device__ __forceinline__ void issue_pixels(uint4* raw, const uint4* from, int rows, int width, int channels) {
+  const int pixels = rows * width;
+  const int vectors_per_pixel = channels / 8;
+  for (int i = threadIdx.x; i < pixels; i += kThreads)
+    dwgn::cp_async<16>(raw + i, from + static_cast<size_t>(i) * vectors_per_pixel);
+}
+
+// NHWC, pixels copied ahead: the landed pixels from `raw` into the 8 images.
+__device__ __forceinline__ void split_pixels(unsigned short* images, int image_halves, const uint4* raw, int rows,
+                                             int width, int image_row0, int row_stride) {
+  const int pixels = rows * width;
+  const float inv_width = __frcp_rn(static_cast<float>(width));
+  for (int i = threadIdx.x; i < pixels; i += kThreads)
+    put_pixel(images, image_halves, raw[i], i, inv_width, width, image_row0, row_stride);
 }
 
 // NHWC: the unit's staged outputs (8 channel planes of `rows` x `width`, at
@@ -303,6 +329,14 @@ __device__ __forceinline__ T* unit_destination(T* dst, const Unit& u, int sample
                     static_cast<IndexT>(u.out_row0) * a.dst_width;
 }
 
+// NHWC: the unit's first source pixel (the unit's channels of source row
+// src_row0, column 0, of its sample) as 16-byte vectors.
+template <typename T, typename IndexT>
+__device__ __forceinline__ const uint4* unit_pixels(const T* src, const Unit& u, int sample, const Geometry& a) {
+  return reinterpret_cast<const uint4*>(src + (static_cast<IndexT>(sample) * a.src_height + u.src_row0) *
+                                                  a.src_width * a.channels + u.first);
+}
+
 // Issue the unit's source rows into `images` (NCHW: cp.async pieces, not
 // committed; NHWC: loads and stores, done on return).
 template <typename T, bool NHWC, typename IndexT>
@@ -310,10 +344,8 @@ __device__ __forceinline__ void copy_unit(unsigned short* images, const T* src, 
                                           const Geometry& a) {
   const int image_halves = a.image_rows * a.row_stride;
   if (NHWC) {
-    copy_pixels(images, image_halves,
-                reinterpret_cast<const uint4*>(src + (static_cast<IndexT>(sample) * a.src_height + u.src_row0) *
-                                                         a.src_width * a.channels + u.first),
-                u.src_rows, a.src_width, a.channels, u.image_row0, a.row_stride);
+    copy_pixels(images, image_halves, unit_pixels<T, IndexT>(src, u, sample, a), u.src_rows, a.src_width,
+                a.channels, u.image_row0, a.row_stride);
   } else {
     copy_rows(images, image_halves,
               reinterpret_cast<const unsigned char*>(src + static_cast<IndexT>(u.first) * a.src_height * a.src_width +
@@ -534,6 +566,50 @@ __global__ void __launch_bounds__(dwgn_dmma::kThreads, dwgn_dmma::kMinBlocks) dw
                                                  bias, a);
       __syncthreads();  // the unit's outputs are staged; its images are read
       dwgn::store_unit(stage, unit_dst, u.planes * u.out_rows * dst_width);
+      if (!more) break;
+      unit += gridDim.x;
+    }
+    return;
+  }
+  if (NHWC && buffers == 2) {  // block-uniform
+    // Pixels copied ahead: the next unit's pixels land (cp.async) in `raw`
+    // while the warps work on this unit's images; once landed they are split
+    // into the images (the padding zeroed once, a unit's rows outside its
+    // source rows before its split).
+    uint4* const raw = reinterpret_cast<uint4*>(shared + buffer_halves * 2);
+    unsigned char* const pixel_stage = shared + buffer_halves * 2 + static_cast<size_t>(image_rows) * src_width * 16;
+    zero_vectors(images, buffer_halves / 8);
+    {
+      const Unit first = unit_of<STRIDE, NHWC>(unit, a, sample);
+      issue_pixels(raw, unit_pixels<T, IndexT>(src, first, sample, a), first.src_rows, src_width, channels);
+      dwgn::cp_async_commit();
+    }
+    for (;;) {
+      const Unit u = unit_of<STRIDE, NHWC>(unit, a, sample);
+      const bool more = num_units - unit > static_cast<int>(gridDim.x);
+      // (the previous unit's warps finished reading the images before its last barrier)
+      const int top = u.src_rows > 0 ? u.image_row0 : image_rows;
+      const int end = u.src_rows > 0 ? u.image_row0 + u.src_rows : image_rows;  // <= image_rows
+#pragma unroll 1
+      for (int c = 0; c < 8; ++c) {
+        zero_vectors(images + c * image_halves, top * row_stride / 8);
+        zero_vectors(images + c * image_halves + end * row_stride, (image_rows - end) * row_stride / 8);
+      }
+      dwgn::cp_async_wait<0>();
+      __syncthreads();  // this unit's pixels landed
+      split_pixels(images, image_halves, raw, u.src_rows, src_width, u.image_row0, row_stride);
+      __syncthreads();  // the images are whole; raw is free
+      if (more) {
+        int next_sample;
+        const Unit n = unit_of<STRIDE, NHWC>(unit + gridDim.x, a, next_sample);
+        issue_pixels(raw, unit_pixels<T, IndexT>(src, n, next_sample, a), n.src_rows, src_width, channels);
+      }
+      dwgn::cp_async_commit();
+      compute_unit<T, K, STRIDE, BACKWARD, NHWC>(images, reinterpret_cast<T*>(pixel_stage), u, weight, bias, a);
+      __syncthreads();  // the unit's outputs are staged
+      store_pixels(reinterpret_cast<const unsigned short*>(pixel_stage),
+                   reinterpret_cast<uint4*>(unit_destination<T, NHWC, IndexT>(dst, u, sample, a)), u.out_rows,
+                   dst_width, channels);
       if (!more) break;
       unit += gridDim.x;
     }

@@ -92,7 +92,7 @@ def emulate(launch, src, weight, bias=None, resident=None):
     chunks = 3 if stride == 1 else 4
     assert stride == 1 or not backward
     assert launch.block[0] == 32 * WARPS and launch.persistent and launch.grid[0] == num_units
-    assert buffers == (1 if nhwc else 2) or buffers == 1
+    assert buffers in (1, 2)
     batch = src.shape[0]
     values = (src.transpose(0, 3, 1, 2) if nhwc else src).astype(numpy.float64)
     assert values.shape == (batch, channels, src_h, src_w) and num_planes == (batch if nhwc else batch * channels)
@@ -110,7 +110,10 @@ def emulate(launch, src, weight, bias=None, resident=None):
     # the stage starts 16-byte aligned after the buffers (NCHW: its range up to 14 bytes in)
     stage_bytes = unit_planes * min(band_rows, dst_h) * dst_w * 2 + (0 if nhwc else 14)
     assert (unit_planes * image_halves * 2) % 16 == 0
-    assert launch.shared_mem >= buffers * unit_planes * image_halves * 2 + stage_bytes
+    if nhwc:  # one image buffer, and with pixels copied ahead their raw 16-byte vectors (at most image_rows rows)
+        assert launch.shared_mem >= unit_planes * image_halves * 2 + (image_rows * src_w * 16 if buffers == 2 else 0) + stage_bytes
+    else:
+        assert launch.shared_mem >= buffers * unit_planes * image_halves * 2 + stage_bytes
     weights = weight.astype(numpy.float64).reshape(channels, k, k)
     biases = None if (backward or bias is None) else bias.astype(numpy.float64)
     dst = numpy.full((batch * channels, dst_h, dst_w), numpy.nan)
@@ -133,12 +136,12 @@ def emulate(launch, src, weight, bias=None, resident=None):
         assert all(src_row0 <= r < src_row0 + src_rows for r in needed)
         if zero_all:
             images[:] = 0.0
-        elif num_bands > 1:  # the pipelined NCHW band: rows above and below its source rows (all, if none)
+        elif num_bands > 1 or nhwc:  # rows above and below the unit's source rows (all, if none)
             top = image_row0 if src_rows > 0 else image_rows
             end = image_row0 + src_rows if src_rows > 0 else image_rows
             assert 0 <= top <= end <= image_rows
-            images[0, :top] = 0.0
-            images[0, end:] = 0.0
+            images[:, :top] = 0.0
+            images[:, end:] = 0.0
         for p, plane in enumerate(planes):
             assert src_rows == 0 or 0 <= image_row0 and image_row0 + src_rows <= image_rows
             images[p, image_row0 : image_row0 + src_rows, LEFT : LEFT + src_w] = values[plane, src_row0 : src_row0 + src_rows]
@@ -146,7 +149,13 @@ def emulate(launch, src, weight, bias=None, resident=None):
     blocks = min(num_units, resident or num_units)
     for block in range(blocks):
         mine = list(range(block, num_units, blocks))
-        if buffers == 2:  # zeroed once; unit i + 1 copied into the other buffer while unit i is worked on
+        if buffers == 2 and nhwc:  # one buffer zeroed once; each unit's pixels split into it once landed
+            images = numpy.zeros((unit_planes, image_rows, row_stride))
+            for index in mine:
+                load(index, images, False)
+                _work(units[index], images, weights, biases, k, stride, backward, shift, channels, dst_w,
+                      image_rows, row_stride, col_tiles, chunks, dst, written)
+        elif buffers == 2:  # zeroed once; unit i + 1 copied into the other buffer while unit i is worked on
             ring = [numpy.zeros((unit_planes, image_rows, row_stride)) for _ in range(2)]
             load(mine[0], ring[0], False)
             for i, index in enumerate(mine):

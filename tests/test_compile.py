@@ -3144,10 +3144,10 @@ def test_conv_mma_plan():
         (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, num_bands, band_rows,
          image_rows, row_stride, piece, num_units, buffers) = (int(v) for v in launch.scalars)
         assert channels == c and launch.block == (mma.THREADS, 1, 1)
-        assert launch.persistent and launch.grid[0] == num_units and buffers in ((2, 1) if layout == "NCHW" else (1,))
-        # NCHW: two buffers unless no unit fits with them
+        assert launch.persistent and launch.grid[0] == num_units and buffers in (2, 1)
+        # two buffers (NHWC: pixels copied ahead) unless no unit fits with them
         assert buffers == 1 or mma._units(g, backward, layout, 2) is not None
-        assert buffers == 2 or layout == "NHWC" or mma._units(g, backward, layout, 2) is None
+        assert buffers == 2 or mma._units(g, backward, layout, 2) is None
         chunks = 3 if stride == 1 else 4
         assert row_stride % 8 == 0 and row_stride // 8 % 2 == 1
         assert row_stride >= max(8 + src_w, 8 * stride * (-(-dst_w // 8) - 1) + 8 * chunks)
@@ -3161,7 +3161,7 @@ def test_conv_mma_plan():
         assert num_bands * band_rows >= dst_h > (num_bands - 1) * band_rows
         if num_bands > 1:  # the tallest bands that fit: 16 more rows would not
             taller = mma._shared(per_unit, stride * (band_rows + 15) + k, row_stride, band_rows + 16, dst_w, layout,
-                                 buffers)
+                                 buffers, src_w)
             assert band_rows + 16 >= dst_h or taller > mma.SHARED_TARGET
     # NCHW whole planes: about two items a warp, fewer planes only for shared memory or a small call
     for n, c, hw in ((64, 240, 28), (64, 384, 14), (2, 24, 28), (64, 96, 56)):
