@@ -3177,6 +3177,32 @@ def test_conv_mma_plan():
     assert mma.plan(g, bf16, False, "NHWC", "int", 16, 16).expression == f"{mma.KERNEL}<__nv_bfloat16, 3, 2, false, true, int>"
 
 
+def test_conv_mma_rule():
+    # Where the ops take the tensor-core forward / backward-input (preferred's
+    # docstring, the H200 candidates of 2026-12-05): (layout, C, H = W, K, stride, taken).
+    import numpy
+
+    from cupy_dwgn import _depthwise_conv_mma as mma
+    from cupy_dwgn import _validate
+
+    half = numpy.dtype(numpy.float16)
+    assert mma.MODE == "rule"
+    for layout, c, hw, k, stride, taken in [
+        ("NCHW", 96, 56, 7, 1, True), ("NCHW", 192, 28, 7, 1, True), ("NCHW", 384, 14, 7, 1, False),
+        ("NCHW", 96, 112, 7, 1, False), ("NHWC", 96, 56, 7, 1, False), ("NCHW", 240, 28, 5, 1, False),
+        ("NCHW", 144, 56, 3, 1, False), ("NCHW", 96, 112, 7, 2, False), ("NCHW", 960, 7, 3, 1, False),
+    ]:
+        x_shape = (64, c, hw, hw) if layout == "NCHW" else (64, hw, hw, c)
+        g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, k // 2, 1, layout=layout)
+        for backward in (False, True) if stride == 1 else (False,):
+            assert mma.preferred(g, half, backward, layout) == taken, (layout, c, hw, k, stride, backward)
+            planned = mma.select(g, half, backward, "int", 16, 16, layout)
+            assert (planned is not None) == taken
+    # float32 is not served, whatever the rule says
+    g = _validate.conv_geometry((64, 96, 56, 56), (96, 1, 7, 7), 1, 3, 1)
+    assert mma.select(g, numpy.dtype(numpy.float32), False, "int", 16, 16, "NCHW") is None
+
+
 def test_wgrad_mma_rule():
     # Where the ops take the tensor-core weight gradient (preferred's
     # docstring, the H200 sweeps of 2026-12-03): (layout, C, H = W, K, taken).

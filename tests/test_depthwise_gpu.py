@@ -450,8 +450,9 @@ def test_conv_mma_dispatch_follows_the_mode(dtype, layout, rng, monkeypatch):
     for mode in ("always", "rule", "never"):
         monkeypatch.setattr(_depthwise_conv_mma, "MODE", mode)
         monkeypatch.setattr(depthwise, "_SIGNATURES", {})
-        for k, padding in ((3, 1), (5, ((1, 3), (2, 2))), (7, 3)):
-            shape = _shape((2, 8, 20, 22), layout)
+        # (7x7 on 28x30: NCHW planes the rule takes)
+        for k, padding, (h, w_) in ((3, 1, (20, 22)), (5, ((1, 3), (2, 2)), (20, 22)), (7, 3, (20, 22)), (7, 3, (28, 30))):
+            shape = _shape((2, 8, h, w_), layout)
             g, x, w, b, want = _direct_launch_data(shape, (8, 1, k, k), padding, dtype, False, rng, layout=layout)
             conv = dict(padding=padding, layout=layout)
             x_gpu, w_gpu = cupy.asarray(x), cupy.asarray(w)
