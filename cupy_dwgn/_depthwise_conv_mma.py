@@ -25,7 +25,8 @@ Launch rule (no user tuning), from the shape only:
   a tile reads; ``LEFT`` zero columns, the source row, zeros to the last
   tile's window; rows of an odd number of 16-byte vectors), twice for NCHW
   where that fits (``units``: the next unit's rows in flight while the warps
-  work), and its destination rows, staged for 16-byte stores.
+  work), for NHWC once with a raw area for the next unit's pixels in flight
+  where that fits, and its destination rows, staged for 16-byte stores.
 * NCHW rows are copied in cp.async pieces of 16, 8 or 4 bytes (the largest
   that divides the row bytes and the source address), else the range's
   4-byte words (loads, a few a thread in flight, split into the rows);

@@ -53,10 +53,11 @@
 // * NHWC: (sample, band of band_rows destination rows, group of 8
 //   channels), the groups of a band in consecutive units.
 // The grid is persistent (at most the blocks resident at once): block b
-// takes units b, b + gridDim.x, ...  With buffers == 2 (NCHW, where two
-// units' images fit) the next unit's rows are copied with cp.async into the
-// second buffer while the warps work on the first; otherwise a block zeroes,
-// copies, works and stores one unit after another.  A block of kWarps warps
+// takes units b, b + gridDim.x, ...  With buffers == 2 the next unit's
+// source is copied with cp.async while the warps work on this one: NCHW
+// rows into a second image buffer; NHWC 16-byte pixels into a raw area,
+// split into the one image buffer once landed.  Otherwise (where that does
+// not fit) a block zeroes, copies, works and stores one unit after another.  A block of kWarps warps
 // deals a unit's (channel, 16-row tile) items to its warps in a fixed
 // order; each warp walks its item's columns in strips.
 // Outputs gather in a shared stage (per channel, the unit's destination
