@@ -99,7 +99,7 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 
 #: Output plane sides (rows and columns) between which the ops take the
 #: kernel for NCHW 7x7 at stride 1 (``preferred``).
-RULE_SIDES = (24, 64)
+RULE_SIDES = (24, 112)
 
 
 def preferred(g, dtype, backward, layout):
@@ -110,8 +110,10 @@ def preferred(g, dtype, backward, layout):
 
     Measured on an H200 (2026-12-05, benchmarks/depthwise_candidates.py,
     N = 64, float16, us, this kernel against the fastest other kernel;
-    bfloat16 within 2%): 64x96x56 7x7 NCHW forward 63.7 against the register
-    window's 75.6, backward-input 62.8 against 80.8.  Ties or slower
+    bfloat16 within 2%): 64x96x56 7x7 NCHW forward 63.9 against the register
+    window's 75.9, backward-input 63.0 against 80.9; 64x192x28 36.9 / 36.5
+    against the whole-plane kernel's 49.2 / 49.0; 32x96x112 (bands of rows)
+    125.6 / 123.5 against the register window's 156.4 / 158.5.  Ties or slower
     elsewhere: 7x7 on 14x14 (NCHW 37.3 against the whole-plane kernel's
     36.4; NHWC 42.6 against 28.0), NHWC 7x7 56x56 (87.6 against 80.0), 5x5
     (64x240x28 NCHW 39.2 against 37.6; 64x288x38 116 against 101), every

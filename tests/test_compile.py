@@ -3189,7 +3189,7 @@ def test_conv_mma_rule():
     assert mma.MODE == "rule"
     for layout, c, hw, k, stride, taken in [
         ("NCHW", 96, 56, 7, 1, True), ("NCHW", 192, 28, 7, 1, True), ("NCHW", 384, 14, 7, 1, False),
-        ("NCHW", 96, 112, 7, 1, False), ("NHWC", 96, 56, 7, 1, False), ("NCHW", 240, 28, 5, 1, False),
+        ("NCHW", 96, 112, 7, 1, True), ("NCHW", 32, 150, 7, 1, False), ("NHWC", 96, 56, 7, 1, False), ("NCHW", 240, 28, 5, 1, False),
         ("NCHW", 144, 56, 3, 1, False), ("NCHW", 96, 112, 7, 2, False), ("NCHW", 960, 7, 3, 1, False),
     ]:
         x_shape = (64, c, hw, hw) if layout == "NCHW" else (64, hw, hw, c)
