@@ -57,9 +57,9 @@
 // source is copied with cp.async while the warps work on this one: NCHW
 // rows into a second image buffer; NHWC 16-byte pixels into a raw area,
 // split into the one image buffer once landed.  Otherwise (where that does
-// not fit) a block zeroes, copies, works and stores one unit after another.  A block of kWarps warps
-// deals a unit's (channel, 16-row tile) items to its warps in a fixed
-// order; each warp walks its item's columns in strips.
+// not fit) a block zeroes, copies, works and stores one unit after another.
+// A block of kWarps warps deals a unit's (channel, 16-row tile) items to its
+// warps in a fixed order; each warp walks its item's columns in strips.
 // Outputs gather in a shared stage (per channel, the unit's destination
 // rows) and leave in 16-byte stores: NCHW as the flat range they are in dst
 // (dwgn::store_unit), NHWC as pixels of 8 channels.
