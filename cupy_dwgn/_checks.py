@@ -164,10 +164,14 @@ def _check_eps(eps, dtype):
             value = acc.type(float(eps))
     except OverflowError:  # beyond even float64 (e.g. 10**400)
         value = acc.type(numpy.inf)
-    if not (numpy.isfinite(value) and value > 0):
-        raise ValueError(
-            f"eps: expected a finite value > 0 in {acc} (the statistics dtype), got {eps!r}"
-        )
+    # float32 statistics: at least the smallest normal float32, since the
+    # kernels are compiled with flush-to-zero, which would make a subnormal
+    # eps 0 (rstd = inf for a constant group, where the reference is finite).
+    smallest = _FLOAT32_TINY if acc == numpy.float32 else 0.0
+    if not (numpy.isfinite(value) and value > 0 and value >= smallest):
+        shown = repr(eps) if len(repr(eps)) <= 32 else repr(eps)[:24] + "..."
+        limit = f">= {smallest:.6g} (the smallest normal float32: the kernels flush smaller values to 0)" if smallest else "> 0"
+        raise ValueError(f"eps: expected a finite value {limit} in {acc} (the statistics dtype), got {shown}")
 
 
 def _check_x(name, x, kind):

@@ -2,6 +2,7 @@
 computation: a plain per-(n, g) loop for the forward, central finite
 differences of the forward for the backward."""
 
+import fractions
 import math
 
 import numpy
@@ -72,12 +73,27 @@ def test_forward_matches_loop(rng, shape, num_groups, activation, affine):
     numpy.testing.assert_allclose(y, y2, rtol=1e-11, atol=1e-12)
 
 
-def test_forward_large_offset_is_exact(rng):
-    x = 1000.0 + rng.standard_normal((2, 16, 8))
+@pytest.mark.parametrize("offset", [1e3, 1e4, 1e6])
+def test_forward_large_offset_is_exact(rng, offset):
+    # Against exact rational arithmetic (fractions.Fraction: the mean and the
+    # centered values exact, one rounding at the end): the float64 bound
+    # holds even where mean / std is 1e6 (a one-term float64 mean costs y
+    # ulp(mean) / std: 4e-12 at 1e4, 3e-10 at 1e6).
+    x = offset + rng.standard_normal((2, 16, 8))
     y, mean, rstd = reference.group_norm(x, 4, return_stats=True)
-    y2, mean2, rstd2 = _loop_group_norm(x, 4, None, None, 1e-5, "identity")
-    numpy.testing.assert_allclose(y, y2, rtol=1e-9, atol=1e-10)
-    numpy.testing.assert_allclose(rstd, rstd2, rtol=1e-9)
+    groups = x.reshape(2, 16, 4, 2)
+    for n in range(2):
+        for g in range(4):
+            values = [fractions.Fraction(v) for v in groups[n, :, g, :].ravel()]
+            exact_mean = sum(values) / len(values)
+            centered = [v - exact_mean for v in values]
+            var = sum(c * c for c in centered) / len(values)
+            exact_rstd = 1.0 / math.sqrt(float(var + fractions.Fraction(1e-5)))
+            assert abs(mean[n, g] - float(exact_mean)) <= 1e-15 * abs(float(exact_mean))
+            assert abs(rstd[n, g] - exact_rstd) <= 1e-14 * exact_rstd
+            exact_y = numpy.array([float(c) * exact_rstd for c in centered])
+            got = y[n, :, g * 2:(g + 1) * 2].ravel()
+            assert numpy.linalg.norm(got - exact_y) <= 1e-13 * numpy.linalg.norm(exact_y)
 
 
 def _numeric_gradients(x, dy, num_groups, weight, bias, activation, step=1e-6):

@@ -5,6 +5,8 @@ on NumPy arrays (kind=numpy.ndarray, exactly what cupy_dwgn.host does); the
 few CuPy-specific messages (NumPy array given, devices) are GPU tests.
 """
 
+import re
+
 import ml_dtypes
 import numpy
 import pytest
@@ -132,11 +134,23 @@ def test_activation_must_be_str():
         fwd(z((1, 2, 4)), activation=None)
 
 
-@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf"), 1e-46, 1e39, 10**400])
-def test_eps_must_be_positive_and_finite_in_float32(eps):
-    # 1e-46 flushes to 0 and 1e39 overflows in the float32 statistics.
-    with pytest.raises(ValueError, match=r"eps: expected a finite value > 0 in float32 \(the statistics dtype\)"):
-        fwd(z((1, 2, 4)), eps=eps)
+@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf"), 1e-46, 1e-40, 1e-39, 1e39, 10**400])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_eps_must_be_normal_and_finite_in_float32(eps, dtype):
+    # 1e-46 rounds to 0, 1e-40 and 1e-39 are float32 subnormals (the kernels
+    # flush them to 0: rstd = inf for a constant group) and 1e39 overflows in
+    # the float32 statistics.
+    with pytest.raises(ValueError, match=r"eps: expected a finite value >= 1.17549e-38 \(the smallest normal float32"):
+        fwd(z((1, 2, 4), dtype), eps=eps)
+
+
+def test_eps_error_shortens_a_huge_int():
+    with pytest.raises(ValueError, match=re.escape(f"got {str(10**400)[:24]}...") + "$"):
+        fwd(z((1, 2, 4)), eps=10**400)
+
+
+def test_smallest_normal_float32_eps_is_accepted():
+    fwd(z((1, 2, 4)), eps=float(numpy.finfo(numpy.float32).tiny))
 
 
 def test_tiny_eps_is_fine_in_float64():
