@@ -16,7 +16,7 @@ import numbers
 import numpy
 
 from . import _dtypes, _validate
-from ._launch import INT32_LIMIT, MAX_GRID_Y, check_plane_size
+from ._launch import INT32_LIMIT, MAX_GRID_Y, PLANE_LIMIT, check_plane_size
 
 # ---------------------------------------------------------------------------
 # Depthwise convolution
@@ -67,8 +67,9 @@ def check_depthwise_backward_weight(grad_out, x, weight_shape, stride, padding, 
     _validate.check_array("x", x, 4, _validate.layout_doc(layout), kind)
     _validate.check_same_dtype("x", x, "grad_out", grad_out)
     weight_shape = _validate.check_int_shape("weight_shape", weight_shape, 4)
-    g = _validate.conv_geometry(x.shape, weight_shape, stride, padding, dilation, layout=layout)
-    check_depthwise_limits("x", g)
+    g = _validate.conv_geometry(x.shape, weight_shape, stride, padding, dilation, layout=layout,
+                                weight_name="weight_shape")
+    check_depthwise_limits("x", g, "weight_shape")
     check_depthwise_grad_out(grad_out, g, layout)
     _validate.check_out(out, weight_shape, x.dtype, kind)
     _validate.check_same_device(grad_out=grad_out, x=x, out=out)
@@ -76,14 +77,18 @@ def check_depthwise_backward_weight(grad_out, x, weight_shape, stride, padding, 
     return g
 
 
-def check_depthwise_limits(name, g):
+def check_depthwise_limits(name, g, weight_name="weight"):
     """Sizes the kernels' 32-bit in-plane indexing and grid can take."""
     check_plane_size(name, g.height * g.width)
-    check_plane_size(name, g.out_height * g.out_width)
+    if g.out_height * g.out_width >= PLANE_LIMIT:
+        raise ValueError(
+            f"padding, stride, dilation: expected an output plane of fewer than 2**30 elements, got "
+            f"{g.out_height} x {g.out_width} (from a {g.height} x {g.width} plane of {name})"
+        )
     taps = g.filter_height * g.filter_width
     if g.channels * g.multiplier * taps >= INT32_LIMIT or taps > MAX_GRID_Y:
         raise ValueError(
-            f"weight: expected fewer than 2**31 elements and at most {MAX_GRID_Y} taps "
+            f"{weight_name}: expected fewer than 2**31 elements and at most {MAX_GRID_Y} taps "
             f"per filter, got {g.channels * g.multiplier} filters of "
             f"{g.filter_height}x{g.filter_width}"
         )

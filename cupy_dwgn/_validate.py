@@ -296,12 +296,15 @@ def _padding(padding, filter_size, dilation, stride):
     return tuple(int(v) for v in sides)
 
 
-def conv_geometry(input_shape, weight_shape, stride, padding, dilation, input_name="x", layout="NCHW"):
+def conv_geometry(input_shape, weight_shape, stride, padding, dilation, input_name="x", layout="NCHW",
+                  weight_name="weight"):
     """Normalize the arguments of a depthwise convolution.
 
     input_shape: (N, C, H, W) for layout "NCHW", (N, H, W, C) for "NHWC";
     weight_shape: (C*M, 1, KH, KW) in both.  The ConvGeometry is logical: the
-    same for both layouts (``channels`` is C whatever its axis).
+    same for both layouts (``channels`` is C whatever its axis).  The names
+    are the arguments the errors speak of (the backward-weight op's is
+    ``weight_shape``).
     """
     if layout == "NCHW":
         batch, channels, height, width = input_shape
@@ -309,15 +312,17 @@ def conv_geometry(input_shape, weight_shape, stride, padding, dilation, input_na
         batch, height, width, channels = input_shape
     else:
         check_layout(layout)  # raises
+    if channels == 0:
+        raise ValueError(f"{input_name}: expected at least one channel (C >= 1), got {layout} {tuple(input_shape)}")
     out_channels, one, filter_height, filter_width = weight_shape
-    if one != 1 or channels == 0 or out_channels % channels != 0 or out_channels == 0:
+    if one != 1 or out_channels % channels != 0 or out_channels == 0:
         raise ValueError(
-            f"weight: expected shape (C*M, 1, KH, KW) with C = {channels} (channels of "
+            f"{weight_name}: expected shape (C*M, 1, KH, KW) with C = {channels} (channels of "
             f"{input_name}, {layout} {tuple(input_shape)}) and depth multiplier M >= 1, got "
             f"{tuple(weight_shape)}"
         )
     if filter_height < 1 or filter_width < 1:
-        raise ValueError(f"weight: expected a filter of at least 1x1, got {tuple(weight_shape)}")
+        raise ValueError(f"{weight_name}: expected a filter of at least 1x1, got {tuple(weight_shape)}")
     stride = int_pair("stride", stride, 1)
     dilation = int_pair("dilation", dilation, 1)
     pad_top, pad_bottom, pad_left, pad_right = _padding(

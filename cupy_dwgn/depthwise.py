@@ -552,10 +552,21 @@ def _backward_weight_steps(g, layout, grad_out, x):
 
 # Call-signature cache (see _interop): a signature that passed the full checks
 # once maps to its ConvGeometry, so a repeated call only checks that out does
-# not overlap an input.  Argument types are part of the key (True == 1 would
-# otherwise hit the entry of 1).
+# not overlap an input.  Argument types are part of the key, a tuple's
+# element by element: True == 1 == 1.0 and (1, 1) == (1.0, True) would
+# otherwise hit the entry of a valid call and skip the checks that reject them.
 _SIGNATURES = {}
 _MISS = _interop.MISS  # what a *_cached function returns when the call needs the checks
+
+
+def _types(argument):
+    """The type of a stride / padding / dilation / shape argument, per element
+    for a tuple (per pair for padding's ((top, bottom), (left, right)))."""
+    kind = type(argument)
+    if kind is not tuple:
+        return kind
+    kinds = tuple(map(type, argument))
+    return kinds if tuple not in kinds else tuple(map(_types, argument))
 
 
 def _key(op, first, second, third, out, stride, padding, dilation, layout):
@@ -564,7 +575,7 @@ def _key(op, first, second, third, out, stride, padding, dilation, layout):
     (backward)."""
     signature = _interop.signature
     return (op, signature(first), signature(second), third, signature(out), stride, padding, dilation, layout,
-            type(stride), type(dilation))
+            _types(stride), _types(padding), _types(dilation), _types(third))
 
 
 def _channels_last_nchw(layout, array):

@@ -28,6 +28,8 @@ FORWARD_ERRORS = [
     ("x integer dtype", dict(x=X.astype(numpy.int32)), TypeError, r"x: expected dtype float16, float32, float64, bfloat16, got int32"),
     ("x wrong rank", dict(x=X[0]), ValueError, r"x: expected a 4-D array \(N, C, H, W\), got shape \(3, 8, 8\)"),
     ("x non-contiguous", dict(x=X[:, :, :, ::2]), ValueError, r"x: expected a C-contiguous array, got strides"),
+    ("weight non-contiguous", dict(weight=numpy.zeros((3, 1, 3, 6), numpy.float32)[..., ::2]), ValueError, r"weight: expected a C-contiguous array, got strides"),
+    ("bias non-contiguous", dict(bias=numpy.zeros(6, numpy.float32)[::2]), ValueError, r"bias: expected a C-contiguous array, got strides"),
     ("weight wrong rank", dict(weight=W[0]), ValueError, r"weight: expected a 4-D array \(C\*M, 1, KH, KW\), got shape \(1, 3, 3\)"),
     ("weight dtype differs", dict(weight=W.astype(numpy.float64)), TypeError, r"weight: expected dtype float32 \(the dtype of x\), got float64"),
     ("weight channel count", dict(weight=numpy.zeros((4, 1, 3, 3), numpy.float32)), ValueError, r"weight: expected shape \(C\*M, 1, KH, KW\) with C = 3 .* got \(4, 1, 3, 3\)"),
@@ -45,6 +47,8 @@ FORWARD_ERRORS = [
     ("padding triple", dict(padding=(1, 2, 3)), TypeError, r"padding: expected an int, \(pad_h, pad_w\), \(\(top, bottom\), \(left, right\)\), 'same' or 'valid', got \(1, 2, 3\)"),
     ("padding unknown string", dict(padding="full"), ValueError, r"padding: expected an int, a pair, 'same' or 'valid', got 'full'"),
     ("padding same with stride", dict(padding="same", stride=2), ValueError, r"padding: 'same' needs stride 1, got stride \(2, 2\)"),
+    ("no channels", dict(x=numpy.zeros((2, 0, 8, 8), numpy.float32), weight=numpy.zeros((0, 1, 3, 3), numpy.float32)), ValueError, r"x: expected at least one channel \(C >= 1\), got NCHW \(2, 0, 8, 8\)"),
+    ("output plane too large", dict(padding=2**30), ValueError, r"padding, stride, dilation: expected an output plane of fewer than 2\*\*30 elements, got 2147483654 x 2147483654 \(from a 8 x 8 plane of x\)"),
     ("output size <= 0", dict(weight=numpy.zeros((3, 1, 11, 3), numpy.float32)), ValueError, r"x: the output size would be 0x8: the padded input \(10x10\) must be at least as large as the dilated filter \(11x3\)"),
     ("bias shape", dict(bias=numpy.zeros(4, numpy.float32)), ValueError, r"bias: expected shape \(3,\) \(C\*M,\), got \(4,\)"),
     ("bias dtype", dict(bias=numpy.zeros(3, numpy.float16)), TypeError, r"bias: expected dtype float32 \(the dtype of x\), got float16"),
@@ -66,8 +70,14 @@ BACKWARD_ERRORS = [
     ("grad_out shape (input)", lambda: host.depthwise_conv2d_backward_input(DY[:, :, :7].copy(), W, X.shape, padding=1), ValueError, r"grad_out: expected shape \(2, 3, 8, 8\) \(the forward output shape\), got \(2, 3, 7, 8\)"),
     ("grad_out dtype (input)", lambda: host.depthwise_conv2d_backward_input(DY, W.astype(numpy.float16), X.shape, padding=1), TypeError, r"weight: expected dtype float32 \(the dtype of grad_out\), got float16"),
     ("weight_shape rank", lambda: host.depthwise_conv2d_backward_weight(DY, X, (3, 1, 3), padding=1), TypeError, r"weight_shape: expected a tuple of 4 ints, got \(3, 1, 3\)"),
+    ("weight_shape second dim", lambda: host.depthwise_conv2d_backward_weight(DY, X, (3, 2, 3, 3), padding=1), ValueError, r"weight_shape: expected shape \(C\*M, 1, KH, KW\) with C = 3 .* got \(3, 2, 3, 3\)"),
+    ("weight_shape empty filter", lambda: host.depthwise_conv2d_backward_weight(DY, X, (3, 1, 0, 3), padding=1), ValueError, r"weight_shape: expected a filter of at least 1x1, got \(3, 1, 0, 3\)"),
     ("grad_out shape (weight)", lambda: host.depthwise_conv2d_backward_weight(DY, X, (3, 1, 5, 5), padding=1), ValueError, r"grad_out: expected shape \(2, 3, 6, 6\) \(the forward output shape\), got \(2, 3, 8, 8\)"),
     ("x dtype (weight)", lambda: host.depthwise_conv2d_backward_weight(DY, X.astype(numpy.float64), W.shape, padding=1), TypeError, r"x: expected dtype float32 \(the dtype of grad_out\), got float64"),
+    ("grad_out non-contiguous (input)", lambda: host.depthwise_conv2d_backward_input(numpy.zeros((2, 3, 8, 16), numpy.float32)[..., ::2], W, X.shape, padding=1), ValueError, r"grad_out: expected a C-contiguous array, got strides"),
+    ("weight non-contiguous (input)", lambda: host.depthwise_conv2d_backward_input(DY, numpy.zeros((3, 1, 3, 6), numpy.float32)[..., ::2], X.shape, padding=1), ValueError, r"weight: expected a C-contiguous array, got strides"),
+    ("grad_out non-contiguous (weight)", lambda: host.depthwise_conv2d_backward_weight(numpy.zeros((2, 3, 8, 16), numpy.float32)[..., ::2], X, W.shape, padding=1), ValueError, r"grad_out: expected a C-contiguous array, got strides"),
+    ("x non-contiguous (weight)", lambda: host.depthwise_conv2d_backward_weight(DY, X[:, :, :, ::2], W.shape, padding=1), ValueError, r"x: expected a C-contiguous array, got strides"),
 ]
 
 
@@ -230,7 +240,7 @@ NHWC_ERRORS = [
     ("x in NCHW order (weight)",
      lambda: depthwise.check_backward_weight_args(DYN, _z(2, 3, 8, 6), WN.shape, 1, 1, 1, "NHWC", None, numpy.ndarray),
      lambda: reference.depthwise_conv2d_backward_weight(DYN, _z(2, 3, 8, 6), WN.shape, **NHWC),
-     ValueError, r"weight: expected shape \(C\*M, 1, KH, KW\) with C = 6 \(channels of x, NHWC \(2, 3, 8, 6\)\)"),
+     ValueError, r"weight_shape: expected shape \(C\*M, 1, KH, KW\) with C = 6 \(channels of x, NHWC \(2, 3, 8, 6\)\)"),
     ("layout string (weight)",
      lambda: depthwise.check_backward_weight_args(DYN, XN, WN.shape, 1, 1, 1, 0, None, numpy.ndarray),
      lambda: reference.depthwise_conv2d_backward_weight(DYN, XN, WN.shape, padding=1, layout=0),
@@ -352,6 +362,59 @@ def test_gpu_op_rejects_out_overlapping_an_input():
         cupy_dwgn.depthwise_conv2d(x, w, padding=1, out=x)
     with pytest.raises(ValueError, match=r"out: expected memory separate from grad_out"):
         cupy_dwgn.depthwise_conv2d_backward_input(x, w, x.shape, padding=1, out=x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "valid, invalid, pattern",
+    [
+        (dict(padding=1), dict(padding=1.0), r"padding: expected an int"),
+        (dict(padding=1), dict(padding=True), r"padding: expected an int"),
+        (dict(stride=(1, 1)), dict(stride=(True, 1.0)), r"stride: expected an int or a pair of ints"),
+        (dict(dilation=1), dict(dilation=1.0), r"dilation: expected an int or a pair of ints"),
+        (dict(padding=((1, 1), (1, 1))), dict(padding=((1.0, 1), (1, 1))), r"padding: expected an int"),
+    ],
+    ids=["padding-float", "padding-bool", "stride-tuple", "dilation-float", "padding-pairs"],
+)
+def test_a_remembered_signature_does_not_admit_equal_invalid_arguments(valid, invalid, pattern):
+    # 1 == 1.0 == True and (1, 1) == (True, 1.0): the signature cache keys
+    # the arguments' types too, so a call that a fresh process rejects is
+    # rejected after a valid call of equal values as well.
+    import cupy
+
+    import cupy_dwgn
+
+    x = cupy.zeros((2, 3, 8, 8), cupy.float32)
+    w = cupy.asarray(W)
+    dy = cupy_dwgn.depthwise_conv2d(x, w, **valid)
+    for _ in range(2):
+        cupy_dwgn.depthwise_conv2d(x, w, **valid)
+        cupy_dwgn.depthwise_conv2d_backward_input(dy, w, x.shape, **valid)
+        cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, w.shape, **valid)
+    with pytest.raises(TypeError, match=pattern):
+        cupy_dwgn.depthwise_conv2d(x, w, **invalid)
+    with pytest.raises(TypeError, match=pattern):
+        cupy_dwgn.depthwise_conv2d_backward_input(dy, w, x.shape, **invalid)
+    with pytest.raises(TypeError, match=pattern):
+        cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, w.shape, **invalid)
+
+
+@pytest.mark.gpu
+def test_a_remembered_signature_does_not_admit_a_shape_of_equal_invalid_values():
+    import cupy
+
+    import cupy_dwgn
+
+    x = cupy.zeros((2, 3, 8, 8), cupy.float32)
+    w = cupy.asarray(W)
+    dy = cupy_dwgn.depthwise_conv2d(x, w, padding=1)
+    for _ in range(2):
+        cupy_dwgn.depthwise_conv2d_backward_input(dy, w, (2, 3, 8, 8), padding=1)
+        cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (3, 1, 3, 3), padding=1)
+    with pytest.raises(TypeError, match=r"input_shape: expected a tuple of 4 ints, got \(2, 3, 8.0, 8\)"):
+        cupy_dwgn.depthwise_conv2d_backward_input(dy, w, (2, 3, 8.0, 8), padding=1)
+    with pytest.raises(TypeError, match=r"weight_shape: expected a tuple of 4 ints, got \(3, True, 3, 3\)"):
+        cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (3, True, 3, 3), padding=1)
 
 
 @pytest.mark.gpu

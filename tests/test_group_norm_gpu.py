@@ -714,12 +714,20 @@ def test_zero_size():
         dx, dw, db = gn.group_norm_backward(x, x, mean, rstd, 4, cupy.ones(8, F32), cupy.zeros(8, F32))
         assert dx.shape == shape
         assert (dw == 0).all() and (db == 0).all() and dw.shape == (8,)
+        # Given outputs (poisoned) are written: the gradients of no samples are zero.
+        dw, db = poisoned((8,), F32), poisoned((8,), F32)
+        gn.group_norm_backward(x, x, mean, rstd, 4, cupy.ones(8, F32), cupy.zeros(8, F32), grad_weight_out=dw,
+                               grad_bias_out=db)
+        assert (dw == 0).all() and (db == 0).all()
     # S == 0: y is empty, the statistics of nothing are NaN, gradients zero.
     x = cupy.empty((2, 0, 3, 8), F16)
     y, mean, rstd = gn.group_norm(x, 2, return_stats=True)
     assert y.shape == x.shape and mean.shape == (2, 2) and bool(cupy.isnan(mean).all())
     dx, dw, db = gn.group_norm_backward(x, x, mean, rstd, 2, cupy.ones(8, F16))
     assert dx.shape == x.shape and db is None and (dw == 0).all()
+    dw = poisoned((8,), F16)
+    gn.group_norm_backward(x, x, mean, rstd, 2, cupy.ones(8, F16), grad_weight_out=dw)
+    assert (dw == 0).all()
 
 
 def test_host_wrappers_round_trip_numpy(rng):

@@ -71,6 +71,25 @@ def test_unsupported_dtype():
         fwd(z((1, 4), numpy.int32))
 
 
+def _strided(shape, dtype=F32):
+    """A non-contiguous array of ``shape`` (every other element of a row twice as long)."""
+    return numpy.zeros(shape[:-1] + (2 * shape[-1],), dtype)[..., ::2]
+
+
+@pytest.mark.parametrize("name", ["grad_out", "weight", "bias", "mean", "rstd"])
+def test_every_array_argument_must_be_contiguous(name):
+    # DESIGN.md: non-contiguous inputs are rejected (the op never copies
+    # behind the caller's back); each array argument by its own name.
+    shapes = dict(grad_out=(2, 6, 4), x=(2, 6, 4), mean=(2, 2), rstd=(2, 2), weight=(4,), bias=(4,))
+    args = {key: z(shape) for key, shape in shapes.items()}
+    args[name] = _strided(shapes[name])
+    with pytest.raises(ValueError, match=f"{name}: expected a C-contiguous array"):
+        bwd(args["grad_out"], args["x"], args["mean"], args["rstd"], 2, args["weight"], args["bias"])
+    if name in ("weight", "bias"):
+        with pytest.raises(ValueError, match=f"{name}: expected a C-contiguous array"):
+            fwd(args["x"], 2, args["weight"], args["bias"])
+
+
 def test_non_contiguous():
     x = z((2, 3, 8))[:, :, ::2]
     with pytest.raises(ValueError, match="x: expected a C-contiguous array"):
