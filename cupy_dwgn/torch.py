@@ -69,7 +69,7 @@ import numpy
 from torch import nn
 from torch.nn import functional as F
 
-from . import _interop, _validate, reference as _reference
+from . import _checks, _interop, _validate, reference as _reference
 
 __all__ = [
     "DepthwiseConv2d",
@@ -1012,11 +1012,20 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, activation="iden
     _check_activation(activation)
     if not isinstance(num_groups, numbers.Integral) or isinstance(num_groups, bool):
         raise TypeError(f"num_groups: expected an int, got {type(num_groups).__name__}")
-    if num_groups <= 0 or x.dim() < 2 or x.shape[1] % num_groups != 0:
+    if x.dim() < 2:
+        raise ValueError(f"x: expected an (N, C, *spatial) tensor, got shape {tuple(x.shape)}")
+    if num_groups <= 0 or x.shape[1] % num_groups != 0:
         raise ValueError(
             f"num_groups: expected a positive divisor of C (dim 1 of x, shape {tuple(x.shape)}), got {num_groups}"
         )
+    # The core's eps check on every path (contiguous NCHW goes to PyTorch, which takes eps = 0 or a str).
+    _checks._check_eps(eps, _eps_dtype(x.dtype))
     return _group_norm(x, int(num_groups), weight, bias, float(eps), activation)
+
+
+def _eps_dtype(dtype):
+    """The dtype whose statistics eps is checked in (cupy_dwgn._checks._check_eps) for a torch dtype."""
+    return numpy.float64 if dtype == torch.float64 else numpy.float32
 
 
 # ---------------------------------------------------------------------------
@@ -1052,8 +1061,11 @@ class DepthwiseConv2d(nn.Conv2d):
         kernel_size = _int_pair("kernel_size", kernel_size, 1)
         stride = _int_pair("stride", stride, 1)
         dilation = _int_pair("dilation", dilation, 1)
-        if type(depth_multiplier) is not int or depth_multiplier < 1:
+        if not isinstance(depth_multiplier, numbers.Integral) or isinstance(depth_multiplier, bool):
+            raise TypeError(f"depth_multiplier: expected an int, got {type(depth_multiplier).__name__}")
+        if depth_multiplier < 1:
             raise ValueError(f"depth_multiplier: expected an int >= 1, got {depth_multiplier!r}")
+        depth_multiplier = int(depth_multiplier)
         pads = _explicit_padding(padding, kernel_size, stride, dilation)
         symmetric = isinstance(padding, str) or (pads[0] == pads[1] and pads[2] == pads[3])
         super().__init__(
@@ -1135,6 +1147,7 @@ class GroupNorm(nn.GroupNorm):
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, activation="identity",
                  device=None, dtype=None):
         _check_activation(activation)
+        _checks._check_eps(eps, _eps_dtype(dtype))
         super().__init__(num_groups, num_channels, eps=eps, affine=affine, device=device, dtype=dtype)
         self.activation = activation
 

@@ -386,6 +386,34 @@ def test_group_norm_bad_num_groups():
         dwt.group_norm(torch.zeros(2, 6), 2.0)
 
 
+def test_group_norm_rejects_x_below_2_dims_by_name():
+    with pytest.raises(ValueError, match=r"x: expected an \(N, C, \*spatial\) tensor, got shape \(6,\)"):
+        dwt.group_norm(torch.zeros(6), 2)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, CL], ids=["nchw", "channels_last"])
+def test_group_norm_checks_eps_in_every_memory_format(memory_format):
+    # Contiguous NCHW runs PyTorch's group_norm, which would take eps = 0 or
+    # a str; the bridge checks eps as the core does, whatever the format.
+    x = torch.zeros(2, 4, 3, 3).to(memory_format=memory_format)
+    for eps in (0.0, -1e-5, float("nan"), 1e-40):
+        with pytest.raises(ValueError, match="eps: expected a finite value"):
+            dwt.group_norm(x, 2, eps=eps)
+    for eps in ("1e-5", True, None):
+        with pytest.raises(TypeError, match="eps: expected a float"):
+            dwt.group_norm(x, 2, eps=eps)
+    with pytest.raises(ValueError, match="eps: expected a finite value"):
+        dwt.GroupNorm(2, 4, eps=0.0)
+
+
+def test_depthwise_module_takes_a_numpy_int_multiplier():
+    assert dwt.DepthwiseConv2d(4, 3, depth_multiplier=numpy.int64(2)).out_channels == 8
+    with pytest.raises(TypeError, match="depth_multiplier: expected an int, got float"):
+        dwt.DepthwiseConv2d(4, 3, depth_multiplier=2.0)
+    with pytest.raises(ValueError, match="depth_multiplier: expected an int >= 1, got 0"):
+        dwt.DepthwiseConv2d(4, 3, depth_multiplier=0)
+
+
 def test_group_norm_bad_activation():
     with pytest.raises(ValueError, match="activation"):
         dwt.group_norm(torch.zeros(2, 4), 2, activation="tanh")
