@@ -565,7 +565,15 @@ def _types(argument):
     kind = type(argument)
     if kind is not tuple:
         return kind
-    kinds = tuple(map(type, argument))
+    size = len(argument)
+    if size == 2:  # the usual pair and shape, without map's overhead
+        first, second = argument
+        kinds = (type(first), type(second))
+    elif size == 4:
+        first, second, third, fourth = argument
+        kinds = (type(first), type(second), type(third), type(fourth))
+    else:
+        kinds = tuple(map(type, argument))
     return kinds if tuple not in kinds else tuple(map(_types, argument))
 
 
@@ -574,8 +582,10 @@ def _key(op, first, second, third, out, stride, padding, dilation, layout):
     arrays, ``third`` the bias's signature (forward) or the shape argument
     (backward)."""
     signature = _interop.signature
+    # Plain ints (the usual arguments) skip the call to _types.
     return (op, signature(first), signature(second), third, signature(out), stride, padding, dilation, layout,
-            _types(stride), _types(padding), _types(dilation), _types(third))
+            int if type(stride) is int else _types(stride), int if type(padding) is int else _types(padding),
+            int if type(dilation) is int else _types(dilation), None if op == "fwd" else _types(third))
 
 
 def _channels_last_nchw(layout, array):
