@@ -74,23 +74,82 @@ def _padded_extent(g):
     return rows, columns
 
 
-def _pad(x, g):
-    """x (N, C, H, W) inside a zero (N, C, rows, columns) float64 array."""
-    out = numpy.zeros(x.shape[:2] + _padded_extent(g))
-    out[:, :, g.pad_top : g.pad_top + g.height, g.pad_left : g.pad_left + g.width] = x
+#: The references keep the whole padded plane unless it holds more than this
+#: many times the rows (columns) the taps read; then only those: a valid call
+#: with padding and dilation of 60000 on an 8x8 input (an 8x8 output) would
+#: otherwise ask for a 120008 x 120008 plane (107 GiB).
+_FRAME_SLACK = 16
+
+
+class _Axis:
+    """One axis (rows or columns) of the padded frame the references compute
+    in: ``kept`` padded coordinates (all of the extent, or the sorted ones a
+    tap reads), where input index i sits (padded coordinate pad + i), and per
+    filter tap the frame positions its outputs read (a slice, or an index
+    array on a compressed frame)."""
+
+    def __init__(self, extent, pad, size, out_size, filter_size, stride, dilation):
+        reads = (dilation * numpy.arange(filter_size)[:, None] + stride * numpy.arange(out_size)[None, :])
+        self.whole = extent <= _FRAME_SLACK * max(1, reads.size)
+        self.kept = numpy.arange(extent) if self.whole else numpy.unique(reads)
+        source = self.kept - pad
+        inside = (source >= 0) & (source < size)
+        self.positions, self.sources = numpy.nonzero(inside)[0], source[inside]  # frame position, input index
+        self.pad, self.size = pad, size
+        self.taps = [
+            slice(dilation * k, dilation * k + stride * (out_size - 1) + 1, stride) if self.whole
+            else numpy.searchsorted(self.kept, reads[k])
+            for k in range(filter_size)
+        ]
+
+    def input_part(self):
+        """The frame positions holding the input, and the input indices there."""
+        if self.whole:
+            return slice(self.pad, self.pad + self.size), slice(None)
+        return self.positions, self.sources
+
+
+def _frame(g):
+    """The (rows, columns) _Axis pair of ``g``'s padded frame."""
+    rows, columns = _padded_extent(g)
+    return (_Axis(rows, g.pad_top, g.height, g.out_height, g.filter_height, g.stride_h, g.dilation_h),
+            _Axis(columns, g.pad_left, g.width, g.out_width, g.filter_width, g.stride_w, g.dilation_w))
+
+
+def _grid(rows, cols):
+    """``rows`` and ``cols`` (slices or index arrays) as one 2-D index."""
+    if isinstance(rows, slice) or isinstance(cols, slice):
+        return rows, cols
+    return rows[:, None], cols[None, :]
+
+
+def _pad(x, g, frame):
+    """x (N, C, H, W) inside a zero (N, C, rows, columns) float64 frame."""
+    row_axis, col_axis = frame
+    out = numpy.zeros(x.shape[:2] + (len(row_axis.kept), len(col_axis.kept)))
+    (row_at, row_from), (col_at, col_from) = row_axis.input_part(), col_axis.input_part()
+    out[(slice(None), slice(None)) + _grid(row_at, col_at)] = x[(slice(None), slice(None)) + _grid(row_from, col_from)]
     return out
 
 
-def _taps(g):
-    """For every filter tap (kh, kw): (kh, kw, rows, cols), the slices of the
-    padded input that tap reads for the whole (OH, OW) output."""
+def _unpad(framed, g, frame):
+    """The input's part of an (N, C, rows, columns) frame, as (N, C, H, W)."""
+    row_axis, col_axis = frame
+    (row_at, row_from), (col_at, col_from) = row_axis.input_part(), col_axis.input_part()
+    if row_axis.whole and col_axis.whole:
+        return framed[:, :, row_at, col_at]
+    out = numpy.zeros(framed.shape[:2] + (g.height, g.width))
+    out[(slice(None), slice(None)) + _grid(row_from, col_from)] = framed[(slice(None), slice(None)) + _grid(row_at, col_at)]
+    return out
+
+
+def _taps(g, frame):
+    """For every filter tap (kh, kw): (kh, kw, index), the index of the frame's
+    last two axes that tap reads for the whole (OH, OW) output."""
+    row_axis, col_axis = frame
     for kh in range(g.filter_height):
-        h0 = kh * g.dilation_h
-        rows = slice(h0, h0 + g.stride_h * (g.out_height - 1) + 1, g.stride_h)
         for kw in range(g.filter_width):
-            w0 = kw * g.dilation_w
-            cols = slice(w0, w0 + g.stride_w * (g.out_width - 1) + 1, g.stride_w)
-            yield kh, kw, rows, cols
+            yield kh, kw, _grid(row_axis.taps[kh], col_axis.taps[kw])
 
 
 def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, layout="NCHW"):
@@ -111,11 +170,12 @@ def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, l
         >>> y = reference.depthwise_conv2d(x, w, b, stride=2, padding=1)
     """
     g = _checks.check_depthwise_forward(x, weight, bias, stride, padding, dilation, layout, None, _NDARRAY)
-    xp = _pad(_to_nchw(_f64(x), layout), g)[:, :, None]  # (N, C, 1, rows, columns)
+    frame = _frame(g)
+    xp = _pad(_to_nchw(_f64(x), layout), g, frame)[:, :, None]  # (N, C, 1, rows, columns)
     w = _f64(weight).reshape(g.channels, g.multiplier, g.filter_height, g.filter_width)
     y = numpy.zeros((g.batch, g.channels, g.multiplier, g.out_height, g.out_width))
     product = numpy.empty_like(y)
-    for kh, kw, rows, cols in _taps(g):
+    for kh, kw, (rows, cols) in _taps(g, frame):
         numpy.multiply(xp[:, :, :, rows, cols], w[:, :, kh, kw, None, None], out=product)
         y += product
     y = y.reshape(g.batch, g.channels * g.multiplier, g.out_height, g.out_width)
@@ -145,18 +205,19 @@ def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, 
     )
     dy = _to_nchw(_f64(grad_out), layout).reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
     w = _f64(weight).reshape(g.channels, g.multiplier, g.filter_height, g.filter_width)
-    dxp = numpy.zeros((g.batch, g.channels) + _padded_extent(g))
+    frame = _frame(g)
+    dxp = numpy.zeros((g.batch, g.channels, len(frame[0].kept), len(frame[1].kept)))
+    # One tap's (row, column) positions are distinct, so += adds every product.
     if g.multiplier == 1:
         dy = dy[:, :, 0]
         product = numpy.empty_like(dy)
-        for kh, kw, rows, cols in _taps(g):
+        for kh, kw, (rows, cols) in _taps(g, frame):
             numpy.multiply(dy, w[:, 0, kh, kw, None, None], out=product)
             dxp[:, :, rows, cols] += product
     else:
-        for kh, kw, rows, cols in _taps(g):
+        for kh, kw, (rows, cols) in _taps(g, frame):
             dxp[:, :, rows, cols] += numpy.einsum("ncmhw,cm->nchw", dy, w[:, :, kh, kw])
-    dx = dxp[:, :, g.pad_top : g.pad_top + g.height, g.pad_left : g.pad_left + g.width]
-    return _from_nchw(dx, layout)
+    return _from_nchw(_unpad(dxp, g, frame), layout)
 
 
 def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, padding=0, dilation=1, layout="NCHW"):
@@ -180,11 +241,12 @@ def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, pad
         grad_out, x, weight_shape, stride, padding, dilation, layout, None, _NDARRAY
     )
     dy = _to_nchw(_f64(grad_out), layout).reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
-    xp = _pad(_to_nchw(_f64(x), layout), g)
+    frame = _frame(g)
+    xp = _pad(_to_nchw(_f64(x), layout), g, frame)
     # (C, M, N*OH*OW) x (C, N*OH*OW) per tap: one batched matrix-vector product.
     dy = numpy.ascontiguousarray(dy.transpose(1, 2, 0, 3, 4)).reshape(g.channels, g.multiplier, -1)
     dw = numpy.zeros((g.channels, g.multiplier, g.filter_height, g.filter_width))
-    for kh, kw, rows, cols in _taps(g):
+    for kh, kw, (rows, cols) in _taps(g, frame):
         window = numpy.ascontiguousarray(xp[:, :, rows, cols].transpose(1, 0, 2, 3)).reshape(g.channels, -1, 1)
         dw[:, :, kh, kw] = numpy.matmul(dy, window)[:, :, 0]
     return dw.reshape(tuple(int(s) for s in weight_shape))

@@ -96,6 +96,66 @@ def test_backward_weight_elementwise_against_a_direct_loop(rng):
                 assert dw[c, 0, kh, kw] == pytest.approx(want, rel=1e-12)
 
 
+# Valid calls whose padded plane is mostly never read (padding and dilation far
+# larger than the input): the references keep only the rows / columns the taps
+# read (reference._FRAME_SLACK), so these run in O(output) memory; the whole
+# padded plane of the first would be 120008 x 120008 (107 GiB).
+SPARSE_CASES = [
+    # x shape, weight shape, stride, padding, dilation
+    ((1, 2, 8, 8), (2, 1, 3, 3), 1, 60000, 60000),  # rows and columns compressed
+    ((1, 2, 4, 5), (4, 1, 3, 3), 1, ((1000, 1000), (1, 1)), (1000, 1)),  # rows only, M = 2
+    ((1, 1, 5, 5), (1, 1, 2, 2), (3, 1), ((4000, 0), (0, 0)), (3995, 1)),  # stride 3 on a compressed axis
+    ((2, 1, 3, 6), (1, 1, 2, 2), (1, 2), ((0, 0), (900, 0)), (1, 895)),  # columns only, asymmetric
+]
+
+
+def _direct(x, weight, stride, padding, dilation):
+    """The three passes from their definitions, a loop over outputs and taps
+    reading only in-range input positions (never a padded plane)."""
+    from cupy_dwgn import _validate
+
+    g = _validate.conv_geometry(x.shape, weight.shape, stride, padding, dilation)
+    y = numpy.zeros((g.batch, g.channels * g.multiplier, g.out_height, g.out_width))
+    taps = []  # (oc, kh, kw, oh, ow, h, w) of every product that reads the input
+    for oc in range(g.channels * g.multiplier):
+        for kh in range(g.filter_height):
+            for kw in range(g.filter_width):
+                for oh in range(g.out_height):
+                    h = oh * g.stride_h - g.pad_top + kh * g.dilation_h
+                    for ow in range(g.out_width):
+                        w = ow * g.stride_w - g.pad_left + kw * g.dilation_w
+                        if 0 <= h < g.height and 0 <= w < g.width:
+                            taps.append((oc, kh, kw, oh, ow, h, w))
+    return g, taps
+
+
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=str)
+def test_sparse_padding_matches_the_definition_in_output_memory(case, rng):
+    x_shape, w_shape, stride, padding, dilation = case
+    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    x = rng.standard_normal(x_shape)
+    weight = rng.standard_normal(w_shape)
+    g, taps = _direct(x, weight, stride, padding, dilation)
+    assert taps, case  # some products read the input
+    y = numpy.zeros((g.batch, g.channels * g.multiplier, g.out_height, g.out_width))
+    grad_out = rng.standard_normal(y.shape)
+    dx, dw = numpy.zeros(x.shape), numpy.zeros(w_shape)
+    for oc, kh, kw_, oh, ow, h, w in taps:
+        c = oc // g.multiplier
+        y[:, oc, oh, ow] += x[:, c, h, w] * weight[oc, 0, kh, kw_]
+        dx[:, c, h, w] += grad_out[:, oc, oh, ow] * weight[oc, 0, kh, kw_]
+        dw[oc, 0, kh, kw_] += numpy.sum(grad_out[:, oc, oh, ow] * x[:, c, h, w])
+    numpy.testing.assert_allclose(reference.depthwise_conv2d(x, weight, **kw), y, rtol=1e-13, atol=1e-13)
+    numpy.testing.assert_allclose(reference.depthwise_conv2d_backward_input(grad_out, weight, x_shape, **kw), dx,
+                                  rtol=1e-13, atol=1e-13)
+    numpy.testing.assert_allclose(reference.depthwise_conv2d_backward_weight(grad_out, x, w_shape, **kw), dw,
+                                  rtol=1e-13, atol=1e-13)
+    # NHWC: the same numbers, transposed.
+    nhwc = dict(kw, layout="NHWC")
+    got = reference.depthwise_conv2d(x.transpose(0, 2, 3, 1).copy(), weight, **nhwc)
+    numpy.testing.assert_allclose(got, y.transpose(0, 2, 3, 1), rtol=1e-13, atol=1e-13)
+
+
 # --- channels-last (NHWC) ----------------------------------------------------
 
 NHWC_CASES = CASES + [
