@@ -45,16 +45,20 @@ def test_forward_matches_scipy_correlate2d(case, rng):
     numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+def _problem(case, rng):
+    """(x_shape, w_shape, the geometry keywords, x, weight) of a CASES row, random float64 arrays."""
+    x_shape, w_shape, stride, padding, dilation = case
+    return x_shape, w_shape, dict(stride=stride, padding=padding, dilation=dilation), rng.standard_normal(
+        x_shape), rng.standard_normal(w_shape)
+
+
 def _finite_difference(f, a, direction, h=1e-6):
     return (f(a + h * direction) - f(a - h * direction)) / (2 * h)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_backward_input_matches_finite_differences(case, rng):
-    x_shape, w_shape, stride, padding, dilation = case
-    kw = dict(stride=stride, padding=padding, dilation=dilation)
-    x = rng.standard_normal(x_shape)
-    weight = rng.standard_normal(w_shape)
+    x_shape, w_shape, kw, x, weight = _problem(case, rng)
     grad_out = rng.standard_normal(reference.depthwise_conv2d(x, weight, **kw).shape)
     dx = reference.depthwise_conv2d_backward_input(grad_out, weight, x_shape, **kw)
     for _ in range(3):
@@ -67,10 +71,7 @@ def test_backward_input_matches_finite_differences(case, rng):
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_backward_weight_matches_finite_differences(case, rng):
-    x_shape, w_shape, stride, padding, dilation = case
-    kw = dict(stride=stride, padding=padding, dilation=dilation)
-    x = rng.standard_normal(x_shape)
-    weight = rng.standard_normal(w_shape)
+    x_shape, w_shape, kw, x, weight = _problem(case, rng)
     grad_out = rng.standard_normal(reference.depthwise_conv2d(x, weight, **kw).shape)
     dw = reference.depthwise_conv2d_backward_weight(grad_out, x, w_shape, **kw)
     for _ in range(3):
@@ -109,7 +110,7 @@ SPARSE_CASES = [
 ]
 
 
-def _direct(x, weight, stride, padding, dilation):
+def _direct(x, weight, *, stride, padding, dilation):
     """The three passes from their definitions, a loop over outputs and taps
     reading only in-range input positions (never a padded plane)."""
     from cupy_dwgn import _validate
@@ -131,11 +132,8 @@ def _direct(x, weight, stride, padding, dilation):
 
 @pytest.mark.parametrize("case", SPARSE_CASES, ids=str)
 def test_sparse_padding_matches_the_definition_in_output_memory(case, rng):
-    x_shape, w_shape, stride, padding, dilation = case
-    kw = dict(stride=stride, padding=padding, dilation=dilation)
-    x = rng.standard_normal(x_shape)
-    weight = rng.standard_normal(w_shape)
-    g, taps = _direct(x, weight, stride, padding, dilation)
+    x_shape, w_shape, kw, x, weight = _problem(case, rng)
+    g, taps = _direct(x, weight, **kw)
     assert taps, case  # some products read the input
     y = numpy.zeros((g.batch, g.channels * g.multiplier, g.out_height, g.out_width))
     grad_out = rng.standard_normal(y.shape)
@@ -178,10 +176,7 @@ def _nhwc_shape(shape):
 
 @pytest.mark.parametrize("case", NHWC_CASES, ids=str)
 def test_nhwc_reference_is_the_nchw_reference_transposed(case, rng):
-    x_shape, w_shape, stride, padding, dilation = case
-    kw = dict(stride=stride, padding=padding, dilation=dilation)
-    x = rng.standard_normal(x_shape)
-    weight = rng.standard_normal(w_shape)
+    x_shape, w_shape, kw, x, weight = _problem(case, rng)
     bias = rng.standard_normal(w_shape[0])
     y = reference.depthwise_conv2d(x, weight, bias, **kw)
     y_nhwc = reference.depthwise_conv2d(_nhwc(x), weight, bias, layout="NHWC", **kw)
