@@ -83,30 +83,28 @@ _FRAME_SLACK = 16
 
 class _Axis:
     """One axis (rows or columns) of the padded frame the references compute
-    in: ``kept`` padded coordinates (all of the extent, or the sorted ones a
-    tap reads), where input index i sits (padded coordinate pad + i), and per
-    filter tap the frame positions its outputs read (a slice, or an index
+    in: its ``length`` (all of the padded extent, or the sorted coordinates
+    the taps read), ``input_part`` (the frame positions holding the input and
+    the input indices there; input index i is padded coordinate pad + i), and
+    per filter tap the frame positions its outputs read (a slice, or an index
     array on a compressed frame)."""
 
     def __init__(self, extent, pad, size, out_size, filter_size, stride, dilation):
         reads = (dilation * numpy.arange(filter_size)[:, None] + stride * numpy.arange(out_size)[None, :])
         self.whole = extent <= _FRAME_SLACK * max(1, reads.size)
-        self.kept = numpy.arange(extent) if self.whole else numpy.unique(reads)
-        source = self.kept - pad
-        inside = (source >= 0) & (source < size)
-        self.positions, self.sources = numpy.nonzero(inside)[0], source[inside]  # frame position, input index
-        self.pad, self.size = pad, size
-        self.taps = [
-            slice(dilation * k, dilation * k + stride * (out_size - 1) + 1, stride) if self.whole
-            else numpy.searchsorted(self.kept, reads[k])
-            for k in range(filter_size)
-        ]
-
-    def input_part(self):
-        """The frame positions holding the input, and the input indices there."""
+        self.size = size
         if self.whole:
-            return slice(self.pad, self.pad + self.size), slice(None)
-        return self.positions, self.sources
+            self.length = extent
+            self.input_part = slice(pad, pad + size), slice(None)
+            self.taps = [slice(dilation * k, dilation * k + stride * (out_size - 1) + 1, stride)
+                         for k in range(filter_size)]
+        else:
+            kept = numpy.unique(reads)
+            source = kept - pad
+            inside = (source >= 0) & (source < size)
+            self.length = len(kept)
+            self.input_part = numpy.nonzero(inside)[0], source[inside]  # frame positions, input indices there
+            self.taps = [numpy.searchsorted(kept, reads[k]) for k in range(filter_size)]
 
 
 def _frame(g):
@@ -123,23 +121,25 @@ def _grid(rows, cols):
     return rows[:, None], cols[None, :]
 
 
-def _pad(x, g, frame):
+def _pad(x, frame):
     """x (N, C, H, W) inside a zero (N, C, rows, columns) float64 frame."""
     row_axis, col_axis = frame
-    out = numpy.zeros(x.shape[:2] + (len(row_axis.kept), len(col_axis.kept)))
-    (row_at, row_from), (col_at, col_from) = row_axis.input_part(), col_axis.input_part()
-    out[(slice(None), slice(None)) + _grid(row_at, col_at)] = x[(slice(None), slice(None)) + _grid(row_from, col_from)]
+    out = numpy.zeros(x.shape[:2] + (row_axis.length, col_axis.length))
+    (row_at, row_from), (col_at, col_from) = row_axis.input_part, col_axis.input_part
+    rows, cols = _grid(row_at, col_at)
+    out[:, :, rows, cols] = x[(slice(None), slice(None)) + _grid(row_from, col_from)]
     return out
 
 
-def _unpad(framed, g, frame):
+def _unpad(framed, frame):
     """The input's part of an (N, C, rows, columns) frame, as (N, C, H, W)."""
     row_axis, col_axis = frame
-    (row_at, row_from), (col_at, col_from) = row_axis.input_part(), col_axis.input_part()
+    (row_at, row_from), (col_at, col_from) = row_axis.input_part, col_axis.input_part
+    rows, cols = _grid(row_at, col_at)
     if row_axis.whole and col_axis.whole:
-        return framed[:, :, row_at, col_at]
-    out = numpy.zeros(framed.shape[:2] + (g.height, g.width))
-    out[(slice(None), slice(None)) + _grid(row_from, col_from)] = framed[(slice(None), slice(None)) + _grid(row_at, col_at)]
+        return framed[:, :, rows, cols]
+    out = numpy.zeros(framed.shape[:2] + (row_axis.size, col_axis.size))
+    out[(slice(None), slice(None)) + _grid(row_from, col_from)] = framed[:, :, rows, cols]
     return out
 
 
@@ -171,7 +171,7 @@ def depthwise_conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, l
     """
     g = _checks.check_depthwise_forward(x, weight, bias, stride, padding, dilation, layout, None, _NDARRAY)
     frame = _frame(g)
-    xp = _pad(_to_nchw(_f64(x), layout), g, frame)[:, :, None]  # (N, C, 1, rows, columns)
+    xp = _pad(_to_nchw(_f64(x), layout), frame)[:, :, None]  # (N, C, 1, rows, columns)
     w = _f64(weight).reshape(g.channels, g.multiplier, g.filter_height, g.filter_width)
     y = numpy.zeros((g.batch, g.channels, g.multiplier, g.out_height, g.out_width))
     product = numpy.empty_like(y)
@@ -206,7 +206,7 @@ def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, 
     dy = _to_nchw(_f64(grad_out), layout).reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
     w = _f64(weight).reshape(g.channels, g.multiplier, g.filter_height, g.filter_width)
     frame = _frame(g)
-    dxp = numpy.zeros((g.batch, g.channels, len(frame[0].kept), len(frame[1].kept)))
+    dxp = numpy.zeros((g.batch, g.channels, frame[0].length, frame[1].length))
     # One tap's (row, column) positions are distinct, so += adds every product.
     if g.multiplier == 1:
         dy = dy[:, :, 0]
@@ -217,7 +217,7 @@ def depthwise_conv2d_backward_input(grad_out, weight, input_shape, *, stride=1, 
     else:
         for kh, kw, (rows, cols) in _taps(g, frame):
             dxp[:, :, rows, cols] += numpy.einsum("ncmhw,cm->nchw", dy, w[:, :, kh, kw])
-    return _from_nchw(_unpad(dxp, g, frame), layout)
+    return _from_nchw(_unpad(dxp, frame), layout)
 
 
 def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, padding=0, dilation=1, layout="NCHW"):
@@ -242,7 +242,7 @@ def depthwise_conv2d_backward_weight(grad_out, x, weight_shape, *, stride=1, pad
     )
     dy = _to_nchw(_f64(grad_out), layout).reshape(g.batch, g.channels, g.multiplier, g.out_height, g.out_width)
     frame = _frame(g)
-    xp = _pad(_to_nchw(_f64(x), layout), g, frame)
+    xp = _pad(_to_nchw(_f64(x), layout), frame)
     # (C, M, N*OH*OW) x (C, N*OH*OW) per tap: one batched matrix-vector product.
     dy = numpy.ascontiguousarray(dy.transpose(1, 2, 0, 3, 4)).reshape(g.channels, g.multiplier, -1)
     dw = numpy.zeros((g.channels, g.multiplier, g.filter_height, g.filter_width))
