@@ -107,6 +107,30 @@ def unit_splits(units, grid_x, workers, target_blocks, min_units_per_worker):
     return splits, per_split
 
 
+class _ThreadContext(threading.local):
+    ready = False  # whether make_context_current ran on this thread
+
+
+_THREAD = _ThreadContext()
+
+
+def make_context_current(device):
+    """Make ``device``'s primary CUDA context current on the calling thread
+    when none is.  Driver calls (module loads, function attributes, the
+    occupancy query, launches on the legacy default stream) act on the
+    thread's current context, and a thread whose CUDA runtime was never used
+    has none although cudaGetDevice reports device 0: PyTorch's autograd
+    worker, which runs every backward, is such a thread (seen: a backward's
+    first launch failed with CUDA_ERROR_INVALID_CONTEXT in the occupancy
+    query).  cudaSetDevice makes the primary context current (CUDA 12 and
+    later); Triton's launcher retains and sets it the same way."""
+    if _driver is None:
+        _import_cuda()
+    if _driver.ctxGetCurrent() == 0:
+        _runtime.setDevice(device)
+    _THREAD.ready = True
+
+
 def opt_in_shared(kernel, shared_mem):
     """Let ``kernel`` (a cupy.RawKernel, on the current device) launch with
     ``shared_mem`` bytes of dynamic shared memory.  Past 48 KB of static plus
@@ -177,6 +201,7 @@ class Launch:
         compiled or loaded on first use)."""
         address = self._kernels.get(device)
         if address is None:
+            make_context_current(device)
             kernel = _compile.get_kernel(self.file, self.expression)
             opt_in_shared(kernel, self.shared_mem)
             if self.cluster > 8:
@@ -323,6 +348,8 @@ class Steps:
         """Launch every step on ``device`` (the current device's id) and the
         current CuPy stream with ``addresses``: the call's arguments (ints;
         NULL for an absent array); the temporaries' follow them."""
+        if not _THREAD.ready:
+            make_context_current(device)
         stream = _cupy.cuda.get_current_stream().ptr
         bound_device, bound_stream, generation, temporaries, calls = self._bound
         if bound_device != device or bound_stream != stream or generation != _workspace.generation:
@@ -405,6 +432,7 @@ def cooperative_capacity(device, kernel, block, shared_mem):
     key = (device, kernel, tuple(block), shared_mem)
     capacity = _CAPACITY.get(key)
     if capacity is None:
+        make_context_current(device)
         threads = block[0] * block[1] * block[2]
         per_sm = _driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel, threads, shared_mem)
         sms = _runtime.deviceGetAttribute(_runtime.cudaDevAttrMultiProcessorCount, device)

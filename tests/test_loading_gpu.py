@@ -36,3 +36,56 @@ def test_ops_run_on_the_device_of_their_inputs(rng):
     assert y.device.id == 1 and g.device.id == 1
     assert relative_error(y, reference.depthwise_conv2d(x_host, w_host, padding=1)) <= 1e-5
     assert relative_error(g, reference.group_norm(h_host, 2, activation="silu")) <= 2e-3
+
+
+# A fresh process (so no kernel is loaded and no occupancy cached) whose
+# worker thread, with no CUDA context current (never used the runtime), runs
+# the ops first: every output given, so nothing allocates (an allocation
+# would make the context current on its own).  PyTorch's autograd runs each
+# backward in such a thread.
+_NO_CONTEXT_THREAD = """
+import json, threading, numpy, cupy, cupy_dwgn
+from cupy_backends.cuda.api import driver
+from cupy_dwgn import reference
+rng = numpy.random.default_rng(7)
+x = rng.standard_normal((3, 8, 33, 30)).astype(numpy.float32)
+w = rng.standard_normal((8, 1, 3, 3)).astype(numpy.float32)
+h = (rng.standard_normal((2, 16, 16, 64)) + 2).astype(numpy.float16)
+arrays = [cupy.asarray(a) for a in (x, w, h)]
+outputs = [cupy.full(s, numpy.nan, d) for s, d in (
+    (x.shape, numpy.float32), (h.shape, numpy.float16), ((2, 8), numpy.float32), ((2, 8), numpy.float32))]
+cupy.cuda.Device().synchronize()
+found = {}
+def work():
+    try:
+        found["context"] = driver.ctxGetCurrent()
+        dx, y, mean, rstd = outputs
+        cupy_dwgn.group_norm(arrays[2], 8, out=y, mean_out=mean, rstd_out=rstd)
+        cupy_dwgn.depthwise_conv2d_backward_input(arrays[0], arrays[1], x.shape, padding=1, out=dx)
+        cupy.cuda.get_current_stream().synchronize()
+    except Exception as error:
+        found["error"] = repr(error)
+thread = threading.Thread(target=work)
+thread.start(); thread.join()
+dx, y, mean, rstd = (o.get() for o in outputs)
+found["dx"] = float(numpy.abs(dx - reference.depthwise_conv2d_backward_input(x, w, x.shape, padding=1)).max())
+ref_y, ref_mean, ref_rstd = reference.group_norm(h, 8, return_stats=True)
+found["y"] = float(numpy.abs(y - ref_y).max() / numpy.abs(ref_y).max())
+found["mean"] = float(numpy.abs(mean - ref_mean).max())
+print(json.dumps(found))
+"""
+
+
+def test_first_calls_in_a_thread_with_no_cuda_context():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-c", _NO_CONTEXT_THREAD], capture_output=True, text=True, timeout=300, env=environment)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["context"] == 0, "the premise: a new thread has no current context"
+    assert "error" not in found, found["error"]
+    assert found["dx"] <= 1e-4 and found["y"] <= 2e-3 and found["mean"] <= 1e-4, found

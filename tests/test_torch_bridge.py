@@ -768,6 +768,56 @@ def _gpu_dw_case(rng, case, dtype, channels_last):
     return x, w, b, geo
 
 
+# A fresh process (no kernel loaded, no occupancy cached): forward on the main
+# thread, backward in PyTorch's autograd worker thread, whose CUDA context is
+# not current when the first backward node (ours) runs there.  Seen failing
+# (CUDA_ERROR_INVALID_CONTEXT from the occupancy query) whenever a backward
+# kernel's first use in the process was in that thread.
+_FIRST_BACKWARD_IN_AUTOGRAD_THREAD = """
+import json, torch, cupy_dwgn.torch as dwt
+from torch.nn import functional as F
+torch.manual_seed(0)
+def rel_error(got, ref):
+    got = got.detach().cpu().double()
+    return float((got - ref).norm() / ref.norm())
+x, w = torch.randn(3, 8, 33, 30, dtype=torch.float64), torch.randn(8, 1, 3, 3, dtype=torch.float64)
+h = torch.randn(2, 64, 16, 16, dtype=torch.float64).to(memory_format=torch.channels_last) + 2
+found = {}
+leaves = [t.float().cuda().requires_grad_() for t in (x, w)]
+y = dwt.depthwise_conv2d(*leaves, padding=1)
+grad_y = torch.randn(y.shape, dtype=torch.float64)
+y.backward(grad_y.float().cuda())
+reference = [t.clone().requires_grad_() for t in (x, w)]
+F.conv2d(*reference, padding=1, groups=8).backward(grad_y)
+found["dx"], found["dw"] = (rel_error(a.grad, b.grad) for a, b in zip(leaves, reference))
+leaf = h.float().cuda().requires_grad_()
+g = dwt.group_norm(leaf, 8)
+grad_g = torch.randn(g.shape, dtype=torch.float64)
+g.backward(grad_g.float().cuda().contiguous(memory_format=torch.channels_last))
+reference = h.clone().requires_grad_()
+F.group_norm(reference, 8).backward(grad_g)
+found["gn_dx"] = rel_error(leaf.grad, reference.grad)
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.gpu
+def test_first_backward_in_the_autograd_thread():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run(
+        [sys.executable, "-c", _FIRST_BACKWARD_IN_AUTOGRAD_THREAD],
+        capture_output=True, text=True, timeout=300, env=environment,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert max(found.values()) <= 1e-5, found
+
+
 @pytest.mark.gpu
 def test_cuda_views_are_zero_copy():
     import cupy
