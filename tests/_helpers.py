@@ -1,5 +1,10 @@
 """Comparison helpers shared by the GPU tests."""
 
+import json
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy
 
@@ -52,3 +57,15 @@ def record_errors(table, row, errors):
     for column, error in errors.items():
         key = (table, row, column)
         WORST_ERRORS[key] = max(WORST_ERRORS.get(key, 0.0), error)
+
+
+def run_in_fresh_process(code, timeout=300):
+    """Run ``code`` in a new Python process (no kernel loaded, nothing
+    cached) that imports this checkout's cupy_dwgn; returns the JSON its last
+    stdout line prints."""
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=dict(os.environ, PYTHONPATH=path)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])

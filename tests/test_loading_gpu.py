@@ -6,7 +6,7 @@ import pytest
 from cupy_dwgn import _compile, reference
 from cupy_dwgn.errors import KernelCompileError
 
-from _helpers import random, relative_error
+from _helpers import random, relative_error, run_in_fresh_process
 
 cupy = pytest.importorskip("cupy")
 import cupy_dwgn  # noqa: E402
@@ -77,15 +77,7 @@ print(json.dumps(found))
 
 
 def test_first_calls_in_a_thread_with_no_cuda_context():
-    import json
-    import os
-    import subprocess
-    import sys
-
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-c", _NO_CONTEXT_THREAD], capture_output=True, text=True, timeout=300, env=environment)
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = run_in_fresh_process(_NO_CONTEXT_THREAD)
     assert found["context"] == 0, "the premise: a new thread has no current context"
     assert "error" not in found, found["error"]
     assert found["dx"] <= 1e-4 and found["y"] <= 2e-3 and found["mean"] <= 1e-4, found

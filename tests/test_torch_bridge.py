@@ -803,18 +803,9 @@ print(json.dumps(found))
 
 @pytest.mark.gpu
 def test_first_backward_in_the_autograd_thread():
-    import json
-    import os
-    import subprocess
-    import sys
+    from _helpers import run_in_fresh_process
 
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run(
-        [sys.executable, "-c", _FIRST_BACKWARD_IN_AUTOGRAD_THREAD],
-        capture_output=True, text=True, timeout=300, env=environment,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = run_in_fresh_process(_FIRST_BACKWARD_IN_AUTOGRAD_THREAD)
     assert max(found.values()) <= 1e-5, found
 
 
