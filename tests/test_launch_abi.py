@@ -168,6 +168,7 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
         launchKernel=lambda kernel, *dims_stream_params_extra: received.append((kernel, dims_stream_params_extra[8])),
         launchCooperativeKernel=lambda kernel, *dims_stream_params: received.append((kernel, dims_stream_params[8])),
         occupancyMaxActiveBlocksPerMultiprocessor=lambda kernel, threads, shared: 2,
+        ctxGetCurrent=lambda: 0xC0,  # a context is current
     )
     runtime = types.SimpleNamespace(getDevice=lambda: 0, deviceGetAttribute=lambda attribute, device: 132,
                                     cudaDevAttrMultiProcessorCount=16)
@@ -178,6 +179,7 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
     )
     monkeypatch.setattr(_launch, "_driver", driver)
     monkeypatch.setattr(_launch, "_runtime", runtime)
+    monkeypatch.setattr(_launch, "_THREAD", _launch._ThreadContext())
     monkeypatch.setattr(_launch, "_cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: stream)))
     monkeypatch.setattr(_launch, "_workspace", workspace)
     monkeypatch.setattr(_launch.Launch, "kernel", lambda self, device: id(self))
@@ -246,7 +248,8 @@ def test_steps_rebind_on_a_new_device_stream_or_workspace_buffer(monkeypatch):
         received.append((kernel, stream, tuple(ctypes.c_uint64.from_address(e).value for e in entries)))
 
     streams = {"now": types.SimpleNamespace(ptr=0)}
-    monkeypatch.setattr(_launch, "_driver", types.SimpleNamespace(launchKernel=launch_kernel))
+    monkeypatch.setattr(_launch, "_driver", types.SimpleNamespace(launchKernel=launch_kernel, ctxGetCurrent=lambda: 0xC0))
+    monkeypatch.setattr(_launch, "_THREAD", _launch._ThreadContext())
     monkeypatch.setattr(_launch, "_cupy", types.SimpleNamespace(
         cuda=types.SimpleNamespace(get_current_stream=lambda: streams["now"])))
     monkeypatch.setattr(_launch.Launch, "kernel", lambda self, device: 1000 + device)
@@ -296,6 +299,49 @@ def test_steps_rebind_on_a_new_device_stream_or_workspace_buffer(monkeypatch):
     # Every buffer made had its grid-barrier word zeroed, once.
     made = [b.data.ptr for b in _workspace._BUFFERS.values()]
     assert set(made) <= set(cleared) and len(cleared) == len(set(cleared)) == 6
+
+
+def test_a_thread_with_no_current_context_gets_its_devices_primary_context(monkeypatch):
+    # The driver's current context is per thread; a thread that never used
+    # the CUDA runtime has none (PyTorch's autograd worker).  Steps.run makes
+    # the device's primary context current (cudaSetDevice) once per thread,
+    # before any driver call, and only where none is current.
+    import threading
+
+    contexts = threading.local()  # this fake driver's current context, per thread
+    events = []
+
+    def set_device(device):
+        events.append(("setDevice", device))
+        contexts.current = 0xC0 + device
+
+    def launch_kernel(kernel, *dims_stream_params_extra):
+        events.append(("launch", getattr(contexts, "current", 0)))
+
+    monkeypatch.setattr(_launch, "_driver", types.SimpleNamespace(
+        launchKernel=launch_kernel, ctxGetCurrent=lambda: getattr(contexts, "current", 0)))
+    monkeypatch.setattr(_launch, "_runtime", types.SimpleNamespace(setDevice=set_device))
+    monkeypatch.setattr(_launch, "_cupy", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0))))
+    monkeypatch.setattr(_launch, "_THREAD", _launch._ThreadContext())
+    monkeypatch.setattr(_launch.Launch, "kernel", lambda self, device: 1000 + device)
+    steps = _launch.Steps(((_launch.Launch("f.cu", "k", (1,), (32,)), (0,)),), ())
+
+    def in_a_new_thread(function):
+        thread = threading.Thread(target=function)
+        thread.start()
+        thread.join()
+
+    in_a_new_thread(lambda: [steps.run(1, (0xA000,)) for _ in range(3)])
+    assert events == [("setDevice", 1)] + [("launch", 0xC1)] * 3
+    events.clear()
+
+    def with_a_context_current():
+        contexts.current = 0xE0  # e.g. the thread used the runtime before
+        steps.run(0, (0xA000,))
+
+    in_a_new_thread(with_a_context_current)
+    assert events == [("launch", 0xE0)]
 
 
 def test_workspace_layout_keeps_the_grid_barrier_word_apart():
