@@ -81,3 +81,37 @@ def test_first_calls_in_a_thread_with_no_cuda_context():
     assert found["context"] == 0, "the premise: a new thread has no current context"
     assert "error" not in found, found["error"]
     assert found["dx"] <= 1e-4 and found["y"] <= 2e-3 and found["mean"] <= 1e-4, found
+
+
+# The failure seen through PyTorch, reduced: a kernel loaded on the main
+# thread, then its occupancy first queried from a thread with no current
+# context (old code: CUDA_ERROR_INVALID_CONTEXT).
+_OCCUPANCY_IN_A_NEW_THREAD = """
+import json, os, tempfile, threading
+folder = tempfile.mkdtemp()
+open(os.path.join(folder, "dwgn_common.cuh"), "w").write("#pragma once\\n")
+open(os.path.join(folder, "one.cu"), "w").write("template <typename T> __global__ void k(T* p) { p[threadIdx.x] = T(1); }\\n")
+os.environ["CUPY_DWGN_KERNEL_DIR"] = folder
+from cupy_backends.cuda.api import driver
+from cupy_dwgn import _launch
+_launch.cooperative_supported()
+launch = _launch.Launch("one.cu", "k<float>", (1,), (128,), persistent=True)
+launch.kernel(0)
+found = {}
+def work():
+    try:
+        found["context"] = driver.ctxGetCurrent()
+        found["capacity"] = _launch.cooperative_capacity(0, launch.kernel(0), launch.block, launch.shared_mem)
+    except Exception as error:
+        found["error"] = repr(error)
+thread = threading.Thread(target=work)
+thread.start(); thread.join()
+print(json.dumps(found))
+"""
+
+
+def test_occupancy_first_queried_in_a_thread_with_no_cuda_context():
+    found = run_in_fresh_process(_OCCUPANCY_IN_A_NEW_THREAD)
+    assert found["context"] == 0, "the premise: a new thread has no current context"
+    assert "error" not in found, found["error"]
+    assert found["capacity"] >= 1
