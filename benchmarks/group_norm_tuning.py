@@ -5,12 +5,13 @@ as benchmarks/group_norm.py measures it) of SD-size and large shapes, SiLU,
 G = 32, one column per setting.  The figures behind the constants'
 comments come from it.
 
-    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward | --shipped | --paths | --cluster | --cluster-backward] [NxHxWxC:dtype ...]   # about 30 s on an H200
+    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward | --shipped | --paths | --cluster | --cluster-backward | --programmatic] [NxHxWxC:dtype ...]   # about 30 s on an H200
 
 --paths compares the paths: "auto" (the shipped rule), "cluster" (the
 cluster forward wherever it serves the shape), "fused" (the two launches),
 "onepass" and "resident" (the opt-in one-launch kernels; resident also at 64
-and 32 blocks).
+and 32 blocks).  --programmatic compares "auto" and "fused" with and without
+the programmatic dependent launch of the second kernel (_launch.PROGRAMMATIC).
 """
 
 import sys
@@ -19,6 +20,7 @@ import torch
 
 import group_norm as bench
 from cupy_dwgn import _group_norm as gn
+from cupy_dwgn import _launch
 from harness import run_facts
 
 KNOBS = ("_MIN_ROWS_PER_CHUNK", "_MIN_ROWS_PER_HALF_CHUNK", "_MIN_ROWS_PER_LONG_CHUNK", "_TARGET_BLOCKS", "_MAX_COLUMNS", "_GROUPED_BYTES",
@@ -49,9 +51,20 @@ PATHS = [("auto", {}, "auto"), ("cluster", {}, "cluster"), ("fused", {}, "fused"
          ("cluster, bwd 256 threads", dict(_CLUSTER_BWD_BLOCK=256, _CLUSTER_BWD_WIDE_BLOCK=256), "cluster"),
          ("resident", {}, "resident"),
          ("resident 64", dict(_RESIDENT_BLOCKS=64), "resident"), ("resident 32", dict(_RESIDENT_BLOCKS=32), "resident")]
+# "PROGRAMMATIC" stands for _launch.PROGRAMMATIC (shipped: on) among the knobs
+PROGRAMMATIC = [("auto", {}, "auto"), ("auto, no PDL", dict(PROGRAMMATIC=False), "auto"), ("fused", {}, "fused"),
+                ("fused, no PDL", dict(PROGRAMMATIC=False), "fused"), ("auto", {}, "auto")]
 CASES = [((2, 64, 64, 320), "float16"), ((2, 64, 64, 320), "float32"), ((2, 32, 32, 640), "float16"), ((2, 32, 32, 640), "float32"),
          ((2, 16, 16, 1280), "float16"), ((8, 8, 8, 1280), "float32"), ((1, 128, 128, 128), "float16"), ((1, 128, 128, 128), "float32"),
          ((8, 128, 128, 320), "float16"), ((1, 512, 512, 128), "float16"), ((4, 64, 64, 2560), "float32"), ((1, 256, 256, 256), "float32")]
+
+
+SHIPPED_PROGRAMMATIC = _launch.PROGRAMMATIC
+
+
+def set_programmatic(on):
+    _launch.PROGRAMMATIC = on
+    _launch._PROGRAMMATIC_DEVICES.clear()
 
 
 def clear():
@@ -68,6 +81,7 @@ def main():
     # --small: "auto", "small", "cluster", "fused"; --torch adds PyTorch's best format (GPU time, forward and
     # forward+backward) to each line
     settings = (SETTINGS[:1] if "--shipped" in sys.argv[1:] else PATHS if "--paths" in sys.argv[1:]
+                else PROGRAMMATIC if "--programmatic" in sys.argv[1:]
                 else [p for p in PATHS if p[0] in ("auto", "small", "cluster", "fused")] if "--small" in sys.argv[1:]
                 else PATHS[:6] if "--cluster" in sys.argv[1:]
                 else PATHS[:3] + [p for p in PATHS if p[0].startswith("cluster, bwd")]
@@ -80,6 +94,7 @@ def main():
         sweep(shape, dtype, backward, settings, "--torch" in sys.argv[1:])
     for k, v in DEFAULT.items():
         setattr(gn, k, v)
+    set_programmatic(SHIPPED_PROGRAMMATIC)
     gn.FORWARD_PATH = gn.BACKWARD_PATH = "auto"
     clear()
 
@@ -88,6 +103,8 @@ def sweep(shape, dtype, backward, settings, with_torch=False):
     case = bench.Case(torch, shape, dtype, "silu")
     cells = []
     for name, knobs, path in settings:
+        knobs = dict(knobs)
+        set_programmatic(knobs.pop("PROGRAMMATIC", SHIPPED_PROGRAMMATIC))
         for k, v in {**DEFAULT, **knobs}.items():
             setattr(gn, k, v)
         gn.FORWARD_PATH = gn.BACKWARD_PATH = path

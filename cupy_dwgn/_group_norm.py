@@ -738,6 +738,7 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
         _launch.Launch(
             KERNEL_FILE, name(_APPLY, t, _ACT_CODE[activation], vec, index),
             _launch.grid_1d(int(num_vectors)), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
+            programmatic=fused,  # placed while the statistics kernel finalizes
         ),
         # Forward summaries are double whatever x is: the sums keep the mean exact.
         (((batch, num_chunks, 2, groups if grouped else channels), numpy.dtype(numpy.float64)),
@@ -901,6 +902,7 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
         _launch.Launch(
             KERNEL_FILE, name(_BWD_DX, t, act, vec, index),
             _launch.grid_1d(int(num_vectors)), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
+            programmatic=fused,  # placed while the reduce kernel finalizes
         ),
         (((batch, num_chunks, 2, channels), acc_dtype), ((batch, 5, channels), acc_dtype)),
     )

@@ -1,6 +1,7 @@
 """Launch helpers shared by the ops: grid sizes, index type, typed scalars."""
 
 import ctypes
+import os
 import struct
 import threading
 
@@ -156,11 +157,11 @@ class Launch:
 
     __slots__ = (
         "file", "expression", "grid", "block", "shared_mem", "scalars", "cooperative", "persistent", "whole_grid",
-        "cluster", "_kernels", "_scalar_storage",
+        "cluster", "programmatic", "_kernels", "_scalar_storage",
     )
 
     def __init__(self, file, expression, grid, block, shared_mem=0, scalars=(), cooperative=False, persistent=False,
-                 whole_grid=False, cluster=1):
+                 whole_grid=False, cluster=1, programmatic=False):
         self.file = file
         self.expression = expression
         self.grid = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
@@ -189,6 +190,16 @@ class Launch:
         self.cluster = int(cluster)
         if self.grid[0] % self.cluster:
             raise ValueError(f"{expression}: grid {self.grid} is not a multiple of the cluster size {self.cluster}")
+        # Launched as the secondary of a programmatic dependent launch
+        # (cuLaunchKernelEx, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        # where the device and PROGRAMMATIC allow it (programmatic_on): its
+        # blocks may be placed while the stream's previous kernel finishes
+        # (once that one's blocks called dwgn::allow_dependent_grid), so the
+        # kernel must call dwgn::wait_for_prior_grid before it touches memory
+        # that kernel writes.  Not with a cooperative launch.
+        self.programmatic = bool(programmatic)
+        if self.programmatic and self.cooperative:
+            raise ValueError(f"{expression}: a programmatic launch cannot also be cooperative")
         if (self.cooperative or self.persistent) and self.grid[1:] != (1, 1):
             raise ValueError(f"{expression}: a cooperative or persistent launch takes a 1-D grid, got {self.grid}")
         self._kernels = {}  # device id -> kernel address
@@ -317,6 +328,12 @@ class Steps:
             if calls is None:
                 calls = self._calls[device] = tuple(
                     (
+                        _launch_programmatic,
+                        (launch.kernel(device), launch.grid_on(device), launch.block, launch.shared_mem),
+                        (ctypes.addressof(params),),
+                    )
+                    if launch.programmatic and programmatic_on(device) else
+                    (
                         _driver.launchCooperativeKernel if launch.cooperative else _driver.launchKernel,
                         (launch.kernel(device), *launch.grid_on(device), *launch.block, launch.shared_mem),
                         (ctypes.addressof(params),) if launch.cooperative else (ctypes.addressof(params), 0),
@@ -335,7 +352,8 @@ class Steps:
             generation = _workspace.generation
             temporaries = tuple(_workspace.addresses_on(device, stream, self.workspace)) if self.temporaries else ()
             calls = tuple(
-                (driver_call, before + (stream,) + after)
+                _programmatic_call(stream, *before, *after) if driver_call is _launch_programmatic
+                else (driver_call, before + (stream,) + after)
                 for driver_call, before, after in self._calls_on(device, count)
             )
             if len(self._bindings) >= _MAX_BINDINGS:  # streams made and dropped in a loop
@@ -444,6 +462,77 @@ def cooperative_capacity(device, kernel, block, shared_mem):
             )
         _CAPACITY[key] = capacity
     return capacity
+
+
+# Programmatic dependent launch (sm_90+): cuLaunchKernelEx through ctypes
+# (CuPy 14 exposes cuLaunchKernel and cuLaunchCooperativeKernel only), with
+# the structures of cuda.h (CUDA 12.0+).
+#: Whether ``Launch(programmatic=True)`` launches programmatically where the
+#: device allows it (compute capability 9+, a driver with cuLaunchKernelEx).
+#: Read when a Steps first binds a device and stream; the environment
+#: variable DWGN_PROGRAMMATIC_LAUNCH=0 turns it off (benchmarks compare both).
+PROGRAMMATIC = os.environ.get("DWGN_PROGRAMMATIC_LAUNCH", "1") != "0"
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        ("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+        ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+        ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+        ("attributes", ctypes.POINTER(_LaunchAttribute)), ("num_attributes", ctypes.c_uint),
+    ]
+
+
+_launch_kernel_ex = None  # cuLaunchKernelEx, or False where the driver has none
+_PROGRAMMATIC_DEVICES = {}  # device -> whether its launches may be programmatic
+
+
+def _driver_launch_kernel_ex():
+    """libcuda's cuLaunchKernelEx as a ctypes function, or False."""
+    global _launch_kernel_ex
+    if _launch_kernel_ex is None:
+        try:
+            library = ctypes.CDLL("nvcuda.dll" if os.name == "nt" else "libcuda.so.1")
+            function = library.cuLaunchKernelEx
+        except (OSError, AttributeError):
+            _launch_kernel_ex = False
+        else:
+            function.argtypes = (ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+            function.restype = ctypes.c_int
+            _launch_kernel_ex = function
+    return _launch_kernel_ex
+
+
+def programmatic_on(device):
+    """Whether programmatic launches run as such on ``device`` (the current
+    one): PROGRAMMATIC, compute capability 9+ and cuLaunchKernelEx in the
+    driver; else they are ordinary launches (cached per device)."""
+    on = _PROGRAMMATIC_DEVICES.get(device)
+    if on is None:
+        on = _PROGRAMMATIC_DEVICES[device] = bool(
+            PROGRAMMATIC and compute_capability_major(device) >= 9 and _driver_launch_kernel_ex()
+        )
+    return on
+
+
+def _launch_programmatic(config, kernel, params):
+    """One cuLaunchKernelEx; raises CUDADriverError as CuPy's launches do."""
+    status = _launch_kernel_ex(config, kernel, params, None)
+    if status:
+        raise _driver.CUDADriverError(status)
+
+
+def _programmatic_call(stream, kernel, grid, block, shared_mem, params):
+    """``(call, arguments)`` of a programmatic launch on ``stream``: its
+    CUlaunchConfig names the stream, so a binding (Steps._bind) holds one."""
+    attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+    config = _LaunchConfig(*grid, *block, shared_mem, stream, ctypes.pointer(attribute), 1)  # holds the attribute
+    return _launch_programmatic, (config, kernel, params)
 
 
 def run(steps, arguments):

@@ -116,6 +116,27 @@ __device__ __forceinline__ void grid_barrier(unsigned int* barrier) {
   __syncthreads();  // the whole block waits for thread 0
 }
 
+// Programmatic dependent launch (sm_90; cupy_dwgn/_launch.py launches a
+// kernel so where its Launch is `programmatic`): the next kernel of the
+// stream may start once every block of this one has called
+// allow_dependent_grid (or exited), and it calls wait_for_prior_grid before
+// its first access to memory that this kernel writes (or reads, where the
+// next one writes it): that returns once this grid has completed and its
+// writes are visible.  The point is the gap between two dependent launches:
+// the next grid's blocks are launched and placed while this one finishes.
+// Without the launch attribute both are no-ops (the stream order holds as
+// ever); below sm_90 they compile to nothing.
+__device__ __forceinline__ void allow_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
 // The order of additions is fixed, so the result is deterministic.
 template <typename Acc>

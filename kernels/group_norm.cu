@@ -815,6 +815,10 @@ __global__ void dwgn_gn_stats(const T* __restrict__ x, double* __restrict__ part
   }
   if (finalize == 0) return;  // grid-uniform
   dwgn::grid_barrier(barrier);
+  // dwgn_gn_fwd_apply (launched programmatically where _group_norm.py says
+  // so) may start placing its blocks while N * G blocks finalize; it waits
+  // for this grid before touching memory.
+  dwgn::allow_dependent_grid();
   const long long groups = static_cast<long long>(N) * G;
   for (long long item = blockIdx.x; item < groups; item += gridDim.x) {
     const int n = static_cast<int>(item / G);
@@ -854,6 +858,7 @@ template <typename T, int ACT, int VEC, typename IndexT>
 __global__ void __launch_bounds__(256) dwgn_gn_fwd_apply(
     const T* x, const typename AccType<T>::type* __restrict__ ws, T* y,
     IndexT num_vectors, int S, int C) {
+  dwgn::wait_for_prior_grid();  // ws (and, in place, x) belong to the statistics kernel until it completes
   gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
     gn::apply_vector<T, ACT, VEC>(x, ws, y, i, n, C, c);
   });
@@ -1173,6 +1178,7 @@ __global__ void __launch_bounds__(256, gn::bwd_min_blocks<T>()) dwgn_gn_bwd_redu
   }
   if (finalize == 0) return;  // grid-uniform
   dwgn::grid_barrier(barrier);
+  dwgn::allow_dependent_grid();  // dwgn_gn_bwd_dx may be placed now (as in dwgn_gn_stats)
   const long long finalize_items = static_cast<long long>(G) * (N + 1LL);
   for (long long item = blockIdx.x; item < finalize_items; item += gridDim.x) {
     const long long y = item / G;
@@ -1205,6 +1211,7 @@ __global__ void dwgn_gn_bwd_dx(
     const T* __restrict__ grad_out, const T* __restrict__ x,
     const typename AccType<T>::type* __restrict__ ws, T* __restrict__ grad_in,
     IndexT num_vectors, int S, int C) {
+  dwgn::wait_for_prior_grid();  // ws is the reduce kernel's until it completes
   gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
     gn::dx_vector<T, ACT, VEC>(grad_out, x, ws, grad_in, i, n, C, c);
   });

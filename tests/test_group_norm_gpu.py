@@ -306,6 +306,69 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
         assert _launch_counts(path) == want[path], path
 
 
+@pytest.mark.parametrize("case", [((2, 64, 64, 320), 32, F16, "silu"), ((2, 31, 29, 99), 33, F32, "identity"),
+                                  ((4, 24, 24, 256), 32, BFLOAT16, "gelu")],
+                         ids=["sd-fp16", "elements-fp32", "bf16"])
+def test_programmatic_launches_match_ordinary_ones(rng, monkeypatch, set_paths, case):
+    # The fused path's second kernels (dwgn_gn_fwd_apply, dwgn_gn_bwd_dx)
+    # are programmatic dependent launches on sm_90 (_launch.PROGRAMMATIC):
+    # placed while the cooperative column kernel finalizes, each waits for
+    # it before touching memory.  Eager and in a captured CUDA graph
+    # replayed on new data, the results are those of ordinary launches bit
+    # for bit, and match the reference.
+    import cupy
+
+    shape, groups, dtype, activation = case
+    set_paths("fused")
+    device = cupy.cuda.Device().id
+    problems = [(random(rng, shape, dtype, offset=3.0), random(rng, shape, dtype)) for _ in range(2)]
+    w, b = cupy.asarray(rng.standard_normal(shape[-1]).astype(F32)), None
+    if dtype == F32:
+        b = cupy.asarray(rng.standard_normal(shape[-1]).astype(F32))
+
+    def run(x, dy):
+        y, mean, rstd = gn.group_norm(x, groups, w, b, activation=activation, return_stats=True)
+        return (y, mean, rstd) + gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation)
+
+    results = {}
+    for programmatic in (False, True):
+        monkeypatch.setattr(_launch, "PROGRAMMATIC", programmatic)
+        monkeypatch.setattr(_launch, "_PROGRAMMATIC_DEVICES", {})
+        gn._SIGNATURES.clear()  # new Steps, bound under this setting
+        assert _launch.programmatic_on(device) == (programmatic and _launch.compute_capability_major(device) >= 9)
+        x, dy = (cupy.asarray(a) for a in problems[0])
+        eager = run(x, dy)
+        assert any(launch.programmatic for entry in gn._SIGNATURES.values() for steps in entry.steps.values()
+                   for launch in steps.launches)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            x, dy = (cupy.asarray(a) for a in problems[0])
+            run(x, dy)  # the workspace is sized on the capturing stream
+            stream.synchronize()
+            stream.begin_capture()
+            captured = run(x, dy)
+            graph = stream.end_capture()
+            x.set(problems[1][0], stream=stream)
+            dy.set(problems[1][1], stream=stream)
+            for array in captured:
+                array.fill(numpy.nan)
+            graph.launch(stream)
+            stream.synchronize()
+        results[programmatic] = (eager, captured)
+    gn._SIGNATURES.clear()
+    # The replayed graph computed the second problem.
+    w_host, b_host = (None if a is None else a.get() for a in (w, b))
+    y, mean, rstd, dx = results[True][1][:4]
+    assert relative_error(y, reference.group_norm(problems[1][0], groups, w_host, b_host,
+                                                  activation=activation)) <= TOLERANCE[dtype]
+    ref_dx = reference.group_norm_backward(problems[1][1], problems[1][0], mean.get(), rstd.get(), groups, w_host,
+                                           b_host, activation=activation)[0]
+    assert relative_error(dx, ref_dx) <= TOLERANCE[dtype]
+    for how in (0, 1):  # eager, graph
+        for name, off, on in zip(("y", "mean", "rstd", "dx", "dw", "db"), results[False][how], results[True][how]):
+            assert (off is None and on is None) or cupy.array_equal(off, on), (("eager", "graph")[how], name)
+
+
 def test_grid_barrier_word_flips_once_per_barrier(rng, set_paths):
     # The cooperative kernels' grid barrier (dwgn::grid_barrier) uses a word
     # at the start of the stream's workspace: each barrier flips its top bit

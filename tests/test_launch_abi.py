@@ -177,12 +177,27 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
     workspace = types.SimpleNamespace(
         addresses_on=lambda device, stream_, layout: [temporary_base + offset for offset in layout[0]], generation=0
     )
+    programmatic = []  # (kernel, the CUlaunchConfig's fields) of each programmatic launch
+
+    def launch_kernel_ex(config, kernel, params, extra):
+        attribute = config.attributes[0]
+        programmatic.append((kernel, (config.grid_x, config.grid_y, config.grid_z), (config.block_x, config.block_y,
+                             config.block_z), config.shared_mem, config.stream or 0, config.num_attributes,
+                             attribute.id, attribute.value, extra))
+        received.append((kernel, params))
+        return 0
+
     monkeypatch.setattr(_launch, "_driver", driver)
     monkeypatch.setattr(_launch, "_runtime", runtime)
     monkeypatch.setattr(_launch, "_THREAD", _launch._ThreadContext())
     monkeypatch.setattr(_launch, "_cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: stream)))
     monkeypatch.setattr(_launch, "_workspace", workspace)
     monkeypatch.setattr(_launch.Launch, "kernel", lambda self, device: id(self))
+    # Programmatic launches (the device answers compute capability 132 >= 9) go to a stand-in cuLaunchKernelEx.
+    monkeypatch.setattr(_launch, "PROGRAMMATIC", True)
+    monkeypatch.setattr(_launch, "_MAJOR", {})
+    monkeypatch.setattr(_launch, "_PROGRAMMATIC_DEVICES", {})
+    monkeypatch.setattr(_launch, "_launch_kernel_ex", launch_kernel_ex)
 
     checked = 0
     _depthwise_nchw_window.plan.cache_clear()
@@ -196,8 +211,14 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
             else numpy.dtype(temporary[1])
             for temporary in steps.temporaries)
         received.clear()
+        programmatic.clear()
         _launch.run(steps, arguments)
         assert len(received) == len(steps.launches)
+        # Each programmatic launch: its grid, block and shared memory, the stream, and the one attribute
+        # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (6) = 1.
+        assert programmatic == [
+            (id(launch), launch.grid_on(0), launch.block, launch.shared_mem, stream.ptr, 1, 6, 1, None)
+            for launch in steps.launches if launch.programmatic]
         for (kernel, params), launch, positions in zip(received, steps.launches, steps.positions):
             assert kernel == id(launch)
             parameters = signatures[launch.file, launch.expression]
@@ -227,6 +248,7 @@ def test_every_launch_passes_its_kernel_the_right_arguments(monkeypatch):
                 checked += 1
     assert checked > 10000
     assert any(launch.cooperative for _, steps in all_steps for launch in steps.launches)  # fused and one-pass kernels
+    assert any(launch.programmatic for _, steps in all_steps for launch in steps.launches)  # fused GroupNorm
     assert any(launch.file == _depthwise_nhwc_window.KERNEL_FILE for _, steps in all_steps for launch in steps.launches)
     # Stride-2 NHWC backward-input (the rule takes the phase kernel there).
     assert any(launch.file == _depthwise_nhwc_phase.KERNEL_FILE for _, steps in all_steps for launch in steps.launches)
