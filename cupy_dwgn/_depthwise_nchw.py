@@ -227,4 +227,5 @@ def finalize_launch(dtype, out_channels, taps, num_splits, channel_stride, split
         KERNEL_FILE, _compile.name_expression(_FINALIZE, _dtypes.ctype(dtype)),
         (max(1, min(groups, _launch.MAX_BLOCKS)),), (32 * warps,), 0,
         (i32(out_channels), i32(taps), i32(num_splits), i64(split_stride), i64(channel_stride), i64(tap_stride)),
+        programmatic=True,  # placed while the weight-gradient kernel runs its last blocks
     )

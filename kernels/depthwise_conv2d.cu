@@ -344,6 +344,7 @@ __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_partial(
     int width, int multiplier, int out_height, int out_width, int filter_height_rt,
     int filter_width_rt, int stride_h, int stride_w, int pad_top, int pad_left,
     int dilation_h, int dilation_w) {
+  dwgn::allow_dependent_grid();  // the finalize (a programmatic launch) may be placed; it waits for this grid
   using Acc = typename AccType<T>::type;
   constexpr int kTaps = TAPS;
   static_assert(KH_ == 0 ? TAPS == 1 : (KH_ * KW_) % TAPS == 0, "TAPS must split the filter");
@@ -424,6 +425,7 @@ __global__ void __launch_bounds__(256) dwgn_dwconv2d_bwd_weight_finalize(
     long long channel_stride, long long tap_stride) {
   using Acc = typename AccType<T>::type;
   __shared__ Acc warp_sums[8][32];  // blockDim.x <= 256 (launch bounds)
+  dwgn::wait_for_prior_grid();  // partial is the weight-gradient kernel's until it completes (programmatic launch)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int total = out_channels * filter_taps;
   const bool lanes_on_channels = channel_stride < tap_stride;  // uniform

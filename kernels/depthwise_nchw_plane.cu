@@ -495,6 +495,7 @@ __global__ void __launch_bounds__(256, dwgn_plane::kWgradMinBlocks<K, STRIDE>) d
     const T* __restrict__ grad_out, const T* __restrict__ x, float* __restrict__ partial, int channels,
     int src_height, int src_width, int dst_height, int dst_width, int pad_top, int pad_left, int planes_per_unit,
     int num_bands, int row_blocks, int col_blocks, int raw_bytes, int grad_offset, int units, int units_per_split) {
+  dwgn::allow_dependent_grid();  // the finalize (a programmatic launch) may be placed; it waits for this grid
   using dwgn_plane::kBuffers;
   constexpr int R = dwgn_plane::kWgradRows<T, K>;
   constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + K;

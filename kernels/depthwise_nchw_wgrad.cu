@@ -172,6 +172,7 @@ __global__ void __launch_bounds__(256, small_min_blocks<T, K>()) dwgn_nchw_wgrad
     int channels, int height, int width, int multiplier, int out_height, int out_width,
     int pad_top, int pad_left, int band_rows, int num_bands, int num_units,
     int units_per_stage, int col_groups, int staged_width, int lanes_log2) {
+  dwgn::allow_dependent_grid();  // the finalize (a programmatic launch) may be placed; it waits for this grid
   using Acc = typename AccType<T>::type;
   constexpr int VW = Vec16<T>::kCount;          // output columns per thread
   constexpr int kWindow = (VW - 1) * S + K;     // input columns they read
@@ -402,6 +403,7 @@ __global__ void __launch_bounds__(512) dwgn_nchw_wgrad_large(
     typename AccType<T>::type* __restrict__ partial, T* __restrict__ grad_weight,
     int batch, int channels, int height, int width, int multiplier, int out_height,
     int out_width, int filter_height, int filter_width, int pad_top, int pad_left) {
+  dwgn::allow_dependent_grid();  // the finalize (a programmatic launch) may be placed; it waits for this grid
   using Acc = typename AccType<T>::type;
   constexpr int kRows = kLargeRows;
   extern __shared__ __align__(16) unsigned char shared_raw[];

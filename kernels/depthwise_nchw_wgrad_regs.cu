@@ -162,6 +162,7 @@ dwgn_nchw_wgrad_regs(const T* __restrict__ grad_out, const T* __restrict__ x, fl
                      int height, int width, int channels, int out_h, int out_w, int pad_top, int pad_left,
                      int row_strip, int row_strips, int segments, int group_lanes, int units,
                      int units_per_split) {
+  dwgn::allow_dependent_grid();  // the finalize (a programmatic launch) may be placed; it waits for this grid
   using namespace dwgn_nchw_regs;
   constexpr int VS = VW * S;            // own x columns per thread
   constexpr int SH = K / 2;             // window column of the first own column

@@ -524,6 +524,7 @@ __global__ void __launch_bounds__(256, 1) dwgn_dwconv_nhwc_bwd_weight(
     int out_channels, int multiplier, int out_h, int out_w, int filter_h_rt, int filter_w_rt,
     int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w,
     int tap_groups, IndexT items, IndexT items_per_block) {
+  dwgn::allow_dependent_grid();  // the finalize (a programmatic launch) may be placed; it waits for this grid
   using Acc = typename AccType<T>::type;
   constexpr bool kSpecialized = KH_ > 0;
   static_assert(kSpecialized || TW == 1, "the generic kernel takes one output per item");
@@ -688,6 +689,7 @@ __global__ void __launch_bounds__(256, 2) dwgn_dwconv_nhwc_bwd_weight_tiled(
     typename AccType<T>::type* __restrict__ partial, int height, int width, int channels,
     int out_h, int out_w, int pad_top, int pad_left, int tile_ow, int tiles_h, int tiles_w,
     int num_tiles, int tiles_per_split) {
+  dwgn::allow_dependent_grid();  // the finalize (a programmatic launch) may be placed; it waits for this grid
   using Acc = typename AccType<T>::type;
   extern __shared__ __align__(16) unsigned char shared_raw[];
   const int cv = blockDim.x;

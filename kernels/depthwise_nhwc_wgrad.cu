@@ -131,6 +131,7 @@ __global__ void __launch_bounds__(dwgn_nhwc_wgrad::kThreads, (dwgn_nhwc_wgrad::m
     const T* __restrict__ grad_out, const T* __restrict__ x, float* __restrict__ partial, int height, int width,
     int channels, int out_h, int out_w, int pad_top, int pad_left, int x_w_limit, int row_strip,
     int row_strips, int col_strips, int units, int units_per_split, int tiles_per_block, int groups) {
+  dwgn::allow_dependent_grid();  // the finalize (a programmatic launch) may be placed; it waits for this grid
   using namespace dwgn_nhwc_wgrad;
   constexpr int CT = kTileBytes / static_cast<int>(sizeof(T));  // channels per tile
   constexpr int L = CT / LC;                                     // lanes per tile

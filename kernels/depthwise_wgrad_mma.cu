@@ -178,6 +178,7 @@ __global__ void __launch_bounds__(dwgn_wgrad_mma::kThreads) dwgn_dwconv_wgrad_mm
     const T* __restrict__ grad_out, const T* __restrict__ x, float* __restrict__ partial, int height, int width,
     int channels, int out_h, int out_w, int pad_top, int pad_left, int images, int images_per_split, int chunks,
     int piece, int stages) {
+  dwgn::allow_dependent_grid();  // the finalize (a programmatic launch) may be placed; it waits for this grid
   using namespace dwgn_wgrad_mma;
   static_assert(K <= 8, "A and B hold at most 8 filter rows and columns");
   extern __shared__ __align__(16) unsigned short shared_u16[];

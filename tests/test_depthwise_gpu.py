@@ -2142,6 +2142,56 @@ def test_seed_bug_weight_gradient_is_bit_identical_run_to_run(filter_size, dtype
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("case", [((16, 24, 40, 40), (3, 3), 1), ((8, 16, 28, 28), (7, 7), 1), ((4, 8, 20, 20), (3, 3), 2),
+                                  ((2, 8, 16, 16), (11, 11), 1)], ids=["3x3", "7x7", "3x3-s2", "11x11"])
+def test_weight_gradient_finalize_as_a_programmatic_launch(case, dtype, layout, rng, monkeypatch):
+    # The split-order finalize after every weight-gradient kernel is a
+    # programmatic dependent launch on sm_90 (_launch.PROGRAMMATIC): placed
+    # while the partial-sum kernel runs, it waits for that grid before reading
+    # the partial sums.  Eager and replayed from a CUDA graph on new data,
+    # the bits are those of ordinary launches.
+    shape, filter_size, stride = case
+    w_shape = (shape[1], 1) + filter_size
+    conv = dict(stride=stride, padding=filter_size[0] // 2, layout=layout)
+    problems = []
+    for _ in range(2):
+        x = random(rng, shape, dtype)
+        dy = random(rng, reference.depthwise_conv2d(x, random(rng, w_shape, dtype), stride=stride,
+                                                    padding=filter_size[0] // 2).shape, dtype)
+        problems.append((_to_layout(x, layout), _to_layout(dy, layout)))
+    device = cupy.cuda.Device().id
+    results = {}
+    for programmatic in (False, True):
+        monkeypatch.setattr(_launch, "PROGRAMMATIC", programmatic)
+        monkeypatch.setattr(_launch, "_PROGRAMMATIC_DEVICES", {})
+        depthwise._SIGNATURES.clear()  # new Steps, bound under this setting
+        assert _launch.programmatic_on(device) == (programmatic and _launch.compute_capability_major(device) >= 9)
+        x, dy = (cupy.asarray(a) for a in problems[0])
+        eager = cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            x, dy = (cupy.asarray(a) for a in problems[0])
+            out = cupy.empty(w_shape, dtype)
+            cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, w_shape, out=out, **conv)  # workspace on this stream
+            stream.synchronize()
+            stream.begin_capture()
+            cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, w_shape, out=out, **conv)
+            graph = stream.end_capture()
+            x.set(problems[1][0], stream=stream)
+            dy.set(problems[1][1], stream=stream)
+            out.fill(numpy.nan)
+            graph.launch(stream)
+            stream.synchronize()
+        results[programmatic] = (eager, out)
+    depthwise._SIGNATURES.clear()
+    ref = reference.depthwise_conv2d_backward_weight(problems[1][1], problems[1][0], w_shape, **conv)
+    assert relative_error(results[True][1], ref) <= TOLERANCE[numpy.dtype(dtype)]
+    for how in (0, 1):
+        assert cupy.array_equal(results[False][how], results[True][how]), ("eager", "graph")[how]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_seed_bug_backward_input_overwrites_instead_of_accumulating(layout, rng):
     # The seed's backward-data kernel did `in_grad[i] += sum`: a caller buffer
     # that was not zeroed leaked into the result.  NaN-poisoned out must not.
