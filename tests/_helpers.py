@@ -52,6 +52,47 @@ def poisoned(shape, dtype):
 WORST_ERRORS = {}
 
 
+def programmatic_settings(monkeypatch, signatures):
+    """False, then True, with cupy_dwgn._launch.PROGRAMMATIC set so for the
+    caller's loop body: the per-device answers and ``signatures`` (an op's
+    call-signature cache, whose Steps bind once) are cleared each time, and
+    programmatic_on agrees (on only on sm_90 and later)."""
+    import cupy
+
+    from cupy_dwgn import _launch
+
+    device = cupy.cuda.Device().id
+    for programmatic in (False, True):
+        monkeypatch.setattr(_launch, "PROGRAMMATIC", programmatic)
+        monkeypatch.setattr(_launch, "_PROGRAMMATIC_DEVICES", {})
+        signatures.clear()
+        assert _launch.programmatic_on(device) == (programmatic and _launch.compute_capability_major(device) >= 9)
+        yield programmatic
+    signatures.clear()
+
+
+def replay_on_new_data(call, inputs, new_inputs, outputs):
+    """Capture ``call()`` (which reads the device arrays ``inputs`` and writes
+    the given ``outputs``) in a CUDA graph on a new stream, after one call
+    there (the workspace is sized on that stream); copy ``new_inputs`` (host
+    arrays) into ``inputs``, poison ``outputs`` with NaN and replay."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        call()
+        stream.synchronize()
+        stream.begin_capture()
+        call()
+        graph = stream.end_capture()
+        for array, value in zip(inputs, new_inputs):
+            array.set(value, stream=stream)
+        for array in outputs:
+            array.fill(numpy.nan)
+        graph.launch(stream)
+        stream.synchronize()
+
+
 def record_errors(table, row, errors):
     """Keep the worst of ``errors`` ({column: relative error}) for ``row``."""
     for column, error in errors.items():

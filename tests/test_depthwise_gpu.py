@@ -11,7 +11,10 @@ from cupy_dwgn import (
     _launch, _validate, depthwise, reference,
 )
 
-from _helpers import DTYPE_IDS, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
+from _helpers import (
+    DTYPE_IDS, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error, programmatic_settings,
+    replay_on_new_data,
+)
 
 cupy = pytest.importorskip("cupy")
 import cupy_dwgn  # noqa: E402
@@ -2160,31 +2163,14 @@ def test_weight_gradient_finalize_as_a_programmatic_launch(case, dtype, layout, 
         dy = random(rng, reference.depthwise_conv2d(x, random(rng, w_shape, dtype), stride=stride,
                                                     padding=filter_size[0] // 2).shape, dtype)
         problems.append((_to_layout(x, layout), _to_layout(dy, layout)))
-    device = cupy.cuda.Device().id
     results = {}
-    for programmatic in (False, True):
-        monkeypatch.setattr(_launch, "PROGRAMMATIC", programmatic)
-        monkeypatch.setattr(_launch, "_PROGRAMMATIC_DEVICES", {})
-        depthwise._SIGNATURES.clear()  # new Steps, bound under this setting
-        assert _launch.programmatic_on(device) == (programmatic and _launch.compute_capability_major(device) >= 9)
+    for programmatic in programmatic_settings(monkeypatch, depthwise._SIGNATURES):
         x, dy = (cupy.asarray(a) for a in problems[0])
         eager = cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, w_shape, **conv)
-        stream = cupy.cuda.Stream(non_blocking=True)
-        with stream:
-            x, dy = (cupy.asarray(a) for a in problems[0])
-            out = cupy.empty(w_shape, dtype)
-            cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, w_shape, out=out, **conv)  # workspace on this stream
-            stream.synchronize()
-            stream.begin_capture()
-            cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, w_shape, out=out, **conv)
-            graph = stream.end_capture()
-            x.set(problems[1][0], stream=stream)
-            dy.set(problems[1][1], stream=stream)
-            out.fill(numpy.nan)
-            graph.launch(stream)
-            stream.synchronize()
+        out = cupy.empty(w_shape, dtype)
+        replay_on_new_data(lambda: cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, w_shape, out=out, **conv),
+                           (x, dy), problems[1], (out,))
         results[programmatic] = (eager, out)
-    depthwise._SIGNATURES.clear()
     ref = reference.depthwise_conv2d_backward_weight(problems[1][1], problems[1][0], w_shape, **conv)
     assert relative_error(results[True][1], ref) <= TOLERANCE[numpy.dtype(dtype)]
     for how in (0, 1):

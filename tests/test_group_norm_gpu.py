@@ -13,7 +13,10 @@ import pytest
 
 from cupy_dwgn import _dtypes, reference
 
-from _helpers import BFLOAT16, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error
+from _helpers import (
+    BFLOAT16, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error, programmatic_settings,
+    replay_on_new_data,
+)
 
 from cupy_dwgn import _group_norm as gn
 from cupy_dwgn import _launch
@@ -320,42 +323,27 @@ def test_programmatic_launches_match_ordinary_ones(rng, monkeypatch, set_paths, 
 
     shape, groups, dtype, activation = case
     set_paths("fused")
-    device = cupy.cuda.Device().id
     problems = [(random(rng, shape, dtype, offset=3.0), random(rng, shape, dtype)) for _ in range(2)]
     w, b = cupy.asarray(rng.standard_normal(shape[-1]).astype(F32)), None
     if dtype == F32:
         b = cupy.asarray(rng.standard_normal(shape[-1]).astype(F32))
 
-    def run(x, dy):
-        y, mean, rstd = gn.group_norm(x, groups, w, b, activation=activation, return_stats=True)
-        return (y, mean, rstd) + gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation)
+    def run(x, dy, outputs=None):
+        y, mean, rstd, dx, dw, db = outputs or (None,) * 6
+        y, mean, rstd = gn.group_norm(x, groups, w, b, activation=activation, return_stats=True, out=y,
+                                      mean_out=mean, rstd_out=rstd)
+        return (y, mean, rstd) + gn.group_norm_backward(dy, x, mean, rstd, groups, w, b, activation=activation,
+                                                        out=dx, grad_weight_out=dw, grad_bias_out=db)
 
     results = {}
-    for programmatic in (False, True):
-        monkeypatch.setattr(_launch, "PROGRAMMATIC", programmatic)
-        monkeypatch.setattr(_launch, "_PROGRAMMATIC_DEVICES", {})
-        gn._SIGNATURES.clear()  # new Steps, bound under this setting
-        assert _launch.programmatic_on(device) == (programmatic and _launch.compute_capability_major(device) >= 9)
+    for programmatic in programmatic_settings(monkeypatch, gn._SIGNATURES):
         x, dy = (cupy.asarray(a) for a in problems[0])
         eager = run(x, dy)
         assert any(launch.programmatic for entry in gn._SIGNATURES.values() for steps in entry.steps.values()
                    for launch in steps.launches)
-        stream = cupy.cuda.Stream(non_blocking=True)
-        with stream:
-            x, dy = (cupy.asarray(a) for a in problems[0])
-            run(x, dy)  # the workspace is sized on the capturing stream
-            stream.synchronize()
-            stream.begin_capture()
-            captured = run(x, dy)
-            graph = stream.end_capture()
-            x.set(problems[1][0], stream=stream)
-            dy.set(problems[1][1], stream=stream)
-            for array in captured:
-                array.fill(numpy.nan)
-            graph.launch(stream)
-            stream.synchronize()
+        captured = tuple(None if a is None else cupy.empty_like(a) for a in eager)  # the graph's outputs
+        replay_on_new_data(lambda: run(x, dy, captured), (x, dy), problems[1], [a for a in captured if a is not None])
         results[programmatic] = (eager, captured)
-    gn._SIGNATURES.clear()
     # The replayed graph computed the second problem.
     w_host, b_host = (None if a is None else a.get() for a in (w, b))
     y, mean, rstd, dx = results[True][1][:4]
