@@ -470,8 +470,8 @@ def cooperative_capacity(device, kernel, block, shared_mem):
 #: Whether ``Launch(programmatic=True)`` launches programmatically where the
 #: device allows it (compute capability 9+, a driver with cuLaunchKernelEx).
 #: Read when a Steps first binds a device and stream; the environment
-#: variable DWGN_PROGRAMMATIC_LAUNCH=0 turns it off (benchmarks compare both).
-PROGRAMMATIC = os.environ.get("DWGN_PROGRAMMATIC_LAUNCH", "1") != "0"
+#: variable CUPY_DWGN_PROGRAMMATIC_LAUNCH=0 turns it off (benchmarks compare both).
+PROGRAMMATIC = os.environ.get("CUPY_DWGN_PROGRAMMATIC_LAUNCH", "1") != "0"
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
