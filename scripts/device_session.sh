@@ -13,8 +13,7 @@
 # GNBENCH_ARGS go to benchmarks/group_norm.py (e.g. "--dtypes float16 --quick").
 # SANITIZER_ARGS pick kernel families (depthwise nchw_window nchw_plane conv_mma nhwc_window nhwc_wgrad nchw_wgrad_regs nchw_plane_wgrad nchw_rows nhwc_direct nhwc_phase group_norm gn_resident gn_cluster gn_small), SANITIZER_TOOLS the tools (memcheck racecheck); DWBENCH_ARGS go to benchmarks/depthwise.py
 # (the 144-cell depthwise table, about 70 s on an H200; e.g. "--dtypes float16 --quick").
-# PYTEST_ARGS replaces the pytest selection (default "-m gpu"; e.g. "-m 'gpu and not slow'"); TEST_SHARDS=n runs
-# n pytest processes at once on the GPU, each every n-th test (summary lines in pytest.txt, logs pytest_shard*.txt).
+# PYTEST_ARGS replaces the pytest selection (default "-m gpu"; e.g. "-m 'gpu and not slow'").
 # DWGN_COMMIT: the commit the results files record.  Pass it (DWGN_COMMIT=$(git rev-parse --short HEAD))
 # when the tree was copied to the GPU machine: a copy's .git can be stale (seen: a run of 7260f39
 # recorded 7ed4de2-dirty).
@@ -55,26 +54,8 @@ fi
 if has tests; then
   start=$(date +%s)
   # The CPU tests (NVRTC compile check, references, packaging) run in CI.
-  shards=${TEST_SHARDS:-1}
-  if [ "$shards" -le 1 ]; then
-    eval python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:--m gpu} 2>&1 | tee "$OUT/pytest.txt"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  else
-    # TEST_SHARDS pytest processes on the one GPU, each every n-th test
-    # (tests/conftest.py DWGN_TEST_SHARD); after warm, so they load kernels
-    # from the disk cache rather than compile the same ones at once.
-    pids=()
-    for ((i = 0; i < shards; i++)); do
-      DWGN_TEST_SHARD=$i/$shards eval python3 -m pytest -q -rs --durations=5 -p no:cacheprovider \
-        ${PYTEST_ARGS:--m gpu} > "$OUT/pytest_shard$i.txt" 2>&1 &
-      pids+=($!)
-    done
-    for ((i = 0; i < shards; i++)); do
-      wait "${pids[$i]}" || status=1
-      { echo "== shard $i/$shards"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_shard$i.txt"; tail -n 1 "$OUT/pytest_shard$i.txt"; } \
-        | tee -a "$OUT/pytest.txt"
-    done
-  fi
+  eval python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:--m gpu} 2>&1 | tee "$OUT/pytest.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   echo "pytest wall time: $(( $(date +%s) - start )) s" | tee -a "$OUT/pytest.txt"
 fi
 if has sanitizer; then

@@ -1,8 +1,5 @@
-"""Shared test setup: the `gpu` marker skips (visibly) without a CUDA GPU;
-DWGN_TEST_SHARD=i/n keeps every n-th collected test from the i-th (several
-pytest processes share one GPU: scripts/device_session.sh TEST_SHARDS)."""
+"""Shared test setup: the `gpu` marker skips (visibly) without a CUDA GPU."""
 
-import os
 import zlib
 
 import numpy
@@ -20,30 +17,6 @@ def pytest_runtest_setup(item):
     # reason, a paragraph, appears once.
     if not GPU_COUNT and "gpu" in item.keywords:
         pytest.skip(f"GPU test, no usable GPU here: {NO_GPU_REASON}")
-
-
-def _shard():
-    value = os.environ.get("DWGN_TEST_SHARD", "")
-    if not value:
-        return None
-    try:
-        index, count = (int(part) for part in value.split("/"))
-    except ValueError:
-        index, count = -1, 0
-    if not 0 <= index < count:
-        raise pytest.UsageError(f"DWGN_TEST_SHARD must be i/n with 0 <= i < n (e.g. 0/4), got {value!r}")
-    return index, count
-
-
-def pytest_collection_modifyitems(config, items):
-    shard = _shard()
-    if shard is None:
-        return
-    index, count = shard
-    # Every n-th test in collection order: each shard gets a slice of every
-    # file and of every parametrization, so the shards take about equal time.
-    config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % count != index])
-    items[:] = items[index::count]
 
 
 @pytest.fixture
