@@ -51,19 +51,20 @@ if has cli; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi
-if has tests; then
-  start=$(date +%s)
-  # The CPU tests (NVRTC compile check, references, packaging) run in CI.
-  eval python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:--m gpu} 2>&1 | tee "$OUT/pytest.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  echo "pytest wall time: $(( $(date +%s) - start )) s" | tee -a "$OUT/pytest.txt"
-fi
+# Before the tests: the sanitizer is short and a call cut at its time limit in the tests still has it.
 if has sanitizer; then
   for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
     compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitizer_workload.py ${SANITIZER_ARGS:-} 2>&1 \
       | tail -n 30 | tee "$OUT/sanitizer_$tool.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+fi
+if has tests; then
+  start=$(date +%s)
+  # The CPU tests (NVRTC compile check, references, packaging) run in CI.
+  eval python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:--m gpu} 2>&1 | tee "$OUT/pytest.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  echo "pytest wall time: $(( $(date +%s) - start )) s" | tee -a "$OUT/pytest.txt"
 fi
 if has ncu; then
   # The report (ncu.ncu-rep, for the Nsight Compute GUI), its sections as text, and per kernel the
