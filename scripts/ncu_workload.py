@@ -3,6 +3,7 @@ compiles; ncu profiles both, so every kernel appears twice).
 
     ncu --clock-control none -k regex:dwgn --section ... python3 scripts/ncu_workload.py [CASE ...] > ncu.txt
     python3 scripts/ncu_workload.py --summarize ncu.txt
+    python3 scripts/ncu_workload.py --regions ncu_sass.csv [KERNEL_NAME_PART]
 
 (scripts/device_session.sh's ncu step runs both.)  --summarize prints one
 line per profiled kernel: duration, DRAM throughput, SM throughput, registers,
@@ -26,9 +27,12 @@ stride-2 forward), dw_conv_mma (the tensor-core forward, MODE "always":
 """
 import sys
 
-import cupy
+try:
+    import cupy
 
-import cupy_dwgn
+    import cupy_dwgn
+except ImportError:  # --summarize and --regions only read ncu's output (e.g. on a machine without a GPU)
+    cupy = cupy_dwgn = None
 
 
 def _rng():
@@ -129,9 +133,62 @@ def summarize(path):
         print(report.split("\n")[0].split("(")[0].replace("void ", ""), " ".join(fields))
 
 
+def regions(path, kernel="", top=12):
+    """Where a kernel's warps wait, from the SASS table (ncu --page source --csv,
+    the ncu step's ncu_sass.csv): for the first profiled kernel whose name
+    contains ``kernel``, the stall-sample share of each reason, of each run of
+    consecutive instructions with one execution count (a loop body, a phase run
+    by some of the blocks: the count says which), and the ``top`` instructions.
+    A phase run by fewer warps draws fewer samples per microsecond (ncu samples
+    each SM sub-partition that holds warps), so compare shares within a phase."""
+    import csv
+
+    table = list(csv.reader(open(path)))
+    starts = [i for i, row in enumerate(table) if row[:1] == ["Kernel Name"]] + [len(table)]
+    first = next(i for i in starts[:-1] if kernel in table[i][1])
+    header, body = table[first + 1], table[first + 2:starts[starts.index(first) + 1]]
+    column = {name: k for k, name in enumerate(header)}
+
+    def value(row, name):
+        try:
+            return float(row[column[name]].replace(",", ""))
+        except ValueError:
+            return 0.0
+
+    samples, executed = "Warp Stall Sampling (All Samples)", "Instructions Executed"
+    reasons = [name for name in header if name.startswith("stall_") and "Not Issued" not in name]
+    total = sum(value(row, samples) for row in body) or 1.0
+    name = table[first][1]
+    print(f"{name[:name.find('>(') + 1] or name.split('(')[0]}: {total:.0f} samples")
+    shares = {name: sum(value(row, name) for row in body) / total for name in reasons}
+    print("  reasons: " + ", ".join(f"{name[6:]} {100 * share:.1f}%" for name, share in
+                                    sorted(shares.items(), key=lambda kv: -kv[1]) if share >= 0.02))
+    runs = []
+    for k, row in enumerate(body):
+        if not runs or runs[-1][0] != value(row, executed):
+            runs.append([value(row, executed), k, k, 0.0])
+        runs[-1][2] = k
+        runs[-1][3] += value(row, samples)
+    for count, start, end, share in runs:
+        if share >= 0.01 * total:
+            print(f"  instructions {start:5d}-{end:5d} executed {count:8.0f} times: {100 * share / total:5.1f}% "
+                  f"({row_source(body[start], column)} ...)")
+    for k, row in sorted(enumerate(body), key=lambda kr: -value(kr[1], samples))[:top]:
+        reason = max(reasons, key=lambda name: value(row, name))
+        share = 100 * value(row, samples) / total
+        print(f"  {k:5d} {share:5.1f}% {reason[6:]:14s} executed {value(row, executed):8.0f}  {row_source(row, column)}")
+
+
+def row_source(row, column):
+    return " ".join(row[column["Source"]].split())[:60]
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--summarize"]:
         summarize(sys.argv[2])
+        sys.exit(0)
+    if sys.argv[1:2] == ["--regions"]:
+        regions(*sys.argv[2:4])
         sys.exit(0)
     for name in sys.argv[1:] or list(CASES):
         CASES[name]()
