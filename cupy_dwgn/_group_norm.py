@@ -138,6 +138,14 @@ _BWD_WEIGHTS = "dwgn_gn_bwd_weights"
 # elementwise kernels by column with each column's coefficients loaded once
 # (apply alone up to 19% faster, the op's forward -3% to +6%, backward 1-15%
 # slower).
+# Where the statistics kernel's time goes past L2 (H100, 2026-12-05;
+# benchmarks/group_norm_read_probe.py and Nsight Compute by SASS region,
+# results/group_norm_stats_probe_h100_2026-12-05.txt): its row walk reads at
+# the rate of a read-only kernel in the same order (64 MB fp16 in 25 us; in
+# stripes or grid-stride no faster), and the kernel takes that plus a fixed
+# ~9.5 us without its finalize (64 MB and 256 MB alike) and ~14 us with it:
+# the lane combine, the barriers' wait for the block or grid's slowest warp,
+# the finalize phase (~4 us, as the finalize kernel plus a launch).
 FORWARD_PATH = "auto"  # "auto", "small", "cluster", "fused", "split", "onepass" or "resident" (tests and benchmarks force one)
 BACKWARD_PATH = "auto"
 # Phase-1 work items (n, chunk of rows): about this many in all, each at
