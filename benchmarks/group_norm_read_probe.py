@@ -20,9 +20,10 @@ blocks per SM by dynamic shared memory (as the statistics kernel) or not:
 
 and the library's forward with the statistics split's item count changed
 (_GROUPED_TARGET_BLOCKS 256, 263, 264; "split" path, whose first launch is
-the statistics kernel alone, timed per kernel by the profiler).
+the statistics kernel alone, and the shipped "fused" one, timed per kernel by
+the profiler).  Findings: results/group_norm_stats_probe_h100_2026-12-05.txt.
 
-    PYTHONPATH=.:benchmarks python benchmarks/group_norm_read_probe.py   # about 30 s
+    PYTHONPATH=.:benchmarks python benchmarks/group_norm_read_probe.py   # under 2 minutes on an H100
 """
 
 import cupy
