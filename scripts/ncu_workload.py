@@ -5,7 +5,7 @@ compiles; ncu profiles both, so every kernel appears twice).
     python3 scripts/ncu_workload.py --summarize ncu.txt
     python3 scripts/ncu_workload.py --regions ncu_sass.csv [KERNEL_NAME_PART]
 
-(scripts/device_session.sh's ncu step runs both.)  --summarize prints one
+(scripts/device_session.sh's ncu step runs the first two.)  --summarize prints one
 line per profiled kernel: duration, DRAM throughput, SM throughput, registers,
 achieved / theoretical occupancy, the block limits by registers and shared
 memory, issue slots busy, cycles per issued instruction, L2 and L1 hit rates.
@@ -160,8 +160,8 @@ def regions(path, kernel="", top=12):
     total = sum(value(row, samples) for row in body) or 1.0
     name = table[first][1]
     print(f"{name[:name.find('>(') + 1] or name.split('(')[0]}: {total:.0f} samples")
-    shares = {name: sum(value(row, name) for row in body) / total for name in reasons}
-    print("  reasons: " + ", ".join(f"{name[6:]} {100 * share:.1f}%" for name, share in
+    shares = {reason: sum(value(row, reason) for row in body) / total for reason in reasons}
+    print("  reasons: " + ", ".join(f"{reason[6:]} {100 * share:.1f}%" for reason, share in
                                     sorted(shares.items(), key=lambda kv: -kv[1]) if share >= 0.02))
     runs = []
     for k, row in enumerate(body):
@@ -169,12 +169,12 @@ def regions(path, kernel="", top=12):
             runs.append([value(row, executed), k, k, 0.0])
         runs[-1][2] = k
         runs[-1][3] += value(row, samples)
-    for count, start, end, share in runs:
-        if share >= 0.01 * total:
-            print(f"  instructions {start:5d}-{end:5d} executed {count:8.0f} times: {100 * share / total:5.1f}% "
+    for count, start, end, run_samples in runs:
+        if run_samples >= 0.01 * total:
+            print(f"  instructions {start:5d}-{end:5d} executed {count:8.0f} times: {100 * run_samples / total:5.1f}% "
                   f"({row_source(body[start], column)} ...)")
     for k, row in sorted(enumerate(body), key=lambda kr: -value(kr[1], samples))[:top]:
-        reason = max(reasons, key=lambda name: value(row, name))
+        reason = max(reasons, key=lambda stall: value(row, stall))
         share = 100 * value(row, samples) / total
         print(f"  {k:5d} {share:5.1f}% {reason[6:]:14s} executed {value(row, executed):8.0f}  {row_source(row, column)}")
 
