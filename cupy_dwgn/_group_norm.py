@@ -314,6 +314,10 @@ _GROUPED_BYTES = 16 * 2**20
 _GROUPED_TARGET_BLOCKS = 256
 _GROUPED_MIN_ROWS = 32
 _MAX_GROUPED_CHANNELS = 64
+# Vectors per thread of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx (the kernels'
+# gn::kElementwiseVectors, loaded together): their grid is a thread per that
+# many vectors (at most _launch.MAX_BLOCKS blocks; the kernels walk any grid).
+_ELEMENTWISE_VECTORS = 2
 _COLUMN_BLOCK = _checks.COLUMN_BLOCK  # block size of the column kernels (their shared scratch is sized for it)
 
 
@@ -745,7 +749,7 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
         ),
         _launch.Launch(
             KERNEL_FILE, name(_APPLY, t, _ACT_CODE[activation], vec, index),
-            _launch.grid_1d(int(num_vectors)), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
+            _elementwise_grid(num_vectors), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
             programmatic=fused,  # placed while the statistics kernel finalizes
         ),
         # Forward summaries are double whatever x is: the sums keep the mean exact.
@@ -753,6 +757,12 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
          ((batch, 3, channels), acc_dtype)),
         ((batch, groups), acc_dtype),
     )
+
+
+def _elementwise_grid(num_vectors):
+    """Grid of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx over ``num_vectors``
+    channel vectors: a thread per _ELEMENTWISE_VECTORS of them."""
+    return _launch.grid_1d(-(-int(num_vectors) // _ELEMENTWISE_VECTORS))
 
 
 def _column_launch(expression, items, finalize_items, fused, scalars):
@@ -909,7 +919,7 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
         ),
         _launch.Launch(
             KERNEL_FILE, name(_BWD_DX, t, act, vec, index),
-            _launch.grid_1d(int(num_vectors)), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
+            _elementwise_grid(num_vectors), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
             programmatic=fused,  # placed while the reduce kernel finalizes
         ),
         (((batch, num_chunks, 2, channels), acc_dtype), ((batch, 5, channels), acc_dtype)),

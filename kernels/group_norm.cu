@@ -579,6 +579,43 @@ __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C
   }
 }
 
+// Vectors a thread of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx takes per step, its
+// tensor loads issued together (the host sizes their grid to match:
+// _group_norm._ELEMENTWISE_VECTORS).  With one vector a thread, an SD-size
+// tensor's grid (2x64x64x320 fp16: 1280 blocks) passes the blocks an SM
+// holds and its last blocks wait for a second round trip.
+constexpr int kElementwiseVectors = 2;
+
+// The walk of for_each_vector, U vectors per step: load(i) for each of a
+// thread's next U vectors (i, i + stride, ...), then finish(i, n, c, loaded)
+// for each in the same order, so the U loads are in flight together (a
+// plain grid-stride loop issues the next load only after this vector's
+// store, which in place may alias it).  Each vector is still read and
+// written by one thread.
+template <int VEC, int U, typename IndexT, typename Load, typename Finish>
+__device__ __forceinline__ void for_each_vector_batched(IndexT num_vectors, int S, int C, Load load, Finish finish) {
+  using Item = decltype(load(IndexT(0)));
+  const int cv = C / VEC;
+  const IndexT stride = dwgn::global_thread_count<IndexT>();
+  for (IndexT i = dwgn::global_thread_index<IndexT>(); i < num_vectors;) {
+    IndexT index[U];
+    Item item[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      index[u] = i;
+      if (i < num_vectors) item[u] = load(i);
+      i = dwgn::grid_stride_next(i, stride, num_vectors);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (index[u] < num_vectors) {
+        const IndexT row = index[u] / cv;
+        finish(index[u], static_cast<int>(row / S), static_cast<int>(index[u] - row * cv) * VEC, item[u]);
+      }
+    }
+  }
+}
+
 
 // The forward finalize of one (n, g): the work of one dwgn_gn_fwd_finalize
 // block, shared with the one-pass kernel.  partial holds (sum, M2) in double
@@ -694,15 +731,15 @@ __device__ __forceinline__ void group_partials(const double* sums, const double*
 }
 
 // y = act((x - hi) * scale_c + offset_c) for vector i (sample n, first
-// channel c), ws (N, 3, C) as finalize_group writes it.  Shared by
-// dwgn_gn_fwd_apply and the one-pass kernel.
+// channel c), ws (N, 3, C) as finalize_group writes it, `in` the vector of
+// x already loaded.  Shared by dwgn_gn_fwd_apply (gn::for_each_vector_batched)
+// and, through apply_vector, the one-pass kernel.
 template <typename T, int ACT, int VEC, typename IndexT>
-__device__ __forceinline__ void apply_vector(const T* x, const typename AccType<T>::type* __restrict__ ws,
+__device__ __forceinline__ void apply_loaded(const Vec<T, VEC>& in, const typename AccType<T>::type* __restrict__ ws,
                                              T* y, IndexT i, int n, int C, int c) {
   using Acc = typename AccType<T>::type;
   using V = Vec<T, VEC>;
   const Acc* wn = ws + static_cast<long long>(n) * 3 * C + c;
-  const V in = reinterpret_cast<const V*>(x)[i];
   // VEC coefficients per load (c and C are multiples of VEC): scalar
   // loads of channels 32 bytes apart cost the L1 8 wavefronts each.
   const auto hi = load_vec<VEC>(wn);
@@ -715,6 +752,11 @@ __device__ __forceinline__ void apply_vector(const T* x, const typename AccType<
     out.v[k] = from_acc<T>(activation<ACT, fast_activation<T>()>(z));
   }
   reinterpret_cast<V*>(y)[i] = out;
+}
+template <typename T, int ACT, int VEC, typename IndexT>
+__device__ __forceinline__ void apply_vector(const T* x, const typename AccType<T>::type* __restrict__ ws,
+                                             T* y, IndexT i, int n, int C, int c) {
+  apply_loaded<T, ACT, VEC>(reinterpret_cast<const Vec<T, VEC>*>(x)[i], ws, y, i, n, C, c);
 }
 
 }  // namespace gn
@@ -859,9 +901,10 @@ __global__ void __launch_bounds__(256) dwgn_gn_fwd_apply(
     const T* x, const typename AccType<T>::type* __restrict__ ws, T* y,
     IndexT num_vectors, int S, int C) {
   dwgn::wait_for_prior_grid();  // ws (and, in place, x) belong to the statistics kernel until it completes
-  gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
-    gn::apply_vector<T, ACT, VEC>(x, ws, y, i, n, C, c);
-  });
+  using V = gn::Vec<T, VEC>;
+  gn::for_each_vector_batched<VEC, gn::kElementwiseVectors>(
+      num_vectors, S, C, [&](IndexT i) { return reinterpret_cast<const V*>(x)[i]; },
+      [&](IndexT i, int n, int c, const V& in) { gn::apply_loaded<T, ACT, VEC>(in, ws, y, i, n, C, c); });
 }
 
 // ---------------------------------------------------------------------------
@@ -1074,19 +1117,28 @@ __device__ __forceinline__ void bwd_finalize_item(
   __syncthreads();  // broadcast is rewritten by the next item
 }
 
+// x's and grad_out's vector i, loaded together (gn::dx_loaded).
+template <typename T, int VEC>
+struct XAndGrad {
+  Vec<T, VEC> x, grad_out;
+};
+template <typename T, int VEC, typename IndexT>
+__device__ __forceinline__ XAndGrad<T, VEC> load_x_and_grad(const T* x, const T* grad_out, IndexT i) {
+  return {reinterpret_cast<const Vec<T, VEC>*>(x)[i], reinterpret_cast<const Vec<T, VEC>*>(grad_out)[i]};
+}
 // Backward pass 3 for vector i (sample n, first channel c): grad_in =
 // scale_c * dz - rstd*c1 - (x - mean) * rstd^2*c2 (xhat * rstd*c2 with xhat =
 // (x - mean) * rstd), ws (N, 5, C) as bwd_finalize_item writes it.  Shared
-// by dwgn_gn_bwd_dx and the one-pass backward.
+// by dwgn_gn_bwd_dx (vectors loaded ahead: gn::for_each_vector_batched) and,
+// through dx_vector, the one-pass backward.
 template <typename T, int ACT, int VEC, typename IndexT>
-__device__ __forceinline__ void dx_vector(const T* grad_out, const T* x,
-                                          const typename AccType<T>::type* __restrict__ ws, T* grad_in,
-                                          IndexT i, int n, int C, int c) {
+__device__ __forceinline__ void dx_loaded(const XAndGrad<T, VEC>& in, const typename AccType<T>::type* __restrict__ ws,
+                                          T* grad_in, IndexT i, int n, int C, int c) {
   using Acc = typename AccType<T>::type;
   using V = Vec<T, VEC>;
   const Acc* wn = ws + static_cast<long long>(n) * 5 * C + c;
-  const V xv = reinterpret_cast<const V*>(x)[i];
-  const V dyv = reinterpret_cast<const V*>(grad_out)[i];
+  const V& xv = in.x;
+  const V& dyv = in.grad_out;
   // VEC coefficients per load, as in dwgn_gn_fwd_apply.
   const auto m = load_vec<VEC>(wn);
   const auto scale = load_vec<VEC>(wn + C);
@@ -1104,6 +1156,12 @@ __device__ __forceinline__ void dx_vector(const T* grad_out, const T* x,
     out.v[k] = from_acc<T>(scale.v[k] * dz - k1.v[k] - centered * k2.v[k]);
   }
   reinterpret_cast<V*>(grad_in)[i] = out;
+}
+template <typename T, int ACT, int VEC, typename IndexT>
+__device__ __forceinline__ void dx_vector(const T* grad_out, const T* x,
+                                          const typename AccType<T>::type* __restrict__ ws, T* grad_in,
+                                          IndexT i, int n, int C, int c) {
+  dx_loaded<T, ACT, VEC>(load_x_and_grad<T, VEC>(x, grad_out, i), ws, grad_in, i, n, C, c);
 }
 }  // namespace gn
 
@@ -1212,9 +1270,11 @@ __global__ void dwgn_gn_bwd_dx(
     const typename AccType<T>::type* __restrict__ ws, T* __restrict__ grad_in,
     IndexT num_vectors, int S, int C) {
   dwgn::wait_for_prior_grid();  // ws is the reduce kernel's until it completes
-  gn::for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) {
-    gn::dx_vector<T, ACT, VEC>(grad_out, x, ws, grad_in, i, n, C, c);
-  });
+  gn::for_each_vector_batched<VEC, gn::kElementwiseVectors>(
+      num_vectors, S, C, [&](IndexT i) { return gn::load_x_and_grad<T, VEC>(x, grad_out, i); },
+      [&](IndexT i, int n, int c, const gn::XAndGrad<T, VEC>& in) {
+        gn::dx_loaded<T, ACT, VEC>(in, ws, grad_in, i, n, C, c);
+      });
 }
 
 // ---------------------------------------------------------------------------
