@@ -314,10 +314,27 @@ _GROUPED_BYTES = 16 * 2**20
 _GROUPED_TARGET_BLOCKS = 256
 _GROUPED_MIN_ROWS = 32
 _MAX_GROUPED_CHANNELS = 64
-# Vectors per thread of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx (the kernels'
-# gn::kElementwiseVectors, loaded together): their grid is a thread per that
-# many vectors (at most _launch.MAX_BLOCKS blocks; the kernels walk any grid).
-_ELEMENTWISE_VECTORS = 2
+# Vectors a thread of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx takes per step (the
+# kernels' U, their tensor loads issued together; _elementwise_vectors):
+# 2 for tensors of at least _ELEMENTWISE_BATCH_BYTES and wherever 64-bit
+# indices are needed, else 1; the grid is a thread per U vectors (at most
+# _launch.MAX_BLOCKS blocks: the kernels walk any grid).  Measured on an H200
+# (2026-12-05, forward / backward GPU time, rotating copies, SiLU;
+# benchmarks/group_norm_tuning.py --shipped, two runs per tree in one call,
+# within 0.2 us of each other), U = 2 everywhere against 1:
+#   - tensors past L2 faster: 8x128x128x320 fp16 84.2/133.3 -> 81.0/128.7 us,
+#     1x512x512x128 fp16 68.4/106.2 -> 66.6/101.1, 4x64x64x2560 fp32
+#     138.3/215.0 -> 136.1/215.7, 1x256x256x256 fp32 64.0/93.2 -> 62.6/93.8;
+#   - SD-size tensors slower or unchanged: 2x64x64x320 fp16 14.3/17.6 ->
+#     14.7/18.8, fp32 18.6/22.2 -> 18.6/22.8, 1x128x128x128 fp16 13.9/15.9 ->
+#     14.4/15.9, fp32 15.3/19.1 -> 15.6/20.1; 2x32x32x640, 2x16x16x1280 and
+#     8x8x8x1280 within 0.1 us (more registers: fp16 apply 32 -> 40, dx
+#     36-56 -> 52-68, so fewer blocks an SM; and grids that already fit one
+#     round of resident blocks gain nothing);
+#   - U = 4: slower than 2 everywhere (8x128x128x320 fp16 83.6/137.1,
+#     2x64x64x320 fp16 16.1/19.1).
+_ELEMENTWISE_BATCH_BYTES = 16 * 2**20
+_ELEMENTWISE_U = {"int": (1, 2), "long long": (2,)}  # the U each index width compiles
 _COLUMN_BLOCK = _checks.COLUMN_BLOCK  # block size of the column kernels (their shared scratch is sized for it)
 
 
@@ -363,8 +380,8 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                 specs += [name(_STATS, t, w, v, i) for w in ws for v in vecs for i in indices]
                 specs += [name(_FWD_FINALIZE, acc, w) for w in ws]
                 specs += [
-                    name(_APPLY, t, _ACT_CODE[a], v, i)
-                    for a in activations for v in vecs for i in indices
+                    name(_APPLY, t, _ACT_CODE[a], v, i, u)
+                    for a in activations for v in vecs for i in indices for u in _ELEMENTWISE_U[i]
                 ]
                 if "int" in indices:  # the one-pass and resident kernels are 32-bit only
                     specs += [
@@ -384,8 +401,8 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                 ]
                 specs += [name(_BWD_FINALIZE, acc, w) for w in ws]
                 specs += [
-                    name(_BWD_DX, t, _ACT_CODE[a], v, i)
-                    for a in activations for v in vecs for i in indices
+                    name(_BWD_DX, t, _ACT_CODE[a], v, i, u)
+                    for a in activations for v in vecs for i in indices for u in _ELEMENTWISE_U[i]
                 ]
                 if "int" in indices:  # the one-pass and resident kernels are 32-bit only
                     specs += [
@@ -747,11 +764,8 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
             (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk), i32(grouped),
              eps),
         ),
-        _launch.Launch(
-            KERNEL_FILE, name(_APPLY, t, _ACT_CODE[activation], vec, index),
-            _elementwise_grid(num_vectors), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
-            programmatic=fused,  # placed while the statistics kernel finalizes
-        ),
+        _elementwise_launch(_APPLY, t, _ACT_CODE[activation], vec, index, num_vectors, dtype.itemsize, rows,
+                            channels, fused),
         # Forward summaries are double whatever x is: the sums keep the mean exact.
         (((batch, num_chunks, 2, groups if grouped else channels), numpy.dtype(numpy.float64)),
          ((batch, 3, channels), acc_dtype)),
@@ -759,10 +773,24 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
     )
 
 
-def _elementwise_grid(num_vectors):
-    """Grid of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx over ``num_vectors``
-    channel vectors: a thread per _ELEMENTWISE_VECTORS of them."""
-    return _launch.grid_1d(-(-int(num_vectors) // _ELEMENTWISE_VECTORS))
+def _elementwise_vectors(num_vectors, vec, itemsize, index):
+    """U of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx (the rule above)."""
+    large = num_vectors * vec * itemsize >= _ELEMENTWISE_BATCH_BYTES or index != "int"
+    return 2 if large else 1
+
+
+def _elementwise_launch(kernel, t, act, vec, index, num_vectors, itemsize, rows, channels, fused):
+    """The launch of ``kernel`` (dwgn_gn_fwd_apply or dwgn_gn_bwd_dx) for
+    element type ``t``, activation code ``act``, over ``num_vectors`` channel
+    vectors: a thread per U of them (_elementwise_vectors); programmatic
+    after the fused path's column kernel (its blocks are placed while that
+    kernel finalizes)."""
+    u = _elementwise_vectors(num_vectors, vec, itemsize, index)
+    return _launch.Launch(
+        KERNEL_FILE, _compile.name_expression(kernel, t, act, vec, index, u),
+        _launch.grid_1d(-(-int(num_vectors) // u)), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
+        programmatic=fused,
+    )
 
 
 def _column_launch(expression, items, finalize_items, fused, scalars):
@@ -917,11 +945,7 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
             (groups, min(batch + 1, _launch.MAX_GRID_Y)), (_group_block(channels // groups * num_chunks, 256),),
             0, common + (i32(num_chunks),),
         ),
-        _launch.Launch(
-            KERNEL_FILE, name(_BWD_DX, t, act, vec, index),
-            _elementwise_grid(num_vectors), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
-            programmatic=fused,  # placed while the reduce kernel finalizes
-        ),
+        _elementwise_launch(_BWD_DX, t, act, vec, index, num_vectors, dtype.itemsize, rows, channels, fused),
         (((batch, num_chunks, 2, channels), acc_dtype), ((batch, 5, channels), acc_dtype)),
     )
 

@@ -579,13 +579,6 @@ __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C
   }
 }
 
-// Vectors a thread of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx takes per step, its
-// tensor loads issued together (the host sizes their grid to match:
-// _group_norm._ELEMENTWISE_VECTORS).  With one vector a thread, an SD-size
-// tensor's grid (2x64x64x320 fp16: 1280 blocks) passes the blocks an SM
-// holds and its last blocks wait for a second round trip.
-constexpr int kElementwiseVectors = 2;
-
 // The walk of for_each_vector, U vectors per step: load(i) for each of a
 // thread's next U vectors (i, i + stride, ...), then finish(i, n, c, loaded)
 // for each in the same order, so the U loads are in flight together (a
@@ -896,13 +889,15 @@ __global__ void __launch_bounds__(512) dwgn_gn_fwd_finalize(
 // per thread and access; grid-stride over the N*S*C/VEC vectors.  x and y
 // may be the same array (in place: each element is read, then written, by
 // one thread), so neither is __restrict__.
-template <typename T, int ACT, int VEC, typename IndexT>
+// U vectors a thread per step (gn::for_each_vector_batched; the host's rule
+// and grid: _group_norm._elementwise_vectors).
+template <typename T, int ACT, int VEC, typename IndexT, int U>
 __global__ void __launch_bounds__(256) dwgn_gn_fwd_apply(
     const T* x, const typename AccType<T>::type* __restrict__ ws, T* y,
     IndexT num_vectors, int S, int C) {
   dwgn::wait_for_prior_grid();  // ws (and, in place, x) belong to the statistics kernel until it completes
   using V = gn::Vec<T, VEC>;
-  gn::for_each_vector_batched<VEC, gn::kElementwiseVectors>(
+  gn::for_each_vector_batched<VEC, U>(
       num_vectors, S, C, [&](IndexT i) { return reinterpret_cast<const V*>(x)[i]; },
       [&](IndexT i, int n, int c, const V& in) { gn::apply_loaded<T, ACT, VEC>(in, ws, y, i, n, C, c); });
 }
@@ -1263,14 +1258,15 @@ __global__ void dwgn_gn_bwd_finalize(
   }
 }
 
-// Backward pass 3 (gn::dx_vector over every vector).
-template <typename T, int ACT, int VEC, typename IndexT>
+// Backward pass 3 (gn::dx_loaded over every vector), U vectors a thread per
+// step as in dwgn_gn_fwd_apply.
+template <typename T, int ACT, int VEC, typename IndexT, int U>
 __global__ void dwgn_gn_bwd_dx(
     const T* __restrict__ grad_out, const T* __restrict__ x,
     const typename AccType<T>::type* __restrict__ ws, T* __restrict__ grad_in,
     IndexT num_vectors, int S, int C) {
   dwgn::wait_for_prior_grid();  // ws is the reduce kernel's until it completes
-  gn::for_each_vector_batched<VEC, gn::kElementwiseVectors>(
+  gn::for_each_vector_batched<VEC, U>(
       num_vectors, S, C, [&](IndexT i) { return gn::load_x_and_grad<T, VEC>(x, grad_out, i); },
       [&](IndexT i, int n, int c, const gn::XAndGrad<T, VEC>& in) {
         gn::dx_loaded<T, ACT, VEC>(in, ws, grad_in, i, n, C, c);

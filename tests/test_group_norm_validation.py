@@ -247,12 +247,43 @@ def test_backward_checks_groups_affine_activation():
 def test_specializations_selection():
     specs = gn.specializations("group_norm", dtypes=[F16], activations=["silu"], large_index=False)
     names = [e for _, e in specs]
-    assert "dwgn_gn_fwd_apply<__half, 2, 8, int>" in names
-    assert "dwgn_gn_fwd_apply<__half, 2, 1, int>" in names
+    # The apply kernel at both vectors-per-thread counts, on both paths.
+    for vec in (8, 1):
+        for u in (1, 2):
+            assert f"dwgn_gn_fwd_apply<__half, 2, {vec}, int, {u}>" in names
     assert "dwgn_gn_fwd_finalize<float, float>" in names and "dwgn_gn_fwd_finalize<float, __half>" in names
     assert not any("long long" in n for n in names)
     with pytest.raises(ValueError, match="activation"):
         gn.specializations(activations=["swish"])
+    # 64-bit indices only come with tensors past _ELEMENTWISE_BATCH_BYTES: U = 2 only.
+    wide = [e for _, e in gn.specializations("group_norm_backward", dtypes=[F16], large_index=True)]
+    assert "dwgn_gn_bwd_dx<__half, 2, 8, long long, 2>" in wide
+    assert not any(e.startswith(("dwgn_gn_bwd_dx", "dwgn_gn_fwd_apply")) and e.endswith("long long, 1>") for e in wide)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, expected",
+    [
+        ((2, 64, 64, 320), F16, 1),  # 5 MB: SD-size
+        ((2, 32, 32, 640), F32, 1),  # 5 MB
+        ((4, 64, 64, 640), F16, 2),  # 20 MB
+        ((8, 128, 128, 320), F16, 2),  # 84 MB
+        ((1, 256, 256, 256), F32, 2),  # 64 MB
+    ],
+)
+def test_elementwise_vectors_per_thread_rule(shape, dtype, expected):
+    """The apply / dx kernels take 2 vectors a thread on tensors of at least
+    _ELEMENTWISE_BATCH_BYTES, 1 below; the plan's launch names that U and a
+    grid of a thread per U vectors."""
+    n, h, w, c = shape
+    dtype = numpy.dtype(dtype)
+    assert expected == (2 if n * h * w * c * dtype.itemsize >= gn._ELEMENTWISE_BATCH_BYTES else 1)
+    vectors = n * h * w * c // gn._vector_width(dtype, c, True)
+    forward = gn._forward_plan(n, h * w, c, 32, dtype, dtype, "silu", 1e-5, True, "fused").elementwise
+    backward = gn._backward_plan(n, h * w, c, 32, dtype, dtype, "silu", True, "fused").elementwise
+    for launch, kernel in ((forward, "dwgn_gn_fwd_apply"), (backward, "dwgn_gn_bwd_dx")):
+        assert launch.expression.startswith(kernel) and launch.expression.endswith(f", {expected}>")
+        assert launch.grid == (-(-vectors // (256 * expected)), 1, 1)
 
 
 # -- CuPy-specific messages (need a GPU) -----------------------------------
