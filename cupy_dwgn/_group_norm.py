@@ -316,24 +316,35 @@ _GROUPED_MIN_ROWS = 32
 _MAX_GROUPED_CHANNELS = 64
 # Vectors a thread of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx takes per step (the
 # kernels' U, their tensor loads issued together; _elementwise_vectors):
-# 2 for tensors of at least _ELEMENTWISE_BATCH_BYTES and wherever 64-bit
-# indices are needed, else 1; the grid is a thread per U vectors (at most
-# _launch.MAX_BLOCKS blocks: the kernels walk any grid).  Measured on an H200
+# 2 for 2-byte types on tensors of at least _ELEMENTWISE_BATCH_BYTES and
+# wherever 64-bit indices are needed, else 1 (the kernels' machine code
+# before U existed); the grid is a thread per U vectors (at most
+# _launch.MAX_BLOCKS blocks: the kernels walk any grid).  Measured
 # (2026-12-05, forward / backward GPU time, rotating copies, SiLU;
-# benchmarks/group_norm_tuning.py --shipped, two runs per tree in one call,
-# within 0.2 us of each other), U = 2 everywhere against 1:
-#   - tensors past L2 faster: 8x128x128x320 fp16 84.2/133.3 -> 81.0/128.7 us,
-#     1x512x512x128 fp16 68.4/106.2 -> 66.6/101.1, 4x64x64x2560 fp32
-#     138.3/215.0 -> 136.1/215.7, 1x256x256x256 fp32 64.0/93.2 -> 62.6/93.8;
-#   - SD-size tensors slower or unchanged: 2x64x64x320 fp16 14.3/17.6 ->
-#     14.7/18.8, fp32 18.6/22.2 -> 18.6/22.8, 1x128x128x128 fp16 13.9/15.9 ->
-#     14.4/15.9, fp32 15.3/19.1 -> 15.6/20.1; 2x32x32x640, 2x16x16x1280 and
-#     8x8x8x1280 within 0.1 us (more registers: fp16 apply 32 -> 40, dx
-#     36-56 -> 52-68, so fewer blocks an SM; and grids that already fit one
-#     round of resident blocks gain nothing);
-#   - U = 4: slower than 2 everywhere (8x128x128x320 fp16 83.6/137.1,
+# benchmarks/group_norm_tuning.py --shipped), U = 2 at every size against 1:
+#   - H200 (two runs per tree in one call, within 0.2 us of each other):
+#     2-byte types past L2 faster, 8x128x128x320 fp16 84.2/133.3 -> 81.0/128.7
+#     us, 1x512x512x128 fp16 68.4/106.2 -> 66.6/101.1; float32 mixed,
+#     4x64x64x2560 138.3/215.0 -> 136.1/215.7, 1x256x256x256 64.0/93.2 ->
+#     62.6/93.8; SD-size tensors slower or unchanged, 2x64x64x320 fp16
+#     14.3/17.6 -> 14.7/18.8, fp32 18.6/22.2 -> 18.6/22.8, 1x128x128x128 fp16
+#     13.9/15.9 -> 14.4/15.9 (more registers: fp16 apply 32 -> 40, dx 36-56
+#     -> 52-68, so fewer blocks an SM); 2x32x32x640, 2x16x16x1280 and
+#     8x8x8x1280 within 0.1 us;
+#   - H100 (one run, U = 2 on tensors of 16 MB and more): 8x128x128x320 fp16
+#     104.7/170.3 -> 102.3/167.2, 1x512x512x128 fp16 81.7/127.7 ->
+#     80.8/123.4; float32 slower, 4x64x64x2560 177.8/282.2 -> 178.0/284.6,
+#     1x256x256x256 78.3/120.9 -> 78.7/122.2; so float32 and float64 keep
+#     U = 1.  (That run's U = 1 kernels were not yet the code before: dx at
+#     56 registers instead of 48 made the SD-size backward 0.4-0.7 us slower;
+#     U = 1 now runs the plain loop, machine code identical to it.)
+#   - U = 4 (H200): slower than 2 everywhere (8x128x128x320 fp16 83.6/137.1,
 #     2x64x64x320 fp16 16.1/19.1).
-_ELEMENTWISE_BATCH_BYTES = 16 * 2**20
+#   The bound: about the L2 of an H100 / H200 (50 MB), past which the apply
+#   and dx read x (and grad_out) back from DRAM and the loads in flight pay;
+#   the smallest tensor measured faster is 64 MB, the largest slower 5 MB
+#   (16-48 MB not measured: left at U = 1, the code before).
+_ELEMENTWISE_BATCH_BYTES = 48 * 2**20
 _ELEMENTWISE_U = {"int": (1, 2), "long long": (2,)}  # the U each index width compiles
 _COLUMN_BLOCK = _checks.COLUMN_BLOCK  # block size of the column kernels (their shared scratch is sized for it)
 
@@ -775,8 +786,9 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
 
 def _elementwise_vectors(num_vectors, vec, itemsize, index):
     """U of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx (the rule above)."""
-    large = num_vectors * vec * itemsize >= _ELEMENTWISE_BATCH_BYTES or index != "int"
-    return 2 if large else 1
+    if index != "int":
+        return 2
+    return 2 if itemsize == 2 and int(num_vectors) * vec * itemsize >= _ELEMENTWISE_BATCH_BYTES else 1
 
 
 def _elementwise_launch(kernel, t, act, vec, index, num_vectors, itemsize, rows, channels, fused):

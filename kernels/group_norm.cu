@@ -587,6 +587,10 @@ __device__ __forceinline__ void for_each_vector(IndexT num_vectors, int S, int C
 // written by one thread.
 template <int VEC, int U, typename IndexT, typename Load, typename Finish>
 __device__ __forceinline__ void for_each_vector_batched(IndexT num_vectors, int S, int C, Load load, Finish finish) {
+  if constexpr (U == 1) {  // the plain loop: the machine code of the kernels before U (checked by SASS)
+    for_each_vector<VEC>(num_vectors, S, C, [&](IndexT i, int n, int c) { finish(i, n, c, load(i)); });
+    return;
+  }
   using Item = decltype(load(IndexT(0)));
   const int cv = C / VEC;
   const IndexT stride = dwgn::global_thread_count<IndexT>();

@@ -444,8 +444,8 @@ def test_group_and_channel_partial_sums_agree(rng, monkeypatch, set_paths, shape
 )
 def test_elementwise_vectors_per_thread_give_the_same_bits(rng, monkeypatch, set_paths, shape, groups, dtype, aligned):
     # dwgn_gn_fwd_apply / dwgn_gn_bwd_dx take 1 or 2 vectors a thread per
-    # step (_elementwise_vectors: 2 on tensors past _ELEMENTWISE_BATCH_BYTES,
-    # forced here on small ones).  Each element's arithmetic is the same, so
+    # step (_elementwise_vectors: 2 for 2-byte types on tensors of at least
+    # _ELEMENTWISE_BATCH_BYTES; both forced here on small ones of every dtype).  Each element's arithmetic is the same, so
     # y (also in place) and dx are bit-identical at both counts, on the fused
     # (programmatic) and split paths, and match the reference.
     import cupy
@@ -463,8 +463,8 @@ def test_elementwise_vectors_per_thread_give_the_same_bits(rng, monkeypatch, set
 
     x, dy = on_device(x_host), on_device(dy_host)
     results = {}
-    for u, bound in ((1, 2**62), (2, 0)):
-        monkeypatch.setattr(gn, "_ELEMENTWISE_BATCH_BYTES", bound)
+    for u in (1, 2):
+        monkeypatch.setattr(gn, "_elementwise_vectors", lambda *args, u=u: u)
         gn._forward_plan.cache_clear()
         gn._backward_plan.cache_clear()
         gn._SIGNATURES.clear()

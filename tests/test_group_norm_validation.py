@@ -255,7 +255,7 @@ def test_specializations_selection():
     assert not any("long long" in n for n in names)
     with pytest.raises(ValueError, match="activation"):
         gn.specializations(activations=["swish"])
-    # 64-bit indices only come with tensors past _ELEMENTWISE_BATCH_BYTES: U = 2 only.
+    # 64-bit indices (tensors of 2**31 elements and more) compile U = 2 only.
     wide = [e for _, e in gn.specializations("group_norm_backward", dtypes=[F16], large_index=True)]
     assert "dwgn_gn_bwd_dx<__half, 2, 8, long long, 2>" in wide
     assert not any(e.startswith(("dwgn_gn_bwd_dx", "dwgn_gn_fwd_apply")) and e.endswith("long long, 1>") for e in wide)
@@ -266,18 +266,21 @@ def test_specializations_selection():
     [
         ((2, 64, 64, 320), F16, 1),  # 5 MB: SD-size
         ((2, 32, 32, 640), F32, 1),  # 5 MB
-        ((4, 64, 64, 640), F16, 2),  # 20 MB
-        ((8, 128, 128, 320), F16, 2),  # 84 MB
-        ((1, 256, 256, 256), F32, 2),  # 64 MB
+        ((4, 64, 64, 640), F16, 1),  # 20 MB: below the bound
+        ((1, 512, 512, 128), F16, 2),  # 64 MB
+        ((8, 128, 128, 320), ml_dtypes.bfloat16, 2),  # 84 MB
+        ((1, 256, 256, 256), F32, 1),  # 64 MB, but 4-byte elements
+        ((2, 64, 64, 1024), numpy.float64, 1),
     ],
 )
 def test_elementwise_vectors_per_thread_rule(shape, dtype, expected):
-    """The apply / dx kernels take 2 vectors a thread on tensors of at least
-    _ELEMENTWISE_BATCH_BYTES, 1 below; the plan's launch names that U and a
-    grid of a thread per U vectors."""
+    """The apply / dx kernels take 2 vectors a thread for 2-byte types on
+    tensors of at least _ELEMENTWISE_BATCH_BYTES, else 1; the plan's launch
+    names that U and a grid of a thread per U vectors."""
     n, h, w, c = shape
     dtype = numpy.dtype(dtype)
-    assert expected == (2 if n * h * w * c * dtype.itemsize >= gn._ELEMENTWISE_BATCH_BYTES else 1)
+    large = n * h * w * c * dtype.itemsize >= gn._ELEMENTWISE_BATCH_BYTES
+    assert expected == (2 if dtype.itemsize == 2 and large else 1)
     vectors = n * h * w * c // gn._vector_width(dtype, c, True)
     forward = gn._forward_plan(n, h * w, c, 32, dtype, dtype, "silu", 1e-5, True, "fused").elementwise
     backward = gn._backward_plan(n, h * w, c, 32, dtype, dtype, "silu", True, "fused").elementwise
@@ -357,3 +360,12 @@ def test_gradient_outputs_checked_by_name():
         check(grad_weight_out=z(5))
     with pytest.raises(ValueError, match=r"^out: expected memory separate from x"):
         gn.check_backward_args(z((2, 3, 4)), x, stats, stats, 2, w, None, "identity", numpy.ndarray, out=x)
+
+
+def test_elementwise_vectors_with_64bit_indices_and_int32_counts():
+    # 64-bit indices take U = 2 at every dtype (the only U they compile);
+    # a vector count near 2**31 held in an int32 scalar does not overflow the
+    # size check (U = 2 for a 2-byte tensor of 2**31 - 8 elements).
+    assert gn._elementwise_vectors(numpy.int64(2**29), 4, 4, "long long") == 2
+    assert gn._elementwise_vectors(numpy.int32((2**31 - 8) // 8), 8, 2, "int") == 2
+    assert gn._elementwise_vectors(numpy.int32(1000), 8, 2, "int") == 1
