@@ -321,7 +321,9 @@ _MAX_GROUPED_CHANNELS = 64
 # before U existed); the grid is a thread per U vectors (at most
 # _launch.MAX_BLOCKS blocks: the kernels walk any grid).  Measured
 # (2026-12-05, forward / backward GPU time, rotating copies, SiLU;
-# benchmarks/group_norm_tuning.py --shipped), U = 2 at every size against 1:
+# benchmarks/group_norm_tuning.py --shipped;
+# results/group_norm_elementwise_ab_2026-12-05.txt), U = 2 at every size
+# against 1:
 #   - H200 (two runs per tree in one call, within 0.2 us of each other):
 #     2-byte types past L2 faster, 8x128x128x320 fp16 84.2/133.3 -> 81.0/128.7
 #     us, 1x512x512x128 fp16 68.4/106.2 -> 66.6/101.1; float32 mixed,
@@ -339,7 +341,10 @@ _MAX_GROUPED_CHANNELS = 64
 #     56 registers instead of 48 made the SD-size backward 0.4-0.7 us slower;
 #     U = 1 now runs the plain loop, machine code identical to it.)
 #   - U = 4 (H200): slower than 2 everywhere (8x128x128x320 fp16 83.6/137.1,
-#     2x64x64x320 fp16 16.1/19.1).
+#     2x64x64x320 fp16 16.1/19.1);
+#   - also dropped (H100, same file): the first vector loaded before the
+#     programmatic wait, to overlap the first kernel's finalize (within 0.6
+#     us everywhere, 1x512x512x128 fp16 forward 81.8 -> 83.6).
 #   The bound: about the L2 of an H100 / H200 (50 MB), past which the apply
 #   and dx read x (and grad_out) back from DRAM and the loads in flight pay;
 #   the smallest tensor measured faster is 64 MB, the largest slower 5 MB
