@@ -516,26 +516,36 @@ def group_norm(paths=None):
     # "split" (three launches), "onepass";
     # per-channel partial sums (what these small tensors take) and per-group
     # ones (forced; the cases' groups have 2-8 channels, and 131 channels in
-    # ((2, 393), 3), which stays per channel).  Each case also runs on a
+    # ((2, 393), 3), which stays per channel); the apply / dx kernels at the
+    # vectors a thread the rule gives these small tensors (1) and at 2
+    # (forced; the rule's pick past 48 MB).  Each case also runs on a
     # misaligned view (element loads).
     from cupy_dwgn import _group_norm
 
     shipped_grouped_bytes = _group_norm._GROUPED_BYTES
-    for path, grouped_bytes in [("cluster", shipped_grouped_bytes), ("small", shipped_grouped_bytes),
-                                ("resident", shipped_grouped_bytes),
-                                ("fused", shipped_grouped_bytes), ("fused", 0),
-                                ("split", shipped_grouped_bytes), ("split", 0), ("onepass", shipped_grouped_bytes)]:
+    shipped_vectors = _group_norm._elementwise_vectors
+    two_vectors = lambda *args: 2  # noqa: E731
+    for path, grouped_bytes, vectors in [
+            ("cluster", shipped_grouped_bytes, shipped_vectors), ("small", shipped_grouped_bytes, shipped_vectors),
+            ("resident", shipped_grouped_bytes, shipped_vectors),
+            ("fused", shipped_grouped_bytes, shipped_vectors), ("fused", 0, shipped_vectors),
+            ("fused", shipped_grouped_bytes, two_vectors),
+            ("split", shipped_grouped_bytes, shipped_vectors), ("split", 0, shipped_vectors),
+            ("split", shipped_grouped_bytes, two_vectors), ("onepass", shipped_grouped_bytes, shipped_vectors)]:
         if paths is not None and path not in paths:
             continue
         _group_norm.FORWARD_PATH = _group_norm.BACKWARD_PATH = path
         _group_norm._GROUPED_BYTES = grouped_bytes
+        _group_norm._elementwise_vectors = vectors
         _group_norm._forward_plan.cache_clear()
         _group_norm._backward_plan.cache_clear()
         _group_norm._SIGNATURES.clear()
         group_norm_cases()
     _group_norm.FORWARD_PATH = _group_norm.BACKWARD_PATH = "auto"
     _group_norm._GROUPED_BYTES = shipped_grouped_bytes
+    _group_norm._elementwise_vectors = shipped_vectors
     _group_norm._forward_plan.cache_clear()
+    _group_norm._backward_plan.cache_clear()
     _group_norm._SIGNATURES.clear()
 
 
