@@ -316,9 +316,9 @@ _GROUPED_MIN_ROWS = 32
 _MAX_GROUPED_CHANNELS = 64
 # Vectors a thread of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx takes per step (the
 # kernels' U, their tensor loads issued together; _elementwise_vectors):
-# 2 for 2-byte types on tensors of at least _ELEMENTWISE_BATCH_BYTES and
-# wherever 64-bit indices are needed, else 1 (the kernels' machine code
-# before U existed); the grid is a thread per U vectors (at most
+# 2 for 2-byte types on tensors of at least _ELEMENTWISE_BATCH_BYTES (so
+# also wherever they need 64-bit indices), else 1 (with 32-bit indices the
+# kernels' machine code before U existed); the grid is a thread per U vectors (at most
 # _launch.MAX_BLOCKS blocks: the kernels walk any grid).  Measured
 # (2026-12-05, forward / backward GPU time, rotating copies, SiLU;
 # benchmarks/group_norm_tuning.py --shipped;
@@ -347,10 +347,20 @@ _MAX_GROUPED_CHANNELS = 64
 #     us everywhere, 1x512x512x128 fp16 forward 81.8 -> 83.6).
 #   The bound: about the L2 of an H100 / H200 (50 MB), past which the apply
 #   and dx read x (and grad_out) back from DRAM and the loads in flight pay;
-#   the smallest tensor measured faster is 64 MB, the largest slower 5 MB
-#   (16-48 MB not measured: left at U = 1, the code before).
+#   of the 2-byte tensors, the smallest measured faster is 64 MB, the
+#   largest slower 5 MB (16-48 MB not measured: left at U = 1, the code
+#   before).  float32 was slower at 8-10 MB too (1x128x128x128 15.3/19.1 ->
+#   15.6/20.1 on the H200).
 _ELEMENTWISE_BATCH_BYTES = 48 * 2**20
-_ELEMENTWISE_U = {"int": (1, 2), "long long": (2,)}  # the U each index width compiles
+
+
+def _elementwise_variants(dtype, index):
+    """The U compiled for ``dtype`` at index width ``index`` (what
+    _elementwise_vectors can pick): 2-byte types 1 and 2 with 32-bit
+    indices, 2 with 64-bit ones (they are past the bound); others 1."""
+    if numpy.dtype(dtype).itemsize != 2:
+        return (1,)
+    return (1, 2) if index == "int" else (2,)
 _COLUMN_BLOCK = _checks.COLUMN_BLOCK  # block size of the column kernels (their shared scratch is sized for it)
 
 
@@ -397,7 +407,7 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                 specs += [name(_FWD_FINALIZE, acc, w) for w in ws]
                 specs += [
                     name(_APPLY, t, _ACT_CODE[a], v, i, u)
-                    for a in activations for v in vecs for i in indices for u in _ELEMENTWISE_U[i]
+                    for a in activations for v in vecs for i in indices for u in _elementwise_variants(dtype, i)
                 ]
                 if "int" in indices:  # the one-pass and resident kernels are 32-bit only
                     specs += [
@@ -418,7 +428,7 @@ def specializations(op=None, dtypes=None, activations=None, large_index=(False, 
                 specs += [name(_BWD_FINALIZE, acc, w) for w in ws]
                 specs += [
                     name(_BWD_DX, t, _ACT_CODE[a], v, i, u)
-                    for a in activations for v in vecs for i in indices for u in _ELEMENTWISE_U[i]
+                    for a in activations for v in vecs for i in indices for u in _elementwise_variants(dtype, i)
                 ]
                 if "int" in indices:  # the one-pass and resident kernels are 32-bit only
                     specs += [
@@ -789,10 +799,8 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
     )
 
 
-def _elementwise_vectors(num_vectors, vec, itemsize, index):
+def _elementwise_vectors(num_vectors, vec, itemsize):
     """U of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx (the rule above)."""
-    if index != "int":
-        return 2
     return 2 if itemsize == 2 and int(num_vectors) * vec * itemsize >= _ELEMENTWISE_BATCH_BYTES else 1
 
 
@@ -802,7 +810,7 @@ def _elementwise_launch(kernel, t, act, vec, index, num_vectors, itemsize, rows,
     vectors: a thread per U of them (_elementwise_vectors); programmatic
     after the fused path's column kernel (its blocks are placed while that
     kernel finalizes)."""
-    u = _elementwise_vectors(num_vectors, vec, itemsize, index)
+    u = _elementwise_vectors(num_vectors, vec, itemsize)
     return _launch.Launch(
         KERNEL_FILE, _compile.name_expression(kernel, t, act, vec, index, u),
         _launch.grid_1d(-(-int(num_vectors) // u)), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),

@@ -761,7 +761,7 @@ __device__ __forceinline__ void apply_vector(const T* x, const typename AccType<
 // ---------------------------------------------------------------------------
 // The column kernels and dwgn_gn_bwd_dx carry no __launch_bounds__(256): with
 // it ptxas (CUDA 13, sm_80/sm_90) squeezed dwgn_gn_bwd_reduce to 32 registers
-// and dwgn_gn_bwd_dx<bfloat16, silu, 8, long long> to 64, and both spilled.
+// and dwgn_gn_bwd_dx<bfloat16, silu, 8, long long> (before its U) to 64, and both spilled.
 
 // Forward pass 1: per (n, chunk of rows, c) summaries: the sum of x in
 // double (so the mean keeps every digit, even at 1000 + randn in float32)

@@ -433,23 +433,28 @@ def test_group_and_channel_partial_sums_agree(rng, monkeypatch, set_paths, shape
 
 
 @pytest.mark.parametrize(
-    "shape, groups, dtype, aligned",
+    "shape, groups, dtype, aligned, max_blocks",
     [
-        ((2, 64, 64, 320), 32, F16, True),  # the SD shape the rule gives 1 vector a thread
-        ((3, 17, 19, 96), 8, BFLOAT16, True),  # an odd count of vectors: a thread's second one past the end
-        ((2, 13, 11, 40), 4, F32, False),  # elements (a misaligned view)
-        ((2, 9, 7, 24), 6, F64, True),
+        ((2, 64, 64, 320), 32, F16, True, None),  # the SD shape the rule gives 1 vector a thread
+        # 11628 vectors on 5888 threads at U = 2: the last threads have no second vector
+        ((3, 17, 19, 96), 8, BFLOAT16, True, None),
+        ((2, 13, 11, 40), 4, F16, False, None),  # elements (a misaligned view)
+        ((2, 31, 33, 64), 8, BFLOAT16, True, 3),  # grids of 3 blocks: every thread walks several steps
     ],
-    ids=["sd-fp16", "odd-bf16", "elements-fp32", "fp64"],
+    ids=["sd-fp16", "tail-bf16", "elements-fp16", "steps-bf16"],
 )
-def test_elementwise_vectors_per_thread_give_the_same_bits(rng, monkeypatch, set_paths, shape, groups, dtype, aligned):
+def test_elementwise_vectors_per_thread_give_the_same_bits(rng, monkeypatch, set_paths, shape, groups, dtype, aligned,
+                                                            max_blocks):
     # dwgn_gn_fwd_apply / dwgn_gn_bwd_dx take 1 or 2 vectors a thread per
     # step (_elementwise_vectors: 2 for 2-byte types on tensors of at least
-    # _ELEMENTWISE_BATCH_BYTES; both forced here on small ones of every dtype).  Each element's arithmetic is the same, so
-    # y (also in place) and dx are bit-identical at both counts, on the fused
-    # (programmatic) and split paths, and match the reference.
+    # _ELEMENTWISE_BATCH_BYTES; both forced here on small ones).  Each
+    # element's arithmetic is the same, so y (also in place) and dx are
+    # bit-identical at both counts, on the fused (programmatic) and split
+    # paths, and match the reference.
     import cupy
 
+    if max_blocks is not None:  # grid_1d's cap, read at each plan's build
+        monkeypatch.setattr(_launch, "MAX_BLOCKS", max_blocks)
     x_host = random(rng, shape, dtype, offset=3.0)
     dy_host = random(rng, shape, dtype)
     ref_y = reference.group_norm(x_host, groups, activation="silu")
@@ -461,36 +466,42 @@ def test_elementwise_vectors_per_thread_give_the_same_bits(rng, monkeypatch, set
         view[...] = cupy.asarray(host)
         return view
 
-    x, dy = on_device(x_host), on_device(dy_host)
-    results = {}
-    for u in (1, 2):
-        monkeypatch.setattr(gn, "_elementwise_vectors", lambda *args, u=u: u)
+    def clear_plans():
         gn._forward_plan.cache_clear()
         gn._backward_plan.cache_clear()
         gn._SIGNATURES.clear()
+
+    x, dy = on_device(x_host), on_device(dy_host)
+    results = {}
+    try:
+        for u in (1, 2):
+            monkeypatch.setattr(gn, "_elementwise_vectors", lambda *args, u=u: u)
+            clear_plans()
+            for path in ("fused", "split"):
+                set_paths(path)
+                acc = _dtypes.accumulator_dtype(dtype)
+                y = poisoned(shape, dtype)
+                mean, rstd = poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
+                gn.group_norm(x, groups, activation="silu", out=y, mean_out=mean, rstd_out=rstd)
+                assert relative_error(y, ref_y) <= TOLERANCE[dtype], (u, path)
+                in_place = on_device(x_host)
+                assert gn.group_norm(in_place, groups, activation="silu", out=in_place) is in_place
+                assert cupy.array_equal(in_place, y), (u, path, "in place")
+                dx = poisoned(shape, dtype)
+                gn.group_norm_backward(dy, x, mean, rstd, groups, activation="silu", out=dx)
+                ref_dx = reference.group_norm_backward(dy_host, x_host, mean.get(), rstd.get(), groups,
+                                                       activation="silu")[0]
+                assert relative_error(dx, ref_dx) <= TOLERANCE[dtype], (u, path)
+                launches = _elementwise_launches()
+                assert launches and all(launch.expression.endswith(f", {u}>") for launch in launches)
+                if max_blocks is not None:
+                    assert all(launch.grid[0] == max_blocks for launch in launches)
+                results[u, path] = (y, dx)
         for path in ("fused", "split"):
-            set_paths(path)
-            acc = _dtypes.accumulator_dtype(dtype)
-            y, mean, rstd = poisoned(shape, dtype), poisoned((shape[0], groups), acc), poisoned((shape[0], groups), acc)
-            gn.group_norm(x, groups, activation="silu", out=y, mean_out=mean, rstd_out=rstd)
-            assert relative_error(y, ref_y) <= TOLERANCE[dtype], (u, path)
-            in_place = on_device(x_host)
-            assert gn.group_norm(in_place, groups, activation="silu", out=in_place) is in_place
-            assert cupy.array_equal(in_place, y), (u, path, "in place")
-            dx = poisoned(shape, dtype)
-            gn.group_norm_backward(dy, x, mean, rstd, groups, activation="silu", out=dx)
-            ref_dx = reference.group_norm_backward(dy_host, x_host, mean.get(), rstd.get(), groups,
-                                                   activation="silu")[0]
-            assert relative_error(dx, ref_dx) <= TOLERANCE[dtype], (u, path)
-            assert {launch.expression for launch in _elementwise_launches()} and all(
-                launch.expression.endswith(f", {u}>") for launch in _elementwise_launches())
-            results[u, path] = (y, dx)
-    for path in ("fused", "split"):
-        for one, two in zip(results[1, path], results[2, path]):
-            assert cupy.array_equal(one, two), path
-    gn._forward_plan.cache_clear()
-    gn._backward_plan.cache_clear()
-    gn._SIGNATURES.clear()
+            for one, two in zip(results[1, path], results[2, path]):
+                assert cupy.array_equal(one, two), path
+    finally:
+        clear_plans()  # the plans built under the forced U (and grid cap) must not serve later tests
 
 
 def _elementwise_launches():

@@ -255,10 +255,15 @@ def test_specializations_selection():
     assert not any("long long" in n for n in names)
     with pytest.raises(ValueError, match="activation"):
         gn.specializations(activations=["swish"])
-    # 64-bit indices (tensors of 2**31 elements and more) compile U = 2 only.
+    # 2-byte types with 64-bit indices (tensors of 2**31 elements and more,
+    # past the bound) compile U = 2 only; 4- and 8-byte types U = 1 only.
     wide = [e for _, e in gn.specializations("group_norm_backward", dtypes=[F16], large_index=True)]
     assert "dwgn_gn_bwd_dx<__half, 2, 8, long long, 2>" in wide
     assert not any(e.startswith(("dwgn_gn_bwd_dx", "dwgn_gn_fwd_apply")) and e.endswith("long long, 1>") for e in wide)
+    for dtype in (F32, numpy.float64):
+        names = [e for _, e in gn.specializations(dtypes=[dtype])]
+        elementwise = [e for e in names if e.startswith(("dwgn_gn_bwd_dx", "dwgn_gn_fwd_apply"))]
+        assert elementwise and all(e.endswith(", 1>") for e in elementwise)
 
 
 @pytest.mark.parametrize(
@@ -362,10 +367,19 @@ def test_gradient_outputs_checked_by_name():
         gn.check_backward_args(z((2, 3, 4)), x, stats, stats, 2, w, None, "identity", numpy.ndarray, out=x)
 
 
-def test_elementwise_vectors_with_64bit_indices_and_int32_counts():
-    # 64-bit indices take U = 2 at every dtype (the only U they compile);
-    # a vector count near 2**31 held in an int32 scalar does not overflow the
-    # size check (U = 2 for a 2-byte tensor of 2**31 - 8 elements).
-    assert gn._elementwise_vectors(numpy.int64(2**29), 4, 4, "long long") == 2
-    assert gn._elementwise_vectors(numpy.int32((2**31 - 8) // 8), 8, 2, "int") == 2
-    assert gn._elementwise_vectors(numpy.int32(1000), 8, 2, "int") == 1
+def test_elementwise_vectors_with_int32_counts_and_every_pick_compiled():
+    # A vector count near 2**31 held in an int32 scalar does not overflow the
+    # size check (U = 2 for a 2-byte tensor of 2**31 - 8 elements); 4- and
+    # 8-byte tensors of any size take U = 1.
+    assert gn._elementwise_vectors(numpy.int32((2**31 - 8) // 8), 8, 2) == 2
+    assert gn._elementwise_vectors(numpy.int32(1000), 8, 2) == 1
+    assert gn._elementwise_vectors(numpy.int64(2**30), 4, 4) == 1
+    # Every plan names a compiled U: both index widths, every dtype, vectors and elements.
+    for dtype in (F16, ml_dtypes.bfloat16, F32, numpy.float64):
+        dtype = numpy.dtype(dtype)
+        names = {e for _, e in gn.specializations(dtypes=[dtype])}
+        for n, rows, c in ((2, 64 * 64, 320), (8, 128 * 128, 320), (1, 2**31 // 64 + 1, 64)):
+            for aligned in (True, False):
+                forward = gn._forward_plan(n, rows, c, 32, dtype, dtype, "silu", 1e-5, aligned, "fused").elementwise
+                backward = gn._backward_plan(n, rows, c, 32, dtype, dtype, "silu", aligned, "fused").elementwise
+                assert {forward.expression, backward.expression} <= names, (dtype, n, rows, c, aligned)
