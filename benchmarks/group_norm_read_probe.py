@@ -16,7 +16,7 @@ blocks per SM by dynamic shared memory (as the statistics kernel) or not:
 * ``stripes B``: block b reads row groups b, b + B, b + 2B, ... (a group =
   ``lanes`` rows): every block sweeps the tensor front to back together;
 * ``grid-stride``: the elementwise kernels' order (one vector per thread per
-  step; the shipped kernels take two on 2-byte tensors of 48 MB and more),
+  step; the shipped kernels take two on float16 tensors of 16 MB and more),
   occupancy free.
 
 and the library's forward with the statistics split's item count changed

@@ -5,13 +5,15 @@ as benchmarks/group_norm.py measures it) of SD-size and large shapes, SiLU,
 G = 32, one column per setting.  The figures behind the constants'
 comments come from it.
 
-    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward | --shipped | --paths | --cluster | --cluster-backward | --programmatic] [NxHxWxC:dtype ...]   # about 30 s on an H200
+    PYTHONPATH=.:benchmarks python benchmarks/group_norm_tuning.py [--forward | --shipped | --paths | --cluster | --cluster-backward | --programmatic | --vectors] [NxHxWxC:dtype ...]   # about 30 s on an H200
 
 --paths compares the paths: "auto" (the shipped rule), "cluster" (the
 cluster forward wherever it serves the shape), "fused" (the two launches),
 "onepass" and "resident" (the opt-in one-launch kernels; resident also at 64
 and 32 blocks).  --programmatic compares "auto" and "fused" with and without
 the programmatic dependent launch of the second kernel (_launch.PROGRAMMATIC).
+--vectors compares the apply / dx kernels' vectors a thread: the shipped rule
+(_group_norm._elementwise_vectors), and U = 2 or U = 1 forced.
 """
 
 import sys
@@ -51,6 +53,9 @@ PATHS = [("auto", {}, "auto"), ("cluster", {}, "cluster"), ("fused", {}, "fused"
          ("cluster, bwd 256 threads", dict(_CLUSTER_BWD_BLOCK=256, _CLUSTER_BWD_WIDE_BLOCK=256), "cluster"),
          ("resident", {}, "resident"),
          ("resident 64", dict(_RESIDENT_BLOCKS=64), "resident"), ("resident 32", dict(_RESIDENT_BLOCKS=32), "resident")]
+# the apply / dx kernels' vectors a thread: the shipped rule, and U = 2 or 1 forced ("U" stands for
+# _group_norm._elementwise_vectors among the knobs)
+VECTORS = [("auto", {}, "auto"), ("U=2", dict(U=2), "auto"), ("U=1", dict(U=1), "auto")]
 # "PROGRAMMATIC" stands for _launch.PROGRAMMATIC (shipped: on) among the knobs
 PROGRAMMATIC = [("auto", {}, "auto"), ("auto, no PDL", dict(PROGRAMMATIC=False), "auto"), ("fused", {}, "fused"),
                 ("fused, no PDL", dict(PROGRAMMATIC=False), "fused"), ("auto", {}, "auto")]
@@ -60,6 +65,7 @@ CASES = [((2, 64, 64, 320), "float16"), ((2, 64, 64, 320), "float32"), ((2, 32, 
 
 
 SHIPPED_PROGRAMMATIC = _launch.PROGRAMMATIC
+SHIPPED_VECTORS = gn._elementwise_vectors
 
 
 def set_programmatic(on):
@@ -82,6 +88,7 @@ def main():
     # forward+backward) to each line
     settings = (SETTINGS[:1] if "--shipped" in sys.argv[1:] else PATHS if "--paths" in sys.argv[1:]
                 else PROGRAMMATIC if "--programmatic" in sys.argv[1:]
+                else VECTORS if "--vectors" in sys.argv[1:]
                 else [p for p in PATHS if p[0] in ("auto", "small", "cluster", "fused")] if "--small" in sys.argv[1:]
                 else PATHS[:6] if "--cluster" in sys.argv[1:]
                 else PATHS[:3] + [p for p in PATHS if p[0].startswith("cluster, bwd")]
@@ -95,6 +102,7 @@ def main():
     for k, v in DEFAULT.items():
         setattr(gn, k, v)
     set_programmatic(SHIPPED_PROGRAMMATIC)
+    gn._elementwise_vectors = SHIPPED_VECTORS
     gn.FORWARD_PATH = gn.BACKWARD_PATH = "auto"
     clear()
 
@@ -105,6 +113,8 @@ def sweep(shape, dtype, backward, settings, with_torch=False):
     for name, knobs, path in settings:
         knobs = dict(knobs)
         set_programmatic(knobs.pop("PROGRAMMATIC", SHIPPED_PROGRAMMATIC))
+        u = knobs.pop("U", None)
+        gn._elementwise_vectors = SHIPPED_VECTORS if u is None else (lambda *args, u=u: u)
         for k, v in {**DEFAULT, **knobs}.items():
             setattr(gn, k, v)
         gn.FORWARD_PATH = gn.BACKWARD_PATH = path

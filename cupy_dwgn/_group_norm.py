@@ -316,15 +316,14 @@ _GROUPED_MIN_ROWS = 32
 _MAX_GROUPED_CHANNELS = 64
 # Vectors a thread of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx takes per step (the
 # kernels' U, their tensor loads issued together; _elementwise_vectors):
-# 2 for 2-byte types on tensors of at least _ELEMENTWISE_BATCH_BYTES (so
-# also wherever they need 64-bit indices), else 1 (with 32-bit indices the
+# 2 for float16 tensors of at least _ELEMENTWISE_BATCH_BYTES (so also
+# wherever they need 64-bit indices), else 1 (with 32-bit indices the
 # kernels' machine code before U existed); the grid is a thread per U vectors (at most
 # _launch.MAX_BLOCKS blocks: the kernels walk any grid).  Measured
-# (2026-12-05, forward / backward GPU time, rotating copies, SiLU;
-# benchmarks/group_norm_tuning.py --shipped;
-# results/group_norm_elementwise_ab_2026-12-05.txt), U = 2 at every size
-# against 1:
-#   - H200 (two runs per tree in one call, within 0.2 us of each other):
+# (forward / backward GPU time, rotating copies, SiLU;
+# benchmarks/group_norm_tuning.py --shipped and --vectors;
+# results/group_norm_elementwise_ab_2026-12-05.txt), U = 2 against 1:
+#   - H200 (2026-12-05, two runs per tree in one call, within 0.2 us of each other):
 #     2-byte types past L2 faster, 8x128x128x320 fp16 84.2/133.3 -> 81.0/128.7
 #     us, 1x512x512x128 fp16 68.4/106.2 -> 66.6/101.1; float32 mixed,
 #     4x64x64x2560 138.3/215.0 -> 136.1/215.7, 1x256x256x256 64.0/93.2 ->
@@ -333,32 +332,42 @@ _MAX_GROUPED_CHANNELS = 64
 #     13.9/15.9 -> 14.4/15.9 (more registers: fp16 apply 32 -> 40, dx 36-56
 #     -> 52-68, so fewer blocks an SM); 2x32x32x640, 2x16x16x1280 and
 #     8x8x8x1280 within 0.1 us;
-#   - H100 (one run, U = 2 on tensors of 16 MB and more): 8x128x128x320 fp16
+#   - H100 (2026-12-05, one run, U = 2 on tensors of 16 MB and more): 8x128x128x320 fp16
 #     104.7/170.3 -> 102.3/167.2, 1x512x512x128 fp16 81.7/127.7 ->
 #     80.8/123.4; float32 slower, 4x64x64x2560 177.8/282.2 -> 178.0/284.6,
 #     1x256x256x256 78.3/120.9 -> 78.7/122.2; so float32 and float64 keep
 #     U = 1.  (That run's U = 1 kernels were not yet the code before: dx at
 #     56 registers instead of 48 made the SD-size backward 0.4-0.7 us slower;
 #     U = 1 now runs the plain loop, machine code identical to it.)
+#   - H100 (2026-12-05, next session, --vectors: the shipped rule, U = 2 and U = 1 forced on
+#     every 2-byte tensor, one call): bfloat16 slower at every size
+#     measured, 8x128x128x320 105.5/170.6 -> 107.4/176.7, 1x1024x1024x128
+#     281.2/466.6 -> 285.6/475.7, 1x512x512x128 81.7/126.2 -> 82.8/129.4,
+#     8x64x64x640 (42 MB) 59.6/93.5 -> 59.4/100.3 (again 59.2/90.7 ->
+#     58.9/98.3): bfloat16 keeps U = 1.  float16 from 21 MB on faster or
+#     equal: 4x64x64x640 (21 MB) 32.8/49.4 -> 32.4/49.4, 2x128x128x320 (21
+#     MB) 32.1/49.2 -> 32.0/48.8, 1x256x256x256 (34 MB) 46.0/72.2 ->
+#     45.1/70.6, 1x384x384x128 (38 MB) 50.3/78.1 -> 49.8/76.1, 4x128x128x320
+#     (42 MB) 56.3/87.7 -> 55.2/86.8, 1x1024x1024x128 280.8/477.2 ->
+#     282.2/452.8, 8x128x128x320 105.7/163.1 -> 103.1/160.7.
 #   - U = 4 (H200): slower than 2 everywhere (8x128x128x320 fp16 83.6/137.1,
 #     2x64x64x320 fp16 16.1/19.1);
 #   - also dropped (H100, same file): the first vector loaded before the
 #     programmatic wait, to overlap the first kernel's finalize (within 0.6
 #     us everywhere, 1x512x512x128 fp16 forward 81.8 -> 83.6).
-#   The bound: about the L2 of an H100 / H200 (50 MB), past which the apply
-#   and dx read x (and grad_out) back from DRAM and the loads in flight pay;
-#   of the 2-byte tensors, the smallest measured faster is 64 MB, the
-#   largest slower 5 MB (16-48 MB not measured: left at U = 1, the code
-#   before).  float32 was slower at 8-10 MB too (1x128x128x128 15.3/19.1 ->
+#   The bound: float16 was slower at 4-5 MB (SD-size, H200) and faster from 21 MB
+#   (H100; 16-48 MB not measured on an H200): 16 MB, about where the
+#   apply and dx stop finding the tensor in L2 after the statistics pass.
+#   float32 was slower at 8-10 MB too (1x128x128x128 15.3/19.1 ->
 #   15.6/20.1 on the H200).
-_ELEMENTWISE_BATCH_BYTES = 48 * 2**20
+_ELEMENTWISE_BATCH_BYTES = 16 * 2**20
 
 
 def _elementwise_variants(dtype, index):
     """The U compiled for ``dtype`` at index width ``index`` (what
-    _elementwise_vectors can pick): 2-byte types 1 and 2 with 32-bit
-    indices, 2 with 64-bit ones (they are past the bound); others 1."""
-    if numpy.dtype(dtype).itemsize != 2:
+    _elementwise_vectors can pick): float16 1 and 2 with 32-bit indices,
+    2 with 64-bit ones (they are past the bound); others 1."""
+    if numpy.dtype(dtype) != numpy.float16:
         return (1,)
     return (1, 2) if index == "int" else (2,)
 _COLUMN_BLOCK = _checks.COLUMN_BLOCK  # block size of the column kernels (their shared scratch is sized for it)
@@ -790,7 +799,7 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
             (i32(batch), i32(rows), i32(channels), i32(groups), i32(num_chunks), i32(rows_per_chunk), i32(grouped),
              eps),
         ),
-        _elementwise_launch(_APPLY, t, _ACT_CODE[activation], vec, index, num_vectors, dtype.itemsize, rows,
+        _elementwise_launch(_APPLY, t, _ACT_CODE[activation], vec, index, num_vectors, dtype, rows,
                             channels, fused),
         # Forward summaries are double whatever x is: the sums keep the mean exact.
         (((batch, num_chunks, 2, groups if grouped else channels), numpy.dtype(numpy.float64)),
@@ -799,18 +808,20 @@ def _forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, eps
     )
 
 
-def _elementwise_vectors(num_vectors, vec, itemsize):
-    """U of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx (the rule above)."""
-    return 2 if itemsize == 2 and int(num_vectors) * vec * itemsize >= _ELEMENTWISE_BATCH_BYTES else 1
+def _elementwise_vectors(num_vectors, vec, dtype):
+    """U of dwgn_gn_fwd_apply / dwgn_gn_bwd_dx (the rule above) for
+    ``num_vectors`` vectors of ``vec`` elements of ``dtype``."""
+    dtype = numpy.dtype(dtype)
+    return 2 if dtype == numpy.float16 and int(num_vectors) * vec * dtype.itemsize >= _ELEMENTWISE_BATCH_BYTES else 1
 
 
-def _elementwise_launch(kernel, t, act, vec, index, num_vectors, itemsize, rows, channels, fused):
+def _elementwise_launch(kernel, t, act, vec, index, num_vectors, dtype, rows, channels, fused):
     """The launch of ``kernel`` (dwgn_gn_fwd_apply or dwgn_gn_bwd_dx) for
     element type ``t``, activation code ``act``, over ``num_vectors`` channel
     vectors: a thread per U of them (_elementwise_vectors); programmatic
     after the fused path's column kernel (its blocks are placed while that
     kernel finalizes)."""
-    u = _elementwise_vectors(num_vectors, vec, itemsize)
+    u = _elementwise_vectors(num_vectors, vec, dtype)
     return _launch.Launch(
         KERNEL_FILE, _compile.name_expression(kernel, t, act, vec, index, u),
         _launch.grid_1d(-(-int(num_vectors) // u)), (_launch.BLOCK,), 0, (num_vectors, i32(rows), i32(channels)),
@@ -970,7 +981,7 @@ def _backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, al
             (groups, min(batch + 1, _launch.MAX_GRID_Y)), (_group_block(channels // groups * num_chunks, 256),),
             0, common + (i32(num_chunks),),
         ),
-        _elementwise_launch(_BWD_DX, t, act, vec, index, num_vectors, dtype.itemsize, rows, channels, fused),
+        _elementwise_launch(_BWD_DX, t, act, vec, index, num_vectors, dtype, rows, channels, fused),
         (((batch, num_chunks, 2, channels), acc_dtype), ((batch, 5, channels), acc_dtype)),
     )
 

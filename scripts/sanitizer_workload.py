@@ -518,13 +518,13 @@ def group_norm(paths=None):
     # ones (forced; the cases' groups have 2-8 channels, and 131 channels in
     # ((2, 393), 3), which stays per channel); the apply / dx kernels at the
     # vectors a thread the rule gives these small tensors (1) and, for the
-    # 2-byte cases, at 2 (forced; the rule's pick from 48 MB).  Each case
+    # float16 cases, at 2 (forced; the rule's pick from 16 MB).  Each case
     # also runs on a misaligned view (element loads).
     from cupy_dwgn import _group_norm
 
     shipped_grouped_bytes = _group_norm._GROUPED_BYTES
     shipped_vectors = _group_norm._elementwise_vectors
-    two_vectors = lambda num_vectors, vec, itemsize: 2 if itemsize == 2 else 1  # noqa: E731 (what is compiled)
+    two_vectors = lambda num_vectors, vec, dtype: 2 if cupy.dtype(dtype) == cupy.float16 else 1  # noqa: E731 (what is compiled)
     for path, grouped_bytes, vectors in [
             ("cluster", shipped_grouped_bytes, shipped_vectors), ("small", shipped_grouped_bytes, shipped_vectors),
             ("resident", shipped_grouped_bytes, shipped_vectors),

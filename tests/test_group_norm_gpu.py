@@ -437,16 +437,16 @@ def test_group_and_channel_partial_sums_agree(rng, monkeypatch, set_paths, shape
     [
         ((2, 64, 64, 320), 32, F16, True, None),  # the SD shape the rule gives 1 vector a thread
         # 11628 vectors on 5888 threads at U = 2: the last threads have no second vector
-        ((3, 17, 19, 96), 8, BFLOAT16, True, None),
+        ((3, 17, 19, 96), 8, F16, True, None),
         ((2, 13, 11, 40), 4, F16, False, None),  # elements (a misaligned view)
-        ((2, 31, 33, 64), 8, BFLOAT16, True, 3),  # grids of 3 blocks: every thread walks several steps
+        ((2, 31, 33, 64), 8, F16, True, 3),  # grids of 3 blocks: every thread walks several steps
     ],
-    ids=["sd-fp16", "tail-bf16", "elements-fp16", "steps-bf16"],
+    ids=["sd-fp16", "tail-fp16", "elements-fp16", "steps-fp16"],
 )
 def test_elementwise_vectors_per_thread_give_the_same_bits(rng, monkeypatch, set_paths, shape, groups, dtype, aligned,
                                                             max_blocks):
     # dwgn_gn_fwd_apply / dwgn_gn_bwd_dx take 1 or 2 vectors a thread per
-    # step (_elementwise_vectors: 2 for 2-byte types on tensors of at least
+    # step (_elementwise_vectors: 2 for float16 tensors of at least
     # _ELEMENTWISE_BATCH_BYTES; both forced here on small ones).  Each
     # element's arithmetic is the same, so y (also in place) and dx are
     # bit-identical at both counts, on the fused (programmatic) and split
