@@ -6,8 +6,10 @@ bfloat16 (float64 keeps the window kernel).
 Launch rule (no user tuning), from the destination plane size:
 
 * A thread owns R x V = 4 x 4 destination values (float64 5x5 and 7x7:
-  2 x 4; 2-byte 3x3 at stride 1: 8 x 4) and reads its window straight
-  from the unit's raw source rows (padding skipped or masked in registers).
+  2 x 4; 2-byte 3x3 at stride 1: 8 x 4; 2-byte 5x5 at stride 1: 4 x 4 or
+  7 x 4, whichever reads the shared source with fewer bank conflicts and
+  less overhang, _pick_rows) and reads its window straight from the unit's
+  raw source rows (padding skipped or masked in registers).
 * Planes of at most 256 items whose buffers fit 48 KB: a block takes P =
   min(256 // items, 48 KB // (3 source planes + the destination plane when
   outputs go through the shared buffer)) planes, fewer when that would
@@ -58,12 +60,19 @@ _MAX_PREFERRED_WIDTH = 160
 
 
 
-def rows(itemsize, filter_height, stride):
-    """Destination rows per thread of the forward and backward-input kernel
-    (kernel: kRows; 2-byte 3x3 at stride 1 takes 8, its comment says why)."""
-    if itemsize == 2 and filter_height == 3 and stride == 1:
-        return 8
-    return wgrad_rows(itemsize, filter_height)
+def row_choices(itemsize, filter_height, stride):
+    """Destination rows per thread the forward and backward-input kernel is
+    compiled for (its template parameter R; the kernel's comment on R says
+    why): 2-byte 3x3 at stride 1 8, 2-byte 5x5 at stride 1 4 and 7 (plan
+    picks one per geometry: _pick_rows), else as the weight gradient."""
+    if itemsize == 2 and stride == 1 and filter_height in (3, 5):
+        return (8,) if filter_height == 3 else (4, 7)
+    return (wgrad_rows(itemsize, filter_height),)
+
+
+def launch_rows(launch):
+    """R of a plan's launch (its expression's sixth template argument)."""
+    return int(launch.expression.split("<")[1].split(", ")[5])
 
 
 def wgrad_rows(itemsize, filter_height):
@@ -253,23 +262,30 @@ def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_output
     return per_unit, raw_bytes, round16(per_unit * dst_plane_bytes) + 16 if stage_outputs else 0
 
 
-def _expression(dtype, size, stride, backward, index):
+def _expression(dtype, size, stride, backward, item_rows, index):
     return _compile.name_expression(
-        KERNEL, _dtypes.ctype(dtype), size[0], size[1], stride, "true" if backward else "false", index)
+        KERNEL, _dtypes.ctype(dtype), size[0], size[1], stride, "true" if backward else "false", item_rows, index)
 
 
 # (stride, backward) of the specializations: the backward-input is a stride-1 correlation.
 VARIANTS = ((1, False), (2, False), (1, True))
+# Every R that row_choices names.
+_ALL_ROWS = (2, 4, 7, 8)
 
 
 def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True)):
     """``(file, name expression)`` of every plane-kernel specialization.
 
     backward: None (both), False (forward, strides 1 and 2) or True (backward-input)."""
-    return _compile.filter_size_specializations(
-        KERNEL_FILE, lambda dtype, size, index, stride, is_backward: _expression(dtype, size, stride, is_backward, index),
-        DTYPES, FILTER_SIZES, dtypes, filter_sizes, large_index,
-        [v for v in VARIANTS if backward is None or v[1] == backward])
+    def expression(dtype, size, index, stride, is_backward, item_rows):
+        if item_rows not in row_choices(dtype.itemsize, size[0], stride):
+            return None
+        return _expression(dtype, size, stride, is_backward, item_rows, index)
+
+    variants = [(stride, is_backward, item_rows) for stride, is_backward in VARIANTS
+                if backward is None or is_backward == backward for item_rows in _ALL_ROWS]
+    return [spec for spec in _compile.filter_size_specializations(
+        KERNEL_FILE, expression, DTYPES, FILTER_SIZES, dtypes, filter_sizes, large_index, variants) if spec[1]]
 
 
 @functools.lru_cache(maxsize=512)
@@ -292,14 +308,44 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     if min(src_h, src_w, dst_h, dst_w) <= 0 or planes >= 2**31 - _MAX_GRID or max(src_h * src_w, dst_h * dst_w) >= 2**31:
         return None
     itemsize = numpy.dtype(dtype).itemsize
-    item_rows = rows(itemsize, g.filter_height, g.stride_h)
+    pack = min(16, COLUMNS * itemsize)
+    vector_stores = int(dst_w % COLUMNS == 0 and dst_alignment % pack == 0)
+    frame = (planes, src_h, src_w, dst_h, dst_w, itemsize, stride, g.filter_height, vector_stores, src_alignment)
+    layouts = {r: _units(r, *frame) for r in row_choices(itemsize, g.filter_height, stride)}
+    layouts = {r: layout for r, layout in layouts.items() if layout is not None}
+    if not layouts:
+        return None
+    item_rows = _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, g.filter_height)
+    per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes = layouts[item_rows]
+    units = -(-planes // per_unit) * num_bands
+    threads = -(-per_unit * row_blocks * col_blocks // 32) * 32
+    # The buffers were bounded with 16 bytes of rounding and 16 for a copy from the boundary below.
+    assert BUFFERS * raw_bytes + out_stage_bytes <= SHARED_LIMIT
+    return _launch.Launch(
+        KERNEL_FILE,
+        _expression(dtype, size, stride, backward, item_rows, index),
+        (min(units, _MAX_GRID),),
+        (threads,),
+        BUFFERS * raw_bytes + out_stage_bytes,
+        (
+            i32(g.channels), i32(planes), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top),
+            i32(offset_left), i32(per_unit), i32(num_bands), i32(row_blocks), i32(col_blocks), i32(raw_bytes),
+            i32(vector_stores), i32(out_stage_bytes),
+        ),
+        persistent=True,
+    )
+
+
+def _units(item_rows, planes, src_h, src_w, dst_h, dst_w, itemsize, stride, filter_height, vector_stores,
+           src_alignment):
+    """(P, num_bands, row blocks a unit, column blocks, raw_bytes,
+    out_stage_bytes) of the units of items of ``item_rows`` rows, or None
+    when they cannot be formed."""
     row_blocks, col_blocks = -(-dst_h // item_rows), -(-dst_w // COLUMNS)
     if col_blocks > MAX_THREADS:
         return None
     plane_bytes = src_h * src_w * itemsize
     dst_plane_bytes = dst_h * dst_w * itemsize
-    pack = min(16, COLUMNS * itemsize)
-    vector_stores = int(dst_w % COLUMNS == 0 and dst_alignment % pack == 0)
     # Outputs through the shared output buffer where rows are not stored as
     # vectors and the source takes the cp.async path (16-byte aligned).
     stage_outputs = not vector_stores and src_alignment % 16 == 0
@@ -317,28 +363,85 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         if per_unit * src_h * src_w >= 2**31:  # in-unit offsets are int
             return None
     else:
-        bands = _bands(row_blocks, col_blocks, item_rows, stride, g.filter_height, src_h, src_w, dst_w, itemsize,
+        bands = _bands(row_blocks, col_blocks, item_rows, stride, filter_height, src_h, src_w, dst_w, itemsize,
                        stage_outputs, src_alignment % 16 == 0)
         if bands is None:
             return None
         per_unit = 1
         num_bands, row_blocks, raw_bytes, out_stage_bytes = bands
-    units = -(-planes // per_unit) * num_bands
-    if units >= 2**31 - _MAX_GRID:
+    if -(-planes // per_unit) * num_bands >= 2**31 - _MAX_GRID:
         return None
-    threads = -(-per_unit * row_blocks * col_blocks // 32) * 32
-    # The buffers were bounded with 16 bytes of rounding and 16 for a copy from the boundary below.
-    assert BUFFERS * raw_bytes + out_stage_bytes <= SHARED_LIMIT
-    return _launch.Launch(
-        KERNEL_FILE,
-        _expression(dtype, size, stride, backward, index),
-        (min(units, _MAX_GRID),),
-        (threads,),
-        BUFFERS * raw_bytes + out_stage_bytes,
-        (
-            i32(g.channels), i32(planes), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top),
-            i32(offset_left), i32(per_unit), i32(num_bands), i32(row_blocks), i32(col_blocks), i32(raw_bytes),
-            i32(vector_stores), i32(out_stage_bytes),
-        ),
-        persistent=True,
-    )
+    return per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes
+
+
+def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, filter_height):
+    """R among ``layouts`` ({R: _units(R, ...)}): the one whose reads of the
+    shared source cost least, counted as the destination rows computed (row
+    blocks overhang the plane) times the mean shared-memory bank conflict
+    degree of the warps' window reads (_bank_conflicts; 1 on the element
+    path, which reads global memory) over the share of a block's warp lanes
+    that own an item; ties to the smaller R.
+
+    Why a model: for 2-byte 5x5 at stride 1 (R = 4 or 7) the winner turns
+    with the plane size and follows this count.  H100, 2026-12-05, 64xCxHxH
+    fp16 forward, "same" padding, about 32 MB a tensor, us at R = 4 / 7 (the
+    count at 4 / 7): H = 12 52.0 / 64.6 (2.5 / 3.3), 16 75.1 / 61.3 (7.0 /
+    3.9), 17 89.3 / 71.6 (4.4 / 2.5), 19 69.2 / 63.3 (2.7 / 2.6), 24 52.0 /
+    55.8 (3.0 / 3.2), 28 49.9 / 57.8 (2.9 / 4.8), 33 70.6 / 63.1 (3.8 / 2.4),
+    38 64.8 / 56.1 (3.0 / 2.2); of the 17 heights measured (10 to 75) it
+    picks the faster R at every one but 60 (55.1 / 52.7: 4.5% slower) and
+    three within 2% (10, 42, 50; 7 is left out below 14 rows, and 10
+    measured 2-5% slower at 7 in a second run);
+    benchmarks/results/depthwise_nchw_plane_5x5_rows_h100_2026-12-05.txt.
+    Without the lanes' share it missed 19 by 9%.  The kernel is issue-bound
+    on its shared-memory reads (a 2-byte load per source value: the static
+    count of 2026-12-05), so a read conflicting n-way costs about n times
+    its issue, and idle lanes issue as busy ones."""
+    # A taller item only where the plane holds two of it (H100, 2026-12-05: at
+    # 10 rows, 7-row items, half of the second idle, lost 2-5% to 4-row ones).
+    shortest = min(layouts)
+    layouts = {r: layout for r, layout in layouts.items() if r == shortest or dst_h >= 2 * r}
+    if len(layouts) == 1:
+        return shortest
+
+    def cost(item_rows):
+        per_unit, num_bands, row_blocks, col_blocks, raw_bytes, _ = layouts[item_rows]
+        rows_computed = -(-dst_h // (row_blocks * item_rows)) * row_blocks * item_rows
+        degree = _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left,
+                                 itemsize, filter_height) if raw_bytes else 1.0
+        items = per_unit * row_blocks * col_blocks
+        lanes = items / (-(-items // 32) * 32)
+        return rows_computed / dst_h * degree / lanes
+
+    return min(sorted(layouts), key=cost)
+
+
+def _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left, itemsize,
+                    filter_height):
+    """Mean over the warps of a unit and the window reads of the forward
+    kernel (per source row t and window column k, one 2- or 4-byte shared
+    load a thread; stride 1) of the largest number of distinct 4-byte words
+    one of the 32 banks serves (1: conflict-free; threads reading the same
+    word share it).  The unit's first band (or its planes) from the buffer's
+    start; threads whose value lies in the padding do not read."""
+    span = COLUMNS - 1 + filter_height
+    thread = numpy.arange(per_unit * row_blocks * col_blocks)
+    plane, item = numpy.divmod(thread, row_blocks * col_blocks)
+    row_block, col_block = numpy.divmod(item, col_blocks)
+    rows = (row_block * item_rows - offset_top)[:, None, None] + numpy.arange(item_rows - 1 + filter_height)[None, :, None]
+    cols = (col_block * COLUMNS - offset_left)[:, None, None] + numpy.arange(span)[None, None, :]
+    inside = (rows >= 0) & (rows < src_h) & (cols >= 0) & (cols < src_w)
+    words = numpy.where(inside, ((plane[:, None, None] * src_h + rows) * src_w + cols) * itemsize // 4, -1)
+    # (warp, read) groups of 32 lanes, the padding lanes of the last warp not reading
+    warps = -(-thread.size // 32)
+    words = numpy.concatenate([words, numpy.full((warps * 32 - thread.size,) + words.shape[1:], -1)])
+    groups = words.reshape(warps, 32, -1).transpose(0, 2, 1).reshape(-1, 32)
+    groups = numpy.sort(groups, axis=1)
+    first = numpy.ones(groups.shape, bool)
+    first[:, 1:] = groups[:, 1:] != groups[:, :-1]
+    distinct = first & (groups >= 0)
+    per_bank = numpy.zeros((groups.shape[0], 32), numpy.int64)
+    numpy.add.at(per_bank, (numpy.nonzero(distinct)[0], groups[distinct] % 32), 1)
+    degree = per_bank.max(axis=1)
+    reading = degree > 0
+    return float(degree[reading].mean()) if reading.any() else 1.0

@@ -60,9 +60,9 @@
 // planes of the same size).  Otherwise element stores.
 //
 // Template parameters: T, KH, KW (equal, 3/5/7), STRIDE (1 or 2; 1 when
-// BACKWARD), BACKWARD, IndexT (int, or
+// BACKWARD), BACKWARD, R (destination rows a thread), IndexT (int, or
 // long long when a tensor has >= 2**31 elements: only plane offsets use it).
-// The host (cupy_dwgn/_depthwise_nchw_plane.py) picks P and the forms.
+// The host (cupy_dwgn/_depthwise_nchw_plane.py) picks R, P and the forms.
 
 #include "dwgn_common.cuh"
 
@@ -72,7 +72,8 @@ using dwgn::to_acc;
 
 namespace dwgn_plane {
 
-// Outputs per thread of the forward kernel: R rows x V columns.  float64
+// Outputs per thread of the forward kernel: R rows x V columns (R a
+// template parameter, the host's choice among these).  float64
 // 5x5/7x7 keep 2 rows so their double weights and accumulators stay in
 // registers.  2-byte 3x3 at stride 1 (forward and backward-input) takes 8:
 // each source row read and converted feeds up to 3 x 4 multiply-adds
@@ -90,22 +91,26 @@ namespace dwgn_plane {
 // (64x144x150 fp16 275.9 -> 246.8, 64x288x38 float32 62.8 -> 56.8) and lost
 // elsewhere (64x288x38 fp16 32.4 -> 39.3, 64x192x75 5x5 fp16 133.3 -> 143.4;
 // results/depthwise_nchw_plane_stride2_rows_h200_2026-12-04.txt): kept at 4.
+// 2-byte 5x5 at stride 1 is compiled at 4 and at 7 rows (7 at 2 blocks
+// per SM, 110-120 registers), the host picking per plane size
+// (_depthwise_nchw_plane.row_choices / _pick_rows): neither won at every
+// size (H100, 2026-12-05, fp16 forward us, 4 rows / 7 rows: 64x1024x16 75.1 /
+// 61.3, 64x896x17 89.3 / 71.6, 64x176x38 64.8 / 56.1; but 64x1792x12 52.0 /
+// 64.6, 64x320x28 49.9 / 57.8; results/depthwise_nchw_plane_5x5_rows_h100_2026-12-05.txt).
 // The weight gradient keeps 4 rows (kWgradRows).
 constexpr int kColumns = 4;
-template <typename T, int KH, int STRIDE>
-constexpr int kRows = (sizeof(T) == 8 && KH > 3) ? 2 : (sizeof(T) == 2 && KH == 3 && STRIDE == 1) ? 8 : 4;
 template <typename T, int KH> constexpr int kWgradRows = (sizeof(T) == 8 && KH > 3) ? 2 : 4;
 // Blocks per SM the register budget is set for (256 threads each): 3x3 at
 // 4 (64 registers; the output buffer's pointers took it from 64 to 72, 3
-// blocks; 2-byte 3x3 at stride 1, 8 rows: 3, 80 registers), 5x5 at 3 (80),
-// 7x7 at 2.  At stride 2 (source rows of 9 and 11 values; NVRTC 13.0
+// blocks; 2-byte 3x3 at stride 1, 8 rows: 3, 80 registers), 5x5 at 3 (80;
+// 7 rows: 2), 7x7 at 2.  At stride 2 (source rows of 9 and 11 values; NVRTC 13.0
 // spilled 3x3 at 64 and 5x5 at 80 on sm_80) one step fewer: the stride-2
 // planes' blocks are small (5 planes of 25 items at 38x38) and shared
 // memory holds them to 4 per SM anyway.
-template <typename T, int KH, int STRIDE>
+template <typename T, int KH, int STRIDE, int R>
 constexpr int kMinBlocks =
     sizeof(T) == 8 ? (KH > 3 ? 1 : 2)
-                   : (KH == 7 ? 2 : KH == 5 ? (STRIDE == 1 ? 3 : 2) : (kRows<T, KH, STRIDE> == 8 || STRIDE != 1 ? 3 : 4));
+                   : (KH == 7 ? 2 : KH == 5 ? (STRIDE == 1 && R == 4 ? 3 : 2) : (R == 8 || STRIDE != 1 ? 3 : 4));
 // Raw buffers of a unit each (host: _BUFFERS).
 constexpr int kBuffers = 3;
 
@@ -227,13 +232,12 @@ __device__ __forceinline__ void read_window_row(const T* values, unsigned column
 // `out`, the plane's rows from dst_row0 on: in dst, or in the unit's shared
 // output buffer (vectors = false).  rb: the item's row block in the plane.
 // `column_ok` bit k: source column col0 + k is inside the image.
-template <typename T, int KH, int KW, int STRIDE, bool BACKWARD>
+template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, int R>
 __device__ __forceinline__ void compute_item(const T* values, int src_row0, int plane, int rb, int cb,
                                              unsigned column_ok, const T* __restrict__ weight,
                                              const T* __restrict__ bias, T* __restrict__ out, int dst_row0,
                                              bool vectors, const Args& a) {
   using Acc = typename AccType<T>::type;
-  constexpr int R = kRows<T, KH, STRIDE>;
   constexpr int V = kColumns;
   constexpr int SPAN = (V - 1) * STRIDE + KW;
   const int channel = plane % a.channels;
@@ -296,15 +300,14 @@ __device__ __forceinline__ void compute_item(const T* values, int src_row0, int 
 
 }  // namespace dwgn_plane
 
-template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, typename IndexT>
-__global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE>) dwgn_dwconv2d_plane(
+template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, int R, typename IndexT>
+__global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE, R>) dwgn_dwconv2d_plane(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias,
     T* __restrict__ dst, int channels, int num_planes, int src_height, int src_width, int dst_height,
     int dst_width, int offset_top, int offset_left, int planes_per_unit, int num_bands, int row_blocks,
     int col_blocks, int raw_bytes, int vector_stores, int out_stage_bytes) {
   static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "backward-input takes this kernel at stride 1 only");
   using dwgn_plane::kBuffers;
-  constexpr int R = dwgn_plane::kRows<T, KH, STRIDE>;
   constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + KW;
   extern __shared__ __align__(16) unsigned char raw[];
   const dwgn_plane::Args a{channels,   num_planes, src_height, src_width,     dst_height,   dst_width,
@@ -326,7 +329,7 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE>) dw
   // This thread's item of unit u, from the unit's source rows `values` into `out` (dst or the output buffer).
   auto compute = [&](const dwgn_plane::Unit& u, const T* values, T* out, bool vectors) {
     if (local_plane < u.planes)
-      dwgn_plane::compute_item<T, KH, KW, STRIDE, BACKWARD>(
+      dwgn_plane::compute_item<T, KH, KW, STRIDE, BACKWARD, R>(
           values + local_plane * src_plane, u.src_row0, u.first_plane + local_plane, u.dst_row0 / R + rb_in_unit,
           cb, column_ok, weight, bias, out + local_plane * dst_plane, u.dst_row0, vectors, a);
   };

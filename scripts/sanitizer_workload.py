@@ -472,8 +472,11 @@ def nchw_plane():
     # a partial last unit, the element path (misaligned source); the
     # stride-2 forward (odd and even planes, 5x5 and 7x7); bands of one
     # plane (planes of more than 256 items, float32 planes too large for
-    # the buffers).
+    # the buffers).  2-byte 5x5 at stride 1 at each of its rows a thread (4
+    # and 7, forced), bands of 7-row items too.
     from cupy_dwgn import _depthwise_nchw_plane, _dtypes, _validate, depthwise as dw
+
+    shipped_pick = _depthwise_nchw_plane._pick_rows
 
     for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
         for x_shape, k, padding, stride in [
@@ -482,7 +485,8 @@ def nchw_plane():
                 ((4, 40, 38, 38), 3, 1, 2), ((3, 50, 19, 19), 5, 2, 2), ((2, 6, 27, 28), 7, 3, 2),
                 ((2, 3, 75, 75), 3, 1, 1), ((2, 4, 60, 61), 3, 1, 1), ((1, 3, 70, 66), 7, 8, 1),
                 ((1, 3, 150, 150), 3, 1, 2), ((1, 2, 20, 70), 3, ((0, 60), (1, 1)), 1),
-                ((1, 3, 4, 90), 3, ((0, 100), (1, 1)), 1)]:
+                ((1, 3, 4, 90), 3, ((0, 100), (1, 1)), 1), ((2, 6, 17, 19), 5, 2, 1),
+                ((1, 2, 150, 100), 5, ((1, 4), (2, 2)), 1)]:
             w_shape = (x_shape[1], 1, k, k)
             g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
             y_shape = (g.batch, x_shape[1], g.out_height, g.out_width)
@@ -494,9 +498,14 @@ def nchw_plane():
                 for src_view, dst in ((src, cupy.empty(dst_shape, dtype)),
                                       (src, _misaligned(cupy.empty(dst_shape, dtype))),
                                       (_misaligned(src), cupy.empty(dst_shape, dtype))):
-                    launch = _depthwise_nchw_plane.plan(g, cupy.dtype(dtype), backward, "int", dw._alignment(src_view),
-                                                        dw._alignment(dst))
-                    launch(src_view, w, 0 if backward else b, dst)
+                    for item_rows in _depthwise_nchw_plane.row_choices(cupy.dtype(dtype).itemsize, k, stride):
+                        _depthwise_nchw_plane._pick_rows = lambda layouts, *args, r=item_rows: r
+                        _depthwise_nchw_plane.plan.cache_clear()
+                        launch = _depthwise_nchw_plane.plan(g, cupy.dtype(dtype), backward, "int",
+                                                            dw._alignment(src_view), dw._alignment(dst))
+                        launch(src_view, w, 0 if backward else b, dst)
+    _depthwise_nchw_plane._pick_rows = shipped_pick
+    _depthwise_nchw_plane.plan.cache_clear()
 
 
 def _misaligned(a):

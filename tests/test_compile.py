@@ -940,6 +940,43 @@ def _check_ring_rule(ring, g, dtype, backward, taken):
     return False
 
 
+def test_nchw_plane_rows_follow_the_height_sweep():
+    # R of the plane kernel (rows a thread): compiled choices, and the pick
+    # among them (_pick_rows) against the faster R of the 2026-12-05 sweep
+    # (H100, 64xCxHxH fp16 5x5 forward; results/depthwise_nchw_plane_5x5_rows_h100_2026-12-05.txt).
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane as plane
+    from cupy_dwgn import _validate
+
+    assert plane.row_choices(2, 5, 1) == (4, 7) and plane.row_choices(2, 3, 1) == (8,)
+    assert plane.row_choices(2, 5, 2) == (4,) and plane.row_choices(4, 5, 1) == (4,)
+    assert plane.row_choices(2, 7, 1) == (4,) and plane.row_choices(8, 5, 1) == (2,)
+    compiled = {e for _, e in plane.specializations()}
+    half = numpy.dtype(numpy.float16)
+    for hw, channels, rows in [(10, 2560, 4), (12, 1792, 4), (14, 1344, 7), (16, 1024, 7), (17, 896, 7), (19, 720, 7), (19, 816, 7),
+                               (21, 576, 7), (24, 448, 4), (26, 384, 7), (28, 320, 4), (28, 240, 4), (31, 272, 7),
+                               (33, 240, 7), (38, 176, 7), (75, 48, 7)]:
+        g = _validate.conv_geometry((64, channels, hw, hw), (channels, 1, 5, 5), 1, 2, 1)
+        for dtype in (half, numpy.dtype(numpy.float32)):
+            for backward in (False, True):
+                launch = plane.plan(g, dtype, backward, "int", 16, 16)
+                assert launch.expression in compiled
+                assert plane.launch_rows(launch) == (rows if dtype == half else 4), (hw, dtype, backward)
+    # The count behind the pick: a warp's 32 items of 16-wide fp16 planes (4-row items, 2 planes of 4 x 4
+    # items) read 8 distinct words from each of 4 banks (the items' rows, 128 bytes apart, and planes, 512
+    # apart, land on the same banks): 8-way, 7 on average with the windows' edges in the padding.
+    g = _validate.conv_geometry((64, 1024, 16, 16), (1024, 1, 5, 5), 1, 2, 1)
+    src_h, src_w, dst_h, dst_w, top, left = _validate.correlation_frame(g, False)
+    per_unit, _, row_blocks, col_blocks, _, _ = plane._units(4, 64 * 1024, src_h, src_w, dst_h, dst_w, 2, 1, 5, 1, 16)
+    assert plane._bank_conflicts(4, per_unit, row_blocks, col_blocks, src_h, src_w, top, left, 2, 5) == 7.0
+    # one thread reading one word: conflict-free
+    assert plane._bank_conflicts(4, 1, 1, 1, 4, 4, 0, 0, 2, 1) == 1.0
+    # The element path (a misaligned source, global reads) counts the overhang alone: 16 rows are 4 blocks
+    # of 4 exactly, 3 of 7 overhang.
+    assert plane.launch_rows(plane.plan(g, half, False, "int", 2, 16)) == 4
+
+
 def test_nchw_plane_rule_follows_the_width_sweep():
     # _depthwise_nchw_plane.preferred against the 2026-12-02 sweeps' winner
     # (plane or window kernel; benchmarks/results/depthwise_kernels_sweep_*).
@@ -1089,7 +1126,7 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
     assert raw_bytes % 16 == 0 and (out_stage_bytes == 0 or raw_bytes > 0)
     assert num_bands == 1 or per_unit == 1
     kh_size, kw_size = weight.shape[1:]
-    rows, columns = nchw_plane.rows(src.dtype.itemsize, kh_size, stride), nchw_plane.COLUMNS
+    rows, columns = nchw_plane.launch_rows(launch), nchw_plane.COLUMNS
     span = (columns - 1) * stride + kw_size
     items = row_blocks * col_blocks
     band_rows = row_blocks * rows
@@ -1193,12 +1230,14 @@ _PLANE_GEOMETRIES = [
     ((1, 2, 75, 75), 3, 1, 1), ((1, 1, 150, 30), 5, 2, 1), ((1, 1, 60, 70), 7, 8, 1), ((1, 1, 99, 99), 3, 1, 2),
     ((1, 1, 60, 61), 3, 1, 1), ((1, 1, 150, 44), 3, 1, 1), ((1, 2, 20, 70), 3, ((0, 60), (1, 1)), 1),
     ((1, 2, 20, 70), 3, ((60, 0), (1, 1)), 1), ((1, 1, 4, 90), 3, ((0, 100), (1, 1)), 1),
+    # 5x5 at stride 1, whose 2-byte items take 4 or 7 rows: planes not a multiple of 7 rows, 7-row bands
+    ((2, 3, 17, 19), 5, 2, 1), ((1, 1, 150, 100), 5, ((1, 4), (2, 2)), 1),
 ]
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("case", _PLANE_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[3]}")
-def test_plane_kernel_index_math_covers_every_output_once(case, backward):
+def test_plane_kernel_index_math_covers_every_output_once(case, backward, monkeypatch):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
@@ -1212,20 +1251,26 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
         return
     y_shape = (n, c, g.out_height, g.out_width)
     rng = numpy.random.default_rng(3)
+    # A cache of plans of its own (cleared for each forced R), so no forced plan outlives the test.
+    monkeypatch.setattr(nchw_plane, "plan", functools.lru_cache(maxsize=None)(nchw_plane.plan.__wrapped__))
     for dtype in nchw_plane.DTYPES:
         src_shape = y_shape if backward else x_shape
         src = rng.standard_normal(src_shape).astype(dtype)
         weight = rng.standard_normal((c, 1, k, k)).astype(dtype)
         bias = None if backward else rng.standard_normal(c).astype(dtype)
-        for src_alignment, dst_alignment in ((16, 16), (2, 2), (16, 2)):
+        itemsize = numpy.dtype(dtype).itemsize
+        # every R compiled for this filter (plan picks one: forced here through _pick_rows)
+        for item_rows, (src_alignment, dst_alignment) in itertools.product(
+                nchw_plane.row_choices(itemsize, k, stride), ((16, 16), (2, 2), (16, 2))):
+            monkeypatch.setattr(nchw_plane, "_pick_rows", lambda layouts, *args, r=item_rows: r)
+            nchw_plane.plan.cache_clear()
             launch = nchw_plane.plan(g, dtype, backward, "int", src_alignment, dst_alignment)
-            assert launch is not None and launch.persistent
+            assert launch is not None and launch.persistent and nchw_plane.launch_rows(launch) == item_rows
             raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[-3:])
             # bands where a plane has more than 256 items or (cp.async path) its buffers pass 48 KB;
             # a plane of one row block that passes them is read from global memory (the element path)
-            itemsize = numpy.dtype(dtype).itemsize
             dst_shape = x_shape if backward else y_shape
-            row_blocks = -(-dst_shape[2] // nchw_plane.rows(itemsize, k, stride))
+            row_blocks = -(-dst_shape[2] // item_rows)
             items = row_blocks * -(-dst_shape[3] // 4)
             plane_bytes = src_shape[2] * src_shape[3] * itemsize
             dst_bytes = 0 if vector_stores else dst_shape[2] * dst_shape[3] * itemsize
@@ -1239,7 +1284,7 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
             dst_offset = 0 if dst_alignment == 16 else src.dtype.itemsize
             # a grid smaller than the units: blocks walk several
             grid = min(launch.grid[0], 3)
-            assert launch.expression.split(", ")[3] == str(stride)  # <T, KH, KW, STRIDE, BACKWARD, IndexT>
+            assert launch.expression.split(", ")[3] == str(stride)  # <T, KH, KW, STRIDE, BACKWARD, R, IndexT>
             got, writes = _plane_kernel_emulation(
                 launch, src.reshape(-1, *src.shape[2:]), weight[:, 0], bias, backward, grid, dst_offset, stride
             )

@@ -3,6 +3,8 @@ all dtypes, NaN-poisoned outputs, the edge cases (odd and prime sizes, C not a
 multiple of 4/8, padding >= filter, ...), seeded random geometries, and one test
 per seed bug (CHANGELOG.md, "Fixed, relative to the kernels cupy-dwgn started from")."""
 
+import functools
+
 import numpy
 import pytest
 
@@ -283,6 +285,11 @@ PLANE_CASES = [
     # buffers pass 48 KB; padding past the filter's half; stride 2 onto 75 x 75
     ("75x75 3x3 p1 bands", (2, 5, 75, 75), 3, 1, True),
     ("150x44 5x5 p2 bands", (1, 3, 150, 44), 5, 2, True),
+    # 5x5 at stride 1 (2-byte items of 4 or 7 rows): a plane not a multiple of either, outputs through the
+    # buffer; 16-row planes (vector stores); 7-row bands
+    ("17x19 5x5 p2", (2, 6, 17, 19), 5, 2, True),
+    ("16x16 5x5 p2", (3, 5, 16, 16), 5, 2, True),
+    ("150x100 5x5 per-side padding bands", (1, 2, 150, 100), 5, ((1, 4), (2, 2)), True),
     ("60x61 3x3 p1 float32 bands", (2, 4, 60, 61), 3, 1, True),
     ("70x66 7x7 p8 bands", (1, 3, 70, 66), 7, 8, True),
     ("150x150 3x3 p1 s2 bands", (1, 3, 150, 150), 3, 1, True, 2),
@@ -298,7 +305,7 @@ PLANE_CASES = [
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nchw_plane.DTYPES], ids=str)
 @pytest.mark.parametrize("case", PLANE_CASES, ids=lambda c: c[0])
-def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
+def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng, monkeypatch):
     _, x_shape, k, padding, copies_async, *more = case
     stride = more[0] if more else 1
     g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, k, k), padding, dtype, backward, rng, stride)
@@ -309,26 +316,34 @@ def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
     # dst with a NaN guard value on each side, one element past a 16-byte boundary unless aligned
     size = int(numpy.prod(dst_shape))
     lead = 16 // numpy.dtype(dtype).itemsize if misaligned == "aligned" else 1
-    guarded = poisoned((lead + size + 1,), dtype)
-    dst = guarded[lead:lead + size].reshape(dst_shape)
     src_gpu = _misaligned(src_shape, dtype, src) if misaligned == "misaligned" else cupy.asarray(src)
-    index = _launch.index_type(src_gpu.size, dst.size)
-    launch = _depthwise_nchw_plane.plan(
-        g, numpy.dtype(dtype), backward, index, depthwise._alignment(src_gpu), depthwise._alignment(dst)
-    )
-    assert launch is not None
-    raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[-3:])  # raw_bytes 0: the element path
-    if misaligned == "misaligned":
-        assert raw_bytes == 0 and out_stage_bytes == 0
-    elif copies_async is not None:
-        assert (raw_bytes > 0) == copies_async
-        # outputs through the shared buffer where rows are not vector-stored (planes too large for it: bands)
-        assert (out_stage_bytes > 0) == (copies_async and not vector_stores)
-    launch(src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
-    assert bool(cupy.isnan(guarded[lead - 1])) and bool(cupy.isnan(guarded[-1])), "a store outside dst"
-    error = relative_error(dst, want)
-    record_errors("depthwise NCHW plane kernel", str(numpy.dtype(dtype)), {("backward_input" if backward else "forward"): error})
-    assert error <= TOLERANCE[dtype]
+    index = _launch.index_type(src_gpu.size, size)
+    # Every R compiled for this filter (2-byte 5x5 at stride 1: 4 and 7; the rule picks one, forced here),
+    # on plans of a cache of their own so that no forced plan outlives the test.
+    monkeypatch.setattr(_depthwise_nchw_plane, "plan",
+                        functools.lru_cache(maxsize=None)(_depthwise_nchw_plane.plan.__wrapped__))
+    for item_rows in _depthwise_nchw_plane.row_choices(numpy.dtype(dtype).itemsize, k, stride):
+        monkeypatch.setattr(_depthwise_nchw_plane, "_pick_rows", lambda layouts, *args, r=item_rows: r)
+        _depthwise_nchw_plane.plan.cache_clear()
+        guarded = poisoned((lead + size + 1,), dtype)
+        dst = guarded[lead:lead + size].reshape(dst_shape)
+        launch = _depthwise_nchw_plane.plan(
+            g, numpy.dtype(dtype), backward, index, depthwise._alignment(src_gpu), depthwise._alignment(dst)
+        )
+        assert launch is not None and _depthwise_nchw_plane.launch_rows(launch) == item_rows
+        raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[-3:])  # raw_bytes 0: the element path
+        if misaligned == "misaligned":
+            assert raw_bytes == 0 and out_stage_bytes == 0
+        elif copies_async is not None:
+            assert (raw_bytes > 0) == copies_async
+            # outputs through the shared buffer where rows are not vector-stored (planes too large for it: bands)
+            assert (out_stage_bytes > 0) == (copies_async and not vector_stores)
+        launch(src_gpu, cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
+        assert bool(cupy.isnan(guarded[lead - 1])) and bool(cupy.isnan(guarded[-1])), ("a store outside dst", item_rows)
+        error = relative_error(dst, want)
+        record_errors("depthwise NCHW plane kernel", str(numpy.dtype(dtype)),
+                      {("backward_input" if backward else "forward"): error})
+        assert error <= TOLERANCE[dtype], item_rows
 
 
 # The tensor-core forward / backward-input kernel (_depthwise_conv_mma),
@@ -499,7 +514,7 @@ def test_plane_kernel_rule_and_dispatch():
     w = cupy.asarray(random(numpy.random.default_rng(6), (8, 1, 3, 3), numpy.float16))
     g = _validate.conv_geometry(x.shape, w.shape, 2, 1, 1)
     steps = depthwise._forward_steps(g, "NCHW", x, x)
-    assert steps.launches[0].expression == f"{_depthwise_nchw_plane.KERNEL}<__half, 3, 3, 2, false, int>"
+    assert steps.launches[0].expression == f"{_depthwise_nchw_plane.KERNEL}<__half, 3, 3, 2, false, 4, int>"
     y = cupy_dwgn.depthwise_conv2d(x, w, stride=2, padding=1, out=poisoned((2, 8, 19, 19), numpy.float16))
     want = reference.depthwise_conv2d(cupy.asnumpy(x), cupy.asnumpy(w), stride=2, padding=1)
     assert relative_error(y, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
