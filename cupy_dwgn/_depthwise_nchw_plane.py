@@ -55,6 +55,20 @@ _MIN_UNITS = 264
 # Raw source buffers per block (kernel: kBuffers).
 BUFFERS = 3
 _MAX_GRID = 2**20
+# float16 on the cp.async path reads the shared source in 4-byte pairs
+# (kernel: read_window_row_pairs), reaching up to PAIR_PAD bytes before the
+# buffers and after them: padding the shared memory holds (kernel: kPairPad).
+# Why float16 alone: H100, 2026-12-05, GPU us, one value a load / pairs
+# (benchmarks/results/depthwise_nchw_plane_pairs_h100_2026-12-05.txt), fp16
+# 64x816x19 5x5 s2 forward 45.8 -> 39.7, 64x288x38 3x3 s2 34.9 -> 32.5,
+# 64x672x14 5x5 35.4 -> 33.5 (backward-input 35.1 -> 33.1), 64x1136x22 3x3
+# backward-input 75.5 -> 68.7, 64x1024x16 5x5 backward-input 60.1 -> 56.3,
+# within 2% elsewhere but 64x384x28 3x3 backward-input (38.9 / 39.4 -> 39.4 /
+# 40.5); bfloat16, whose pairs convert in two more instructions than a
+# value read alone (a shift and a mask against fp16's HADD2.F32 halves),
+# lost up to 5.5% (64x1136x22 3x3 forward 75.6 -> 79.8, 64x192x75 3x3
+# 125.0 -> 130.5).
+PAIR_PAD = 32
 # Rows wider than this keep the window kernel (the widest measured: 150).
 _MAX_PREFERRED_WIDTH = 160
 
@@ -221,33 +235,33 @@ def band_source_rows(band_blocks, item_rows, stride, filter_height, src_h):
 
 
 def _bands(row_blocks, col_blocks, item_rows, stride, filter_height, src_h, src_w, dst_w, itemsize, stage_outputs,
-           copy_async):
+           copy_async, limit=SHARED_LIMIT):
     """(num_bands, row blocks a band, raw_bytes, out_stage_bytes) of units of
     one band of one plane (band_count) whose source rows and outputs fit the
-    buffers, or None."""
+    buffers (``limit`` bytes), or None."""
     def byte_counts(band_blocks):
         src_bytes = band_source_rows(band_blocks, item_rows, stride, filter_height, src_h) * src_w * itemsize
         return src_bytes, band_blocks * item_rows * dst_w * itemsize if stage_outputs else 0
 
     bands = band_count(row_blocks, col_blocks,
-                       lambda band_blocks: not copy_async or _shared_bytes(*byte_counts(band_blocks)) <= SHARED_LIMIT)
+                       lambda band_blocks: not copy_async or _shared_bytes(*byte_counts(band_blocks)) <= limit)
     if bands is None:
         return None
     src_bytes, dst_bytes = byte_counts(bands[1])
     return (*bands, round16(src_bytes) + 16 if copy_async else 0, round16(dst_bytes) + 16 if stage_outputs else 0)
 
 
-def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment):
-    """(P, raw_bytes, out_stage_bytes) of units of P whole planes."""
+def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment, limit=SHARED_LIMIT):
+    """(P, raw_bytes, out_stage_bytes) of units of P whole planes whose buffers fit ``limit`` bytes."""
     # Shared memory per unit plane; with an output buffer also per block
     # (each buffer's rounding and its room for a unit starting between
     # 16-byte boundaries: at most 31 bytes).
     per_plane, fixed = BUFFERS * plane_bytes, 0
     if stage_outputs:
         per_plane, fixed = per_plane + dst_plane_bytes, 32 * (BUFFERS + 1)
-        if (SHARED_LIMIT - fixed) // per_plane == 0:
+        if (limit - fixed) // per_plane == 0:
             stage_outputs, per_plane, fixed = False, BUFFERS * plane_bytes, 0
-    per_unit = min(MAX_THREADS // items, (SHARED_LIMIT - fixed) // per_plane, planes)
+    per_unit = min(MAX_THREADS // items, (limit - fixed) // per_plane, planes)
     per_unit = max(1, min(per_unit, -(-planes // _MIN_UNITS)))
     # Every unit starts 16-byte aligned when P is a multiple of this.
     aligned_step = 16 // math.gcd(plane_bytes, 16)
@@ -257,7 +271,7 @@ def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_output
     # (and src is aligned); otherwise each buffer has 16 bytes more for the
     # copy from the boundary below.
     raw_bytes = round16(per_unit * plane_bytes) + (0 if (per_unit * plane_bytes) % 16 == 0 else 16)
-    if src_alignment % 16 or BUFFERS * raw_bytes > SHARED_LIMIT:
+    if src_alignment % 16 or BUFFERS * raw_bytes > limit:
         return per_unit, 0, 0
     return per_unit, raw_bytes, round16(per_unit * dst_plane_bytes) + 16 if stage_outputs else 0
 
@@ -308,9 +322,12 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     if min(src_h, src_w, dst_h, dst_w) <= 0 or planes >= 2**31 - _MAX_GRID or max(src_h * src_w, dst_h * dst_w) >= 2**31:
         return None
     itemsize = numpy.dtype(dtype).itemsize
+    pads = pair_pads(dtype)
+    if pads and not _pairs_within_pads(src_w, dst_w, offset_left, stride, g.filter_width):
+        src_alignment = 1  # the element path: reads global memory value by value
     pack = min(16, COLUMNS * itemsize)
     vector_stores = int(dst_w % COLUMNS == 0 and dst_alignment % pack == 0)
-    frame = (planes, src_h, src_w, dst_h, dst_w, itemsize, stride, g.filter_height, vector_stores, src_alignment)
+    frame = (planes, src_h, src_w, dst_h, dst_w, itemsize, stride, g.filter_height, vector_stores, src_alignment, pads)
     layouts = {r: _units(r, *frame) for r in row_choices(itemsize, g.filter_height, stride)}
     layouts = {r: layout for r, layout in layouts.items() if layout is not None}
     if not layouts:
@@ -319,14 +336,15 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes = layouts[item_rows]
     units = -(-planes // per_unit) * num_bands
     threads = -(-per_unit * row_blocks * col_blocks // 32) * 32
+    shared = BUFFERS * raw_bytes + out_stage_bytes + (pads if raw_bytes else 0)
     # The buffers were bounded with 16 bytes of rounding and 16 for a copy from the boundary below.
-    assert BUFFERS * raw_bytes + out_stage_bytes <= SHARED_LIMIT
+    assert shared <= SHARED_LIMIT
     return _launch.Launch(
         KERNEL_FILE,
         _expression(dtype, size, stride, backward, item_rows, index),
         (min(units, _MAX_GRID),),
         (threads,),
-        BUFFERS * raw_bytes + out_stage_bytes,
+        shared,
         (
             i32(g.channels), i32(planes), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top),
             i32(offset_left), i32(per_unit), i32(num_bands), i32(row_blocks), i32(col_blocks), i32(raw_bytes),
@@ -337,20 +355,22 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
 
 
 def _units(item_rows, planes, src_h, src_w, dst_h, dst_w, itemsize, stride, filter_height, vector_stores,
-           src_alignment):
+           src_alignment, pads=0):
     """(P, num_bands, row blocks a unit, column blocks, raw_bytes,
     out_stage_bytes) of the units of items of ``item_rows`` rows, or None
-    when they cannot be formed."""
+    when they cannot be formed; ``pads``: shared bytes around the buffers
+    (pair_pads)."""
     row_blocks, col_blocks = -(-dst_h // item_rows), -(-dst_w // COLUMNS)
     if col_blocks > MAX_THREADS:
         return None
     plane_bytes = src_h * src_w * itemsize
     dst_plane_bytes = dst_h * dst_w * itemsize
+    limit = SHARED_LIMIT - pads
     # Outputs through the shared output buffer where rows are not stored as
     # vectors and the source takes the cp.async path (16-byte aligned).
     stage_outputs = not vector_stores and src_alignment % 16 == 0
     whole = row_blocks * col_blocks <= MAX_THREADS and (
-        src_alignment % 16 or _shared_bytes(plane_bytes, dst_plane_bytes if stage_outputs else 0) <= SHARED_LIMIT)
+        src_alignment % 16 or _shared_bytes(plane_bytes, dst_plane_bytes if stage_outputs else 0) <= limit)
     if not whole and row_blocks == 1:
         # One row block a plane, and the plane passes the buffers (a source
         # far taller than the rows its outputs read: the backward-input with
@@ -359,12 +379,12 @@ def _units(item_rows, planes, src_h, src_w, dst_h, dst_w, itemsize, stride, filt
     if whole:
         num_bands = 1
         per_unit, raw_bytes, out_stage_bytes = _whole_plane_units(
-            planes, row_blocks * col_blocks, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment)
+            planes, row_blocks * col_blocks, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment, limit)
         if per_unit * src_h * src_w >= 2**31:  # in-unit offsets are int
             return None
     else:
         bands = _bands(row_blocks, col_blocks, item_rows, stride, filter_height, src_h, src_w, dst_w, itemsize,
-                       stage_outputs, src_alignment % 16 == 0)
+                       stage_outputs, src_alignment % 16 == 0, limit)
         if bands is None:
             return None
         per_unit = 1
@@ -445,3 +465,25 @@ def _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, o
     degree = per_bank.max(axis=1)
     reading = degree > 0
     return float(degree[reading].mean()) if reading.any() else 1.0
+
+
+def pair_pads(dtype):
+    """Shared bytes around the buffers for reads in pairs (both pads): float16;
+    0 where the kernel reads values one by one (the other types)."""
+    return 2 * PAIR_PAD if numpy.dtype(dtype) == numpy.float16 else 0
+
+
+def _pairs_within_pads(src_w, dst_w, offset_left, stride, filter_width):
+    """Whether a window row's 4-byte words (from one value before its first,
+    when that starts a word's upper half, to one past the word holding its
+    last) stay within PAIR_PAD bytes of its source row: so before the
+    buffers and after them only the pads are read.  Rows reach offset_left
+    columns left of the image and the last column block's window past its
+    right edge (at stride 2 its overhanging outputs' windows: 9 values past a
+    19-wide row for 5x5); a left padding of more than 15 columns (or a right
+    overhang of more than 15) takes the element path."""
+    pairs = (COLUMNS - 1) * stride + filter_width
+    pairs = (pairs + 1) // 2
+    first = -offset_left - 1
+    last = (-(-dst_w // COLUMNS) - 1) * COLUMNS * stride - offset_left + 2 * pairs + 1
+    return -first * 2 <= PAIR_PAD and (last - (src_w - 1)) * 2 <= PAIR_PAD

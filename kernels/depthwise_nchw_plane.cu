@@ -227,12 +227,60 @@ __device__ __forceinline__ void read_window_row(const T* values, unsigned column
   for (int k = 0; k < SPAN; ++k) row[k] = (column_ok >> k) & 1u ? to_acc(values[k]) : Acc(0);
 }
 
+// __half on the shared path: the SPAN values of a window row from the
+// SPAN / 2 + 1 aligned 4-byte words around them (half the loads of one per
+// value, each as conflicting as one of those), realigned by a byte permute
+// when `values` starts in a word's upper half, columns outside the image
+// cleared by `pair_mask` (pair_masks) before conversion.  Reads up to one
+// value before the window and three past it, and whole words in the padding:
+// shared memory the host guarantees (kPairPad bytes before the buffers and
+// after them; the pads' and other planes' values are masked), so no load is
+// predicated.
+template <int SPAN> constexpr int kPairs = (SPAN + 1) / 2;
+constexpr int kPairPad = 32;
+template <typename T> constexpr bool kReadsPairs = false;
+template <> constexpr bool kReadsPairs<__half> = true;
+// Whether an item reads in pairs, as a type (the kernel's compute lambda takes either).
+template <bool B> struct Pairs {
+  static constexpr bool value = B;
+};
+template <int SPAN>
+__device__ __forceinline__ void pair_masks(unsigned column_ok, unsigned (&pair_mask)[kPairs<SPAN>]) {
+#pragma unroll
+  for (int j = 0; j < kPairs<SPAN>; ++j)
+    pair_mask[j] = ((column_ok >> (2 * j)) & 1u ? 0x0000ffffu : 0u) | ((column_ok >> (2 * j + 1)) & 1u ? 0xffff0000u : 0u);
+}
+__device__ __forceinline__ void pair_to_acc(unsigned pair, float& low, float& high) {
+  const __half2 h = *reinterpret_cast<const __half2*>(&pair);
+  low = __low2float(h);
+  high = __high2float(h);
+}
+template <typename T, int SPAN>
+__device__ __forceinline__ void read_window_row_pairs(const T* values, const unsigned (&pair_mask)[kPairs<SPAN>],
+                                                      float (&row)[SPAN]) {
+  static_assert(kReadsPairs<T>, "pairs of __half values");
+  const unsigned odd = (static_cast<unsigned>(reinterpret_cast<size_t>(values)) >> 1) & 1u;
+  // The word holding values[0], stepped back through the shared pointer (so the loads stay LDS).
+  const unsigned* words = reinterpret_cast<const unsigned*>(values - odd);
+  const unsigned selector = odd ? 0x5432u : 0x3210u;  // bytes 2-5 of (word j+1 : word j), or word j
+  unsigned w[kPairs<SPAN> + 1];
+#pragma unroll
+  for (int j = 0; j <= kPairs<SPAN>; ++j) w[j] = words[j];
+#pragma unroll
+  for (int j = 0; j < kPairs<SPAN>; ++j) {
+    float low, high;
+    pair_to_acc(__byte_perm(w[j], w[j + 1], selector) & pair_mask[j], low, high);
+    row[2 * j] = low;
+    if (2 * j + 1 < SPAN) row[2 * j + 1] = high;
+  }
+}
+
 // One item's R x V outputs of destination plane `plane` from its source
 // plane's rows from src_row0 on, `values` (shared or global), stored to
 // `out`, the plane's rows from dst_row0 on: in dst, or in the unit's shared
 // output buffer (vectors = false).  rb: the item's row block in the plane.
 // `column_ok` bit k: source column col0 + k is inside the image.
-template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, int R>
+template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, int R, bool PAIRS>
 __device__ __forceinline__ void compute_item(const T* values, int src_row0, int plane, int rb, int cb,
                                              unsigned column_ok, const T* __restrict__ weight,
                                              const T* __restrict__ bias, T* __restrict__ out, int dst_row0,
@@ -257,6 +305,8 @@ __device__ __forceinline__ void compute_item(const T* values, int src_row0, int 
 
   const int row0 = rb * R * STRIDE - a.offset_top;
   const int col0 = cb * V * STRIDE - a.offset_left;
+  unsigned pair_mask[kPairs<SPAN>];
+  if constexpr (PAIRS) pair_masks<SPAN>(column_ok, pair_mask);
   // Source row t of the item feeds its output rows i = (t - kh) / STRIDE;
   // rows outside the image are zero padding and add nothing.
 #pragma unroll
@@ -265,7 +315,10 @@ __device__ __forceinline__ void compute_item(const T* values, int src_row0, int 
     if (source_row < 0 || source_row >= a.src_height) continue;
     const T* row_values = values + (source_row - src_row0) * a.src_width + col0;
     Acc row[SPAN];
-    read_window_row(row_values, column_ok, row);
+    if constexpr (PAIRS)
+      read_window_row_pairs<T, SPAN>(row_values, pair_mask, row);
+    else
+      read_window_row(row_values, column_ok, row);
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int kh = t - i * STRIDE;
@@ -309,7 +362,12 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE, R>)
   static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "backward-input takes this kernel at stride 1 only");
   using dwgn_plane::kBuffers;
   constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + KW;
-  extern __shared__ __align__(16) unsigned char raw[];
+  // __half reads the shared planes in 4-byte pairs (read_window_row_pairs), within kPairPad bytes of
+  // padding before the buffers and after the last (the host adds both to the shared memory; bfloat16
+  // measured slower in pairs: _depthwise_nchw_plane.PAIR_PAD's comment).
+  constexpr bool kPairsOnShared = dwgn_plane::kReadsPairs<T>;
+  extern __shared__ __align__(16) unsigned char shared_memory[];
+  unsigned char* const raw = shared_memory + (kPairsOnShared ? dwgn_plane::kPairPad : 0);
   const dwgn_plane::Args a{channels,   num_planes, src_height, src_width,     dst_height,   dst_width,
                            offset_top, offset_left, planes_per_unit, num_bands, row_blocks, col_blocks,
                            raw_bytes,  vector_stores, out_stage_bytes};
@@ -327,9 +385,10 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE, R>)
     return dst + static_cast<IndexT>(u.first_plane) * dst_plane + static_cast<IndexT>(u.dst_row0) * dst_width;
   };
   // This thread's item of unit u, from the unit's source rows `values` into `out` (dst or the output buffer).
-  auto compute = [&](const dwgn_plane::Unit& u, const T* values, T* out, bool vectors) {
+  // pairs: Pairs<true> on the shared path of __half (read_window_row_pairs).
+  auto compute = [&](const dwgn_plane::Unit& u, const T* values, T* out, bool vectors, auto pairs) {
     if (local_plane < u.planes)
-      dwgn_plane::compute_item<T, KH, KW, STRIDE, BACKWARD, R>(
+      dwgn_plane::compute_item<T, KH, KW, STRIDE, BACKWARD, R, decltype(pairs)::value>(
           values + local_plane * src_plane, u.src_row0, u.first_plane + local_plane, u.dst_row0 / R + rb_in_unit,
           cb, column_ok, weight, bias, out + local_plane * dst_plane, u.dst_row0, vectors, a);
   };
@@ -338,7 +397,7 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE, R>)
   if (raw_bytes == 0) {  // element path: read the planes from global memory
     for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x) {
       const dwgn_plane::Unit u = dwgn_plane::unit_of<R, STRIDE, KH>(unit, a);
-      compute(u, unit_src(u), unit_dst(u), vector_stores != 0);
+      compute(u, unit_src(u), unit_dst(u), vector_stores != 0, dwgn_plane::Pairs<false>{});
     }
     return;
   }
@@ -364,13 +423,14 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE, R>)
     const T* values = reinterpret_cast<const T*>(raw + (step % kBuffers) * raw_bytes +
                                                  dwgn::head_bytes(unit_src(u)));
     if (out_stage_bytes) {
-      compute(u, values, reinterpret_cast<T*>(stage + dwgn::head_bytes(unit_dst(u))), false);
+      compute(u, values, reinterpret_cast<T*>(stage + dwgn::head_bytes(unit_dst(u))), false,
+              dwgn_plane::Pairs<kPairsOnShared>{});
       // Every output of the unit is in the buffer; the next write to it
       // follows the next step's barrier, after every thread's stores here.
       __syncthreads();
       dwgn::store_unit(stage, unit_dst(u), u.dst_count);
     } else {
-      compute(u, values, unit_dst(u), vector_stores != 0);
+      compute(u, values, unit_dst(u), vector_stores != 0, dwgn_plane::Pairs<kPairsOnShared>{});
     }
   }
 }

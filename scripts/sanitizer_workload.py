@@ -473,7 +473,9 @@ def nchw_plane():
     # stride-2 forward (odd and even planes, 5x5 and 7x7); bands of one
     # plane (planes of more than 256 items, float32 planes too large for
     # the buffers).  2-byte 5x5 at stride 1 at each of its rows a thread (4
-    # and 7, forced), bands of 7-row items too.
+    # and 7, forced), bands of 7-row items too.  float16 reads the shared
+    # planes in 4-byte pairs into the pads around the buffers: the most left
+    # padding they serve, the stride-2 7x7 overhang past odd rows.
     from cupy_dwgn import _depthwise_nchw_plane, _dtypes, _validate, depthwise as dw
 
     shipped_pick = _depthwise_nchw_plane._pick_rows
@@ -486,7 +488,8 @@ def nchw_plane():
                 ((2, 3, 75, 75), 3, 1, 1), ((2, 4, 60, 61), 3, 1, 1), ((1, 3, 70, 66), 7, 8, 1),
                 ((1, 3, 150, 150), 3, 1, 2), ((1, 2, 20, 70), 3, ((0, 60), (1, 1)), 1),
                 ((1, 3, 4, 90), 3, ((0, 100), (1, 1)), 1), ((2, 6, 17, 19), 5, 2, 1),
-                ((1, 2, 150, 100), 5, ((1, 4), (2, 2)), 1)]:
+                ((1, 2, 150, 100), 5, ((1, 4), (2, 2)), 1), ((1, 3, 9, 40), 5, ((2, 2), (15, 1)), 1),
+                ((2, 3, 27, 29), 7, 3, 2)]:
             w_shape = (x_shape[1], 1, k, k)
             g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
             y_shape = (g.batch, x_shape[1], g.out_height, g.out_width)

@@ -1122,7 +1122,8 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
     (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, num_bands, row_blocks,
      col_blocks, raw_bytes, vector_stores, out_stage_bytes) = (int(v) for v in launch.scalars)
     size = src.dtype.itemsize
-    assert launch.shared_mem == 3 * raw_bytes + out_stage_bytes <= 48 * 1024
+    pads = nchw_plane.pair_pads(src.dtype) if raw_bytes else 0  # float16 reads the shared source in pairs
+    assert launch.shared_mem == 3 * raw_bytes + out_stage_bytes + pads <= 48 * 1024
     assert raw_bytes % 16 == 0 and (out_stage_bytes == 0 or raw_bytes > 0)
     assert num_bands == 1 or per_unit == 1
     kh_size, kw_size = weight.shape[1:]
@@ -1174,6 +1175,14 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
                     if not 0 <= source_row < src_h:
                         continue
                     assert src_row0 <= source_row < src_row1, "a read of a row the unit did not stage"
+                    if pads:  # read_window_row_pairs's words: within the pads around the buffers
+                        start = head + ((local_plane * (src_row1 - src_row0) + source_row - src_row0) * src_w
+                                        + col0) * size  # bytes from the buffer's start
+                        words = (span + 1) // 2 + 1
+                        first = start - start % 4
+                        for buffer in range(3):
+                            low, high = buffer * raw_bytes + first, buffer * raw_bytes + first + 4 * words
+                            assert -nchw_plane.PAIR_PAD <= low and high <= 3 * raw_bytes + out_stage_bytes + nchw_plane.PAIR_PAD
                     row = numpy.array([src[plane, source_row, col0 + k] if 0 <= col0 + k < src_w else 0.0
                                        for k in range(span)], numpy.float64)
                     for i in range(rows):
@@ -1232,6 +1241,9 @@ _PLANE_GEOMETRIES = [
     ((1, 2, 20, 70), 3, ((60, 0), (1, 1)), 1), ((1, 1, 4, 90), 3, ((0, 100), (1, 1)), 1),
     # 5x5 at stride 1, whose 2-byte items take 4 or 7 rows: planes not a multiple of 7 rows, 7-row bands
     ((2, 3, 17, 19), 5, 2, 1), ((1, 1, 150, 100), 5, ((1, 4), (2, 2)), 1),
+    # float16 reads in pairs: the most left padding they serve (15 columns), one more (the element path),
+    # the stride-2 7x7 overhang past odd rows
+    ((1, 2, 9, 40), 5, ((2, 2), (15, 1)), 1), ((1, 2, 9, 40), 5, ((2, 2), (16, 1)), 1), ((1, 2, 27, 29), 7, 3, 2),
 ]
 
 
@@ -1274,8 +1286,12 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward, monkey
             items = row_blocks * -(-dst_shape[3] // 4)
             plane_bytes = src_shape[2] * src_shape[3] * itemsize
             dst_bytes = 0 if vector_stores else dst_shape[2] * dst_shape[3] * itemsize
-            too_large = src_alignment == 16 and nchw_plane._shared_bytes(plane_bytes, dst_bytes) > 48 * 1024
-            element = src_alignment != 16 or (too_large and row_blocks == 1)
+            pads = nchw_plane.pair_pads(dtype)
+            too_large = src_alignment == 16 and nchw_plane._shared_bytes(plane_bytes, dst_bytes) > 48 * 1024 - pads
+            # float16 reads in pairs reach at most PAIR_PAD bytes past a row (else the element path)
+            frame = _validate.correlation_frame(g, backward)
+            pairs_fit = not pads or nchw_plane._pairs_within_pads(frame[1], frame[3], frame[5], stride, k)
+            element = src_alignment != 16 or (too_large and row_blocks == 1) or not pairs_fit
             assert raw_bytes > 0 if not element else raw_bytes == out_stage_bytes == 0
             # outputs through the shared buffer exactly where rows are not stored as vectors
             assert (out_stage_bytes > 0) == (not element and not vector_stores)

@@ -290,6 +290,11 @@ PLANE_CASES = [
     ("17x19 5x5 p2", (2, 6, 17, 19), 5, 2, True),
     ("16x16 5x5 p2", (3, 5, 16, 16), 5, 2, True),
     ("150x100 5x5 per-side padding bands", (1, 2, 150, 100), 5, ((1, 4), (2, 2)), True),
+    # float16 reads the shared planes in 4-byte pairs, reaching past the rows: the most left padding
+    # they serve (15 columns) and one more (their element path); the stride-2 7x7 overhang on odd rows
+    ("9x40 5x5 left padding 15", (1, 3, 9, 40), 5, ((2, 2), (15, 1)), None),
+    ("9x40 5x5 left padding 16", (1, 3, 9, 40), 5, ((2, 2), (16, 1)), None),
+    ("27x29 7x7 p3 s2", (2, 3, 27, 29), 7, 3, None, 2),
     ("60x61 3x3 p1 float32 bands", (2, 4, 60, 61), 3, 1, True),
     ("70x66 7x7 p8 bands", (1, 3, 70, 66), 7, 8, True),
     ("150x150 3x3 p1 s2 bands", (1, 3, 150, 150), 3, 1, True, 2),
