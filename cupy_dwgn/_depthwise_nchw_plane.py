@@ -416,7 +416,9 @@ def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, 
     Without the lanes' share it missed 19 by 9%.  The kernel is issue-bound
     on its shared-memory reads (a 2-byte load per source value: the static
     count of 2026-12-05), so a read conflicting n-way costs about n times
-    its issue, and idle lanes issue as busy ones."""
+    its issue, and idle lanes issue as busy ones.  (The sweep predates
+    float16's reads in pairs, PAIR_PAD: half the loads, of the same words,
+    so the same count per load; the rule was not swept again with them.)"""
     # A taller item only where the plane holds two of it (H100, 2026-12-05: at
     # 10 rows, 7-row items, half of the second idle, lost 2-5% to 4-row ones).
     shortest = min(layouts)
