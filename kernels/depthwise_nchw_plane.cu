@@ -235,7 +235,11 @@ __device__ __forceinline__ void read_window_row(const T* values, unsigned column
 // value before the window and three past it, and whole words in the padding:
 // shared memory the host guarantees (kPairPad bytes before the buffers and
 // after them; the pads' and other planes' values are masked), so no load is
-// predicated.
+// predicated.  A row's last words can reach past its unit's bytes into the
+// next buffer while its cp.async lands, or into the output buffer while
+// other threads store there: bytes whose values are masked whatever they
+// are (racecheck reported no hazard; per-buffer tails would make the reads
+// disjoint, not done).
 template <int SPAN> constexpr int kPairs = (SPAN + 1) / 2;
 constexpr int kPairPad = 32;
 template <typename T> constexpr bool kReadsPairs = false;

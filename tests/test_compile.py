@@ -977,6 +977,23 @@ def test_nchw_plane_rows_follow_the_height_sweep():
     assert plane.launch_rows(plane.plan(g, half, False, "int", 2, 16)) == 4
 
 
+def test_nchw_plane_pair_reads_agree_between_host_and_kernel():
+    # The kernel reads float16 (kReadsPairs<__half>) in 4-byte pairs into kPairPad bytes of padding the
+    # host allocates (pair_pads, PAIR_PAD): the two sides must name the same type and the same pad.
+    import re
+
+    import numpy
+
+    from cupy_dwgn import _compile, _dtypes
+    from cupy_dwgn import _depthwise_nchw_plane as plane
+
+    source = (_compile.kernel_dir() / plane.KERNEL_FILE).read_text()
+    assert re.findall(r"constexpr int kPairPad = (\d+);", source) == [str(plane.PAIR_PAD)]
+    assert re.findall(r"constexpr bool kReadsPairs<([\w]+)> = true;", source) == ["__half"]
+    padded = {str(numpy.dtype(d)) for d in (*plane.DTYPES, numpy.float64) if plane.pair_pads(d)}
+    assert padded == {"float16"} and plane.pair_pads(_dtypes.bfloat16) == 0
+
+
 def test_nchw_plane_rule_follows_the_width_sweep():
     # _depthwise_nchw_plane.preferred against the 2026-12-02 sweeps' winner
     # (plane or window kernel; benchmarks/results/depthwise_kernels_sweep_*).
