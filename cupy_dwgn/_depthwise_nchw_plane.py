@@ -303,10 +303,12 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 
 
 @functools.lru_cache(maxsize=512)
-def plan(g, dtype, backward, index, src_alignment, dst_alignment):
+def plan(g, dtype, backward, index, src_alignment, dst_alignment, item_rows=None):
     """The Launch for this signature, or None when the plane kernel does not
     serve it.  ``src_alignment`` / ``dst_alignment``: the largest of 16, 8,
-    4, 2, 1 dividing the source's / destination's address."""
+    4, 2, 1 dividing the source's / destination's address.  ``item_rows``:
+    R, one of row_choices (tests and the sanitizer workload run each), or
+    None for the rule's pick (_pick_rows)."""
     size = (g.filter_height, g.filter_width)
     stride = g.stride_h
     if (
@@ -330,9 +332,10 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     frame = (planes, src_h, src_w, dst_h, dst_w, itemsize, stride, g.filter_height, vector_stores, src_alignment, pads)
     layouts = {r: _units(r, *frame) for r in row_choices(itemsize, g.filter_height, stride)}
     layouts = {r: layout for r, layout in layouts.items() if layout is not None}
-    if not layouts:
+    if item_rows is None and layouts:
+        item_rows = _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, g.filter_height)
+    if item_rows not in layouts:
         return None
-    item_rows = _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, g.filter_height)
     per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes = layouts[item_rows]
     units = -(-planes // per_unit) * num_bands
     threads = -(-per_unit * row_blocks * col_blocks // 32) * 32

@@ -478,8 +478,6 @@ def nchw_plane():
     # padding they serve, the stride-2 7x7 overhang past odd rows.
     from cupy_dwgn import _depthwise_nchw_plane, _dtypes, _validate, depthwise as dw
 
-    shipped_pick = _depthwise_nchw_plane._pick_rows
-
     for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
         for x_shape, k, padding, stride in [
                 ((3, 7, 13, 11), 3, 1, 1), ((4, 70, 21, 21), 3, 1, 1), ((2, 33, 14, 14), 5, 2, 1),
@@ -502,13 +500,9 @@ def nchw_plane():
                                       (src, _misaligned(cupy.empty(dst_shape, dtype))),
                                       (_misaligned(src), cupy.empty(dst_shape, dtype))):
                     for item_rows in _depthwise_nchw_plane.row_choices(cupy.dtype(dtype).itemsize, k, stride):
-                        _depthwise_nchw_plane._pick_rows = lambda layouts, *args, r=item_rows: r
-                        _depthwise_nchw_plane.plan.cache_clear()
                         launch = _depthwise_nchw_plane.plan(g, cupy.dtype(dtype), backward, "int",
-                                                            dw._alignment(src_view), dw._alignment(dst))
+                                                            dw._alignment(src_view), dw._alignment(dst), item_rows)
                         launch(src_view, w, 0 if backward else b, dst)
-    _depthwise_nchw_plane._pick_rows = shipped_pick
-    _depthwise_nchw_plane.plan.cache_clear()
 
 
 def _misaligned(a):

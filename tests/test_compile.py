@@ -1266,7 +1266,7 @@ _PLANE_GEOMETRIES = [
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("case", _PLANE_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[3]}")
-def test_plane_kernel_index_math_covers_every_output_once(case, backward, monkeypatch):
+def test_plane_kernel_index_math_covers_every_output_once(case, backward):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
@@ -1280,20 +1280,16 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward, monkey
         return
     y_shape = (n, c, g.out_height, g.out_width)
     rng = numpy.random.default_rng(3)
-    # A cache of plans of its own (cleared for each forced R), so no forced plan outlives the test.
-    monkeypatch.setattr(nchw_plane, "plan", functools.lru_cache(maxsize=None)(nchw_plane.plan.__wrapped__))
     for dtype in nchw_plane.DTYPES:
         src_shape = y_shape if backward else x_shape
         src = rng.standard_normal(src_shape).astype(dtype)
         weight = rng.standard_normal((c, 1, k, k)).astype(dtype)
         bias = None if backward else rng.standard_normal(c).astype(dtype)
         itemsize = numpy.dtype(dtype).itemsize
-        # every R compiled for this filter (plan picks one: forced here through _pick_rows)
+        # every R compiled for this filter (plan picks one: each forced here)
         for item_rows, (src_alignment, dst_alignment) in itertools.product(
                 nchw_plane.row_choices(itemsize, k, stride), ((16, 16), (2, 2), (16, 2))):
-            monkeypatch.setattr(nchw_plane, "_pick_rows", lambda layouts, *args, r=item_rows: r)
-            nchw_plane.plan.cache_clear()
-            launch = nchw_plane.plan(g, dtype, backward, "int", src_alignment, dst_alignment)
+            launch = nchw_plane.plan(g, dtype, backward, "int", src_alignment, dst_alignment, item_rows)
             assert launch is not None and launch.persistent and nchw_plane.launch_rows(launch) == item_rows
             raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[-3:])
             # bands where a plane has more than 256 items or (cp.async path) its buffers pass 48 KB;

@@ -3,8 +3,6 @@ all dtypes, NaN-poisoned outputs, the edge cases (odd and prime sizes, C not a
 multiple of 4/8, padding >= filter, ...), seeded random geometries, and one test
 per seed bug (CHANGELOG.md, "Fixed, relative to the kernels cupy-dwgn started from")."""
 
-import functools
-
 import numpy
 import pytest
 
@@ -310,7 +308,7 @@ PLANE_CASES = [
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nchw_plane.DTYPES], ids=str)
 @pytest.mark.parametrize("case", PLANE_CASES, ids=lambda c: c[0])
-def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng, monkeypatch):
+def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
     _, x_shape, k, padding, copies_async, *more = case
     stride = more[0] if more else 1
     g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, k, k), padding, dtype, backward, rng, stride)
@@ -323,17 +321,12 @@ def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng, 
     lead = 16 // numpy.dtype(dtype).itemsize if misaligned == "aligned" else 1
     src_gpu = _misaligned(src_shape, dtype, src) if misaligned == "misaligned" else cupy.asarray(src)
     index = _launch.index_type(src_gpu.size, size)
-    # Every R compiled for this filter (2-byte 5x5 at stride 1: 4 and 7; the rule picks one, forced here),
-    # on plans of a cache of their own so that no forced plan outlives the test.
-    monkeypatch.setattr(_depthwise_nchw_plane, "plan",
-                        functools.lru_cache(maxsize=None)(_depthwise_nchw_plane.plan.__wrapped__))
+    # Every R compiled for this filter (2-byte 5x5 at stride 1: 4 and 7; the rule picks one, forced here).
     for item_rows in _depthwise_nchw_plane.row_choices(numpy.dtype(dtype).itemsize, k, stride):
-        monkeypatch.setattr(_depthwise_nchw_plane, "_pick_rows", lambda layouts, *args, r=item_rows: r)
-        _depthwise_nchw_plane.plan.cache_clear()
         guarded = poisoned((lead + size + 1,), dtype)
         dst = guarded[lead:lead + size].reshape(dst_shape)
         launch = _depthwise_nchw_plane.plan(
-            g, numpy.dtype(dtype), backward, index, depthwise._alignment(src_gpu), depthwise._alignment(dst)
+            g, numpy.dtype(dtype), backward, index, depthwise._alignment(src_gpu), depthwise._alignment(dst), item_rows
         )
         assert launch is not None and _depthwise_nchw_plane.launch_rows(launch) == item_rows
         raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[-3:])  # raw_bytes 0: the element path
