@@ -84,6 +84,16 @@ def row_choices(itemsize, filter_height, stride):
     return (wgrad_rows(itemsize, filter_height),)
 
 
+def pitch_capable(itemsize, filter_height, stride, item_rows):
+    """Whether the kernel of these parameters is also compiled PITCHED (its
+    units of whole planes land a gap apart: _pitch): where a gap was
+    measured to pay, 2-byte 5x5 at stride 1 in 4-row items (16x16 planes).
+    The PITCHED kernels run only where a gap is taken: the pitched copy's
+    index math cost the 2-byte kernels up to 7% where it copied flat ranges
+    (H100, 64x1344x14 bf16 3x3 forward 44.7 -> 47.7 us)."""
+    return itemsize == 2 and filter_height == 5 and stride == 1 and item_rows == 4
+
+
 def launch_rows(launch):
     """R of a plan's launch (its expression's sixth template argument)."""
     return int(launch.expression.split("<")[1].split(", ")[5])
@@ -251,16 +261,21 @@ def _bands(row_blocks, col_blocks, item_rows, stride, filter_height, src_h, src_
     return (*bands, round16(src_bytes) + 16 if copy_async else 0, round16(dst_bytes) + 16 if stage_outputs else 0)
 
 
-def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment, limit=SHARED_LIMIT):
-    """(P, raw_bytes, out_stage_bytes) of units of P whole planes whose buffers fit ``limit`` bytes."""
+def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment, limit=SHARED_LIMIT,
+                       pitch_bytes=None):
+    """(P, raw_bytes, out_stage_bytes) of units of P whole planes whose buffers fit ``limit`` bytes;
+    ``pitch_bytes``: the planes' spacing in the buffers (default: back to back; else a multiple of 16,
+    with plane_bytes one too: _pitch)."""
+    if pitch_bytes is None:
+        pitch_bytes = plane_bytes
     # Shared memory per unit plane; with an output buffer also per block
     # (each buffer's rounding and its room for a unit starting between
     # 16-byte boundaries: at most 31 bytes).
-    per_plane, fixed = BUFFERS * plane_bytes, 0
+    per_plane, fixed = BUFFERS * pitch_bytes, 0
     if stage_outputs:
         per_plane, fixed = per_plane + dst_plane_bytes, 32 * (BUFFERS + 1)
         if (limit - fixed) // per_plane == 0:
-            stage_outputs, per_plane, fixed = False, BUFFERS * plane_bytes, 0
+            stage_outputs, per_plane, fixed = False, BUFFERS * pitch_bytes, 0
     per_unit = min(MAX_THREADS // items, (limit - fixed) // per_plane, planes)
     per_unit = max(1, min(per_unit, -(-planes // _MIN_UNITS)))
     # Every unit starts 16-byte aligned when P is a multiple of this.
@@ -270,15 +285,15 @@ def _whole_plane_units(planes, items, plane_bytes, dst_plane_bytes, stage_output
     # Units start 16-byte aligned when P planes are a multiple of 16 bytes
     # (and src is aligned); otherwise each buffer has 16 bytes more for the
     # copy from the boundary below.
-    raw_bytes = round16(per_unit * plane_bytes) + (0 if (per_unit * plane_bytes) % 16 == 0 else 16)
+    raw_bytes = round16((per_unit - 1) * pitch_bytes + plane_bytes) + (0 if (per_unit * plane_bytes) % 16 == 0 else 16)
     if src_alignment % 16 or BUFFERS * raw_bytes > limit:
         return per_unit, 0, 0
     return per_unit, raw_bytes, round16(per_unit * dst_plane_bytes) + 16 if stage_outputs else 0
 
 
-def _expression(dtype, size, stride, backward, item_rows, index):
-    return _compile.name_expression(
-        KERNEL, _dtypes.ctype(dtype), size[0], size[1], stride, "true" if backward else "false", item_rows, index)
+def _expression(dtype, size, stride, backward, item_rows, pitched, index):
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), size[0], size[1], stride,
+                                    "true" if backward else "false", item_rows, "true" if pitched else "false", index)
 
 
 # (stride, backward) of the specializations: the backward-input is a stride-1 correlation.
@@ -291,24 +306,30 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
     """``(file, name expression)`` of every plane-kernel specialization.
 
     backward: None (both), False (forward, strides 1 and 2) or True (backward-input)."""
-    def expression(dtype, size, index, stride, is_backward, item_rows):
-        if item_rows not in row_choices(dtype.itemsize, size[0], stride):
+    def expression(dtype, size, index, stride, is_backward, item_rows, pitched):
+        if item_rows not in row_choices(dtype.itemsize, size[0], stride) or (
+                pitched and not pitch_capable(dtype.itemsize, size[0], stride, item_rows)):
             return None
-        return _expression(dtype, size, stride, is_backward, item_rows, index)
+        return _expression(dtype, size, stride, is_backward, item_rows, pitched, index)
 
-    variants = [(stride, is_backward, item_rows) for stride, is_backward in VARIANTS
-                if backward is None or is_backward == backward for item_rows in _ALL_ROWS]
+    variants = [(stride, is_backward, item_rows, pitched) for stride, is_backward in VARIANTS
+                if backward is None or is_backward == backward for item_rows in _ALL_ROWS for pitched in (False, True)]
     return [spec for spec in _compile.filter_size_specializations(
         KERNEL_FILE, expression, DTYPES, FILTER_SIZES, dtypes, filter_sizes, large_index, variants) if spec[1]]
 
 
 @functools.lru_cache(maxsize=512)
-def plan(g, dtype, backward, index, src_alignment, dst_alignment, item_rows=None):
+def plan(g, dtype, backward, index, src_alignment, dst_alignment, item_rows=None, pitch_gap=None):
     """The Launch for this signature, or None when the plane kernel does not
     serve it.  ``src_alignment`` / ``dst_alignment``: the largest of 16, 8,
     4, 2, 1 dividing the source's / destination's address.  ``item_rows``:
     R, one of row_choices (tests and the sanitizer workload run each), or
-    None for the rule's pick (_pick_rows)."""
+    None for the rule's pick (_pick_rows).  ``pitch_gap``: bytes between the
+    staged planes where units of several whole planes of a multiple of 16
+    bytes take the cp.async path in a pitch_capable kernel (0 or one of
+    _PITCH_GAPS, forced: tests), or None for the rule's pick (_pitch)."""
+    if pitch_gap not in (None, 0, *_PITCH_GAPS):
+        raise ValueError(f"pitch_gap: expected None, 0 or one of {_PITCH_GAPS}, got {pitch_gap!r}")
     size = (g.filter_height, g.filter_width)
     stride = g.stride_h
     if (
@@ -329,14 +350,15 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, item_rows=None
         src_alignment = 1  # the element path: reads global memory value by value
     pack = min(16, COLUMNS * itemsize)
     vector_stores = int(dst_w % COLUMNS == 0 and dst_alignment % pack == 0)
-    frame = (planes, src_h, src_w, dst_h, dst_w, itemsize, stride, g.filter_height, vector_stores, src_alignment, pads)
+    frame = (planes, src_h, src_w, dst_h, dst_w, itemsize, stride, g.filter_height, vector_stores, src_alignment, pads,
+             offset_top, offset_left, pitch_gap)
     layouts = {r: _units(r, *frame) for r in row_choices(itemsize, g.filter_height, stride)}
     layouts = {r: layout for r, layout in layouts.items() if layout is not None}
     if item_rows is None and layouts:
         item_rows = _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, g.filter_height)
     if item_rows not in layouts:
         return None
-    per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes = layouts[item_rows]
+    per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes, src_pitch = layouts[item_rows]
     units = -(-planes // per_unit) * num_bands
     threads = -(-per_unit * row_blocks * col_blocks // 32) * 32
     shared = BUFFERS * raw_bytes + out_stage_bytes + (pads if raw_bytes else 0)
@@ -344,25 +366,28 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, item_rows=None
     assert shared <= SHARED_LIMIT
     return _launch.Launch(
         KERNEL_FILE,
-        _expression(dtype, size, stride, backward, item_rows, index),
+        _expression(dtype, size, stride, backward, item_rows, src_pitch != src_h * src_w, index),
         (min(units, _MAX_GRID),),
         (threads,),
         shared,
         (
             i32(g.channels), i32(planes), i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(offset_top),
             i32(offset_left), i32(per_unit), i32(num_bands), i32(row_blocks), i32(col_blocks), i32(raw_bytes),
-            i32(vector_stores), i32(out_stage_bytes),
+            i32(vector_stores), i32(out_stage_bytes), i32(src_pitch),
         ),
         persistent=True,
     )
 
 
 def _units(item_rows, planes, src_h, src_w, dst_h, dst_w, itemsize, stride, filter_height, vector_stores,
-           src_alignment, pads=0):
+           src_alignment, pads=0, offset_top=0, offset_left=0, pitch_gap=None):
     """(P, num_bands, row blocks a unit, column blocks, raw_bytes,
-    out_stage_bytes) of the units of items of ``item_rows`` rows, or None
-    when they cannot be formed; ``pads``: shared bytes around the buffers
-    (pair_pads)."""
+    out_stage_bytes, src_pitch) of the units of items of ``item_rows`` rows,
+    or None when they cannot be formed; ``pads``: shared bytes around the
+    buffers (pair_pads); src_pitch: values from one staged plane's start to
+    the next's (src_h * src_w, or more where units of several planes of a
+    multiple of 16 bytes are staged: ``pitch_gap`` bytes more, or _pitch's
+    pick for None)."""
     row_blocks, col_blocks = -(-dst_h // item_rows), -(-dst_w // COLUMNS)
     if col_blocks > MAX_THREADS:
         return None
@@ -379,12 +404,21 @@ def _units(item_rows, planes, src_h, src_w, dst_h, dst_w, itemsize, stride, filt
         # far taller than the rows its outputs read: the backward-input with
         # padding past the image): whole planes read from global memory.
         whole, src_alignment, stage_outputs = True, 1, False
+    src_pitch = src_h * src_w
     if whole:
         num_bands = 1
-        per_unit, raw_bytes, out_stage_bytes = _whole_plane_units(
-            planes, row_blocks * col_blocks, plane_bytes, dst_plane_bytes, stage_outputs, src_alignment, limit)
+        units = functools.partial(_whole_plane_units, planes, row_blocks * col_blocks, plane_bytes, dst_plane_bytes,
+                                  stage_outputs, src_alignment, limit)
+        per_unit, raw_bytes, out_stage_bytes = units()
         if per_unit * src_h * src_w >= 2**31:  # in-unit offsets are int
             return None
+        if (raw_bytes and per_unit > 1 and plane_bytes % 16 == 0 and pitch_gap != 0
+                and pitch_capable(itemsize, filter_height, stride, item_rows)):
+            pitch_bytes = plane_bytes + pitch_gap if pitch_gap else _pitch(
+                units, item_rows, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left, itemsize,
+                filter_height, stride)
+            per_unit, raw_bytes, out_stage_bytes = units(pitch_bytes=pitch_bytes)
+            src_pitch = pitch_bytes // itemsize
     else:
         bands = _bands(row_blocks, col_blocks, item_rows, stride, filter_height, src_h, src_w, dst_w, itemsize,
                        stage_outputs, src_alignment % 16 == 0, limit)
@@ -394,7 +428,46 @@ def _units(item_rows, planes, src_h, src_w, dst_h, dst_w, itemsize, stride, filt
         num_bands, row_blocks, raw_bytes, out_stage_bytes = bands
     if -(-planes // per_unit) * num_bands >= 2**31 - _MAX_GRID:
         return None
-    return per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes
+    return per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes, src_pitch
+
+
+# Gaps after each staged plane _pitch tries (bytes; cp.async lands 16-byte vectors at 16-byte boundaries).
+_PITCH_GAPS = (16, 32, 48, 64, 80, 96, 112)
+# The conflict count (_bank_conflicts) from which _pitch staggers the planes.
+_PITCH_DEGREE = 6.0
+
+
+def _pitch(units, item_rows, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left, itemsize, filter_height,
+           stride):
+    """Bytes from one staged plane's start to the next's, for units of whole
+    planes of a multiple of 16 bytes (``units(pitch_bytes=...)``: their
+    (P, raw_bytes, out_stage_bytes)): the plane's bytes (back to back), or,
+    where the warps' window reads of that layout conflict _PITCH_DEGREE-way
+    or more (_bank_conflicts), the plane's bytes plus the gap of _PITCH_GAPS
+    whose layout they read with the fewest conflicts per busy lane (ties to
+    the smaller gap).
+
+    Why the threshold: H100, 2026-12-05, fp16 NCHW GPU us, back to back /
+    a gap (the count's pick) against 4- and 7-row items: 64x1024x16 5x5
+    forward at 4 rows 75.1 (the 2026-12-05 sweep) / 50.0 and 49.3 (a
+    32-byte gap: 7.0-way -> 3.5), backward-input 57.8 (7 rows) / 48.6; but
+    where back to back already spread the reads (2.4-3.0-way) gaps moved
+    nothing or lost: 64x448x24 5x5 4 rows 50.9 / 51.2 (3.0 -> 2.6), 64x640x20
+    3x3 36.6 / 37.6 (2.7 -> 2.4), 64x576x20 3x3 s2 25.2 / 26.7, float32
+    64x640x20 3x3 53.6 / 54.8 (5.3 -> 4.8); 7-row items on 16x16 57.7 (2.9
+    -> 2.0); results/depthwise_nchw_plane_pitch_h100_2026-12-05.txt."""
+    plane_bytes = src_h * src_w * itemsize
+
+    def cost(pitch_bytes):
+        per_unit = units(pitch_bytes=pitch_bytes)[0]
+        items = per_unit * row_blocks * col_blocks
+        degree = _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left,
+                                 itemsize, filter_height, stride, pitch_bytes // itemsize)
+        return degree / (items / (-(-items // 32) * 32)), degree
+
+    if cost(plane_bytes)[1] < _PITCH_DEGREE:
+        return plane_bytes
+    return min((plane_bytes, *(plane_bytes + gap for gap in _PITCH_GAPS)), key=lambda pitch: cost(pitch)[0])
 
 
 def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, filter_height):
@@ -430,10 +503,10 @@ def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, 
         return shortest
 
     def cost(item_rows):
-        per_unit, num_bands, row_blocks, col_blocks, raw_bytes, _ = layouts[item_rows]
+        per_unit, num_bands, row_blocks, col_blocks, raw_bytes, _, src_pitch = layouts[item_rows]
         rows_computed = -(-dst_h // (row_blocks * item_rows)) * row_blocks * item_rows
         degree = _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left,
-                                 itemsize, filter_height) if raw_bytes else 1.0
+                                 itemsize, filter_height, 1, src_pitch) if raw_bytes else 1.0
         items = per_unit * row_blocks * col_blocks
         lanes = items / (-(-items // 32) * 32)
         return rows_computed / dst_h * degree / lanes
@@ -441,22 +514,26 @@ def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, 
     return min(sorted(layouts), key=cost)
 
 
+@functools.lru_cache(maxsize=1024)
 def _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left, itemsize,
-                    filter_height):
+                    filter_height, stride=1, pitch=None):
     """Mean over the warps of a unit and the window reads of the forward
     kernel (per source row t and window column k, one 2- or 4-byte shared
-    load a thread; stride 1) of the largest number of distinct 4-byte words
-    one of the 32 banks serves (1: conflict-free; threads reading the same
-    word share it).  The unit's first band (or its planes) from the buffer's
-    start; threads whose value lies in the padding do not read."""
-    span = COLUMNS - 1 + filter_height
+    load a thread) of the largest number of distinct 4-byte words one of the
+    32 banks serves (1: conflict-free; threads reading the same word share
+    it).  The unit's first band (or its planes, ``pitch`` values apart:
+    default src_h * src_w) from the buffer's start; threads whose value lies
+    in the padding do not read."""
+    span = (COLUMNS - 1) * stride + filter_height
+    pitch = src_h * src_w if pitch is None else pitch
     thread = numpy.arange(per_unit * row_blocks * col_blocks)
     plane, item = numpy.divmod(thread, row_blocks * col_blocks)
     row_block, col_block = numpy.divmod(item, col_blocks)
-    rows = (row_block * item_rows - offset_top)[:, None, None] + numpy.arange(item_rows - 1 + filter_height)[None, :, None]
-    cols = (col_block * COLUMNS - offset_left)[:, None, None] + numpy.arange(span)[None, None, :]
+    rows = ((row_block * item_rows * stride - offset_top)[:, None, None]
+            + numpy.arange((item_rows - 1) * stride + filter_height)[None, :, None])
+    cols = (col_block * COLUMNS * stride - offset_left)[:, None, None] + numpy.arange(span)[None, None, :]
     inside = (rows >= 0) & (rows < src_h) & (cols >= 0) & (cols < src_w)
-    words = numpy.where(inside, ((plane[:, None, None] * src_h + rows) * src_w + cols) * itemsize // 4, -1)
+    words = numpy.where(inside, (plane[:, None, None] * pitch + rows * src_w + cols) * itemsize // 4, -1)
     # (warp, read) groups of 32 lanes, the padding lanes of the last warp not reading
     warps = -(-thread.size // 32)
     words = numpy.concatenate([words, numpy.full((warps * 32 - thread.size,) + words.shape[1:], -1)])

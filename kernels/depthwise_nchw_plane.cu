@@ -47,7 +47,10 @@
 // is not 16-byte aligned (odd plane sizes: 13x13 half planes are 338 bytes)
 // is copied from the 16-byte boundary below it, and its planes start `head`
 // bytes into the buffer; the bytes before the unit belong to the previous
-// planes of src (never before src itself, which is aligned).
+// planes of src (never before src itself, which is aligned).  Units of
+// whole planes of a multiple of 16 bytes may instead land plane by plane,
+// src_pitch values apart in the buffer (copy_async_pitched: a gap of 16 to
+// 112 bytes after each plane, so that the planes' rows fall on other banks).
 //
 // Store forms: V-value vectors straight to dst when rows are V-aligned
 // (vector_stores), else, on the async path with out_stage_bytes > 0, the
@@ -60,9 +63,10 @@
 // planes of the same size).  Otherwise element stores.
 //
 // Template parameters: T, KH, KW (equal, 3/5/7), STRIDE (1 or 2; 1 when
-// BACKWARD), BACKWARD, R (destination rows a thread), IndexT (int, or
+// BACKWARD), BACKWARD, R (destination rows a thread), PITCHED (whether
+// units of whole planes may land src_pitch values apart), IndexT (int, or
 // long long when a tensor has >= 2**31 elements: only plane offsets use it).
-// The host (cupy_dwgn/_depthwise_nchw_plane.py) picks R, P and the forms.
+// The host (cupy_dwgn/_depthwise_nchw_plane.py) picks R, P, the forms and the pitch.
 
 #include "dwgn_common.cuh"
 
@@ -218,6 +222,33 @@ __device__ __forceinline__ void copy_async(const void* src, unsigned char* raw, 
   copy_range_async(src, raw, bytes);
   dwgn::cp_async_commit();
 }
+// copy_async (of the PITCHED kernels) of a unit of whole planes of a
+// multiple of 16 bytes each (src 16-byte aligned) whose planes land `gap`
+// bytes apart (a multiple of 16):
+// the vector at byte o of plane p = o / plane_bytes goes to raw + o + p *
+// gap (inv_plane_vectors = 1 / (plane_bytes / 16); gap 0: copy_async's
+// flat range, whatever inv_plane_vectors).  Why: planes of a power-of-two
+// size back to back put every plane's row r on the same shared-memory
+// banks, and a warp's items, the same rows of several planes, then read
+// one bank many times over (16x16 fp16 5x5 at 4 rows an item: 7-way on
+// average by the host's count).  One loop for both; compiled only into the
+// PITCHED specializations: its index math per vector cost the 2-byte
+// kernels that never pitch up to 7% (H100, 64x1344x14 bf16 3x3 forward 44.7
+// -> 47.7 us), and a pitched copy beside the flat one changed their
+// compiled window reads.
+__device__ __forceinline__ void copy_async_pitched(const void* src, unsigned char* raw, int bytes,
+                                                   float inv_plane_vectors, int gap) {
+  const int head = dwgn::head_bytes(src);
+  const unsigned char* from = static_cast<const unsigned char*>(src) - head;
+  const int total = bytes + head;
+  const int whole = total & ~15;
+  // (o >> 4) < 48 KB / 16: small_div is exact.
+  auto to = [&](int o) { return raw + o + dwgn::small_div(o >> 4, inv_plane_vectors) * gap; };
+  int o = threadIdx.x * 16;
+  for (; o < whole; o += blockDim.x * 16) dwgn::cp_async<16>(to(o), from + o);
+  if (o < total) dwgn::cp_async<16>(to(o), from + o, total - o);
+  dwgn::cp_async_commit();
+}
 
 // The SPAN source values of a window row from `values` (shared or global),
 // zero in the columns outside the image (column_ok bit k clear).
@@ -357,12 +388,12 @@ __device__ __forceinline__ void compute_item(const T* values, int src_row0, int 
 
 }  // namespace dwgn_plane
 
-template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, int R, typename IndexT>
+template <typename T, int KH, int KW, int STRIDE, bool BACKWARD, int R, bool PITCHED, typename IndexT>
 __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE, R>) dwgn_dwconv2d_plane(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias,
     T* __restrict__ dst, int channels, int num_planes, int src_height, int src_width, int dst_height,
     int dst_width, int offset_top, int offset_left, int planes_per_unit, int num_bands, int row_blocks,
-    int col_blocks, int raw_bytes, int vector_stores, int out_stage_bytes) {
+    int col_blocks, int raw_bytes, int vector_stores, int out_stage_bytes, int src_pitch) {
   static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "backward-input takes this kernel at stride 1 only");
   using dwgn_plane::kBuffers;
   constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + KW;
@@ -390,10 +421,12 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE, R>)
   };
   // This thread's item of unit u, from the unit's source rows `values` into `out` (dst or the output buffer).
   // pairs: Pairs<true> on the shared path of __half (read_window_row_pairs).
+  // The unit's planes are src_pitch values apart in `values` (src: the host passes src_plane on the
+  // element path; the buffers: src_plane or more, stage_source).
   auto compute = [&](const dwgn_plane::Unit& u, const T* values, T* out, bool vectors, auto pairs) {
     if (local_plane < u.planes)
       dwgn_plane::compute_item<T, KH, KW, STRIDE, BACKWARD, R, decltype(pairs)::value>(
-          values + local_plane * src_plane, u.src_row0, u.first_plane + local_plane, u.dst_row0 / R + rb_in_unit,
+          values + local_plane * src_pitch, u.src_row0, u.first_plane + local_plane, u.dst_row0 / R + rb_in_unit,
           cb, column_ok, weight, bias, out + local_plane * dst_plane, u.dst_row0, vectors, a);
   };
   constexpr int S = static_cast<int>(sizeof(T));
@@ -407,17 +440,23 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE, R>)
   }
   // The unit's output buffer, after the raw ones (raw_bytes is a multiple of 16).
   unsigned char* stage = raw + kBuffers * raw_bytes;
-  if (blockIdx.x < num_units) {
-    const dwgn_plane::Unit first = dwgn_plane::unit_of<R, STRIDE, KH>(blockIdx.x, a);
-    dwgn_plane::copy_async(unit_src(first), raw, first.src_count * S);
-  }
+  // A unit's source into buffer `to`: one flat range, or (PITCHED, src_pitch > src_plane: units of whole
+  // planes only) its planes src_pitch values apart.
+  const int gap = PITCHED ? (src_pitch - src_plane) * S : 0;
+  const float inv_plane_vectors = gap ? __frcp_rn(static_cast<float>(src_plane * S / 16)) : 0.0f;
+  auto stage_source = [&](const dwgn_plane::Unit& u, unsigned char* to) {
+    if constexpr (PITCHED)
+      dwgn_plane::copy_async_pitched(unit_src(u), to, u.src_count * S, inv_plane_vectors, gap);
+    else
+      dwgn_plane::copy_async(unit_src(u), to, u.src_count * S);
+  };
+  if (blockIdx.x < num_units) stage_source(dwgn_plane::unit_of<R, STRIDE, KH>(blockIdx.x, a), raw);
   for (int unit = blockIdx.x, step = 0; unit < num_units; unit += gridDim.x, ++step) {
     const int next = unit + gridDim.x;
     // Buffer (step + 1) % 3 was last read in step - 2, which every thread
     // finished before the barrier of step - 1.
     if (next < num_units) {
-      const dwgn_plane::Unit n = dwgn_plane::unit_of<R, STRIDE, KH>(next, a);
-      dwgn_plane::copy_async(unit_src(n), raw + ((step + 1) % kBuffers) * raw_bytes, n.src_count * S);
+      stage_source(dwgn_plane::unit_of<R, STRIDE, KH>(next, a), raw + ((step + 1) % kBuffers) * raw_bytes);
     } else {
       dwgn::cp_async_commit();  // an empty group keeps the wait count uniform
     }

@@ -475,7 +475,10 @@ def nchw_plane():
     # the buffers).  2-byte 5x5 at stride 1 at each of its rows a thread (4
     # and 7, forced), bands of 7-row items too.  float16 reads the shared
     # planes in 4-byte pairs into the pads around the buffers: the most left
-    # padding they serve, the stride-2 7x7 overhang past odd rows.
+    # padding they serve, the stride-2 7x7 overhang past odd rows.  Units
+    # of several planes of a multiple of 16 bytes staged a gap apart (the
+    # PITCHED 2-byte 5x5 kernels: the rule's gap, the smallest and the
+    # largest forced), a partial last unit.
     from cupy_dwgn import _depthwise_nchw_plane, _dtypes, _validate, depthwise as dw
 
     for dtype in (cupy.float32, cupy.float16, _dtypes.bfloat16):
@@ -487,7 +490,9 @@ def nchw_plane():
                 ((1, 3, 150, 150), 3, 1, 2), ((1, 2, 20, 70), 3, ((0, 60), (1, 1)), 1),
                 ((1, 3, 4, 90), 3, ((0, 100), (1, 1)), 1), ((2, 6, 17, 19), 5, 2, 1),
                 ((1, 2, 150, 100), 5, ((1, 4), (2, 2)), 1), ((1, 3, 9, 40), 5, ((2, 2), (15, 1)), 1),
-                ((2, 3, 27, 29), 7, 3, 2)]:
+                ((2, 3, 27, 29), 7, 3, 2), ((3, 203, 16, 16), 5, 2, 1), ((5, 121, 8, 8), 5, ((0, 4), (3, 1)), 1)]:
+            gaps = _depthwise_nchw_plane._PITCH_GAPS
+            pitch_gaps = (None, gaps[0], gaps[-1]) if x_shape[0] * x_shape[1] > 528 else (None,)  # P > 1
             w_shape = (x_shape[1], 1, k, k)
             g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
             y_shape = (g.batch, x_shape[1], g.out_height, g.out_width)
@@ -500,9 +505,12 @@ def nchw_plane():
                                       (src, _misaligned(cupy.empty(dst_shape, dtype))),
                                       (_misaligned(src), cupy.empty(dst_shape, dtype))):
                     for item_rows in _depthwise_nchw_plane.row_choices(cupy.dtype(dtype).itemsize, k, stride):
-                        launch = _depthwise_nchw_plane.plan(g, cupy.dtype(dtype), backward, "int",
-                                                            dw._alignment(src_view), dw._alignment(dst), item_rows)
-                        launch(src_view, w, 0 if backward else b, dst)
+                        pitched = _depthwise_nchw_plane.pitch_capable(cupy.dtype(dtype).itemsize, k, stride, item_rows)
+                        for gap in pitch_gaps if pitched else (None,):
+                            launch = _depthwise_nchw_plane.plan(g, cupy.dtype(dtype), backward, "int",
+                                                                dw._alignment(src_view), dw._alignment(dst), item_rows,
+                                                                gap)
+                            launch(src_view, w, 0 if backward else b, dst)
 
 
 def _misaligned(a):

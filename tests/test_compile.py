@@ -954,7 +954,7 @@ def test_nchw_plane_rows_follow_the_height_sweep():
     assert plane.row_choices(2, 7, 1) == (4,) and plane.row_choices(8, 5, 1) == (2,)
     compiled = {e for _, e in plane.specializations()}
     half = numpy.dtype(numpy.float16)
-    for hw, channels, rows in [(10, 2560, 4), (12, 1792, 4), (14, 1344, 7), (16, 1024, 7), (17, 896, 7), (19, 720, 7), (19, 816, 7),
+    for hw, channels, rows in [(10, 2560, 4), (12, 1792, 4), (14, 1344, 7), (16, 1024, 4), (17, 896, 7), (19, 720, 7), (19, 816, 7),
                                (21, 576, 7), (24, 448, 4), (26, 384, 7), (28, 320, 4), (28, 240, 4), (31, 272, 7),
                                (33, 240, 7), (38, 176, 7), (75, 48, 7)]:
         g = _validate.conv_geometry((64, channels, hw, hw), (channels, 1, 5, 5), 1, 2, 1)
@@ -965,10 +965,12 @@ def test_nchw_plane_rows_follow_the_height_sweep():
                 assert plane.launch_rows(launch) == (rows if dtype == half else 4), (hw, dtype, backward)
     # The count behind the pick: a warp's 32 items of 16-wide fp16 planes (4-row items, 2 planes of 4 x 4
     # items) read 8 distinct words from each of 4 banks (the items' rows, 128 bytes apart, and planes, 512
-    # apart, land on the same banks): 8-way, 7 on average with the windows' edges in the padding.
+    # apart, land on the same banks): 8-way, 7 on average with the windows' edges in the padding; staged
+    # 32 bytes apart (_pitch) 3.5-way, and then 4 rows beat 7 (16 rows: 7-row items compute 21).
     g = _validate.conv_geometry((64, 1024, 16, 16), (1024, 1, 5, 5), 1, 2, 1)
     src_h, src_w, dst_h, dst_w, top, left = _validate.correlation_frame(g, False)
-    per_unit, _, row_blocks, col_blocks, _, _ = plane._units(4, 64 * 1024, src_h, src_w, dst_h, dst_w, 2, 1, 5, 1, 16)
+    per_unit, _, row_blocks, col_blocks, _, _, _ = plane._units(4, 64 * 1024, src_h, src_w, dst_h, dst_w, 2, 1, 5, 1,
+                                                                16)
     assert plane._bank_conflicts(4, per_unit, row_blocks, col_blocks, src_h, src_w, top, left, 2, 5) == 7.0
     # one thread reading one word: conflict-free
     assert plane._bank_conflicts(4, 1, 1, 1, 4, 4, 0, 0, 2, 1) == 1.0
@@ -1039,7 +1041,7 @@ def test_nchw_plane_rule_follows_the_width_sweep():
         g = _validate.conv_geometry((64, 96, hw, hw), (96, 1, k, k), 2, k // 2, 1)
         assert plane.preferred(g, dtype, False) == plane_wins, (hw, k, dtype)
         if plane_wins:  # and serves it from shared memory
-            assert int(plane.plan(g, dtype, False, "int", 16, 16).scalars[-3]) > 0
+            assert int(plane.plan(g, dtype, False, "int", 16, 16).scalars[12]) > 0
 
 
 @pytest.mark.parametrize("case", [((2, 9, 11, 16), 3, 1, 1), ((1, 7, 10, 24), 5, 1, ((0, 4), (3, 1))),
@@ -1137,8 +1139,13 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
 
     (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, num_bands, row_blocks,
-     col_blocks, raw_bytes, vector_stores, out_stage_bytes) = (int(v) for v in launch.scalars)
+     col_blocks, raw_bytes, vector_stores, out_stage_bytes, src_pitch) = (int(v) for v in launch.scalars)
     size = src.dtype.itemsize
+    # staged planes src_pitch values apart: back to back, or (copy_planes_async: units of whole planes of a
+    # multiple of 16 bytes, on the cp.async path) 16-112 bytes more
+    assert src_pitch == src_h * src_w or (
+        raw_bytes and num_bands == 1 and src_h * src_w * size % 16 == 0
+        and src_pitch * size - src_h * src_w * size in nchw_plane._PITCH_GAPS)
     pads = nchw_plane.pair_pads(src.dtype) if raw_bytes else 0  # float16 reads the shared source in pairs
     assert launch.shared_mem == 3 * raw_bytes + out_stage_bytes + pads <= 48 * 1024
     assert raw_bytes % 16 == 0 and (out_stage_bytes == 0 or raw_bytes > 0)
@@ -1172,6 +1179,9 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
             if raw_bytes:  # copy_async's 16-byte vectors from the boundary below the unit fit the buffer
                 head = (first_plane * src_h + src_row0) * src_w * size % 16
                 assert -(-(head + src_count * size) // 16) * 16 <= raw_bytes
+                # and so do copy_planes_async's, each plane at a 16-byte boundary
+                assert src_pitch == src_h * src_w or (
+                    head == 0 and (unit_planes - 1) * src_pitch * size + src_h * src_w * size <= raw_bytes)
             # the unit's destination rows as a flat range, and its output buffer
             unit_out = numpy.full(dst_count, numpy.nan)
             stage_writes = numpy.zeros(unit_out.shape, numpy.int64)
@@ -1193,7 +1203,7 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
                         continue
                     assert src_row0 <= source_row < src_row1, "a read of a row the unit did not stage"
                     if pads:  # read_window_row_pairs's words: within the pads around the buffers
-                        start = head + ((local_plane * (src_row1 - src_row0) + source_row - src_row0) * src_w
+                        start = head + (local_plane * src_pitch + (source_row - src_row0) * src_w
                                         + col0) * size  # bytes from the buffer's start
                         words = (span + 1) // 2 + 1
                         first = start - start % 4
@@ -1291,7 +1301,7 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
                 nchw_plane.row_choices(itemsize, k, stride), ((16, 16), (2, 2), (16, 2))):
             launch = nchw_plane.plan(g, dtype, backward, "int", src_alignment, dst_alignment, item_rows)
             assert launch is not None and launch.persistent and nchw_plane.launch_rows(launch) == item_rows
-            raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[-3:])
+            raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[12:15])
             # bands where a plane has more than 256 items or (cp.async path) its buffers pass 48 KB;
             # a plane of one row block that passes them is read from global memory (the element path)
             dst_shape = x_shape if backward else y_shape
@@ -1325,6 +1335,86 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
                 want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64),
                                                   stride=stride, padding=padding)
             numpy.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+
+
+# (x NCHW shape, padding) of 5x5 stride-1 units of several whole planes of a multiple of 16 bytes (enough
+# planes that P > 1: _MIN_UNITS), whose planes the PITCHED kernels stage a gap apart (copy_async_pitched).
+_PITCHED_PLANE_GEOMETRIES = [
+    ((1, 600, 4, 4), 2), ((1, 560, 8, 8), 2), ((2, 300, 8, 12), ((0, 4), (3, 1))), ((1, 530, 6, 8), ((1, 3), (2, 2))),
+]
+
+
+@pytest.mark.parametrize("case", _PITCHED_PLANE_GEOMETRIES, ids=lambda c: "x".join(map(str, c[0])))
+def test_plane_kernel_pitched_units_cover_every_output_once(case):
+    # Gaps forced (none, the smallest, the largest): the unit's planes land src_pitch values apart, the
+    # reads follow them.  Only the 2-byte 5x5 stride-1 4-row kernels are compiled PITCHED (pitch_capable):
+    # the others keep flat units whatever gap is asked for.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
+    from cupy_dwgn import _validate, reference
+
+    x_shape, padding = case
+    k, stride = 5, 1
+    n, c = x_shape[:2]
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
+    rng = numpy.random.default_rng(5)
+    for dtype, backward in itertools.product(nchw_plane.DTYPES, (False, True)):
+        src = rng.standard_normal((n, c, g.out_height, g.out_width) if backward else x_shape).astype(dtype)
+        weight = rng.standard_normal((c, 1, k, k)).astype(dtype)
+        bias = None if backward else rng.standard_normal(c).astype(dtype)
+        src64, w64 = src.astype(numpy.float64), weight.astype(numpy.float64)
+        if backward:
+            want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, padding=padding)
+        else:
+            want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64),
+                                              stride=stride, padding=padding)
+        plane_values = src.shape[2] * src.shape[3]
+        for gap in (0, nchw_plane._PITCH_GAPS[0], nchw_plane._PITCH_GAPS[-1]):
+            launch = nchw_plane.plan(g, dtype, backward, "int", 16, 16, 4, gap)
+            per_unit, src_pitch = int(launch.scalars[8]), int(launch.scalars[15])
+            capable = nchw_plane.pitch_capable(src.dtype.itemsize, k, stride, 4)
+            assert per_unit > 1 and src_pitch * src.dtype.itemsize == plane_values * src.dtype.itemsize + capable * gap
+            assert launch.expression.endswith(f", 4, {'true' if capable and gap else 'false'}, int>")
+            got, writes = _plane_kernel_emulation(launch, src.reshape(-1, *src.shape[2:]), weight[:, 0], bias,
+                                                  backward, min(launch.grid[0], 5), 0, stride)
+            assert (writes == 1).all()
+            numpy.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="pitch_gap"):
+        nchw_plane.plan(g, numpy.dtype(numpy.float16), False, "int", 16, 16, pitch_gap=8)
+
+
+def test_plane_pitch_rule():
+    # _pitch against the count behind it: 16x16 fp16 5x5 planes at 4 rows an item (16 planes a unit, a
+    # warp's items the same rows of 2 planes: 7.0-way back to back) get a 32-byte gap (3.5-way), and 4-row
+    # items then (H100: 64x1024x16 forward 75.1 -> 50.0 us; 7 rows back to back 60.8); 8x8 fp16 5x5 planes
+    # (7.9-way) a gap; planes whose reads spread over the banks back to back
+    # (24x24: 3.0-way, under _PITCH_DEGREE; 14x14 fp16: 392 bytes, not a multiple of 16) none; units of
+    # one plane none.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane as plane
+    from cupy_dwgn import _validate
+
+    half = numpy.dtype(numpy.float16)
+
+    def pitch_of(shape, k, stride=1):
+        g = _validate.conv_geometry(shape, (shape[1], 1, k, k), stride, k // 2, 1)
+        launch = plane.plan(g, half, False, "int", 16, 16)
+        return plane.launch_rows(launch), (int(launch.scalars[15]) - shape[2] * shape[3]) * 2
+
+    assert pitch_of((64, 1024, 16, 16), 5) == (4, 32)
+    assert pitch_of((64, 1280, 8, 8), 5)[0] == 4 and pitch_of((64, 1280, 8, 8), 5)[1] > 0
+    assert pitch_of((64, 1024, 16, 16), 3) == (8, 0)  # 7.0-way too, but no PITCHED kernel (pitch_capable)
+    assert pitch_of((64, 448, 24, 24), 5) == (4, 0)
+    assert pitch_of((64, 1344, 14, 14), 5)[1] == 0 and pitch_of((64, 48, 75, 75), 5)[1] == 0
+    g = _validate.conv_geometry((64, 1024, 16, 16), (1024, 1, 5, 5), 1, 2, 1)
+    src_h, src_w, dst_h, dst_w, top, left = _validate.correlation_frame(g, False)
+    layout = plane._units(7, 64 * 1024, src_h, src_w, dst_h, dst_w, 2, 1, 5, 1, 16, 0, top, left)
+    per_unit, _, row_blocks, col_blocks = layout[:4]
+    flat = plane._bank_conflicts(7, per_unit, row_blocks, col_blocks, src_h, src_w, top, left, 2, 5)
+    pitched = plane._bank_conflicts(7, per_unit, row_blocks, col_blocks, src_h, src_w, top, left, 2, 5, 1, 256 + 16)
+    assert round(flat, 1) == 2.9 and round(pitched, 1) == 2.0
 
 
 def _plane_wgrad_emulation(launch, x, grad_out, k, stride, x_offset=0, grad_offset=0):

@@ -329,7 +329,7 @@ def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
             g, numpy.dtype(dtype), backward, index, depthwise._alignment(src_gpu), depthwise._alignment(dst), item_rows
         )
         assert launch is not None and _depthwise_nchw_plane.launch_rows(launch) == item_rows
-        raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[-3:])  # raw_bytes 0: the element path
+        raw_bytes, vector_stores, out_stage_bytes = (int(v) for v in launch.scalars[12:15])  # raw_bytes 0: the element path
         if misaligned == "misaligned":
             assert raw_bytes == 0 and out_stage_bytes == 0
         elif copies_async is not None:
@@ -342,6 +342,37 @@ def test_plane_kernel_matches_reference(case, dtype, backward, misaligned, rng):
         record_errors("depthwise NCHW plane kernel", str(numpy.dtype(dtype)),
                       {("backward_input" if backward else "forward"): error})
         assert error <= TOLERANCE[dtype], item_rows
+
+
+# Units of several whole planes of a multiple of 16 bytes, staged a gap apart
+# (the PITCHED kernels: 2-byte 5x5 at stride 1, 4-row items): the
+# power-of-two planes of 256-pixel inputs and U-Net latents (16x16, 8x8),
+# per-side padding, at every gap the host may pick (and none), a partial
+# last unit (planes not a multiple of P), >= 2**31 elements aside.
+PITCHED_PLANE_CASES = [
+    ("16x16", (3, 203, 16, 16), 2), ("8x8", (5, 121, 8, 8), 2), ("12x12 per-side padding", (4, 150, 12, 12), ((0, 4), (3, 1))),
+]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if numpy.dtype(d).itemsize == 2], ids=str)
+@pytest.mark.parametrize("case", PITCHED_PLANE_CASES, ids=lambda c: c[0])
+def test_plane_kernel_pitched_units_match_reference(case, dtype, backward, rng):
+    _, x_shape, padding = case
+    g, src, w, b, want = _direct_launch_data(x_shape, (x_shape[1], 1, 5, 5), padding, dtype, backward, rng)
+    src_gpu, w_gpu, b_gpu = cupy.asarray(src), cupy.asarray(w), 0 if b is None else cupy.asarray(b)
+    plane_bytes = src.shape[2] * src.shape[3] * numpy.dtype(dtype).itemsize
+    assert _depthwise_nchw_plane.pitch_capable(numpy.dtype(dtype).itemsize, 5, 1, 4)
+    for gap in (0, *_depthwise_nchw_plane._PITCH_GAPS):
+        dst = poisoned(want.shape, dtype)
+        launch = _depthwise_nchw_plane.plan(g, numpy.dtype(dtype), backward, "int", 16, 16, 4, gap)
+        per_unit, src_pitch = int(launch.scalars[8]), int(launch.scalars[15])
+        assert per_unit > 1 and src_pitch * numpy.dtype(dtype).itemsize == plane_bytes + gap
+        launch(src_gpu, w_gpu, b_gpu, dst)
+        error = relative_error(dst, want)
+        record_errors("depthwise NCHW plane kernel", str(numpy.dtype(dtype)),
+                      {("backward_input" if backward else "forward"): error})
+        assert error <= TOLERANCE[dtype], gap
 
 
 # The tensor-core forward / backward-input kernel (_depthwise_conv_mma),
@@ -512,7 +543,7 @@ def test_plane_kernel_rule_and_dispatch():
     w = cupy.asarray(random(numpy.random.default_rng(6), (8, 1, 3, 3), numpy.float16))
     g = _validate.conv_geometry(x.shape, w.shape, 2, 1, 1)
     steps = depthwise._forward_steps(g, "NCHW", x, x)
-    assert steps.launches[0].expression == f"{_depthwise_nchw_plane.KERNEL}<__half, 3, 3, 2, false, 4, int>"
+    assert steps.launches[0].expression == f"{_depthwise_nchw_plane.KERNEL}<__half, 3, 3, 2, false, 4, false, int>"
     y = cupy_dwgn.depthwise_conv2d(x, w, stride=2, padding=1, out=poisoned((2, 8, 19, 19), numpy.float16))
     want = reference.depthwise_conv2d(cupy.asnumpy(x), cupy.asnumpy(w), stride=2, padding=1)
     assert relative_error(y, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
