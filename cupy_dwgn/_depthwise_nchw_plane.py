@@ -25,6 +25,10 @@ Launch rule (no user tuning), from the destination plane size:
   one unit ahead, when the source is 16-byte aligned (a unit that starts
   between 16-byte boundaries is copied from the boundary below it, 16 more
   bytes per buffer); otherwise the threads read them from global memory.
+  Units of whole planes of a multiple of 16 bytes that, back to back, put
+  the planes' rows on the same shared-memory banks (a warp's window reads
+  6-way conflicted or worse: 16-wide 2-byte 5x5 planes) land a 16-112-byte
+  gap apart instead (_pitch; the PITCHED specializations, pitch_capable).
 * Outputs leave as V-value vectors when rows are V-aligned.  Otherwise, on
   the cp.async path, a unit's outputs are gathered in a shared buffer and
   stored as one flat range in 16-byte vectors (when the shared memory for
@@ -447,15 +451,18 @@ def _pitch(units, item_rows, row_blocks, col_blocks, src_h, src_w, offset_top, o
     whose layout they read with the fewest conflicts per busy lane (ties to
     the smaller gap).
 
-    Why the threshold: H100, 2026-12-05, fp16 NCHW GPU us, back to back /
-    a gap (the count's pick) against 4- and 7-row items: 64x1024x16 5x5
-    forward at 4 rows 75.1 (the 2026-12-05 sweep) / 50.0 and 49.3 (a
-    32-byte gap: 7.0-way -> 3.5), backward-input 57.8 (7 rows) / 48.6; but
-    where back to back already spread the reads (2.4-3.0-way) gaps moved
-    nothing or lost: 64x448x24 5x5 4 rows 50.9 / 51.2 (3.0 -> 2.6), 64x640x20
-    3x3 36.6 / 37.6 (2.7 -> 2.4), 64x576x20 3x3 s2 25.2 / 26.7, float32
-    64x640x20 3x3 53.6 / 54.8 (5.3 -> 4.8); 7-row items on 16x16 57.7 (2.9
-    -> 2.0); results/depthwise_nchw_plane_pitch_h100_2026-12-05.txt."""
+    Only pitch_capable kernels take a gap.  Why the threshold: H100,
+    2026-12-05, fp16 NCHW GPU us, back to back / a gap (the count's pick):
+    64x1024x16 5x5 forward at 4 rows 75.1 (the 2026-12-05 sweep) / 50.0 and
+    49.3 (a 32-byte gap: 7.0-way -> 3.5; at 7 rows 60.8 / 57.6, 2.9 -> 2.0),
+    backward-input 57.8 (7 rows, the rule then) / 48.6; but where back to
+    back already spread the reads (2.4-3.0-way) gaps moved nothing or lost
+    (a prototype that let every kernel pitch): 64x448x24 5x5 4 rows 50.9 /
+    51.2 (3.0 -> 2.6), 64x640x20 3x3 36.6 / 37.6 (2.7 -> 2.4), 64x576x20 3x3
+    s2 25.2 / 26.7, float32 64x640x20 3x3 53.6 / 54.8 (5.3 -> 4.8).  As
+    shipped, H200: 64x1024x16 fp16 forward 58.6 / 48.4, backward-input 55.5
+    / 48.4, bf16 61.6 / 52.9 and 61.2 / 53.0, 32x512x16 fp16 20.1 / 16.4;
+    results/depthwise_nchw_plane_pitch_2026-12-05.txt."""
     plane_bytes = src_h * src_w * itemsize
 
     def cost(pitch_bytes):
@@ -494,7 +501,11 @@ def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, 
     count of 2026-12-05), so a read conflicting n-way costs about n times
     its issue, and idle lanes issue as busy ones.  (The sweep predates
     float16's reads in pairs, PAIR_PAD: half the loads, of the same words,
-    so the same count per load; the rule was not swept again with them.)"""
+    so the same count per load; the rule was not swept again with them.)
+    Each R's count is that of its layout, staged planes a gap apart where
+    _pitch takes one: at 16 rows 4-row items then count 3.5 against 7-row
+    ones' 2.9 over 21 rows computed for 16, and measured 49-50 us against
+    57-61 (results/depthwise_nchw_plane_pitch_2026-12-05.txt)."""
     # A taller item only where the plane holds two of it (H100, 2026-12-05: at
     # 10 rows, 7-row items, half of the second idle, lost 2-5% to 4-row ones).
     shortest = min(layouts)
