@@ -1280,7 +1280,7 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
-    from cupy_dwgn import _validate, reference
+    from cupy_dwgn import _validate
 
     x_shape, k, padding, stride = case
     n, c = x_shape[:2]
@@ -1323,18 +1323,27 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
             dst_offset = 0 if dst_alignment == 16 else src.dtype.itemsize
             # a grid smaller than the units: blocks walk several
             grid = min(launch.grid[0], 3)
-            assert launch.expression.split(", ")[3] == str(stride)  # <T, KH, KW, STRIDE, BACKWARD, R, IndexT>
+            assert launch.expression.split(", ")[3] == str(stride)  # <T, KH, KW, STRIDE, BACKWARD, R, PITCHED, IndexT>
             got, writes = _plane_kernel_emulation(
                 launch, src.reshape(-1, *src.shape[2:]), weight[:, 0], bias, backward, grid, dst_offset, stride
             )
             assert (writes == 1).all()
-            src64, w64 = src.astype(numpy.float64), weight.astype(numpy.float64)
-            if backward:
-                want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, padding=padding)
-            else:
-                want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64),
-                                                  stride=stride, padding=padding)
+            want = _plane_reference(src, weight, bias, backward, x_shape, stride, padding)
             numpy.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+
+
+def _plane_reference(src, weight, bias, backward, x_shape, stride, padding):
+    """The float64 reference of what the plane kernel computes from ``src``
+    (x, or grad_out for the backward-input)."""
+    import numpy
+
+    from cupy_dwgn import reference
+
+    src64, w64 = src.astype(numpy.float64), weight.astype(numpy.float64)
+    if backward:
+        return reference.depthwise_conv2d_backward_input(src64, w64, x_shape, padding=padding)
+    return reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64), stride=stride,
+                                      padding=padding)
 
 
 # (x NCHW shape, padding) of 5x5 stride-1 units of several whole planes of a multiple of 16 bytes (enough
@@ -1352,7 +1361,7 @@ def test_plane_kernel_pitched_units_cover_every_output_once(case):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
-    from cupy_dwgn import _validate, reference
+    from cupy_dwgn import _validate
 
     x_shape, padding = case
     k, stride = 5, 1
@@ -1363,12 +1372,7 @@ def test_plane_kernel_pitched_units_cover_every_output_once(case):
         src = rng.standard_normal((n, c, g.out_height, g.out_width) if backward else x_shape).astype(dtype)
         weight = rng.standard_normal((c, 1, k, k)).astype(dtype)
         bias = None if backward else rng.standard_normal(c).astype(dtype)
-        src64, w64 = src.astype(numpy.float64), weight.astype(numpy.float64)
-        if backward:
-            want = reference.depthwise_conv2d_backward_input(src64, w64, x_shape, padding=padding)
-        else:
-            want = reference.depthwise_conv2d(src64, w64, None if bias is None else bias.astype(numpy.float64),
-                                              stride=stride, padding=padding)
+        want = _plane_reference(src, weight, bias, backward, x_shape, stride, padding)
         plane_values = src.shape[2] * src.shape[3]
         for gap in (0, nchw_plane._PITCH_GAPS[0], nchw_plane._PITCH_GAPS[-1]):
             launch = nchw_plane.plan(g, dtype, backward, "int", 16, 16, 4, gap)
