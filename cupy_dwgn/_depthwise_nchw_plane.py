@@ -384,7 +384,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, item_rows=None
 
 
 def _units(item_rows, planes, src_h, src_w, dst_h, dst_w, itemsize, stride, filter_height, vector_stores,
-           src_alignment, pads=0, offset_top=0, offset_left=0, pitch_gap=None):
+           src_alignment, pads, offset_top, offset_left, pitch_gap=None):
     """(P, num_bands, row blocks a unit, column blocks, raw_bytes,
     out_stage_bytes, src_pitch) of the units of items of ``item_rows`` rows,
     or None when they cannot be formed; ``pads``: shared bytes around the
@@ -421,8 +421,9 @@ def _units(item_rows, planes, src_h, src_w, dst_h, dst_w, itemsize, stride, filt
             pitch_bytes = plane_bytes + pitch_gap if pitch_gap else _pitch(
                 units, item_rows, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left, itemsize,
                 filter_height, stride)
-            per_unit, raw_bytes, out_stage_bytes = units(pitch_bytes=pitch_bytes)
-            src_pitch = pitch_bytes // itemsize
+            pitched = units(pitch_bytes=pitch_bytes)
+            if pitched[0] > 1:  # (a gap that leaves one plane a unit separates nothing)
+                (per_unit, raw_bytes, out_stage_bytes), src_pitch = pitched, pitch_bytes // itemsize
     else:
         bands = _bands(row_blocks, col_blocks, item_rows, stride, filter_height, src_h, src_w, dst_w, itemsize,
                        stage_outputs, src_alignment % 16 == 0, limit)
@@ -453,15 +454,18 @@ def _pitch(units, item_rows, row_blocks, col_blocks, src_h, src_w, offset_top, o
 
     Only pitch_capable kernels take a gap.  Why the threshold: H100,
     2026-12-05, fp16 NCHW GPU us, back to back / a gap (the count's pick):
-    64x1024x16 5x5 forward at 4 rows 75.1 (the 2026-12-05 sweep) / 50.0 and
-    49.3 (a 32-byte gap: 7.0-way -> 3.5; at 7 rows 60.8 / 57.6, 2.9 -> 2.0),
-    backward-input 57.8 (7 rows, the rule then) / 48.6; but where back to
+    64x1024x16 5x5 forward 60.8 and 59.1 (7 rows back to back, the rule
+    then; 4 rows back to back, 7.0-way, 75.1 in the 2026-12-05 sweep) / 50.0
+    and 49.3 (4 rows, a 32-byte gap: 3.5-way; 7 rows with a gap 57.6, 2.9 ->
+    2.0), backward-input 57.8 / 48.6; but where back to
     back already spread the reads (2.4-3.0-way) gaps moved nothing or lost
     (a prototype that let every kernel pitch): 64x448x24 5x5 4 rows 50.9 /
     51.2 (3.0 -> 2.6), 64x640x20 3x3 36.6 / 37.6 (2.7 -> 2.4), 64x576x20 3x3
     s2 25.2 / 26.7, float32 64x640x20 3x3 53.6 / 54.8 (5.3 -> 4.8).  As
     shipped, H200: 64x1024x16 fp16 forward 58.6 / 48.4, backward-input 55.5
-    / 48.4, bf16 61.6 / 52.9 and 61.2 / 53.0, 32x512x16 fp16 20.1 / 16.4;
+    / 48.4, bf16 61.6 / 52.9 and 61.2 / 53.0 (second runs alike); the 8 MB
+    32x512x16 fp16 19.2-20.1 / 16.4-16.5 (an H100: 17.5 / 17.0; its bf16
+    runs 17.8 and 20.1 after, 20.5 and 19.6 before: noise at this size);
     results/depthwise_nchw_plane_pitch_2026-12-05.txt."""
     plane_bytes = src_h * src_w * itemsize
 
@@ -474,7 +478,8 @@ def _pitch(units, item_rows, row_blocks, col_blocks, src_h, src_w, offset_top, o
 
     if cost(plane_bytes)[1] < _PITCH_DEGREE:
         return plane_bytes
-    return min((plane_bytes, *(plane_bytes + gap for gap in _PITCH_GAPS)), key=lambda pitch: cost(pitch)[0])
+    candidates = [plane_bytes + gap for gap in _PITCH_GAPS if units(pitch_bytes=plane_bytes + gap)[0] > 1]
+    return min((plane_bytes, *candidates), key=lambda pitch: cost(pitch)[0])
 
 
 def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, filter_height):

@@ -492,7 +492,8 @@ def nchw_plane():
                 ((1, 2, 150, 100), 5, ((1, 4), (2, 2)), 1), ((1, 3, 9, 40), 5, ((2, 2), (15, 1)), 1),
                 ((2, 3, 27, 29), 7, 3, 2), ((3, 203, 16, 16), 5, 2, 1), ((5, 121, 8, 8), 5, ((0, 4), (3, 1)), 1)]:
             gaps = _depthwise_nchw_plane._PITCH_GAPS
-            pitch_gaps = (None, gaps[0], gaps[-1]) if x_shape[0] * x_shape[1] > 528 else (None,)  # P > 1
+            # P >= 3 (_MIN_UNITS); at these plane counts the rule's pick (None) stages flat, the forced gaps not
+            pitch_gaps = (None, gaps[0], gaps[-1]) if x_shape[0] * x_shape[1] > 528 else (None,)
             w_shape = (x_shape[1], 1, k, k)
             g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1)
             y_shape = (g.batch, x_shape[1], g.out_height, g.out_width)

@@ -943,7 +943,9 @@ def _check_ring_rule(ring, g, dtype, backward, taken):
 def test_nchw_plane_rows_follow_the_height_sweep():
     # R of the plane kernel (rows a thread): compiled choices, and the pick
     # among them (_pick_rows) against the faster R of the 2026-12-05 sweep
-    # (H100, 64xCxHxH fp16 5x5 forward; results/depthwise_nchw_plane_5x5_rows_h100_2026-12-05.txt).
+    # (H100, 64xCxHxH fp16 5x5 forward; results/depthwise_nchw_plane_5x5_rows_h100_2026-12-05.txt),
+    # but 16 rows, where 4-row items staged a gap apart (_pitch) beat the sweep's 7 rows back to back
+    # (results/depthwise_nchw_plane_pitch_2026-12-05.txt: 49-50 us against 59-61).
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as plane
@@ -970,7 +972,7 @@ def test_nchw_plane_rows_follow_the_height_sweep():
     g = _validate.conv_geometry((64, 1024, 16, 16), (1024, 1, 5, 5), 1, 2, 1)
     src_h, src_w, dst_h, dst_w, top, left = _validate.correlation_frame(g, False)
     per_unit, _, row_blocks, col_blocks, _, _, _ = plane._units(4, 64 * 1024, src_h, src_w, dst_h, dst_w, 2, 1, 5, 1,
-                                                                16)
+                                                                16, 0, top, left, 0)
     assert plane._bank_conflicts(4, per_unit, row_blocks, col_blocks, src_h, src_w, top, left, 2, 5) == 7.0
     # one thread reading one word: conflict-free
     assert plane._bank_conflicts(4, 1, 1, 1, 4, 4, 0, 0, 2, 1) == 1.0
@@ -1141,7 +1143,7 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
     (channels, planes, src_h, src_w, dst_h, dst_w, offset_top, offset_left, per_unit, num_bands, row_blocks,
      col_blocks, raw_bytes, vector_stores, out_stage_bytes, src_pitch) = (int(v) for v in launch.scalars)
     size = src.dtype.itemsize
-    # staged planes src_pitch values apart: back to back, or (copy_planes_async: units of whole planes of a
+    # staged planes src_pitch values apart: back to back, or (copy_async_pitched: units of whole planes of a
     # multiple of 16 bytes, on the cp.async path) 16-112 bytes more
     assert src_pitch == src_h * src_w or (
         raw_bytes and num_bands == 1 and src_h * src_w * size % 16 == 0
@@ -1179,9 +1181,12 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
             if raw_bytes:  # copy_async's 16-byte vectors from the boundary below the unit fit the buffer
                 head = (first_plane * src_h + src_row0) * src_w * size % 16
                 assert -(-(head + src_count * size) // 16) * 16 <= raw_bytes
-                # and so do copy_planes_async's, each plane at a 16-byte boundary
+                # and so do copy_async_pitched's, each plane at a 16-byte boundary
                 assert src_pitch == src_h * src_w or (
                     head == 0 and (unit_planes - 1) * src_pitch * size + src_h * src_w * size <= raw_bytes)
+            # a pitched unit's values as copy_async_pitched lands them (the reads below take them from there)
+            staged = (_pitched_copy(src[first_plane:first_plane + unit_planes], raw_bytes, src_pitch)
+                      if src_pitch != src_h * src_w else None)
             # the unit's destination rows as a flat range, and its output buffer
             unit_out = numpy.full(dst_count, numpy.nan)
             stage_writes = numpy.zeros(unit_out.shape, numpy.int64)
@@ -1210,8 +1215,13 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
                         for buffer in range(3):
                             low, high = buffer * raw_bytes + first, buffer * raw_bytes + first + 4 * words
                             assert -nchw_plane.PAIR_PAD <= low and high <= 3 * raw_bytes + out_stage_bytes + nchw_plane.PAIR_PAD
-                    row = numpy.array([src[plane, source_row, col0 + k] if 0 <= col0 + k < src_w else 0.0
-                                       for k in range(span)], numpy.float64)
+                    if staged is None:
+                        row = numpy.array([src[plane, source_row, col0 + k] if 0 <= col0 + k < src_w else 0.0
+                                           for k in range(span)], numpy.float64)
+                    else:
+                        first_value = local_plane * src_pitch + source_row * src_w + col0
+                        row = numpy.array([staged[first_value + k] if 0 <= col0 + k < src_w else 0.0
+                                           for k in range(span)], numpy.float64)
                     for i in range(rows):
                         kh = t - i * stride
                         if 0 <= kh < kh_size:
@@ -1332,6 +1342,31 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
             numpy.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
 
 
+def _pitched_copy(planes, raw_bytes, src_pitch):
+    """The buffer copy_async_pitched (kernels/depthwise_nchw_plane.cu) fills
+    from ``planes`` (a unit's whole planes, 16-byte aligned), as values of
+    their dtype: vector v (16 bytes) of the unit to byte v * 16 + p * gap,
+    p = dwgn::small_div(v, 1 / vectors per plane) in float32 as the kernel
+    computes it (__frcp_rn, then one fmaf: an exact product and sum rounded
+    once); every destination inside the buffer, 16-byte aligned, written
+    once; bytes no copy writes are 0xFF (NaN in every type)."""
+    import numpy
+
+    size = planes.dtype.itemsize
+    data = numpy.ascontiguousarray(planes).view(numpy.uint8).reshape(-1)
+    plane_bytes = planes.shape[1] * planes.shape[2] * size
+    gap = src_pitch * size - plane_bytes
+    inv = float(numpy.float32(1.0) / numpy.float32(plane_bytes // 16))
+    buffer = numpy.full(raw_bytes, 0xFF, numpy.uint8)
+    written = numpy.zeros(raw_bytes, bool)
+    for v in range(data.size // 16):
+        plane = int(numpy.float32(v * inv + 0.5 * inv))  # the exact fma in double, rounded once to float
+        to = v * 16 + plane * gap
+        assert to % 16 == 0 and to + 16 <= raw_bytes and not written[to:to + 16].any()
+        buffer[to:to + 16], written[to:to + 16] = data[v * 16:v * 16 + 16], True
+    return buffer.view(planes.dtype)
+
+
 def _plane_reference(src, weight, bias, backward, x_shape, stride, padding):
     """The float64 reference of what the plane kernel computes from ``src``
     (x, or grad_out for the backward-input)."""
@@ -1386,13 +1421,19 @@ def test_plane_kernel_pitched_units_cover_every_output_once(case):
             numpy.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="pitch_gap"):
         nchw_plane.plan(g, numpy.dtype(numpy.float16), False, "int", 16, 16, pitch_gap=8)
+    # _pitched_copy models the kernel's destination formula and reciprocal
+    from cupy_dwgn import _compile
+
+    source = (_compile.kernel_dir() / nchw_plane.KERNEL_FILE).read_text()
+    assert "return raw + o + dwgn::small_div(o >> 4, inv_plane_vectors) * gap;" in source
+    assert "__frcp_rn(static_cast<float>(src_plane * S / 16))" in source
 
 
 def test_plane_pitch_rule():
     # _pitch against the count behind it: 16x16 fp16 5x5 planes at 4 rows an item (16 planes a unit, a
     # warp's items the same rows of 2 planes: 7.0-way back to back) get a 32-byte gap (3.5-way), and 4-row
     # items then (H100: 64x1024x16 forward 75.1 -> 50.0 us; 7 rows back to back 60.8); 8x8 fp16 5x5 planes
-    # (7.9-way) a gap; planes whose reads spread over the banks back to back
+    # (8.0-way) a gap; planes whose reads spread over the banks back to back
     # (24x24: 3.0-way, under _PITCH_DEGREE; 14x14 fp16: 392 bytes, not a multiple of 16) none; units of
     # one plane none.
     import numpy
