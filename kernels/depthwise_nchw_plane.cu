@@ -208,15 +208,20 @@ __device__ __forceinline__ unsigned source_columns(int cb, const Args& a) {
 // 16-byte boundary at or below src: the unit lands at raw + head_bytes(src).
 // The last vector may be partial (zero-filled, never read).
 // The copies join the thread's current group (copy_async commits it).
-__device__ __forceinline__ void copy_range_async(const void* src, unsigned char* raw, int bytes) {
+// `to(o)`: where the vector at byte o of the range lands (default raw + o).
+template <typename To>
+__device__ __forceinline__ void copy_range_async(const void* src, int bytes, To to) {
   const int head = dwgn::head_bytes(src);
   const unsigned char* from = static_cast<const unsigned char*>(src) - head;
   const int total = bytes + head;
   const int whole = total & ~15;  // bytes in whole 16-byte vectors
   int o = threadIdx.x * 16;
-  for (; o < whole; o += blockDim.x * 16) dwgn::cp_async<16>(raw + o, from + o);
+  for (; o < whole; o += blockDim.x * 16) dwgn::cp_async<16>(to(o), from + o);
   // The last, partial vector: the one thread whose walk stopped on it.
-  if (o < total) dwgn::cp_async<16>(raw + o, from + o, total - o);
+  if (o < total) dwgn::cp_async<16>(to(o), from + o, total - o);
+}
+__device__ __forceinline__ void copy_range_async(const void* src, unsigned char* raw, int bytes) {
+  copy_range_async(src, bytes, [raw](int o) { return raw + o; });
 }
 __device__ __forceinline__ void copy_async(const void* src, unsigned char* raw, int bytes) {
   copy_range_async(src, raw, bytes);
@@ -238,15 +243,8 @@ __device__ __forceinline__ void copy_async(const void* src, unsigned char* raw, 
 // compiled window reads.
 __device__ __forceinline__ void copy_async_pitched(const void* src, unsigned char* raw, int bytes,
                                                    float inv_plane_vectors, int gap) {
-  const int head = dwgn::head_bytes(src);
-  const unsigned char* from = static_cast<const unsigned char*>(src) - head;
-  const int total = bytes + head;
-  const int whole = total & ~15;
   // (o >> 4) < 48 KB / 16: small_div is exact.
-  auto to = [&](int o) { return raw + o + dwgn::small_div(o >> 4, inv_plane_vectors) * gap; };
-  int o = threadIdx.x * 16;
-  for (; o < whole; o += blockDim.x * 16) dwgn::cp_async<16>(to(o), from + o);
-  if (o < total) dwgn::cp_async<16>(to(o), from + o, total - o);
+  copy_range_async(src, bytes, [&](int o) { return raw + o + dwgn::small_div(o >> 4, inv_plane_vectors) * gap; });
   dwgn::cp_async_commit();
 }
 

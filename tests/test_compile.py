@@ -1425,7 +1425,7 @@ def test_plane_kernel_pitched_units_cover_every_output_once(case):
     from cupy_dwgn import _compile
 
     source = (_compile.kernel_dir() / nchw_plane.KERNEL_FILE).read_text()
-    assert "return raw + o + dwgn::small_div(o >> 4, inv_plane_vectors) * gap;" in source
+    assert "return raw + o + dwgn::small_div(o >> 4, inv_plane_vectors) * gap; });" in source
     assert "__frcp_rn(static_cast<float>(src_plane * S / 16))" in source
 
 
