@@ -474,7 +474,7 @@ def _pitch(units, item_rows, row_blocks, col_blocks, src_h, src_w, offset_top, o
         items = per_unit * row_blocks * col_blocks
         degree = _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left,
                                  itemsize, filter_height, stride, pitch_bytes // itemsize)
-        return degree / (items / (-(-items // 32) * 32)), degree
+        return degree / _busy_lane_share(items), degree
 
     if cost(plane_bytes)[1] < _PITCH_DEGREE:
         return plane_bytes
@@ -523,11 +523,15 @@ def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, 
         rows_computed = -(-dst_h // (row_blocks * item_rows)) * row_blocks * item_rows
         degree = _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left,
                                  itemsize, filter_height, 1, src_pitch) if raw_bytes else 1.0
-        items = per_unit * row_blocks * col_blocks
-        lanes = items / (-(-items // 32) * 32)
-        return rows_computed / dst_h * degree / lanes
+        return rows_computed / dst_h * degree / _busy_lane_share(per_unit * row_blocks * col_blocks)
 
     return min(sorted(layouts), key=cost)
+
+
+def _busy_lane_share(items):
+    """The share of a block's warp lanes that own an item (a thread an item,
+    the block rounded up to whole warps): idle lanes issue as busy ones."""
+    return items / (-(-items // 32) * 32)
 
 
 @functools.lru_cache(maxsize=1024)
