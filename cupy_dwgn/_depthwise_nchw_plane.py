@@ -349,7 +349,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, item_rows=None
     if min(src_h, src_w, dst_h, dst_w) <= 0 or planes >= 2**31 - _MAX_GRID or max(src_h * src_w, dst_h * dst_w) >= 2**31:
         return None
     itemsize = numpy.dtype(dtype).itemsize
-    pads = pair_pads(dtype)
+    pads = pair_pads(dtype, g.filter_height, stride, backward)
     if pads and not _pairs_within_pads(src_w, dst_w, offset_left, stride, g.filter_width):
         src_alignment = 1  # the element path: reads global memory value by value
     pack = min(16, COLUMNS * itemsize)
@@ -569,10 +569,18 @@ def _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, o
     return float(degree[reading].mean()) if reading.any() else 1.0
 
 
-def pair_pads(dtype):
-    """Shared bytes around the buffers for reads in pairs (both pads): float16;
-    0 where the kernel reads values one by one (the other types)."""
-    return 2 * PAIR_PAD if numpy.dtype(dtype) == numpy.float16 else 0
+def reads_pairs(dtype, filter_height, stride, backward):
+    """Whether the kernel reads its shared source rows in 4-byte pairs
+    (kernel: kPairedReads): float16, but the 3x3 stride-1 forward (H200,
+    2026-12-05: 3-4% slower in pairs, results/depthwise_nchw_plane_pitch_2026-12-05.txt;
+    H100: 2% over widths 10-38, results/depthwise_nchw_plane_per_value_h100_2026-12-05.txt)."""
+    return numpy.dtype(dtype) == numpy.float16 and not (filter_height == 3 and stride == 1 and not backward)
+
+
+def pair_pads(dtype, filter_height, stride, backward):
+    """Shared bytes around the buffers for reads in pairs (both pads), 0
+    where the kernel reads values one by one (reads_pairs)."""
+    return 2 * PAIR_PAD if reads_pairs(dtype, filter_height, stride, backward) else 0
 
 
 def _pairs_within_pads(src_w, dst_w, offset_left, stride, filter_width):

@@ -273,6 +273,16 @@ template <int SPAN> constexpr int kPairs = (SPAN + 1) / 2;
 constexpr int kPairPad = 32;
 template <typename T> constexpr bool kReadsPairs = false;
 template <> constexpr bool kReadsPairs<__half> = true;
+// Which kernels of such a type read in pairs: all but the 3x3 stride-1
+// forward (H200, 2026-12-05: 64x384x28 fp16 forward 35.3 -> 36.5 us and
+// 64x1136x22 71.5 -> 74.2 in pairs, where the backward-input of the same
+// correlation (no bias) gained at 22, 70.8 -> 67.4, and the stride-2
+// forward 32.3 -> 30.0; results/depthwise_nchw_plane_pitch_2026-12-05.txt,
+// part 4); H100, one value a load against pairs: 2% faster over 8 widths
+// 10-38, 14-wide 3% slower; depthwise_nchw_plane_per_value_h100_2026-12-05.txt).
+// Host: _depthwise_nchw_plane.reads_pairs.
+template <typename T, int KH, int STRIDE, bool BACKWARD>
+constexpr bool kPairedReads = kReadsPairs<T> && !(KH == 3 && STRIDE == 1 && !BACKWARD);
 // Whether an item reads in pairs, as a type (the kernel's compute lambda takes either).
 template <bool B> struct Pairs {
   static constexpr bool value = B;
@@ -395,10 +405,11 @@ __global__ void __launch_bounds__(256, dwgn_plane::kMinBlocks<T, KH, STRIDE, R>)
   static_assert(STRIDE == 1 || (STRIDE == 2 && !BACKWARD), "backward-input takes this kernel at stride 1 only");
   using dwgn_plane::kBuffers;
   constexpr int SPAN = (dwgn_plane::kColumns - 1) * STRIDE + KW;
-  // __half reads the shared planes in 4-byte pairs (read_window_row_pairs), within kPairPad bytes of
-  // padding before the buffers and after the last (the host adds both to the shared memory; bfloat16
-  // measured slower in pairs: _depthwise_nchw_plane.PAIR_PAD's comment).
-  constexpr bool kPairsOnShared = dwgn_plane::kReadsPairs<T>;
+  // __half (but the 3x3 stride-1 forward: kPairedReads) reads the shared planes in 4-byte pairs
+  // (read_window_row_pairs), within kPairPad bytes of padding before the buffers and after the last
+  // (the host adds both to the shared memory; bfloat16 measured slower in pairs:
+  // _depthwise_nchw_plane.PAIR_PAD's comment).
+  constexpr bool kPairsOnShared = dwgn_plane::kPairedReads<T, KH, STRIDE, BACKWARD>;
   extern __shared__ __align__(16) unsigned char shared_memory[];
   unsigned char* const raw = shared_memory + (kPairsOnShared ? dwgn_plane::kPairPad : 0);
   const dwgn_plane::Args a{channels,   num_planes, src_height, src_width,     dst_height,   dst_width,

@@ -982,8 +982,9 @@ def test_nchw_plane_rows_follow_the_height_sweep():
 
 
 def test_nchw_plane_pair_reads_agree_between_host_and_kernel():
-    # The kernel reads float16 (kReadsPairs<__half>) in 4-byte pairs into kPairPad bytes of padding the
-    # host allocates (pair_pads, PAIR_PAD): the two sides must name the same type and the same pad.
+    # The kernel reads float16 (kReadsPairs<__half>) in 4-byte pairs, but in its 3x3 stride-1 forward
+    # (kPairedReads), into kPairPad bytes of padding the host allocates (reads_pairs, pair_pads,
+    # PAIR_PAD): the two sides must name the same type, the same kernels and the same pad.
     import re
 
     import numpy
@@ -994,8 +995,14 @@ def test_nchw_plane_pair_reads_agree_between_host_and_kernel():
     source = (_compile.kernel_dir() / plane.KERNEL_FILE).read_text()
     assert re.findall(r"constexpr int kPairPad = (\d+);", source) == [str(plane.PAIR_PAD)]
     assert re.findall(r"constexpr bool kReadsPairs<([\w]+)> = true;", source) == ["__half"]
-    padded = {str(numpy.dtype(d)) for d in (*plane.DTYPES, numpy.float64) if plane.pair_pads(d)}
-    assert padded == {"float16"} and plane.pair_pads(_dtypes.bfloat16) == 0
+    assert re.findall(r"constexpr bool kPairedReads = kReadsPairs<T> && (.*);", source) == [
+        "!(KH == 3 && STRIDE == 1 && !BACKWARD)"]
+    for dtype in (*plane.DTYPES, numpy.dtype(numpy.float64)):
+        for (k, stride, backward) in itertools.product((3, 5, 7), (1, 2), (False, True)):
+            kernel_pairs = dtype == numpy.float16 and not (k == 3 and stride == 1 and not backward)
+            assert plane.reads_pairs(dtype, k, stride, backward) == kernel_pairs
+            assert plane.pair_pads(dtype, k, stride, backward) == (2 * plane.PAIR_PAD if kernel_pairs else 0)
+    assert plane.pair_pads(_dtypes.bfloat16, 5, 1, False) == 0
 
 
 def test_nchw_plane_rule_follows_the_width_sweep():
@@ -1148,7 +1155,8 @@ def _plane_kernel_emulation(launch, src, weight, bias, backward, grid, dst_offse
     assert src_pitch == src_h * src_w or (
         raw_bytes and num_bands == 1 and src_h * src_w * size % 16 == 0
         and src_pitch * size - src_h * src_w * size in nchw_plane._PITCH_GAPS)
-    pads = nchw_plane.pair_pads(src.dtype) if raw_bytes else 0  # float16 reads the shared source in pairs
+    # float16 reads the shared source in pairs (but the 3x3 stride-1 forward: reads_pairs)
+    pads = nchw_plane.pair_pads(src.dtype, weight.shape[1], stride, backward) if raw_bytes else 0
     assert launch.shared_mem == 3 * raw_bytes + out_stage_bytes + pads <= 48 * 1024
     assert raw_bytes % 16 == 0 and (out_stage_bytes == 0 or raw_bytes > 0)
     assert num_bands == 1 or per_unit == 1
@@ -1319,7 +1327,7 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
             items = row_blocks * -(-dst_shape[3] // 4)
             plane_bytes = src_shape[2] * src_shape[3] * itemsize
             dst_bytes = 0 if vector_stores else dst_shape[2] * dst_shape[3] * itemsize
-            pads = nchw_plane.pair_pads(dtype)
+            pads = nchw_plane.pair_pads(dtype, k, stride, backward)
             too_large = src_alignment == 16 and nchw_plane._shared_bytes(plane_bytes, dst_bytes) > 48 * 1024 - pads
             # float16 reads in pairs reach at most PAIR_PAD bytes past a row (else the element path)
             frame = _validate.correlation_frame(g, backward)
