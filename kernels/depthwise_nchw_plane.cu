@@ -278,8 +278,8 @@ template <> constexpr bool kReadsPairs<__half> = true;
 // 64x1136x22 71.5 -> 74.2 in pairs, where the backward-input of the same
 // correlation (no bias) gained at 22, 70.8 -> 67.4, and the stride-2
 // forward 32.3 -> 30.0; results/depthwise_nchw_plane_pitch_2026-12-05.txt,
-// part 4); H100, one value a load against pairs: 2% faster over 8 widths
-// 10-38, 14-wide 3% slower; depthwise_nchw_plane_per_value_h100_2026-12-05.txt).
+// part 4; H100, one value a load against pairs: 2% faster over 8 widths
+// 10-38, 14-wide 3% slower; results/depthwise_nchw_plane_per_value_h100_2026-12-05.txt).
 // Host: _depthwise_nchw_plane.reads_pairs.
 template <typename T, int KH, int STRIDE, bool BACKWARD>
 constexpr bool kPairedReads = kReadsPairs<T> && !(KH == 3 && STRIDE == 1 && !BACKWARD);
