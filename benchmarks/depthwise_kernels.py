@@ -11,10 +11,13 @@ _depthwise_nchw_rows.preferred() and _depthwise_nchw_plane.preferred() come
 from it (about 20 s on an H200).
 
     PYTHONPATH=. python benchmarks/depthwise_kernels.py [--shapes 64x768x12x3x1 ...] [--dtypes float16 ...]
-        [--forward-only]
+        [--forward-only] [--kernels plane ...]
 
 --shapes: N x C x H(=W) x filter size x stride instead of SHAPES (a sweep
-of plane sizes, say); --forward-only: no backward-input rows.
+of plane sizes, say); --forward-only: no backward-input rows; --kernels:
+only these candidates.  Where the plane kernel is compiled for several
+destination rows per thread (_depthwise_nchw_plane.row_choices) each also
+runs forced ("plane7", "plane8"), beside the rule's pick ("plane").
 """
 import argparse
 
@@ -52,6 +55,8 @@ def main():
     parser.add_argument("--shapes", type=harness.conv_shape, nargs="+", default=SHAPES)
     parser.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--forward-only", action="store_true")
+    parser.add_argument("--kernels", nargs="+", choices=["rows", "plane", "window", "walk", "tiled"],
+                        help="only these candidates (default: all)")
     args = parser.parse_args()
     dtypes = [d for d in DTYPES if args.dtypes is None or numpy.dtype(d).name in args.dtypes]
     for n, c, hw, k, stride in args.shapes:
@@ -73,6 +78,11 @@ def main():
                          "walk": walk.plan(g, dt, backward, 16, 16),
                          "tiled": (generic._tiled_plan(g, dt, index, backward)
                                    if stride == 1 and generic._use_tiled(g, dt) else None)}
+                choices = plane.row_choices(dt.itemsize, k, stride)
+                if cands["plane"] is not None and len(choices) > 1:
+                    cands.update({f"plane{r}": plane.plan(g, dt, backward, index, 16, 16, r) for r in choices})
+                cands = {name: launch for name, launch in cands.items()
+                         if args.kernels is None or name.rstrip("0123456789") in args.kernels}
                 res, outs = {}, {}
                 for name, launch in cands.items():
                     if launch is None:
@@ -81,10 +91,12 @@ def main():
                     for y in ys: y.fill(numpy.nan)
                     res[name] = time_launch(launch, arrays)
                     outs[name] = ys[0].astype(numpy.float32).copy()
-                ref = outs.get("window", outs.get("tiled"))
+                # The reference: the window (or tiled) kernel, else the rule's plane kernel for the forced ones.
+                ref_name = next((name for name in ("window", "tiled", "plane") if name in outs), None)
+                ref = outs.get(ref_name)
                 checks = []
-                for name in ("rows", "plane", "walk"):
-                    if name in outs and ref is not None:
+                for name in outs:
+                    if name not in ("window", "tiled", ref_name):
                         diff = float(cupy.max(cupy.abs(outs[name] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
                         checks.append(f"{name} reldiff {diff:.1e} unwritten {int(cupy.isnan(outs[name]).sum())}")
                 floor = (xs[0].nbytes + ys[0].nbytes) / COPY_BYTES_PER_US
