@@ -17,7 +17,7 @@ from it (about 20 s on an H200).
 of plane sizes, say); --forward-only: no backward-input rows; --kernels:
 only these candidates.  Where the plane kernel is compiled for several
 destination rows per thread (_depthwise_nchw_plane.row_choices) each also
-runs forced ("plane7", "plane8"), beside the rule's pick ("plane").
+runs forced (2-byte 5x5: "plane4", "plane7"), beside the rule's pick ("plane").
 """
 import argparse
 
