@@ -81,10 +81,10 @@ _MAX_PREFERRED_WIDTH = 160
 def row_choices(itemsize, filter_height, stride):
     """Destination rows per thread the forward and backward-input kernel is
     compiled for (its template parameter R; the kernel's comment on R says
-    why): 2-byte 3x3 at stride 1 8, 2-byte 5x5 at stride 1 4 and 7 (plan
-    picks one per geometry: _pick_rows), else as the weight gradient."""
+    why): 2-byte 3x3 at stride 1 6, 7 and 8, 2-byte 5x5 at stride 1 4 and 7
+    (plan picks one per geometry: _pick_rows), else as the weight gradient."""
     if itemsize == 2 and stride == 1 and filter_height in (3, 5):
-        return (8,) if filter_height == 3 else (4, 7)
+        return (6, 7, 8) if filter_height == 3 else (4, 7)
     return (wgrad_rows(itemsize, filter_height),)
 
 
@@ -303,7 +303,8 @@ def _expression(dtype, size, stride, backward, item_rows, pitched, index):
 # (stride, backward) of the specializations: the backward-input is a stride-1 correlation.
 VARIANTS = ((1, False), (2, False), (1, True))
 # Every R that row_choices names.
-_ALL_ROWS = (2, 4, 7, 8)
+_ALL_ROWS = tuple(sorted({rows for dtype in (*DTYPES, numpy.dtype(numpy.float64)) for size, _ in FILTER_SIZES
+                          for stride in (1, 2) for rows in row_choices(dtype.itemsize, size, stride)}))
 
 
 def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True)):
@@ -482,13 +483,26 @@ def _pitch(units, item_rows, row_blocks, col_blocks, src_h, src_w, offset_top, o
     return min((plane_bytes, *candidates), key=lambda pitch: cost(pitch)[0])
 
 
+# Issue besides the shared-memory window reads, per read, in units of a
+# conflict-free read, by filter size (_pick_rows adds it to the conflict
+# degree): fitted to sweeps, not derived.  5x5 (R = 4 or 7): 0, the count of
+# the conflicts alone (17 heights, H100, 2026-12-05).  3x3 (R = 6, 7 or 8;
+# H100, 2026-12-05, fp16 and bf16, forward and backward-input, 11 widths
+# 10-56 at about 32 MB; results/depthwise_nchw_plane_3x3_rows_h100_2026-12-05.txt):
+# with 0 the count took 7 rows at 22 (28 computed, 1.9-way against 8 rows' 24
+# at 2.6-way) and lost 5-18% there; from 2 to 4 the picks are the same and
+# within 4% of the sweep's best at 40 of 44 cells (the other 4: 6%); 2.5.
+_NON_READ_ISSUE = {3: 2.5, 5: 0.0}
+
+
 def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, filter_height):
     """R among ``layouts`` ({R: _units(R, ...)}): the one whose reads of the
     shared source cost least, counted as the destination rows computed (row
     blocks overhang the plane) times the mean shared-memory bank conflict
     degree of the warps' window reads (_bank_conflicts; 1 on the element
-    path, which reads global memory) over the share of a block's warp lanes
-    that own an item; ties to the smaller R.
+    path, which reads global memory) plus the filter's other issue
+    (_NON_READ_ISSUE), over the share of a block's warp lanes that own an
+    item; ties to the smaller R.
 
     Why a model: for 2-byte 5x5 at stride 1 (R = 4 or 7) the winner turns
     with the plane size and follows this count.  H100, 2026-12-05, 64xCxHxH
@@ -523,7 +537,8 @@ def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, 
         rows_computed = -(-dst_h // (row_blocks * item_rows)) * row_blocks * item_rows
         degree = _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left,
                                  itemsize, filter_height, 1, src_pitch) if raw_bytes else 1.0
-        return rows_computed / dst_h * degree / _busy_lane_share(per_unit * row_blocks * col_blocks)
+        return (rows_computed / dst_h * (degree + _NON_READ_ISSUE[filter_height])
+                / _busy_lane_share(per_unit * row_blocks * col_blocks))
 
     return min(sorted(layouts), key=cost)
 

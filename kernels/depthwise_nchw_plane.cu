@@ -95,6 +95,12 @@ namespace dwgn_plane {
 // (64x144x150 fp16 275.9 -> 246.8, 64x288x38 float32 62.8 -> 56.8) and lost
 // elsewhere (64x288x38 fp16 32.4 -> 39.3, 64x192x75 5x5 fp16 133.3 -> 143.4;
 // results/depthwise_nchw_plane_stride2_rows_h200_2026-12-04.txt): kept at 4.
+// 2-byte 3x3 at stride 1 is also compiled at 6 and 7 rows, the host picking
+// (_pick_rows): 8 rows of 16-, 24- and 10-wide planes overhang or fall on
+// the same banks (H100, 2026-12-05, fp16 forward us, 6 / 7 / 8 rows:
+// 64x1024x16 35.6 / 33.3 / 42.7, 64x448x24 34.3 / 33.1 / 38.0, 64x1392x10
+// 24.6 / 26.4 / 27.9; but 64x544x22 43.8 / 42.0 / 39.4;
+// results/depthwise_nchw_plane_3x3_rows_h100_2026-12-05.txt).
 // 2-byte 5x5 at stride 1 is compiled at 4 and at 7 rows (7 at 2 blocks
 // per SM, 110-120 registers), the host picking per plane size
 // (_depthwise_nchw_plane.row_choices / _pick_rows): neither won at every
@@ -106,7 +112,7 @@ constexpr int kColumns = 4;
 template <typename T, int KH> constexpr int kWgradRows = (sizeof(T) == 8 && KH > 3) ? 2 : 4;
 // Blocks per SM the register budget is set for (256 threads each): 3x3 at
 // 4 (64 registers; the output buffer's pointers took it from 64 to 72, 3
-// blocks; 2-byte 3x3 at stride 1, 8 rows: 3, 80 registers), 5x5 at 3 (80;
+// blocks; 2-byte 3x3 at stride 1, 6-8 rows: 3, 72-80 registers), 5x5 at 3 (80;
 // 7 rows: 2), 7x7 at 2.  At stride 2 (source rows of 9 and 11 values; NVRTC 13.0
 // spilled 3x3 at 64 and 5x5 at 80 on sm_80) one step fewer: the stride-2
 // planes' blocks are small (5 planes of 25 items at 38x38) and shared
@@ -114,7 +120,7 @@ template <typename T, int KH> constexpr int kWgradRows = (sizeof(T) == 8 && KH >
 template <typename T, int KH, int STRIDE, int R>
 constexpr int kMinBlocks =
     sizeof(T) == 8 ? (KH > 3 ? 1 : 2)
-                   : (KH == 7 ? 2 : KH == 5 ? (STRIDE == 1 && R == 4 ? 3 : 2) : (R == 8 || STRIDE != 1 ? 3 : 4));
+                   : (KH == 7 ? 2 : KH == 5 ? (STRIDE == 1 && R == 4 ? 3 : 2) : (R > 4 || STRIDE != 1 ? 3 : 4));
 // Raw buffers of a unit each (host: _BUFFERS).
 constexpr int kBuffers = 3;
 

@@ -951,7 +951,7 @@ def test_nchw_plane_rows_follow_the_height_sweep():
     from cupy_dwgn import _depthwise_nchw_plane as plane
     from cupy_dwgn import _validate
 
-    assert plane.row_choices(2, 5, 1) == (4, 7) and plane.row_choices(2, 3, 1) == (8,)
+    assert plane.row_choices(2, 5, 1) == (4, 7) and plane.row_choices(2, 3, 1) == (6, 7, 8)
     assert plane.row_choices(2, 5, 2) == (4,) and plane.row_choices(4, 5, 1) == (4,)
     assert plane.row_choices(2, 7, 1) == (4,) and plane.row_choices(8, 5, 1) == (2,)
     compiled = {e for _, e in plane.specializations()}
@@ -979,6 +979,38 @@ def test_nchw_plane_rows_follow_the_height_sweep():
     # The element path (a misaligned source, global reads) counts the overhang alone: 16 rows are 4 blocks
     # of 4 exactly, 3 of 7 overhang.
     assert plane.launch_rows(plane.plan(g, half, False, "int", 2, 16)) == 4
+
+
+def test_nchw_plane_3x3_rows_follow_the_width_sweep():
+    # 2-byte 3x3 at stride 1: R among 6, 7 and 8 (_pick_rows with _NON_READ_ISSUE[3]) against the
+    # fastest R of the 2026-12-05 sweep (H100, fp16 and bf16, forward and backward-input, each R forced;
+    # results/depthwise_nchw_plane_3x3_rows_h100_2026-12-05.txt) where the rule's pick was the fastest
+    # (at 12, 20 and 28 it was within 4%: not pinned).  8 rows of 16-wide planes read 7.2-way
+    # conflicting words (2 planes of 2 x 4 items a warp, rows 32 bytes apart); 7 rows 2.9-way.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane as plane
+    from cupy_dwgn import _validate
+    from cupy_dwgn._dtypes import bfloat16
+
+    compiled = {e for _, e in plane.specializations()}
+    for hw, channels, rows in [(10, 1392, 6), (14, 1344, 7), (16, 1024, 7), (19, 672, 7), (22, 544, 8), (38, 256, 7)]:
+        g = _validate.conv_geometry((64, channels, hw, hw), (channels, 1, 3, 3), 1, 1, 1)
+        for dtype in (numpy.dtype(numpy.float16), numpy.dtype(bfloat16)):
+            for backward in (False, True):
+                launch = plane.plan(g, dtype, backward, "int", 16, 16)
+                assert launch.expression in compiled
+                assert plane.launch_rows(launch) == rows, (hw, dtype, backward)
+        # float32 is compiled at 4 rows only
+        assert plane.launch_rows(plane.plan(g, numpy.dtype(numpy.float32), False, "int", 16, 16)) == 4
+    g = _validate.conv_geometry((64, 1024, 16, 16), (1024, 1, 3, 3), 1, 1, 1)
+    src_h, src_w, dst_h, dst_w, top, left = _validate.correlation_frame(g, False)
+    degrees = {}
+    for rows in (7, 8):
+        per_unit, _, row_blocks, col_blocks, _, _, _ = plane._units(rows, 64 * 1024, src_h, src_w, dst_h, dst_w, 2, 1,
+                                                                    3, 1, 16, 0, top, left, 0)
+        degrees[rows] = plane._bank_conflicts(rows, per_unit, row_blocks, col_blocks, src_h, src_w, top, left, 2, 3)
+    assert degrees[8] > 7 and degrees[7] < 3, degrees
 
 
 def test_nchw_plane_pair_reads_agree_between_host_and_kernel():
@@ -1458,7 +1490,8 @@ def test_plane_pitch_rule():
 
     assert pitch_of((64, 1024, 16, 16), 5) == (4, 32)
     assert pitch_of((64, 1280, 8, 8), 5)[0] == 4 and pitch_of((64, 1280, 8, 8), 5)[1] > 0
-    assert pitch_of((64, 1024, 16, 16), 3) == (8, 0)  # 7.0-way too, but no PITCHED kernel (pitch_capable)
+    # 8-row items count 7.2-way there too, but no 3x3 kernel is PITCHED (pitch_capable): 7-row items, 2.9-way
+    assert pitch_of((64, 1024, 16, 16), 3) == (7, 0)
     assert pitch_of((64, 448, 24, 24), 5) == (4, 0)
     assert pitch_of((64, 1344, 14, 14), 5)[1] == 0 and pitch_of((64, 48, 75, 75), 5)[1] == 0
     g = _validate.conv_geometry((64, 1024, 16, 16), (1024, 1, 5, 5), 1, 2, 1)
