@@ -79,7 +79,8 @@ namespace dwgn_plane {
 // Outputs per thread of the forward kernel: R rows x V columns (R a
 // template parameter, the host's choice among these).  float64
 // 5x5/7x7 keep 2 rows so their double weights and accumulators stay in
-// registers.  2-byte 3x3 at stride 1 (forward and backward-input) takes 8:
+// registers.  2-byte 3x3 at stride 1 (forward and backward-input) takes 8
+// (or 6 or 7, below):
 // each source row read and converted feeds up to 3 x 4 multiply-adds
 // instead of 2.25 on average, and the per-item work (weights, indices,
 // masks) is shared by 32 outputs; the kernel was issue-bound at 4 (Nsight

@@ -548,8 +548,8 @@ def test_plane_kernel_rule_and_dispatch():
     want = reference.depthwise_conv2d(cupy.asnumpy(x), cupy.asnumpy(w), stride=2, padding=1)
     assert relative_error(y, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
     # Through the ops, forward and backward-input: EfficientNet's 75 x 75
-    # planes are whole-plane units (2-byte 3x3 at stride 1: 10 x 19 items
-    # of 8 x 4), 150 x 150 ones bands of rows.
+    # planes are whole-plane units (2-byte 3x3 at stride 1: R x 4 items,
+    # R of _pick_rows), 150 x 150 ones bands of rows.
     for hw, bands in ((75, 1), (150, 5)):
         x = cupy.asarray(random(numpy.random.default_rng(7), (2, 4, hw, hw), numpy.float16))
         w4 = w[:4]
