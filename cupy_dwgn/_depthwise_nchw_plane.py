@@ -487,12 +487,21 @@ def _pitch(units, item_rows, row_blocks, col_blocks, src_h, src_w, offset_top, o
 # conflict-free read, by filter size (_pick_rows adds it to the conflict
 # degree): fitted to sweeps, not derived.  5x5 (R = 4 or 7): 0, the count of
 # the conflicts alone (17 heights, H100, 2026-12-05).  3x3 (R = 6, 7 or 8;
-# H100, 2026-12-05, fp16 and bf16, forward and backward-input, 11 widths
-# 10-56 at about 32 MB; results/depthwise_nchw_plane_3x3_rows_h100_2026-12-05.txt):
-# with 0 the count took 7 rows at 22 (28 computed, 1.9-way against 8 rows' 24
-# at 2.6-way) and lost 5-18% there; from 2 to 4 the picks are the same and
-# within 4% of the sweep's best at 40 of 44 cells (the other 4: 6%); 2.5.
-_NON_READ_ISSUE = {3: 2.5, 5: 0.0}
+# H100, 2026-12-05, fp16 and bf16, forward and backward-input, 33 widths
+# 10-150 at 32-130 MB, 104 cells in two runs;
+# results/depthwise_nchw_plane_3x3_rows_h100_2026-12-05.txt): with 0 the
+# count took 7 rows at 22 (28 computed, 1.9-way against 8 rows' 24 at
+# 2.6-way) and lost 5-18% there; from 3 to 8 the picks come within 4% of
+# the fastest R at 96-98 of the 104 cells, geomean 0.968-0.969 of 8 rows'
+# time (the fastest R each time: 0.960); 4.
+_NON_READ_ISSUE = {3: 4.0, 5: 0.0}
+# Filter sizes whose taller items need a plane that holds two of them (else
+# the shortest R): 5x5, where 7-row items of 10-row planes (half the second
+# idle) lost 2-5% to 4-row ones (H100, 2026-12-05).  Not 3x3: there the
+# filter cost 11-18% at 13 and 15 rows (6 rows, where 7 and 8 measured
+# 40.1 against 46.7-47.3 us at 64x1552x13, 8 rows 35.7-36.2 against 39.1-39.5
+# at 64x1168x15 fp16; the same sweep).
+_TALL_ITEMS_NEED_TWO = (5,)
 
 
 def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, filter_height):
@@ -525,10 +534,9 @@ def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, 
     _pitch takes one: at 16 rows 4-row items then count 3.5 against 7-row
     ones' 2.9 over 21 rows computed for 16, and measured 49-50 us against
     57-61 (results/depthwise_nchw_plane_pitch_2026-12-05.txt)."""
-    # A taller item only where the plane holds two of it (H100, 2026-12-05: at
-    # 10 rows, 7-row items, half of the second idle, lost 2-5% to 4-row ones).
     shortest = min(layouts)
-    layouts = {r: layout for r, layout in layouts.items() if r == shortest or dst_h >= 2 * r}
+    if filter_height in _TALL_ITEMS_NEED_TWO:
+        layouts = {r: layout for r, layout in layouts.items() if r == shortest or dst_h >= 2 * r}
     if len(layouts) == 1:
         return shortest
 

@@ -983,10 +983,11 @@ def test_nchw_plane_rows_follow_the_height_sweep():
 
 def test_nchw_plane_3x3_rows_follow_the_width_sweep():
     # 2-byte 3x3 at stride 1: R among 6, 7 and 8 (_pick_rows with _NON_READ_ISSUE[3]) against the
-    # fastest R of the 2026-12-05 sweep (H100, fp16 and bf16, forward and backward-input, each R forced;
-    # results/depthwise_nchw_plane_3x3_rows_h100_2026-12-05.txt) where the rule's pick was the fastest
-    # (at 12, 20 and 28 it was within 4%: not pinned).  8 rows of 16-wide planes read 7.2-way
-    # conflicting words (2 planes of 2 x 4 items a warp, rows 32 bytes apart); 7 rows 2.9-way.
+    # fastest R of the 2026-12-05 sweeps (H100, fp16 and bf16, forward and backward-input, each R forced;
+    # results/depthwise_nchw_plane_3x3_rows_h100_2026-12-05.txt) at the widths where the rule's pick was
+    # the fastest in every cell (13 and 15: a single, partly idle 7- or 8-row item beat two of 6 rows).
+    # 8 rows of 16-wide planes read 7.2-way conflicting words (2 planes of 2 x 4 items a warp, rows 32
+    # bytes apart); 7 rows 2.9-way.
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as plane
@@ -994,7 +995,9 @@ def test_nchw_plane_3x3_rows_follow_the_width_sweep():
     from cupy_dwgn._dtypes import bfloat16
 
     compiled = {e for _, e in plane.specializations()}
-    for hw, channels, rows in [(10, 1392, 6), (14, 1344, 7), (16, 1024, 7), (19, 672, 7), (22, 544, 8), (38, 256, 7)]:
+    for hw, channels, rows in [(10, 1392, 6), (11, 2112, 6), (13, 1552, 7), (14, 1344, 7), (15, 1168, 8), (17, 912, 6),
+                               (18, 816, 6), (19, 672, 7), (22, 544, 8), (26, 384, 7), (30, 288, 8), (56, 144, 7),
+                               (64, 96, 8), (150, 40, 6)]:
         g = _validate.conv_geometry((64, channels, hw, hw), (channels, 1, 3, 3), 1, 1, 1)
         for dtype in (numpy.dtype(numpy.float16), numpy.dtype(bfloat16)):
             for backward in (False, True):
