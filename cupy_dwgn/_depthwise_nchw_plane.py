@@ -8,8 +8,9 @@ Launch rule (no user tuning), from the destination plane size:
 * A thread owns R x V = 4 x 4 destination values (float64 5x5 and 7x7:
   2 x 4; 2-byte 3x3 at stride 1: 6, 7 or 8 x 4; 2-byte 5x5 at stride 1: 4
   x 4 or 7 x 4; of several, the one that reads the shared source with
-  fewer bank conflicts and less overhang, _pick_rows) and reads its window straight from the unit's
-  raw source rows (padding skipped or masked in registers).
+  fewer bank conflicts and less overhang, _pick_rows) and reads its window
+  straight from the unit's raw source rows (padding skipped or masked in
+  registers).
 * Planes of at most 256 items whose buffers fit 48 KB: a block takes P =
   min(256 // items, 48 KB // (3 source planes + the destination plane when
   outputs go through the shared buffer)) planes, fewer when that would
