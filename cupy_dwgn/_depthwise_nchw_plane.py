@@ -120,9 +120,19 @@ def preferred(g, dtype, backward):
     window, us, forward; backward-input alike;
     benchmarks/results/depthwise_kernels_sweep_h200_2026-12-02.txt):
 
-    * half types, 3x3: every width but the multiples of 8 from 32 (12: 57.3
-      / 138.2, 14: 86.4 / 123.0, 16: 83.9 / 102.1, 21: 84.5 / 114.7, 31: 77.2
-      / 100.6, 60: 57.5 / 99.9; 32: 55.4 / 48.5, 56: 61.6 / 52.4).  5x5:
+    * half types, 3x3: every width but 32 and the multiples of 8 from 128
+      (12: 57.3 / 138.2, 14: 86.4 / 123.0, 16: 83.9 / 102.1, 21: 84.5 /
+      114.7, 31: 77.2 / 100.6, 60: 57.5 / 99.9).  The multiples of 8 from
+      32 were all the window kernel's (32: 55.4 / 48.5, 56: 61.6 / 52.4)
+      before the 6-8-row items and the per-value reads; swept again on an
+      H200 (2026-12-06, the plane kernel at _pick_rows' R, fp16 forward /
+      backward-input; bf16 alike): 40: 41.0 / 43.7, 44.1 / 48.6; 48: 43.7 /
+      45.2, 44.7 / 47.9; 56: 45.0 / 46.0, 47.8 / 51.4 (the ops 44.2 against
+      44.2 in the depthwise table's run); 64: 36.8 / 37.1, 39.2 / 40.6; 72:
+      43.8 / 64.8, 47.4 / 69.2; 96: 45.2 / 57.2; 112: 42.8 / 52.1; but 32:
+      40.5 / 38.4, 43.0 / 40.6 and 128: 43.2 / 40.7, 45.5 / 43.1
+      (results/depthwise_nchw_plane_multiples_of_8_h200_2026-12-06.txt; on
+      an H100 the plane kernel won at 32 and 128 too, by 4-9%).  5x5:
       below 32 (14: 137.0 / 251.1, 17: 171.1 / 185.0, 31: 118.1 / 147.7; 32:
       94.0 / 87.3).  7x7: below 16 and the multiples of 4 from 20 to 28 (12:
       161.0 / 267.1, 15: 194.6 / 240.1, 24: 157.6 / 167.0; 16: 206.9 /
@@ -170,7 +180,7 @@ def preferred(g, dtype, backward):
         return False
     if itemsize == 2:
         if size == 3:
-            return not (width % 8 == 0 and width >= 32)
+            return not (width % 8 == 0 and (width == 32 or width >= 128))
         if size == 5:
             return width < 32 or width % 8 != 0
         return width < 16 or (width % 4 == 0 and 16 < width < 32)

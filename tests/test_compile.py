@@ -1052,14 +1052,15 @@ def test_nchw_plane_rule_follows_the_width_sweep():
     for hw, k, dtype, plane_wins in [
         (12, 3, half, True), (14, 3, half, True), (16, 3, half, True), (19, 3, half, True), (21, 3, half, True),
         (28, 3, half, True), (31, 3, half, True), (44, 3, half, True), (60, 3, half, True), (32, 3, half, False),
-        (56, 3, half, False), (64, 3, half, False), (12, 5, half, True), (17, 5, half, True), (31, 5, half, True),
+        (40, 3, half, True), (56, 3, half, True), (64, 3, half, True), (72, 3, half, True), (128, 3, half, False),
+        (12, 5, half, True), (17, 5, half, True), (31, 5, half, True),
         (40, 5, half, False), (12, 7, half, True), (15, 7, half, True), (24, 7, half, True), (16, 7, half, False),
         (17, 7, half, False), (21, 7, half, False), (32, 7, half, False), (12, 3, single, True),
         (14, 3, single, True), (30, 3, single, True), (56, 3, single, True), (16, 3, single, False),
         (12, 5, single, True), (21, 5, single, True), (16, 5, single, False), (24, 5, single, False),
         (12, 7, single, True), (14, 7, single, True), (17, 7, single, False), (8, 3, half, False),
         # wider planes (bands), the sweep of 2026-12-02
-        (75, 3, half, True), (150, 3, half, True), (100, 3, half, True), (57, 3, half, True), (112, 3, half, False),
+        (75, 3, half, True), (150, 3, half, True), (100, 3, half, True), (57, 3, half, True), (112, 3, half, True),
         (75, 5, half, True), (61, 5, half, True), (75, 3, single, True), (112, 3, single, True),
         (150, 3, single, False), (75, 5, single, True), (61, 5, single, True), (75, 7, half, False),
         (168, 3, half, False), (165, 5, single, False),
