@@ -13,7 +13,8 @@ memory, issue slots busy, cycles per issued instruction, L2 and L1 hit rates.
 Cases (default all): gn_large / gn_large32 (1x512x512x128 G32 forward and
 backward, float16 / float32), gn_sd (2x64x64x320 float16 SiLU, both
 directions), dw_fp16_3x3 (64x144x56 3x3 float16 forward and backward-input,
-NCHW and NHWC), dw_s2 (64x96x112 3x3 stride-2 forward, float32 and float16,
+NCHW and NHWC), dw_28 (28x28 planes, float16 forward, both layouts:
+64x384x28 3x3 and 64x240x28 5x5), dw_s2 (64x96x112 3x3 stride-2 forward, float32 and float16,
 both layouts), dw_wgrad (weight gradients: 64x384x28 3x3 float32 and float16,
 64x384x14 7x7 float16, both layouts), dw_wgrad_mma (the tensor-core weight
 gradient, MODE "always": 64x384x14 7x7 and 64x240x28 5x5 float16, both
@@ -68,6 +69,7 @@ CASES = {
     "gn_large32": lambda: gn((1, 512, 512, 128), cupy.float32, "identity"),
     "gn_sd": lambda: gn((2, 64, 64, 320), cupy.float16, "silu"),
     "dw_fp16_3x3": lambda: dw(64, 144, 56, 3, 1, cupy.float16),
+    "dw_28": lambda: [dw(64, c, 28, k, 1, cupy.float16, directions=("forward",)) for c, k in ((384, 3), (240, 5))],
     "dw_s2": lambda: [dw(64, 96, 112, 3, 2, t, directions=("forward",)) for t in (cupy.float32, cupy.float16)],
     "dw_effnet": lambda: [dw(64, 192, 75, 3, 1, cupy.float16, layouts=("NCHW",),
                              directions=("forward", "backward_input", "backward_weight")),
