@@ -14,8 +14,8 @@ Cases (default all): gn_large / gn_large32 (1x512x512x128 G32 forward and
 backward, float16 / float32), gn_sd (2x64x64x320 float16 SiLU, both
 directions), dw_fp16_3x3 (64x144x56 3x3 float16 forward and backward-input,
 NCHW and NHWC), dw_28 (28x28 planes, float16 forward, both layouts:
-64x384x28 3x3 and 64x240x28 5x5), dw_s2 (64x96x112 3x3 stride-2 forward, float32 and float16,
-both layouts), dw_wgrad (weight gradients: 64x384x28 3x3 float32 and float16,
+64x384x28 3x3 and 64x240x28 5x5), dw_s2 (64x96x112 3x3 stride-2 forward,
+float32 and float16, both layouts), dw_wgrad (weight gradients: 64x384x28 3x3 float32 and float16,
 64x384x14 7x7 float16, both layouts), dw_wgrad_mma (the tensor-core weight
 gradient, MODE "always": 64x384x14 7x7 and 64x240x28 5x5 float16, both
 layouts), dw_plane_wgrad (the NCHW whole-plane
