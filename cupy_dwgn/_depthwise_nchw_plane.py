@@ -371,7 +371,8 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, item_rows=None
     layouts = {r: _units(r, *frame) for r in row_choices(itemsize, g.filter_height, stride)}
     layouts = {r: layout for r, layout in layouts.items() if layout is not None}
     if item_rows is None and layouts:
-        item_rows = _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, g.filter_height)
+        item_rows = _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, g.filter_height,
+                               pads)
     if item_rows not in layouts:
         return None
     per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes, src_pitch = layouts[item_rows]
@@ -513,16 +514,53 @@ _NON_READ_ISSUE = {3: 4.0, 5: 0.0}
 # 40.1 against 46.7-47.3 us at 64x1552x13, 8 rows 35.7-36.2 against 39.1-39.5
 # at 64x1168x15 fp16; the same sweep).
 _TALL_ITEMS_NEED_TWO = (5,)
+# The share of planes a multiprocessor holds at once (_resident_planes: a
+# unit's planes over the bands a plane splits into, times the blocks
+# resident) to this power divides the count (3x3 only).  Why: at 64x80x63
+# fp16 the count alone took 6 rows (1 plane a unit, 192 threads: 4 blocks,
+# 4 planes at once) where 8 rows (128 threads: 6 blocks) ran 13% faster on
+# an H200 (36.1 against 41.4 us forward) and 9% on an H100, at the same 24
+# warps.  Fitted on 168 cells with each R forced (104 H100 cells of
+# results/depthwise_nchw_plane_3x3_rows_h100_2026-12-05.txt, 36 of
+# results/depthwise_nchw_plane_multiples_of_8_h200_2026-12-06.txt, 28 of
+# results/depthwise_nchw_plane_28_2026-12-06.txt's main runs): 0.2 took the
+# picks from 1.009 to 1.007 of the fastest R's time (geomean) on the H100
+# cells, 1.017 to 1.013 and 1.031 to 1.009 on the H200 ones; 0.1 changed
+# nothing, 0.3 lost on the H200 sweep.  Counting whole planes a unit (not
+# their share of a banded plane) lost out of sample at 64x40x80 (6 rows in
+# two bands: 32.2 us against 26.6 at 7) and 64x32x88 (29.4 / 26.9): the
+# share fixed both and changed no in-sample pick (H200, 2026-12-06: 28
+# cells at 14 widths where the pick moved, 1.061 -> 1.004 of the fastest
+# R).  Out of sample, at the next 14 widths where it moves main's pick
+# (H100, 2026-12-06): 1.054 -> 1.009 (25 of 28 cells within 4%, was 10);
+# results/depthwise_nchw_plane_in_flight_2026-12-06.txt.  5x5: 0.
+_IN_FLIGHT_EXPONENT = {3: 0.2, 5: 0.0}
+# The 2-byte 3x3 6-8-row kernels' registers a thread (ptxas: 78-80), and an
+# sm_90 multiprocessor's registers, shared memory (less 1 KB a block the
+# driver keeps) and threads.
+_ITEM_REGISTERS = 80
+_SM_REGISTERS, _SM_SHARED, _BLOCK_SHARED_RESERVED, _SM_THREADS = 65536, 227 * 1024, 1024, 2048
 
 
-def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, filter_height):
+def _resident_planes(per_unit, num_bands, threads, shared):
+    """The planes a multiprocessor holds at once: a unit's planes (per_unit,
+    or the 1 / num_bands of a plane one band is) times the blocks of
+    ``threads`` threads and ``shared`` bytes that fit it."""
+    blocks = min(_SM_REGISTERS // (threads * _ITEM_REGISTERS), _SM_SHARED // (shared + _BLOCK_SHARED_RESERVED),
+                 _SM_THREADS // threads, 32)
+    return per_unit / num_bands * max(blocks, 1)
+
+
+def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, filter_height, pads=0):
     """R among ``layouts`` ({R: _units(R, ...)}): the one whose reads of the
     shared source cost least, counted as the destination rows computed (row
     blocks overhang the plane) times the mean shared-memory bank conflict
     degree of the warps' window reads (_bank_conflicts; 1 on the element
     path, which reads global memory) plus the filter's other issue
     (_NON_READ_ISSUE), over the share of a block's warp lanes that own an
-    item; ties to the smaller R.
+    item and over the planes a multiprocessor holds at once to the power
+    _IN_FLIGHT_EXPONENT (``pads``: the shared bytes plan() adds to the
+    buffers); ties to the smaller R.
 
     Why a model: for 2-byte 5x5 at stride 1 (R = 4 or 7) the winner turns
     with the plane size and follows this count.  H100, 2026-12-05, 64xCxHxH
@@ -552,12 +590,15 @@ def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, 
         return shortest
 
     def cost(item_rows):
-        per_unit, num_bands, row_blocks, col_blocks, raw_bytes, _, src_pitch = layouts[item_rows]
+        per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes, src_pitch = layouts[item_rows]
         rows_computed = -(-dst_h // (row_blocks * item_rows)) * row_blocks * item_rows
         degree = _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left,
                                  itemsize, filter_height, 1, src_pitch) if raw_bytes else 1.0
-        return (rows_computed / dst_h * (degree + _NON_READ_ISSUE[filter_height])
-                / _busy_lane_share(per_unit * row_blocks * col_blocks))
+        items = per_unit * row_blocks * col_blocks
+        shared = BUFFERS * raw_bytes + out_stage_bytes + (pads if raw_bytes else 0)
+        in_flight = _resident_planes(per_unit, num_bands, -(-items // 32) * 32, shared)
+        return (rows_computed / dst_h * (degree + _NON_READ_ISSUE[filter_height]) / _busy_lane_share(items)
+                * in_flight ** -_IN_FLIGHT_EXPONENT[filter_height])
 
     return min(sorted(layouts), key=cost)
 

@@ -1006,6 +1006,14 @@ def test_nchw_plane_3x3_rows_follow_the_width_sweep():
                 assert plane.launch_rows(launch) == rows, (hw, dtype, backward)
         # float32 is compiled at 4 rows only
         assert plane.launch_rows(plane.plan(g, numpy.dtype(numpy.float32), False, "int", 16, 16)) == 4
+    # 64x80x63 fp16: 8 rows (one plane a unit, 6 blocks resident) ran 9-13% faster than the count's 6
+    # (4 blocks) on an H100 and an H200: the planes held at once (_IN_FLIGHT_EXPONENT) take 8.
+    # A band counts as its share of a plane: 64x40x80 6 rows (two bands a plane, 5 blocks) ran 21% slower than 7
+    # (one band, 3 blocks), 64x32x88 7 rows 9-17% slower than 8 (H200, 2026-12-06).
+    for c, hw, rows in ((80, 63, 8), (40, 80, 7), (32, 88, 8)):
+        g = _validate.conv_geometry((64, c, hw, hw), (c, 1, 3, 3), 1, 1, 1)
+        for backward in (False, True):
+            assert plane.launch_rows(plane.plan(g, numpy.dtype(numpy.float16), backward, "int", 16, 16)) == rows, c
     g = _validate.conv_geometry((64, 1024, 16, 16), (1024, 1, 3, 3), 1, 1, 1)
     src_h, src_w, dst_h, dst_w, top, left = _validate.correlation_frame(g, False)
     degrees = {}
