@@ -51,8 +51,11 @@ def _template_size(geometry):
 # The ops that take the tiled kernel at stride 1: kernel -> its BACKWARD flag.
 _TILED_OPS = {"dwgn_dwconv2d_fwd": False, "dwgn_dwconv2d_bwd_input": True}
 _BWD_INPUT = "dwgn_dwconv2d_bwd_input"
-# Stride-2 backward-input by phase decomposition (specialized sizes, dilation 1).
+# Stride-2 backward-input by phase decomposition (specialized sizes, dilation 1):
+# a thread writes _phase_blocks(dtype) 2x2 blocks of grad_in side by side
+# (kernel: V): 2, but 1 for float64 (at 2 its 5x5 spilled on sm_80).
 _PHASE = "dwgn_dwconv2d_bwd_input_stride2"
+_PHASE_MAX_GRID = 2**31 - 1
 
 def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False, True)):
     """``(file, name expression)`` for each kernel specialization of ``op``
@@ -80,12 +83,20 @@ def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False,
                     index = "long long" if large else "int"
                     specs.append((KERNEL_FILE, _expression(kernel, dtype, size, index)))
                     if kernel == _BWD_INPUT and size != (0, 0):
-                        specs.append((KERNEL_FILE, _compile.name_expression(_PHASE, ctype, *size, index)))
+                        specs.append((KERNEL_FILE, _phase_expression(dtype, size, index)))
                     if kernel in _TILED_OPS and size != (0, 0):
                         specs.append((KERNEL_FILE, _expression(_TILED, dtype, size, index, _TILED_OPS[kernel])))
         if "dwgn_dwconv2d_bwd_weight_partial" in kernels:
             specs.append((KERNEL_FILE, _compile.name_expression(_FINALIZE, ctype)))
     return specs
+
+
+def _phase_blocks(dtype):
+    return 1 if numpy.dtype(dtype).itemsize == 8 else 2
+
+
+def _phase_expression(dtype, size, index):
+    return _compile.name_expression(_PHASE, _dtypes.ctype(dtype), *size, _phase_blocks(dtype), index)
 
 
 def _taps_per_block(dtype, template_size):
@@ -180,10 +191,16 @@ def backward_input_plan(g, dtype, index):
         return _tiled_plan(g, dtype, index, True), True
     size = _template_size(g)
     if (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w) == (2, 2, 1, 1) and size != (0, 0):
-        blocks = -(-g.height // 2) * -(-g.width // 2)
+        # Items (plane, row pair, _phase_blocks column blocks) in one flat range.
+        blocks_across = -(-(-(-g.width // 2)) // _phase_blocks(dtype))
+        per_plane = -(-g.height // 2) * blocks_across
+        items = g.batch * g.channels * per_plane
         return _launch.Launch(
-            KERNEL_FILE, _compile.name_expression(_PHASE, _dtypes.ctype(dtype), *size, index),
-            _launch.grid_planes(g.batch * g.channels, blocks), (_launch.BLOCK,), 0, _geometry_args(g),
+            KERNEL_FILE, _phase_expression(dtype, size, index),
+            (max(1, min(-(-items // _launch.BLOCK), _PHASE_MAX_GRID)),), (_launch.BLOCK,), 0,
+            (i32(g.channels), i32(g.height), i32(g.width), i32(g.multiplier), i32(g.out_height),
+             i32(g.out_width), i32(g.pad_top), i32(g.pad_left), i32(blocks_across), i32(per_plane),
+             _launch.index_scalar(index, items)),
         ), False
     return _launch.Launch(
         KERNEL_FILE, _expression("dwgn_dwconv2d_bwd_input", dtype, size, index),

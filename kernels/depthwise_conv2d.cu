@@ -201,48 +201,56 @@ __global__ void __launch_bounds__(256, 4) dwgn_dwconv2d_bwd_input(
 }
 
 // Stride-2 backward-input by phase decomposition (dilation 1, KH x KW known
-// at compile time).  A thread computes the 2x2 block of grad_in rows 2a, 2a+1
-// and columns 2b, 2b+1.  Input row ih = 2a + p is read by output row
-// oh = (ih + pad_top - kh) / 2 only through the taps kh of the parity of
-// ih + pad_top; writing pad_top = 2*PT2 + PTP, that is oh = a + PT2 + dr with
-// dr = (p + PTP - kh) / 2 exact.  Once the parities PTP, PLP of the padding
-// are fixed (one of 4 code paths per thread, no branch per tap), every tap
-// of the 4 outputs and the grad_out patch they read are compile-time, the
-// patch is loaded once into registers (grad_out read once per block, no `%`
-// per tap) and grad_in is written outright.
+// at compile time).  A thread computes grad_in rows 2a, 2a+1 and the 2 * V
+// columns 2bV .. 2bV + 2V - 1 (V 2x2 blocks side by side).  Input row
+// ih = 2a + p is read by output row oh = (ih + pad_top - kh) / 2 only
+// through the taps kh of the parity of ih + pad_top; writing pad_top =
+// 2*PT2 + PTP, that is oh = a + PT2 + dr with dr = (p + PTP - kh) / 2 exact.
+// Once the parities PTP, PLP of the padding are fixed (one of 4 code paths
+// per thread, no branch per tap), every tap of the 4V outputs and the
+// grad_out patch they read are compile-time, the patch is loaded once into
+// registers (a patch column serves two neighbouring blocks, no `%` per tap)
+// and grad_in is written outright.
+// Work items are (plane, a, b) in one flat range over all planes, so a
+// block's threads stay busy on small planes (a 14x14 plane has 7 x 4 items
+// at V = 2; a block per plane left 207 of 256 threads idle at 7 x 7).
 namespace dwgn_phase {
 constexpr int floor_half(int v) { return v >= 0 ? v / 2 : -((1 - v) / 2); }
 
-template <int PTP, int PLP, int KH, int KW, typename T, typename IndexT>
-__device__ __forceinline__ void block_2x2(const T* __restrict__ g_planes, const T* __restrict__ w_filters,
+template <int PTP, int PLP, int KH, int KW, int V, typename T, typename IndexT>
+__device__ __forceinline__ void block_2xv(const T* __restrict__ g_planes, const T* __restrict__ w_filters,
                                           T* __restrict__ dx_plane, int a, int b, int height, int width,
                                           int multiplier, int out_height, int out_width, int pad_top2,
                                           int pad_left2) {
   using Acc = typename AccType<T>::type;
-  // Patch rows dr in [DR0, DR1]: the extremes over p in {0, 1}, kh in [0, KH).
+  // Patch rows dr in [DR0, DR1]: the extremes over p in {0, 1}, kh in [0, KH);
+  // columns likewise, plus V - 1 for the blocks to the right.
   constexpr int DR0 = floor_half(PTP - (KH - 1));
   constexpr int DR1 = floor_half(1 + PTP);
   constexpr int DC0 = floor_half(PLP - (KW - 1));
   constexpr int DC1 = floor_half(1 + PLP);
   constexpr int PR = DR1 - DR0 + 1;
-  constexpr int PC = DC1 - DC0 + 1;
+  constexpr int PC = DC1 - DC0 + 1 + V - 1;
   const int out_plane = out_height * out_width;
   const int oh0 = a + pad_top2 + DR0;
-  const int ow0 = b + pad_left2 + DC0;
-  Acc acc[2][2] = {{Acc(0), Acc(0)}, {Acc(0), Acc(0)}};
+  const int ow0 = b * V + pad_left2 + DC0;
+  Acc acc[2][2 * V];
+#pragma unroll
+  for (int p = 0; p < 2; ++p)
+#pragma unroll
+    for (int q = 0; q < 2 * V; ++q) acc[p][q] = Acc(0);
   for (int m = 0; m < multiplier; ++m) {
     const T* g_plane = g_planes + static_cast<IndexT>(m) * out_plane;
     const T* w_filter = w_filters + m * KH * KW;
     Acc patch[PR][PC];
 #pragma unroll
     for (int i = 0; i < PR; ++i) {
+      const int oh = oh0 + i;
+      const bool row_ok = oh >= 0 && oh < out_height;
 #pragma unroll
       for (int j = 0; j < PC; ++j) {
-        const int oh = oh0 + i;
         const int ow = ow0 + j;
-        patch[i][j] = (oh >= 0 && oh < out_height && ow >= 0 && ow < out_width)
-                          ? to_acc(g_plane[oh * out_width + ow])
-                          : Acc(0);
+        patch[i][j] = row_ok && ow >= 0 && ow < out_width ? to_acc(g_plane[oh * out_width + ow]) : Acc(0);
       }
     }
 #pragma unroll
@@ -257,7 +265,9 @@ __device__ __forceinline__ void block_2x2(const T* __restrict__ g_planes, const 
           for (int kw = 0; kw < KW; ++kw) {
             if (((q + PLP - kw) & 1) != 0) continue;
             const int dc = (q + PLP - kw) / 2;
-            acc[p][q] += patch[dr - DR0][dc - DC0] * to_acc(w_filter[kh * KW + kw]);
+            const Acc w = to_acc(w_filter[kh * KW + kw]);
+#pragma unroll
+            for (int v = 0; v < V; ++v) acc[p][2 * v + q] += patch[dr - DR0][dc - DC0 + v] * w;
           }
       }
   }
@@ -266,65 +276,49 @@ __device__ __forceinline__ void block_2x2(const T* __restrict__ g_planes, const 
     const int ih = 2 * a + p;
     if (ih >= height) break;
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int iw = 2 * b + q;
+    for (int q = 0; q < 2 * V; ++q) {
+      const int iw = 2 * b * V + q;
       if (iw < width) dx_plane[ih * width + iw] = from_acc<T>(acc[p][q]);
     }
   }
 }
 
-// Blocks per SM the kernel's register budget is set for (the launch bounds'
-// second argument; 0 = none).  With none, ptxas picks its own register
-// target, and NVRTC 13.0's picks left 4-12 bytes of the loop state (the
-// plane index, the plane count of the in-plane loop, a plane offset) in local
-// memory for the four specializations below: float32 5x5 with 32-bit indices
-// on sm_90 at 40 registers, and with 64-bit indices on sm_80 float32 5x5 at
-// 48, float64 5x5 at 64 and bfloat16 3x3 at 40.  Each states the blocks per
-// SM of that same register count (6 = 40, 5 = 48, 4 = 64 at 256 threads):
-// ptxas then allocates the same count without spilling, so occupancy is as
-// before.  Every other specialization, and every other arch, keeps ptxas's
-// choice (NVRTC 13.5 compiles them all without spills either way).
-template <typename T, int K, typename IndexT>
-constexpr int min_blocks() {
-  constexpr bool wide = sizeof(IndexT) == 8;
-#if __CUDA_ARCH__ == 900
-  return sizeof(T) == 4 && K == 5 && !wide ? 6 : 0;
-#elif __CUDA_ARCH__ == 800
-  return !wide ? 0 : sizeof(T) == 4 && K == 5 ? 5 : sizeof(T) == 8 && K == 5 ? 4 : dwgn::kBfloat16<T> && K == 3 ? 6 : 0;
-#else
-  return 0;
-#endif
-}
+// Blocks per SM the register budget is set for (launch bounds' second
+// argument): 3 (85 registers) for float64, where ptxas's own target (64 on
+// sm_80, NVRTC 13.0) spilled 8 bytes of the 5x5's loop state; else none.
+template <typename T>
+constexpr int min_blocks() { return sizeof(T) == 8 ? 3 : 0; }
 }  // namespace dwgn_phase
 
-template <typename T, int KH, int KW, typename IndexT>
-__global__ void __launch_bounds__(256, dwgn_phase::min_blocks<T, KH, IndexT>()) dwgn_dwconv2d_bwd_input_stride2(
+// items = planes * ceil(height / 2) * blocks_across, blocks_across =
+// ceil(ceil(width / 2) / V); a 1-D grid steps over them.
+template <typename T, int KH, int KW, int V, typename IndexT>
+__global__ void __launch_bounds__(256, dwgn_phase::min_blocks<T>()) dwgn_dwconv2d_bwd_input_stride2(
     const T* __restrict__ grad_out, const T* __restrict__ weight, T* __restrict__ grad_in,
-    int batch, int channels, int height, int width, int multiplier, int out_height,
-    int out_width, int filter_height_rt, int filter_width_rt, int stride_h, int stride_w,
-    int pad_top, int pad_left, int dilation_h, int dilation_w) {
-  const int blocks_across = (width + 1) / 2;
-  const int blocks = (height + 1) / 2 * blocks_across;
+    int channels, int height, int width, int multiplier, int out_height, int out_width, int pad_top,
+    int pad_left, int blocks_across, int per_plane, IndexT items) {
   const int out_plane = out_height * out_width;
   const int parity = (pad_top & 1) * 2 + (pad_left & 1);
-  DWGN_FOR_EACH_PLANE(plane, batch * channels) {
-    const int ic = plane % channels;
-    const T* g_planes = grad_out + static_cast<IndexT>(plane) * multiplier * out_plane;
+  const IndexT step = static_cast<IndexT>(gridDim.x) * blockDim.x;
+  for (IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
+       i = dwgn::grid_stride_next(i, step, items)) {
+    const IndexT plane = i / per_plane;
+    const int r = static_cast<int>(i - plane * per_plane);
+    const int a = r / blocks_across;
+    const int b = r - a * blocks_across;
+    const int ic = static_cast<int>(plane % channels);
+    const T* g_planes = grad_out + plane * multiplier * out_plane;
     const T* w_filters = weight + ic * multiplier * KH * KW;
-    T* dx_plane = grad_in + static_cast<IndexT>(plane) * height * width;
-    DWGN_FOR_EACH_IN_PLANE(r, blocks) {
-      const int a = r / blocks_across;
-      const int b = r - a * blocks_across;
-      const auto args = [&](auto run) {
-        run(g_planes, w_filters, dx_plane, a, b, height, width, multiplier, out_height, out_width,
-            pad_top >> 1, pad_left >> 1);
-      };
-      switch (parity) {
-        case 0: args(dwgn_phase::block_2x2<0, 0, KH, KW, T, IndexT>); break;
-        case 1: args(dwgn_phase::block_2x2<0, 1, KH, KW, T, IndexT>); break;
-        case 2: args(dwgn_phase::block_2x2<1, 0, KH, KW, T, IndexT>); break;
-        default: args(dwgn_phase::block_2x2<1, 1, KH, KW, T, IndexT>); break;
-      }
+    T* dx_plane = grad_in + plane * height * width;
+    const auto args = [&](auto run) {
+      run(g_planes, w_filters, dx_plane, a, b, height, width, multiplier, out_height, out_width, pad_top >> 1,
+          pad_left >> 1);
+    };
+    switch (parity) {
+      case 0: args(dwgn_phase::block_2xv<0, 0, KH, KW, V, T, IndexT>); break;
+      case 1: args(dwgn_phase::block_2xv<0, 1, KH, KW, V, T, IndexT>); break;
+      case 2: args(dwgn_phase::block_2xv<1, 0, KH, KW, V, T, IndexT>); break;
+      default: args(dwgn_phase::block_2xv<1, 1, KH, KW, V, T, IndexT>); break;
     }
   }
 }

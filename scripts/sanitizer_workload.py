@@ -25,6 +25,8 @@ def depthwise():
             ((2, 2, 15, 15), (2, 1, 7, 7), dict(padding=3)),
             ((1, 2, 20, 20), (2, 1, 11, 9), dict(padding="same")),
             ((2, 16, 17, 24), (16, 1, 3, 3), dict(stride=2, padding=1)),
+            # the stride-2 phase backward-input: another padding parity, 5x5, M = 2, odd width
+            ((2, 5, 14, 13), (10, 1, 5, 5), dict(stride=2, padding=(2, 1))),
             ((1, 8, 12, 16), (8, 1, 5, 5), dict(padding=((4, 0), (1, 6)))),
             ((4, 24, 7, 7), (24, 1, 3, 3), dict(padding=1)),
             ((2, 8, 16, 16), (8, 1, 13, 13), dict(padding=6)),

@@ -8,7 +8,7 @@ import pytest
 
 from cupy_dwgn import (
     _depthwise_nchw_forward_regs, _depthwise_conv_mma, _depthwise_nchw_plane, _depthwise_nchw_plane_wgrad, _depthwise_nchw_window, _depthwise_nchw_rows, _depthwise_nchw_via_nhwc, _depthwise_nchw_wgrad_regs, _depthwise_nhwc, _depthwise_nhwc_direct, _depthwise_nhwc_large, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_wgrad, _depthwise_nhwc_window, _depthwise_wgrad_mma,
-    _launch, _validate, depthwise, reference,
+    _depthwise_nchw, _launch, _validate, depthwise, reference,
 )
 
 from _helpers import (
@@ -2235,6 +2235,51 @@ def test_seed_bug_backward_input_overwrites_instead_of_accumulating(layout, rng)
     assert relative_error(out, ref) <= 1e-5
 
 
+# The NCHW stride-2 backward-input phase kernel (dwgn_dwconv2d_bwd_input_stride2,
+# the only NCHW stride-2 backward-input kernel for 3x3/5x5/7x7 at dilation 1):
+# work items of two 2x2 blocks side by side (one for float64) in one flat range
+# over the planes.  Every padding parity, odd and even sizes (a last item half
+# outside the row, a last row pair of one row), planes of fewer items than a
+# warp, depth multipliers; the output sits between NaN guards.
+# (name, input shape, filter size, padding, multiplier)
+PHASE_CASES = [
+    ("7x7 planes 3x3 p1", (3, 5, 7, 7), 3, 1, 1),
+    ("14x14 3x3 p0", (2, 3, 14, 14), 3, 0, 1),
+    ("13x15 3x3 p(1,2)", (2, 3, 13, 15), 3, (1, 2), 1),
+    ("12x9 3x3 p(2,1) M=2", (1, 4, 12, 9), 3, (2, 1), 2),
+    ("11x14 5x5 p2", (2, 3, 11, 14), 5, 2, 1),
+    ("10x13 5x5 p(3,0) M=3", (1, 2, 10, 13), 5, (3, 0), 3),
+    ("17x16 7x7 p3", (1, 3, 17, 16), 7, 3, 1),
+    ("9x8 7x7 p(2,5)", (2, 2, 9, 8), 7, (2, 5), 1),
+    ("2x2 planes 3x3 p1", (4, 7, 2, 2), 3, 1, 1),
+    ("1x5 planes 5x5 p2", (3, 3, 1, 5), 5, 2, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", PHASE_CASES, ids=lambda c: c[0])
+def test_nchw_phase_kernel_matches_reference(case, dtype, rng):
+    _, shape, k, padding, multiplier = case
+    n, c, h, w = shape
+    w_shape = (c * multiplier, 1, k, k)
+    g = _validate.conv_geometry(shape, w_shape, 2, padding, 1)
+    grad_out_host = random(rng, (n, c * multiplier, g.out_height, g.out_width), dtype)
+    w_host = random(rng, w_shape, dtype)
+    want = reference.depthwise_conv2d_backward_input(grad_out_host, w_host, shape, stride=2, padding=padding)
+    grad_out, weight = cupy.asarray(grad_out_host), cupy.asarray(w_host)
+    index = _launch.index_type(grad_out.size, want.size)
+    launch, _ = _depthwise_nchw.backward_input_plan(g, numpy.dtype(dtype), index)
+    assert launch.expression.startswith("dwgn_dwconv2d_bwd_input_stride2<"), launch.expression
+    size = want.size
+    guarded = poisoned((size + 2,), dtype)
+    out = guarded[1 : size + 1].reshape(shape)
+    got = cupy_dwgn.depthwise_conv2d_backward_input(grad_out, weight, shape, stride=2, padding=padding, out=out)
+    assert got is out
+    assert bool(cupy.isnan(guarded[0])) and bool(cupy.isnan(guarded[-1])), "a store outside grad_in"
+    assert not bool(cupy.isnan(out).any()), "grad_in left unwritten"
+    assert relative_error(out, want) <= TOLERANCE[dtype]
+
+
 # --- 64-bit indexing ----------------------------------------------------------
 
 
@@ -2289,6 +2334,30 @@ def test_nchw_forward_regs_over_2_31_elements(case):
             want = reference.depthwise_conv2d_backward_input(plane, wc, (1, 1) + shape[2:], **conv)
         else:
             want = reference.depthwise_conv2d(plane, wc, **conv)
+        assert relative_error(out[:, c : c + 1], want) <= TOLERANCE[numpy.dtype(numpy.float16)]
+    del src, out
+
+
+@pytest.mark.slow
+def test_nchw_phase_kernel_over_2_31_elements():
+    # Stride-2 backward-input into float16 1 x 10956800 x 14 x 14 = 2**31 +
+    # 49152 elements (grad_in plane 10956549 straddles 2**31): the 64-bit
+    # specialization, items packed across planes.
+    shape = (1, 10956800, 14, 14)
+    planes = (0, 10956548, 10956549, 10956550, 10956799)
+    assert numpy.prod(shape) >= 2**31 and (planes[2] + 1) * 196 > 2**31 > planes[2] * 196
+    g = _validate.conv_geometry(shape, (shape[1], 1, 3, 3), 2, 1, 1)
+    w_host = random(numpy.random.default_rng(9), (shape[1], 1, 3, 3), numpy.float16)
+    w = cupy.asarray(w_host)
+    src_shape = (1, shape[1], g.out_height, g.out_width)
+    src = cupy.random.default_rng(9).standard_normal(src_shape, dtype=cupy.float32).astype(cupy.float16)
+    out = cupy_dwgn.depthwise_conv2d_backward_input(src, w, shape, stride=2, padding=1)
+    steps = depthwise._backward_input_steps(g, "NCHW", src, out)
+    expression = steps.launches[0].expression
+    assert expression.startswith("dwgn_dwconv2d_bwd_input_stride2<") and expression.endswith("long long>")
+    for c in planes:
+        plane, wc = src[:, c : c + 1].get(), w_host[c : c + 1]
+        want = reference.depthwise_conv2d_backward_input(plane, wc, (1, 1) + shape[2:], stride=2, padding=1)
         assert relative_error(out[:, c : c + 1], want) <= TOLERANCE[numpy.dtype(numpy.float16)]
     del src, out
 
