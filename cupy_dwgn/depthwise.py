@@ -18,7 +18,9 @@ kernel does not serve the geometry), in this order:
                   rows (stride 1, where preferred) ->
                   register row walk (stride 1, where preferred) -> whole
                   plane (where preferred) -> register window (stride 1) ->
-                  tiled (stride 1) / direct gather (any stride)
+                  tiled (stride 1) / phase decomposition (3x3/5x5/7x7 at
+                  stride 2, dilation 1; _depthwise_nchw.backward_input_plan)
+                  / direct gather (any stride)
 * backward-weight, both layouts: tensor cores first (half types, 3x3/5x5/7x7
                   at stride 1 on planes whose buffers fit in shared memory,
                   where _depthwise_wgrad_mma.preferred), then:
