@@ -210,7 +210,8 @@ __global__ void __launch_bounds__(256, 4) dwgn_dwconv2d_bwd_input(
 // per thread, no branch per tap), every tap of the 4V outputs and the
 // grad_out patch they read are compile-time, the patch is loaded once into
 // registers (a patch column serves two neighbouring blocks, no `%` per tap)
-// and grad_in is written outright.
+// and grad_in is written outright, a row's 2V values as one vector where
+// aligned.
 // Work items are (plane, a, b) in one flat range over all planes, so a
 // block's threads stay busy on small planes (a 14x14 plane has 7 x 4 items
 // at V = 2; a block per plane left 207 of 256 threads idle at 7 x 7).
@@ -271,14 +272,27 @@ __device__ __forceinline__ void block_2xv(const T* __restrict__ g_planes, const 
           }
       }
   }
+  // Each row's 2V values as one vector store where they lie whole in the row
+  // and the address allows (a warp's stores then fill whole sectors; one
+  // value a store wrote each sector a quarter at a time), else one by one.
+  struct alignas(2 * V * sizeof(T)) Row {
+    T e[2 * V];
+  };
+  const int iw0 = 2 * b * V;
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
     const int ih = 2 * a + p;
     if (ih >= height) break;
+    T* to = dx_plane + ih * width + iw0;
+    if (iw0 + 2 * V <= width && reinterpret_cast<size_t>(to) % sizeof(Row) == 0) {
+      Row row;
 #pragma unroll
-    for (int q = 0; q < 2 * V; ++q) {
-      const int iw = 2 * b * V + q;
-      if (iw < width) dx_plane[ih * width + iw] = from_acc<T>(acc[p][q]);
+      for (int q = 0; q < 2 * V; ++q) row.e[q] = from_acc<T>(acc[p][q]);
+      *reinterpret_cast<Row*>(to) = row;
+    } else {
+#pragma unroll
+      for (int q = 0; q < 2 * V; ++q)
+        if (iw0 + q < width) to[q] = from_acc<T>(acc[p][q]);
     }
   }
 }

@@ -2240,7 +2240,8 @@ def test_seed_bug_backward_input_overwrites_instead_of_accumulating(layout, rng)
 # work items of two 2x2 blocks side by side (one for float64) in one flat range
 # over the planes.  Every padding parity, odd and even sizes (a last item half
 # outside the row, a last row pair of one row), planes of fewer items than a
-# warp, depth multipliers; the output sits between NaN guards.
+# warp, depth multipliers; the output sits between NaN guards, 16-byte aligned
+# or not (the kernel's vector and element stores).
 # (name, input shape, filter size, padding, multiplier)
 PHASE_CASES = [
     ("7x7 planes 3x3 p1", (3, 5, 7, 7), 3, 1, 1),
@@ -2256,9 +2257,10 @@ PHASE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "grad_in+1"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", PHASE_CASES, ids=lambda c: c[0])
-def test_nchw_phase_kernel_matches_reference(case, dtype, rng):
+def test_nchw_phase_kernel_matches_reference(case, dtype, aligned, rng):
     _, shape, k, padding, multiplier = case
     n, c, h, w = shape
     w_shape = (c * multiplier, 1, k, k)
@@ -2270,12 +2272,14 @@ def test_nchw_phase_kernel_matches_reference(case, dtype, rng):
     index = _launch.index_type(grad_out.size, want.size)
     launch, _ = _depthwise_nchw.backward_input_plan(g, numpy.dtype(dtype), index)
     assert launch.expression.startswith("dwgn_dwconv2d_bwd_input_stride2<"), launch.expression
-    size = want.size
-    guarded = poisoned((size + 2,), dtype)
-    out = guarded[1 : size + 1].reshape(shape)
+    # grad_in 16-byte aligned (rows of even width take the vector stores) or
+    # one element past (every row the element stores).
+    size, lead = want.size, 16 // numpy.dtype(dtype).itemsize if aligned else 1
+    guarded = poisoned((lead + size + 1,), dtype)
+    out = guarded[lead : lead + size].reshape(shape)
     got = cupy_dwgn.depthwise_conv2d_backward_input(grad_out, weight, shape, stride=2, padding=padding, out=out)
     assert got is out
-    assert bool(cupy.isnan(guarded[0])) and bool(cupy.isnan(guarded[-1])), "a store outside grad_in"
+    assert bool(cupy.isnan(guarded[lead - 1])) and bool(cupy.isnan(guarded[-1])), "a store outside grad_in"
     assert not bool(cupy.isnan(out).any()), "grad_in left unwritten"
     assert relative_error(out, want) <= TOLERANCE[dtype]
 
