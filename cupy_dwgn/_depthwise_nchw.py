@@ -191,8 +191,9 @@ def backward_input_plan(g, dtype, index):
         return _tiled_plan(g, dtype, index, True), True
     size = _template_size(g)
     if (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w) == (2, 2, 1, 1) and size != (0, 0):
-        # Items (plane, row pair, _phase_blocks column blocks) in one flat range.
-        blocks_across = -(-(-(-g.width // 2)) // _phase_blocks(dtype))
+        # Items (plane, row pair, _phase_blocks 2x2 column blocks) in one flat range.
+        column_blocks = -(-g.width // 2)
+        blocks_across = -(-column_blocks // _phase_blocks(dtype))
         per_plane = -(-g.height // 2) * blocks_across
         items = g.batch * g.channels * per_plane
         return _launch.Launch(
