@@ -377,8 +377,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, item_rows=None
         return None
     per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes, src_pitch = layouts[item_rows]
     units = -(-planes // per_unit) * num_bands
-    threads = -(-per_unit * row_blocks * col_blocks // 32) * 32
-    shared = BUFFERS * raw_bytes + out_stage_bytes + (pads if raw_bytes else 0)
+    threads, shared = _block_shape(layouts[item_rows], pads)
     # The buffers were bounded with 16 bytes of rounding and 16 for a copy from the boundary below.
     assert shared <= SHARED_LIMIT
     return _launch.Launch(
@@ -394,6 +393,15 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment, item_rows=None
         ),
         persistent=True,
     )
+
+
+def _block_shape(layout, pads):
+    """(threads, shared bytes) of a block of units of ``layout`` (an
+    _units(...) tuple): its items in whole warps, and the three raw buffers,
+    the output buffer and, where the units are staged, ``pads``."""
+    per_unit, _, row_blocks, col_blocks, raw_bytes, out_stage_bytes, _ = layout
+    threads = -(-per_unit * row_blocks * col_blocks // 32) * 32
+    return threads, BUFFERS * raw_bytes + out_stage_bytes + (pads if raw_bytes else 0)
 
 
 def _units(item_rows, planes, src_h, src_w, dst_h, dst_w, itemsize, stride, filter_height, vector_stores,
@@ -590,13 +598,12 @@ def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, 
         return shortest
 
     def cost(item_rows):
-        per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes, src_pitch = layouts[item_rows]
+        per_unit, num_bands, row_blocks, col_blocks, raw_bytes, _, src_pitch = layouts[item_rows]
         rows_computed = -(-dst_h // (row_blocks * item_rows)) * row_blocks * item_rows
         degree = _bank_conflicts(item_rows, per_unit, row_blocks, col_blocks, src_h, src_w, offset_top, offset_left,
                                  itemsize, filter_height, 1, src_pitch) if raw_bytes else 1.0
         items = per_unit * row_blocks * col_blocks
-        shared = BUFFERS * raw_bytes + out_stage_bytes + (pads if raw_bytes else 0)
-        in_flight = _resident_planes(per_unit, num_bands, -(-items // 32) * 32, shared)
+        in_flight = _resident_planes(per_unit, num_bands, *_block_shape(layouts[item_rows], pads))
         return (rows_computed / dst_h * (degree + _NON_READ_ISSUE[filter_height]) / _busy_lane_share(items)
                 * in_flight ** -_IN_FLIGHT_EXPONENT[filter_height])
 
