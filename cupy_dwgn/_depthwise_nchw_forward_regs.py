@@ -59,6 +59,9 @@ MIN_STRIP_ROWS = 4
 #: The narrowest destination of a float32 3x3 stride-2 forward the ops take
 #: the walk for with 8-byte source vectors (``preferred``).
 _MIN_WIDTH_8_BYTE_SOURCE = 24
+#: The widest destination of a half-type 3x3 stride-2 forward the ops take
+#: the walk for with 8-byte source vectors (``preferred``).
+_MAX_WIDTH_8_BYTE_HALF = 14
 
 
 def vector_widths(k, itemsize):
@@ -130,16 +133,24 @@ def preferred(g, dtype, backward, vw):
     walk / the best other kernel): 64x144x150 359.7 / 443.2 (window),
     64x192x50 60.8 / 80.6 (plane), 64x128x62 55.0 / 63.2 (window); about even
     on narrower ones (64x288x38 64.7 / 64.4, 64x192x30 24.4 / 23.8).  Not
-    half types at those vectors (64x144x150 fp16 295.3 / 273.8, 64x192x50
-    49.5 / 44.4), nor 5x5 (64x144x150 float32 694.4 / 522.5)."""
+    half types at those vectors on wide planes (64x144x150 fp16 295.3 /
+    273.8, 64x192x50 49.5 / 44.4), nor 5x5 (64x144x150 float32 694.4 /
+    522.5).  But half types on destinations of 11 to _MAX_WIDTH_8_BYTE_HALF
+    (28-wide sources; narrower ones are the row kernel's), where the plane
+    kernel took them: measured on an H100 in two calls (2026-12-06,
+    benchmarks/depthwise_candidates.py, walk / plane, us) 64x192x28 fp16
+    14.9 / 19.0 and 15.4 / 19.0, bf16 14.8 / 22.3; 64x240x28 fp16 22.3 /
+    22.3 and 22.0 / 21.9, bf16 22.1 / 25.5."""
     itemsize = numpy.dtype(dtype).itemsize
     k = g.filter_height
     if g.stride_h == 2:
         if backward or k not in (3, 5):
             return False
         source_bytes = source_vector(vw, 2, itemsize) * itemsize
-        return source_bytes == VECTOR_BYTES or (
-            k == 3 and itemsize == 4 and source_bytes == 8 and g.out_width >= _MIN_WIDTH_8_BYTE_SOURCE)
+        if source_bytes == 8 and k == 3:
+            return g.out_width >= _MIN_WIDTH_8_BYTE_SOURCE if itemsize == 4 else (
+                itemsize == 2 and g.out_width <= _MAX_WIDTH_8_BYTE_HALF)
+        return source_bytes == VECTOR_BYTES
     return k == 3 and itemsize == 2 and vw == 8
 
 

@@ -149,7 +149,9 @@ def preferred(g, dtype, backward):
     * At width 10 and below the ops try the row kernel first
       (_depthwise_nchw_rows.preferred); below 10, where it is not taken,
       the window kernel (7-wide 3x3 fp16: window 15.8, plane 23.7 us at
-      64x960x7).
+      64x960x7), but half-type 7x7 on planes of at most 7 (which the row
+      kernel leaves to this one: 64x768x7 fp16 plane 16.8-16.9, rows
+      20.2-21.7, window 39.4 us on an H100, 2026-12-06).
     * Wider planes, in bands (2026-12-02, benchmarks/depthwise_kernels.py,
       plane / window, forward; backward-input alike;
       benchmarks/results/depthwise_kernels_sweep_stride2_bands_h200_2026-12-02.txt): half types 3x3
@@ -176,6 +178,8 @@ def preferred(g, dtype, backward):
     size = g.filter_height
     if g.stride_h != 1:
         return _preferred_at_stride_2(g, itemsize)
+    if width <= 7 and size == 7 and itemsize == 2:
+        return True
     if width < 10 or width > _MAX_PREFERRED_WIDTH:
         return False
     if itemsize == 2:

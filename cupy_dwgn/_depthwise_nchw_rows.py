@@ -100,9 +100,19 @@ def preferred(g, dtype, backward):
       25.9 / 25.5; 5x5 49.6 / 41.1 / 45.1 and 48.5 / 41.4 / 44.3); float32
       stays (5x5 46.7 / 53.6 / 60.4; 3x3 39.3 / 39.0 / 33.8, where only the
       walk would win).
+    * 7x7 in half types on 7-wide planes (ConvNeXt's last stage) go to the
+      plane kernel: measured on an H100 in two calls (2026-12-06,
+      benchmarks/depthwise_candidates.py, rows / plane, us): 64x768x7 fp16
+      forward 21.0 / 16.8 and 21.7 / 16.9, backward-input 20.2 / 16.9; bf16
+      21.0 / 18.6, 20.4 / 18.6 (results/depthwise_layer_shapes_h100_2026-12-06.txt,
+      results/depthwise_candidates_h100_2026-12-06.txt).  float32 stays
+      (19.4 / 24.2), and so do 5x5 (64x1152x7 fp16 17.6 / 17.7) and 3x3.
     """
     dst_width = g.width if backward else g.out_width
-    if dst_width == 10 and g.stride_h == 1 and numpy.dtype(dtype).itemsize == 2 and g.filter_height in (3, 5):
+    itemsize = numpy.dtype(dtype).itemsize
+    if dst_width == 10 and g.stride_h == 1 and itemsize == 2 and g.filter_height in (3, 5):
+        return False
+    if dst_width <= 7 and g.stride_h == 1 and itemsize == 2 and g.filter_height == 7:
         return False
     if dst_width <= 10:
         return True

@@ -547,6 +547,9 @@ def test_nchw_forward_regs_rule():
         ((64, 144, 150, 150), 3, 2, single, False, 1, True), ((64, 192, 50, 50), 3, 2, single, False, 1, True),
         ((64, 192, 30, 30), 3, 2, single, False, 1, False), ((64, 144, 150, 150), 3, 2, half, False, 1, False),
         ((64, 144, 150, 150), 5, 2, single, False, 1, False), ((64, 192, 51, 51), 3, 2, single, False, None, False),
+        # half types with 8-byte source vectors on destinations of 11 to 14 (28-wide sources), not wider
+        ((64, 192, 28, 28), 3, 2, half, False, 2, True), ((64, 240, 28, 28), 3, 2, half, False, 2, True),
+        ((64, 192, 28, 28), 5, 2, half, False, 2, False), ((64, 64, 36, 36), 3, 2, half, False, 2, False),
     ]:
         g = _validate.conv_geometry(x_shape, (x_shape[1], 1, k, k), stride, k // 2, 1)
         launch = walk.plan(g, dtype, backward, 16, 16)
@@ -594,6 +597,8 @@ def test_nchw_rows_rule():
         # 10-wide half-type 3x3 / 5x5 at stride 1 go to the plane kernel; float32, 7x7 stay.
         (10, 3, 1, half, False, 16, False), (10, 5, 1, half, True, 16, False), (10, 7, 1, half, False, 16, True),
         (10, 5, 1, single, False, 16, True),
+        # half-type 7x7 on 7-wide planes go to the plane kernel; float32 stays
+        (7, 7, 1, half, False, 8, False), (7, 7, 1, half, True, 8, False), (7, 7, 1, single, False, 8, True),
     ]:
         g = _validate.conv_geometry((4, 24, hw, hw), (24, 1, k, k), stride, k // 2, 1)
         launch = rows.plan(g, dtype, backward, "int")
@@ -1067,6 +1072,7 @@ def test_nchw_plane_rule_follows_the_width_sweep():
         (14, 3, single, True), (30, 3, single, True), (56, 3, single, True), (16, 3, single, False),
         (12, 5, single, True), (21, 5, single, True), (16, 5, single, False), (24, 5, single, False),
         (12, 7, single, True), (14, 7, single, True), (17, 7, single, False), (8, 3, half, False),
+        (7, 7, half, True), (7, 7, single, False), (7, 5, half, False),  # 7x7 half at 7 wide: past the row kernel
         # wider planes (bands), the sweep of 2026-12-02
         (75, 3, half, True), (150, 3, half, True), (100, 3, half, True), (57, 3, half, True), (112, 3, half, True),
         (75, 5, half, True), (61, 5, half, True), (75, 3, single, True), (112, 3, single, True),
