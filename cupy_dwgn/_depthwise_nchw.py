@@ -55,7 +55,6 @@ _BWD_INPUT = "dwgn_dwconv2d_bwd_input"
 # a thread writes _phase_blocks(dtype) 2x2 blocks of grad_in side by side
 # (kernel: V): 2, but 1 for float64 (at 2 its 5x5 spilled on sm_80).
 _PHASE = "dwgn_dwconv2d_bwd_input_stride2"
-_PHASE_MAX_GRID = 2**31 - 1
 
 def specializations(op=None, dtypes=None, filter_sizes=None, large_index=(False, True)):
     """``(file, name expression)`` for each kernel specialization of ``op``
@@ -191,14 +190,16 @@ def backward_input_plan(g, dtype, index):
         return _tiled_plan(g, dtype, index, True), True
     size = _template_size(g)
     if (g.stride_h, g.stride_w, g.dilation_h, g.dilation_w) == (2, 2, 1, 1) and size != (0, 0):
-        # Items (plane, row pair, _phase_blocks 2x2 column blocks) in one flat range.
+        # Items (plane, row pair, _phase_blocks 2x2 column blocks) in one flat
+        # range, a thread each (grid_1d: past MAX_BLOCKS blocks the kernel's
+        # grid-stride loop takes the rest).
         column_blocks = -(-g.width // 2)
         blocks_across = -(-column_blocks // _phase_blocks(dtype))
         per_plane = -(-g.height // 2) * blocks_across
         items = g.batch * g.channels * per_plane
         return _launch.Launch(
             KERNEL_FILE, _phase_expression(dtype, size, index),
-            (max(1, min(-(-items // _launch.BLOCK), _PHASE_MAX_GRID)),), (_launch.BLOCK,), 0,
+            _launch.grid_1d(items), (_launch.BLOCK,), 0,
             (i32(g.channels), i32(g.height), i32(g.width), i32(g.multiplier), i32(g.out_height),
              i32(g.out_width), i32(g.pad_top), i32(g.pad_left), i32(blocks_across), i32(per_plane),
              _launch.index_scalar(index, items)),

@@ -2257,10 +2257,14 @@ PHASE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("max_blocks", [None, 1], ids=["grid", "one-block"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "grad_in+1"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", PHASE_CASES, ids=lambda c: c[0])
-def test_nchw_phase_kernel_matches_reference(case, dtype, aligned, rng):
+def test_nchw_phase_kernel_matches_reference(case, dtype, aligned, max_blocks, rng, monkeypatch):
+    # max_blocks 1: grid_1d's cap at one block, so every thread walks the
+    # kernel's grid-stride loop over the items (what tensors past 2**24
+    # items do at the shipped cap of 65536 blocks).
     _, shape, k, padding, multiplier = case
     n, c, h, w = shape
     w_shape = (c * multiplier, 1, k, k)
@@ -2270,18 +2274,28 @@ def test_nchw_phase_kernel_matches_reference(case, dtype, aligned, rng):
     want = reference.depthwise_conv2d_backward_input(grad_out_host, w_host, shape, stride=2, padding=padding)
     grad_out, weight = cupy.asarray(grad_out_host), cupy.asarray(w_host)
     index = _launch.index_type(grad_out.size, want.size)
-    launch, _ = _depthwise_nchw.backward_input_plan(g, numpy.dtype(dtype), index)
-    assert launch.expression.startswith("dwgn_dwconv2d_bwd_input_stride2<"), launch.expression
-    # grad_in 16-byte aligned (rows of even width take the vector stores) or
-    # one element past (every row the element stores).
-    size, lead = want.size, 16 // numpy.dtype(dtype).itemsize if aligned else 1
-    guarded = poisoned((lead + size + 1,), dtype)
-    out = guarded[lead : lead + size].reshape(shape)
-    got = cupy_dwgn.depthwise_conv2d_backward_input(grad_out, weight, shape, stride=2, padding=padding, out=out)
-    assert got is out
-    assert bool(cupy.isnan(guarded[lead - 1])) and bool(cupy.isnan(guarded[-1])), "a store outside grad_in"
-    assert not bool(cupy.isnan(out).any()), "grad_in left unwritten"
-    assert relative_error(out, want) <= TOLERANCE[dtype]
+    if max_blocks is not None:
+        monkeypatch.setattr(_launch, "MAX_BLOCKS", max_blocks)
+        _depthwise_nchw.backward_input_plan.cache_clear()
+        depthwise._SIGNATURES.clear()
+    try:
+        launch, _ = _depthwise_nchw.backward_input_plan(g, numpy.dtype(dtype), index)
+        assert launch.expression.startswith("dwgn_dwconv2d_bwd_input_stride2<"), launch.expression
+        assert max_blocks is None or launch.grid[0] == max_blocks
+        # grad_in 16-byte aligned (rows of even width take the vector stores) or
+        # one element past (every row the element stores).
+        size, lead = want.size, 16 // numpy.dtype(dtype).itemsize if aligned else 1
+        guarded = poisoned((lead + size + 1,), dtype)
+        out = guarded[lead : lead + size].reshape(shape)
+        got = cupy_dwgn.depthwise_conv2d_backward_input(grad_out, weight, shape, stride=2, padding=padding, out=out)
+        assert got is out
+        assert bool(cupy.isnan(guarded[lead - 1])) and bool(cupy.isnan(guarded[-1])), "a store outside grad_in"
+        assert not bool(cupy.isnan(out).any()), "grad_in left unwritten"
+        assert relative_error(out, want) <= TOLERANCE[dtype]
+    finally:
+        if max_blocks is not None:  # the plans built under the cap must not serve later tests
+            _depthwise_nchw.backward_input_plan.cache_clear()
+            depthwise._SIGNATURES.clear()
 
 
 # --- 64-bit indexing ----------------------------------------------------------
