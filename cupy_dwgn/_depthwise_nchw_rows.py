@@ -112,7 +112,7 @@ def preferred(g, dtype, backward):
     itemsize = numpy.dtype(dtype).itemsize
     if dst_width == 10 and g.stride_h == 1 and itemsize == 2 and g.filter_height in (3, 5):
         return False
-    if dst_width <= 7 and g.stride_h == 1 and itemsize == 2 and g.filter_height == 7:
+    if dst_width <= 7 and g.stride_h == 1 and itemsize == 2 and (g.filter_height, g.filter_width) == (7, 7):
         return False
     if dst_width <= 10:
         return True
