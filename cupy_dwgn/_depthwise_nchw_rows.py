@@ -100,6 +100,14 @@ def preferred(g, dtype, backward):
       25.9 / 25.5; 5x5 49.6 / 41.1 / 45.1 and 48.5 / 41.4 / 44.3); float32
       stays (5x5 46.7 / 53.6 / 60.4; 3x3 39.3 / 39.0 / 33.8, where only the
       walk would win).
+    * float16 7x7 on 14-wide planes (ConvNeXt's third stage) go to the
+      plane kernel (its packed half2 arithmetic), bfloat16 stays: measured
+      on an H100 in two calls (2026-12-06, rows / plane, us, forward;
+      backward-input alike): 64x384x14 fp16 39.0 / 31.9 and 39.5 / 32.4,
+      32x384x14 23.7 / 16.7, 64x768x14 69.4 / 59.2; bf16 38.9 / 38.1,
+      23.3 / 19.7, 70.2 / 71.9 (results/depthwise_candidates_h100_2026-12-06.txt).
+      The H200 figures above (2026-12-01, and 215.0 / 221.3 at 64 MB on
+      2026-12-02) predate the plane kernel's later items.
     * 7x7 in half types on 7-wide planes (ConvNeXt's last stage) go to the
       plane kernel: measured on an H100 in two calls (2026-12-06,
       benchmarks/depthwise_candidates.py, rows / plane, us): 64x768x7 fp16
@@ -116,7 +124,7 @@ def preferred(g, dtype, backward):
         return False
     if dst_width <= 10:
         return True
-    return g.filter_height == 7 and (dst_width == 13 or (dst_width == 14 and numpy.dtype(dtype).itemsize == 2))
+    return g.filter_height == 7 and (dst_width == 13 or (dst_width == 14 and numpy.dtype(dtype) == _dtypes.bfloat16))
 
 
 def select(g, dtype, backward, index):

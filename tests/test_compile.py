@@ -581,13 +581,14 @@ def test_nchw_rows_rule():
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_rows as rows
-    from cupy_dwgn import _validate, depthwise
+    from cupy_dwgn import _dtypes, _validate, depthwise
 
     shipped = set(ALL_SPECIALIZATIONS)
     half, single, double = (numpy.dtype(t) for t in (numpy.float16, numpy.float32, numpy.float64))
     for hw, k, stride, dtype, backward, want_w, taken in [
         (7, 3, 1, single, False, 8, True), (7, 3, 1, half, True, 8, True), (8, 5, 1, half, False, 8, True),
-        (10, 3, 1, single, True, 16, True), (14, 7, 1, half, False, 16, True), (14, 7, 1, single, False, 16, False),
+        (10, 3, 1, single, True, 16, True), (14, 7, 1, half, False, 16, False), (14, 7, 1, single, False, 16, False),
+        (14, 7, 1, numpy.dtype(_dtypes.bfloat16), False, 16, True), (14, 7, 1, numpy.dtype(_dtypes.bfloat16), True, 16, True),
         (14, 3, 1, half, False, 16, False), (16, 7, 1, half, True, 16, False), (14, 5, 2, half, False, 8, True),
         (11, 3, 1, half, False, 16, False), (11, 3, 1, single, True, 16, False), (13, 5, 1, half, True, 16, False),
         (15, 7, 1, half, False, 16, False), (12, 7, 1, half, False, 16, False), (13, 3, 1, half, False, 16, False),
