@@ -117,14 +117,15 @@ def preferred(g, dtype, backward):
       (19.4 / 24.2), and so do 5x5 (64x1152x7 fp16 17.6 / 17.7) and 3x3.
     """
     dst_width = g.width if backward else g.out_width
-    itemsize = numpy.dtype(dtype).itemsize
+    dtype = numpy.dtype(dtype)
+    itemsize = dtype.itemsize
     if dst_width == 10 and g.stride_h == 1 and itemsize == 2 and g.filter_height in (3, 5):
         return False
     if dst_width <= 7 and g.stride_h == 1 and itemsize == 2 and (g.filter_height, g.filter_width) == (7, 7):
         return False
     if dst_width <= 10:
         return True
-    return g.filter_height == 7 and (dst_width == 13 or (dst_width == 14 and numpy.dtype(dtype) == _dtypes.bfloat16))
+    return g.filter_height == 7 and (dst_width == 13 or (dst_width == 14 and dtype == _dtypes.bfloat16))
 
 
 def select(g, dtype, backward, index):
