@@ -8,9 +8,10 @@ direct kernel's largest difference from the other relative to the largest
 output, plus its unwritten (NaN) outputs.  The figures behind
 _depthwise_nhwc_direct.preferred() and COLUMNS come from it.
 
-    PYTHONPATH=. python benchmarks/depthwise_nhwc_direct.py [--quick] [--columns 2 4 8]
+    PYTHONPATH=.:benchmarks python benchmarks/depthwise_nhwc_direct.py [--quick] [--columns 2 4 8]
+        [--shapes 64x576x14x3x2 ...] [--dtypes float32 ...]
 
---quick: float16 only.
+--quick: float16 only.  --shapes (NxCxHxKxSTRIDE, padding K // 2) replaces SHAPES, --dtypes DTYPES.
 """
 import argparse
 
@@ -27,7 +28,7 @@ from cupy_dwgn._dtypes import bfloat16
 SHAPES = [(64, 144, 56, 3, 1), (64, 384, 28, 3, 1), (64, 96, 112, 3, 2), (64, 240, 28, 5, 1), (64, 960, 7, 3, 1),
           (64, 32, 112, 3, 1), (64, 192, 56, 3, 1), (64, 576, 14, 3, 1), (64, 144, 56, 3, 2), (64, 240, 56, 5, 2),
           (64, 672, 28, 5, 2), (64, 480, 14, 5, 1), (64, 1152, 7, 5, 1), (8, 256, 64, 3, 1)]
-DTYPES = [numpy.float16, bfloat16, numpy.float32]
+DTYPES = {"float16": numpy.float16, "bfloat16": bfloat16, "float32": numpy.float32}
 COPY_BYTES_PER_US = 4.2e6
 
 
@@ -35,10 +36,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--columns", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--shapes", type=harness.conv_shape, nargs="+", default=SHAPES, metavar="NxCxHxKxS")
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     args = parser.parse_args()
-    for n, c, hw, k, stride in SHAPES:
+    dtypes = [numpy.float16] if args.quick else [DTYPES[name] for name in args.dtypes]
+    for n, c, hw, k, stride in args.shapes:
         g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
-        for dtype in [numpy.float16] if args.quick else DTYPES:
+        for dtype in dtypes:
             dt = numpy.dtype(dtype)
             for backward in (False, True) if stride == 1 else (False,):
                 arrays, other, other_us, ref = harness.nhwc_kernel_baseline(direct, g, dt, backward)

@@ -347,8 +347,9 @@ class Timer:
         return [start.elapsed_time(stop) * 1e3 for start, stop in events]
 
 
-def step_time(torch, model, name, mode, memory_format, device, warmup, steps, batch, out_shape):
-    """Median training-step time (us) and every step's time."""
+def make_step(torch, model, name, mode, memory_format, device, batch, out_shape):
+    """One training step of ``model`` as a function of no arguments: forward + loss + backward +
+    SGD(momentum 0.9) step + zero_grad on a fixed random batch."""
     shape = MODELS[name][2]
     gen = torch.Generator().manual_seed(2)
     dtype = torch.bfloat16 if mode == "bfloat16-cast" else torch.float32
@@ -374,6 +375,12 @@ def step_time(torch, model, name, mode, memory_format, device, warmup, steps, ba
         loss.backward()
         optimizer.step()
 
+    return step
+
+
+def step_time(torch, model, name, mode, memory_format, device, warmup, steps, batch, out_shape):
+    """Median training-step time (us) and every step's time."""
+    step = make_step(torch, model, name, mode, memory_format, device, batch, out_shape)
     timer = Timer(torch, device)
     timer.run(step, warmup)
     times = timer.run(step, steps)
