@@ -2,27 +2,65 @@
 and memory format), torch's own layers against the model converted with cupy_dwgn.torch.convert,
 under torch.profiler.  Per variant:
 
-* the step's wall time (host, synchronized) and its GPU time (CUDA events), so a host-bound step
-  shows as wall >> GPU;
+* the host time to issue a step and its GPU time (CUDA events), so a host-bound step shows as GPU
+  time well above its kernel time, with Python's garbage collector on and off, and the
+  collections it ran (a step that creates many Python objects pays for full collections);
 * the sum of kernel time per step and the top kernels by GPU time per step (ours: the dwgn_*
   kernels; torch's depthwise: cuDNN / ATen convolution kernels), with launch counts;
 * the CPU-side operators with the most self time per step (what the host spends).
 
     PYTHONPATH=.:benchmarks python benchmarks/profile_model.py [--configs mobilenetv2_100:float32 ...]
-        [--format channels_last] [--steps 3] [--rows 25]
+        [--format channels_last] [--steps 3] [--rows 25] [--timing-only]
 
 A config is MODEL:MODE (models.py's MODELS and MODES).  Needs a GPU, torch and (for the timm
 models) timm.
 """
 import argparse
 import copy
+import gc
 import statistics
 import time
 
 import models
 
 
-def _profile_variant(torch, dwt, name, mode, memory_format, impl, steps, rows, warmup):
+def _timed_steps(torch, step, steps, collector):
+    """Per step: host time to issue it (ms), its GPU time (ms, CUDA events), and over all steps
+    the collections of each generation a step and the ms a step spent in them; the garbage
+    collector enabled ("on") or disabled ("off") during the steps."""
+    times = {}
+
+    def on_collection(phase, info):
+        if phase == "start":
+            times["start"] = time.perf_counter()
+        else:
+            generation = info["generation"]
+            counts[generation] += 1
+            counts[3] += (time.perf_counter() - times.pop("start", time.perf_counter())) * 1e3
+
+    counts = [0, 0, 0, 0.0]
+    walls, gpus = [], []
+    gc.callbacks.append(on_collection)
+    if collector == "off":
+        gc.disable()
+    try:
+        for _ in range(steps):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start.record()
+            step()
+            stop.record()
+            host = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            walls.append(host * 1e3)
+            gpus.append(start.elapsed_time(stop))
+    finally:
+        gc.enable()
+        gc.callbacks.remove(on_collection)
+    return walls, gpus, [c / steps for c in counts]
+
+
+def _profile_variant(torch, dwt, name, mode, memory_format, impl, steps, rows, warmup, timing_only):
     device = torch.device("cuda")
     base = models.build_model(torch, name)
     _, batch, shape, _ = models.MODELS[name]
@@ -35,17 +73,14 @@ def _profile_variant(torch, dwt, name, mode, memory_format, impl, steps, rows, w
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
-    walls, gpus = [], []
-    for _ in range(steps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0 = time.perf_counter()
-        start.record()
-        step()
-        stop.record()
-        host = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        walls.append(host * 1e3)
-        gpus.append(start.elapsed_time(stop))
+    for collector in ("on", "off"):
+        walls, gpus, collected = _timed_steps(torch, step, steps, collector)
+        print(f"== {name} {mode} {memory_format} {impl}, Python's garbage collector {collector}: host time to "
+              f"issue a step {statistics.median(walls):.2f} ms, GPU time {statistics.median(gpus):.2f} ms (CUDA "
+              f"events); collections a step by generation {collected[0]:.1f} / {collected[1]:.1f} / "
+              f"{collected[2]:.1f}, {collected[3]:.2f} ms in them", flush=True)
+    if timing_only:
+        return
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(steps):
@@ -55,9 +90,7 @@ def _profile_variant(torch, dwt, name, mode, memory_format, impl, steps, rows, w
     kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
                or (getattr(e, "self_device_time_total", 0) > 0 and getattr(e, "cpu_time_total", 0) == 0)]
     kernel_us = sum(e.self_device_time_total for e in kernels) / steps
-    print(f"== {name} {mode} {memory_format} {impl}: host time to issue a step {statistics.median(walls):.2f} ms, "
-          f"GPU time {statistics.median(gpus):.2f} ms (CUDA events), kernels {kernel_us / 1e3:.2f} ms a step",
-          flush=True)
+    print(f"   kernels (torch.profiler) {kernel_us / 1e3:.2f} ms a step", flush=True)
     print(f"   top kernels (us a step, launches a step):")
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:rows]:
         print(f"   {e.self_device_time_total / steps:9.1f} {e.count / steps:6.1f}  {e.key[:150]}")
@@ -77,6 +110,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument("--timing-only", action="store_true", help="no torch.profiler tables")
     args = parser.parse_args()
     configs = []
     for text in args.configs:
@@ -93,7 +127,8 @@ def main():
     torch.backends.cudnn.benchmark = True
     for name, mode in configs:
         for impl in args.impls:
-            _profile_variant(torch, dwt, name, mode, args.format, impl, args.steps, args.rows, args.warmup)
+            _profile_variant(torch, dwt, name, mode, args.format, impl, args.steps, args.rows, args.warmup,
+                              args.timing_only)
 
 
 if __name__ == "__main__":
