@@ -91,11 +91,11 @@ def _profile_variant(torch, dwt, name, mode, memory_format, impl, steps, rows, w
                or (getattr(e, "self_device_time_total", 0) > 0 and getattr(e, "cpu_time_total", 0) == 0)]
     kernel_us = sum(e.self_device_time_total for e in kernels) / steps
     print(f"   kernels (torch.profiler) {kernel_us / 1e3:.2f} ms a step", flush=True)
-    print(f"   top kernels (us a step, launches a step):")
+    print("   top kernels (us a step, launches a step):")
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:rows]:
         print(f"   {e.self_device_time_total / steps:9.1f} {e.count / steps:6.1f}  {e.key[:150]}")
     ops = [e for e in events if e.self_cpu_time_total > 0 and e not in kernels]
-    print(f"   top host operators (self CPU us a step, calls a step):")
+    print("   top host operators (self CPU us a step, calls a step):")
     for e in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:rows // 2]:
         print(f"   {e.self_cpu_time_total / steps:9.1f} {e.count / steps:6.1f}  {e.key[:150]}")
     del model, step
