@@ -3,7 +3,8 @@
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
 # STEPS selects parts (default: all but candidates, models and ncu): facts cold warm examples cli tests sanitizer candidates dwbench gnbench host models ncu
-# (ncu: Nsight Compute on scripts/ncu_workload.py's cases NCU_CASES (default all), the summary in ncu_summary.txt;
+# (ncu: Nsight Compute on scripts/ncu_workload.py's cases NCU_CASES (default all), the kernels whose names match the
+# regex NCU_KERNELS (default dwgn: ours; e.g. "dwgn|depthwise|conv" for cuDNN's too), the summary in ncu_summary.txt;
 # it needs hardware counters: seen working on the Firecracker machines, not on gVisor).
 # (warm: compile the kernels into CuPy's disk cache with WARM_ARGS, several processes at once; after cold, whose
 # point is the cold start).
@@ -69,7 +70,7 @@ fi
 if has ncu; then
   # The report (ncu.ncu-rep, for the Nsight Compute GUI), its sections as text, and per kernel the
   # SASS with executed-instruction and stall counts (SourceCounters) as CSV.
-  ncu --clock-control none -k regex:dwgn --section SpeedOfLight --section Occupancy --section LaunchStats \
+  ncu --clock-control none -k "regex:${NCU_KERNELS:-dwgn}" --section SpeedOfLight --section Occupancy --section LaunchStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     --section SourceCounters -f -o "$OUT/ncu" python3 scripts/ncu_workload.py ${NCU_CASES:-} > "$OUT/ncu_log.txt" 2>&1 \
     || status=1

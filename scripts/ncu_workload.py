@@ -24,7 +24,10 @@ weight gradient, MODE "always", the tensor-core one "never": 64x384x14 7x7,
 widths in NCHW float16: 64x192x75 3x3 forward and backward-input, the
 whole-plane kernel in bands, and its weight gradient; 64x288x38 3x3
 stride-2 forward), dw_conv_mma (the tensor-core forward, MODE "always":
-64x144x56 3x3 both layouts, 64x96x56 7x7 and 64x960x7 3x3 NCHW, float16).
+64x144x56 3x3 both layouts, 64x96x56 7x7 and 64x960x7 3x3 NCHW, float16),
+dw_s2_small (stride-2 forwards on 14- and 28-wide planes, both layouts:
+64x576x14 and 64x192x28 float32, 64x240x28 float16; then PyTorch's
+channels_last forward of the first and the last, cuDNN's kernels).
 """
 import sys
 
@@ -83,11 +86,31 @@ CASES = {
         lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=layouts, directions=("forward",))
                  for c, h, k, layouts in ((144, 56, 3, ("NCHW", "NHWC")), (96, 56, 7, ("NCHW",)),
                                           (960, 7, 3, ("NCHW",)))]),
+    "dw_s2_small": lambda: [dw(64, c, h, 3, 2, t, directions=("forward",)) for c, h, t in
+                            ((576, 14, cupy.float32), (192, 28, cupy.float32), (240, 28, cupy.float16))]
+    + [_torch_channels_last(64, c, h, 3, 2, t) for c, h, t in ((576, 14, "float32"), (240, 28, "float16"))],
     "dw_plane_wgrad": lambda: _always("_depthwise_nchw_plane_wgrad",
         lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=("NCHW",), directions=("backward_weight",))
                  for c, h, k in ((384, 14, 7), (576, 19, 3), (192, 75, 3))],
         off=("_depthwise_wgrad_mma",)),
 }
+
+
+def _torch_channels_last(n, c, h, k, stride, dtype):
+    """PyTorch's depthwise forward (cuDNN) on a channels_last tensor, twice, where
+    torch is installed: the kernel the ops are compared with (profiled when the
+    ncu kernel filter admits it: NCU_KERNELS in scripts/device_session.sh)."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.backends.cudnn.benchmark = True
+    dtype = getattr(torch, dtype)
+    x = torch.randn(n, c, h, h, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
+    w = torch.randn(c, 1, k, k, device="cuda", dtype=dtype)
+    for _ in range(2):
+        torch.nn.functional.conv2d(x, w, stride=stride, padding=k // 2, groups=c)
+    torch.cuda.synchronize()
 
 
 def _always(module_name, calls, off=()):
