@@ -11,6 +11,7 @@ on top of the kernels (results/models_*: a host-bound step shows GPU time above 
 import argparse
 import cProfile
 import contextlib
+import copy
 import io
 import pstats
 import statistics
@@ -25,16 +26,10 @@ def _layers(torch, dwt, device):
     conv_s2 = nn.Conv2d(32, 32, 3, stride=2, padding=1, groups=32, bias=False).to(device)
     norm = nn.Sequential(nn.GroupNorm(8, 32), nn.SiLU()).to(device)
     return {
-        "depthwise 3x3": (conv, dwt.convert(_copy(conv)), (2, 32, 8, 8)),
-        "depthwise 3x3 stride 2": (conv_s2, dwt.convert(_copy(conv_s2)), (2, 32, 8, 8)),
-        "group_norm + silu": (norm, dwt.convert(_copy(norm)), (2, 32, 8, 8)),
+        "depthwise 3x3": (conv, dwt.convert(copy.deepcopy(conv)), (2, 32, 8, 8)),
+        "depthwise 3x3 stride 2": (conv_s2, dwt.convert(copy.deepcopy(conv_s2)), (2, 32, 8, 8)),
+        "group_norm + silu": (norm, dwt.convert(copy.deepcopy(norm)), (2, 32, 8, 8)),
     }
-
-
-def _copy(module):
-    import copy
-
-    return copy.deepcopy(module)
 
 
 def _iteration(module, x, grad, autocast):
