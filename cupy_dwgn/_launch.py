@@ -1,5 +1,6 @@
 """Launch helpers shared by the ops: grid sizes, index type, typed scalars."""
 
+import contextlib
 import ctypes
 import os
 import struct
@@ -492,20 +493,55 @@ _launch_kernel_ex = None  # cuLaunchKernelEx, or False where the driver has none
 _PROGRAMMATIC_DEVICES = {}  # device -> whether its launches may be programmatic
 
 
+def _driver_function(name, argtypes):
+    """libcuda's entry point ``name`` as a ctypes function returning a
+    CUresult, or False where the driver library or the entry point is missing."""
+    try:
+        function = getattr(ctypes.CDLL("nvcuda.dll" if os.name == "nt" else "libcuda.so.1"), name)
+    except (OSError, AttributeError):
+        return False
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function
+
+
 def _driver_launch_kernel_ex():
     """libcuda's cuLaunchKernelEx as a ctypes function, or False."""
     global _launch_kernel_ex
     if _launch_kernel_ex is None:
-        try:
-            library = ctypes.CDLL("nvcuda.dll" if os.name == "nt" else "libcuda.so.1")
-            function = library.cuLaunchKernelEx
-        except (OSError, AttributeError):
-            _launch_kernel_ex = False
-        else:
-            function.argtypes = (ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-            function.restype = ctypes.c_int
-            _launch_kernel_ex = function
+        _launch_kernel_ex = _driver_function(
+            "cuLaunchKernelEx", (ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p))
     return _launch_kernel_ex
+
+
+_CAPTURE_MODE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
+_exchange_capture_mode = None  # cuThreadExchangeStreamCaptureMode (CUDA 10.1+)
+
+
+@contextlib.contextmanager
+def relaxed_capture():
+    """This thread's stream-capture mode relaxed for the block (restored
+    after): calls that CUDA forbids while a stream captures a graph in the
+    default (global) mode -- cudaMalloc, a stream synchronize -- are allowed
+    here, as PyTorch's allocator does for its own cudaMalloc during capture.
+    For work outside the graph (the workspace: _workspace._grow)."""
+    global _exchange_capture_mode
+    if _driver is None:
+        _import_cuda()
+    if _exchange_capture_mode is None:
+        _exchange_capture_mode = _driver_function("cuThreadExchangeStreamCaptureMode", (ctypes.POINTER(ctypes.c_int),))
+    if not _exchange_capture_mode:
+        raise RuntimeError("cupy_dwgn: the CUDA driver has no cuThreadExchangeStreamCaptureMode (CUDA 10.1+ needed)")
+    mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+    status = _exchange_capture_mode(ctypes.byref(mode))  # mode now holds the thread's previous one
+    if status:
+        raise _driver.CUDADriverError(status)
+    try:
+        yield
+    finally:
+        status = _exchange_capture_mode(ctypes.byref(mode))
+        if status:
+            raise _driver.CUDADriverError(status)
 
 
 def programmatic_on(device):

@@ -6,7 +6,9 @@ stream instead of allocating: with every output given (``out=``...), a call
 allocates nothing once a first call has sized the buffer, so it can be
 captured in a CUDA graph.  Work on one stream runs in order, so successive
 calls on that stream may share the bytes; calls on other streams get their
-own buffer.
+own buffer.  A stream's first buffer may be made while it records a CUDA graph
+(torch.cuda.graph captures on a stream of its own): it is then allocated and
+zeroed outside the graph.
 
 A buffer that is outgrown stays allocated (kept in ``_RETIRED``): a CUDA
 graph captured earlier may still point into it.  With sizes doubling, the
@@ -17,6 +19,8 @@ retired buffers hold less than the live one.  :func:`release` frees them all
 import functools
 
 import numpy
+
+from . import _launch
 
 try:
     import cupy as _cupy
@@ -98,11 +102,31 @@ def _grow(key, buffer, total):
     if buffer is not None:
         _RETIRED.append(buffer)
     size = max(total, 2 * buffer.nbytes if buffer is not None else 0, 64 * 1024)
-    buffer = _cupy.empty(size, dtype=numpy.uint8)
-    _clear_grid_barrier(buffer)
+    if _runtime.streamIsCapturing(key[1]) == _runtime.streamCaptureStatusActive:
+        buffer = _new_while_capturing(size)
+    else:
+        buffer = _cupy.empty(size, dtype=numpy.uint8)
+        _clear_grid_barrier(buffer)
     _BUFFERS[key] = buffer
     global generation
     generation += 1
+    return buffer
+
+
+def _new_while_capturing(size):
+    """A buffer for a stream that is recording a CUDA graph (a call's first on
+    that stream, e.g. under torch.cuda.graph, whose capture stream no eager
+    call has used): allocated and its header zeroed now, outside the graph --
+    an allocation in the graph would be refused (cudaMalloc during a global
+    capture), and a zeroing recorded in it would leave the header unset for
+    eager calls on the stream until a replay -- with this thread's capture
+    mode relaxed and the zeroing on a stream of its own, waited for."""
+    with _launch.relaxed_capture():
+        buffer = _cupy.empty(size, dtype=numpy.uint8)
+        side = _cupy.cuda.Stream(non_blocking=True)
+        with side:
+            _clear_grid_barrier(buffer)
+        side.synchronize()
     return buffer
 
 

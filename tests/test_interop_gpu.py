@@ -271,6 +271,45 @@ def test_every_output_given_allocates_nothing(rng):
     _check(outputs, refs)
 
 
+@pytest.mark.parametrize("mode", ["relaxed", "global"])
+def test_cuda_graph_capture_on_a_stream_no_call_ran_on(rng, mode):
+    """Warm-up on one stream, capture on another (as torch.cuda.graph does: its
+    capture stream is its own, and its capture mode global, where cudaMalloc is
+    refused): the capturing stream's workspace is made during the capture,
+    outside the graph; replays on new data and eager calls on that stream
+    afterwards (which need its header zeroed for real, not in the graph) are
+    right."""
+    capture_mode = {"relaxed": cupy.cuda.runtime.streamCaptureModeRelaxed,
+                    "global": cupy.cuda.runtime.streamCaptureModeGlobal}[mode]
+    first, second, third = _problem(rng), _problem(rng), _problem(rng)
+    refs_second, refs_third = _references(second), _references(third)
+    warm_up = cupy.cuda.Stream(non_blocking=True)
+    with warm_up:
+        inputs = {k: cupy.asarray(v) for k, v in first.items()}
+        outputs = _outputs(refs_second)
+        _all_ops(inputs, outputs)  # compiles; sizes warm_up's workspace only
+        warm_up.synchronize()
+    capturing = cupy.cuda.Stream(non_blocking=True)
+    with capturing:
+        capturing.begin_capture(capture_mode)
+        _all_ops(inputs, outputs)
+        graph = capturing.end_capture()
+        for data, refs in ((second, refs_second), (third, refs_third)):
+            for name, value in data.items():
+                inputs[name].set(value, stream=capturing)
+            for array in outputs.values():
+                array.fill(numpy.nan)
+            graph.launch(capturing)
+            capturing.synchronize()
+            _check(outputs, refs)
+        # Eager calls on the capturing stream use the workspace made in the capture.
+        for array in outputs.values():
+            array.fill(numpy.nan)
+        _all_ops(inputs, outputs)
+        capturing.synchronize()
+    _check(outputs, refs_third)
+
+
 def test_cuda_graph_capture_and_replay_on_new_data(rng):
     first, second = _problem(rng), _problem(rng)
     refs_second = _references(second)

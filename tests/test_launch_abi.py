@@ -278,6 +278,8 @@ def test_steps_rebind_on_a_new_device_stream_or_workspace_buffer(monkeypatch):
     next_buffer = iter(range(0x6000_0000_0000, 0x7000_0000_0000, 0x1000_0000))
     monkeypatch.setattr(_workspace, "_cupy", types.SimpleNamespace(
         empty=lambda size, dtype: _array((size,), numpy.uint8, next(next_buffer) - 0x7F00_0000_0000)))
+    monkeypatch.setattr(_workspace, "_runtime", types.SimpleNamespace(  # no stream is capturing a graph
+        streamIsCapturing=lambda stream: 0, streamCaptureStatusActive=1))
     monkeypatch.setattr(_workspace, "_BUFFERS", {})
     monkeypatch.setattr(_workspace, "_RETIRED", [])
     cleared = []  # buffers whose grid-barrier word was zeroed
