@@ -347,13 +347,19 @@ class Timer:
         return [start.elapsed_time(stop) * 1e3 for start, stop in events]
 
 
-def make_step(torch, model, name, mode, memory_format, device, batch, out_shape):
+def make_step(torch, model, name, mode, memory_format, device, batch, out_shape, graphed=False):
     """One training step of ``model`` as a function of no arguments: forward + loss + backward +
-    SGD(momentum 0.9) step + zero_grad on a fixed random batch."""
+    SGD(momentum 0.9) step + zero_grad on a fixed random batch.  ``graphed``: the model's forward
+    and backward as CUDA graphs (torch.cuda.make_graphed_callables; not under autocast), the loss
+    and the optimizer eager."""
     shape = MODELS[name][2]
     gen = torch.Generator().manual_seed(2)
     dtype = torch.bfloat16 if mode == "bfloat16-cast" else torch.float32
     x = as_format(torch, torch.randn((batch,) + tuple(shape), generator=gen).to(device=device, dtype=dtype), memory_format)
+    if graphed:
+        if mode == "bfloat16-autocast":
+            raise ValueError("graphed: the model runs outside autocast; take float32 or bfloat16-cast")
+        model = torch.cuda.make_graphed_callables(model, (x,))
     if MODELS[name][0] == "timm":
         target = torch.randint(0, out_shape[0], (batch,), generator=gen).to(device)
 

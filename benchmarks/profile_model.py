@@ -10,7 +10,7 @@ under torch.profiler.  Per variant:
 * the CPU-side operators with the most self time per step (what the host spends).
 
     PYTHONPATH=.:benchmarks python benchmarks/profile_model.py [--configs mobilenetv2_100:float32 ...]
-        [--format channels_last] [--steps 3] [--rows 25] [--timing-only]
+        [--format channels_last] [--steps 3] [--rows 25] [--timing-only] [--graphed]
 
 A config is MODEL:MODE (models.py's MODELS and MODES).  Needs a GPU, torch and (for the timm
 models) timm.
@@ -60,7 +60,7 @@ def _timed_steps(torch, step, steps, collector):
     return walls, gpus, [c / steps for c in counts]
 
 
-def _profile_variant(torch, dwt, name, mode, memory_format, impl, steps, rows, warmup, timing_only):
+def _profile_variant(torch, dwt, name, mode, memory_format, impl, steps, rows, warmup, timing_only, graphed):
     device = torch.device("cuda")
     base = models.build_model(torch, name)
     _, batch, shape, _ = models.MODELS[name]
@@ -69,13 +69,14 @@ def _profile_variant(torch, dwt, name, mode, memory_format, impl, steps, rows, w
     if impl == "ours":
         model = dwt.convert(model)
     model = models.place(torch, model, mode, memory_format, device)
-    step = models.make_step(torch, model, name, mode, memory_format, device, batch, out_shape)
+    step = models.make_step(torch, model, name, mode, memory_format, device, batch, out_shape, graphed)
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
     for collector in ("on", "off"):
         walls, gpus, collected = _timed_steps(torch, step, steps, collector)
-        print(f"== {name} {mode} {memory_format} {impl}, Python's garbage collector {collector}: host time to "
+        label = f"{name} {mode} {memory_format} {impl}{', graphed' if graphed else ''}"
+        print(f"== {label}, Python's garbage collector {collector}: host time to "
               f"issue a step {statistics.median(walls):.2f} ms, GPU time {statistics.median(gpus):.2f} ms (CUDA "
               f"events); collections a step by generation {collected[0]:.1f} / {collected[1]:.1f} / "
               f"{collected[2]:.1f}, {collected[3]:.2f} ms in them", flush=True)
@@ -111,6 +112,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--timing-only", action="store_true", help="no torch.profiler tables")
+    parser.add_argument("--graphed", action="store_true",
+                        help="the models' forward and backward as CUDA graphs (make_graphed_callables): kernel time "
+                             "without the host's (not for bfloat16-autocast)")
     args = parser.parse_args()
     configs = []
     for text in args.configs:
@@ -128,7 +132,7 @@ def main():
     for name, mode in configs:
         for impl in args.impls:
             _profile_variant(torch, dwt, name, mode, args.format, impl, args.steps, args.rows, args.warmup,
-                              args.timing_only)
+                              args.timing_only, args.graphed)
 
 
 if __name__ == "__main__":
