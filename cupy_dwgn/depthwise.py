@@ -413,6 +413,30 @@ def _backward_weight(device, grad_out, x, out, entry, separate):
     return result
 
 
+def prepared_steps(op, first, second, third, out, stride, padding, dilation, layout):
+    """For cupy_dwgn.torch, which keeps its own per-signature memo: the Steps a
+    cached call of ``op`` ("fwd", "bwd_input" or "bwd_weight", with the
+    public call's arguments: CuPy arrays ``first``, ``second`` and ``out``,
+    ``third`` the bias (forward) or the shape argument) launches, for these
+    arrays' alignments, so that a later call with the same signature and
+    alignments launches it from raw addresses -- (first, second, bias or
+    NULL, out), the current device and stream -- without the signature key
+    and the array checks.  None unless a call of this signature has passed
+    the checks, or where the call launches nothing (an empty output; the
+    weight gradient of an empty input, which fills zeros)."""
+    entry = _SIGNATURES.get(_key(
+        op, first, second, _interop.signature(third) if op == "fwd" else third, out, stride, padding, dilation,
+        layout))
+    if entry is None or out is None or out.size == 0:
+        return None
+    if op == "bwd_weight":
+        if first.size == 0 or second.size == 0:
+            return None
+        return _steps(entry, _backward_weight_steps, first, second, first.data.ptr, second.data.ptr)
+    resolve = _forward_steps if op == "fwd" else _backward_input_steps
+    return _steps(entry, resolve, first, out, first.data.ptr, out.data.ptr)
+
+
 # ---------------------------------------------------------------------------
 # Kernel choice.  A call signature that passed the checks maps to an _Entry;
 # its Steps (the launches and their argument positions, see _launch.Steps)

@@ -102,15 +102,17 @@ _is_grad_enabled = torch.is_grad_enabled
 _cupy = None
 _dw = None  # cupy_dwgn.depthwise, imported on the first CUDA call (it imports CuPy)
 _gn = None  # cupy_dwgn._group_norm
+_current_device = None  # CUDA's current device id (cupy_backends' runtime.getDevice)
 
 
 def _load_core():
-    global _cupy, _dw, _gn
+    global _cupy, _dw, _gn, _current_device
     import cupy
+    from cupy_backends.cuda.api import runtime
 
     from . import _group_norm, depthwise
 
-    _cupy, _dw, _gn = cupy, depthwise, _group_norm
+    _cupy, _dw, _gn, _current_device = cupy, depthwise, _group_norm, runtime.getDevice
 
 
 try:
@@ -222,6 +224,43 @@ def _new_wrap(t, key):
 
 def _wrap_optional(t, device):
     return None if t is None else _wrap(t, t.shape, device)
+
+
+# Depthwise launches from raw addresses.  After a call has gone through the
+# core's API (its checks, or its signature cache), the core's Steps for that
+# signature and the two pointer alignments its kernel choice reads
+# (depthwise.prepared_steps) are kept here under a key that fixes everything
+# the core's signature holds -- shapes and strides, dtypes, devices, the
+# geometry -- so the next such call launches them from the tensors'
+# addresses, skipping the views, the signature key and the array checks
+# (about half of a bridge call's host time; benchmarks/bridge_overhead.py).
+# False: a call that launches nothing (empty tensors) keeps the API path.
+# Bounded as _PLANS.
+_LAUNCHES = {}
+
+
+def _launch_prepared(key, device, addresses):
+    """Launch the Steps kept under ``key`` with ``addresses`` on PyTorch's
+    current stream; False (nothing launched) when there are none or
+    ``device`` is not CUDA's current device (the core's API enters it)."""
+    steps = _LAUNCHES.get(key)
+    if not steps or device != _current_device():
+        return False
+    stream = _stream(device)
+    if stream is None:
+        steps.run(device, addresses)
+    else:
+        with stream:
+            steps.run(device, addresses)
+    return True
+
+
+def _keep_launch(key, op, first, second, third, out, stride, padding, dilation, layout):
+    """Keep the Steps the core's call ``op`` that just ran (these CuPy views,
+    these arguments) launches, under ``key``."""
+    if len(_LAUNCHES) >= _PLAN_LIMIT:
+        _LAUNCHES.clear()
+    _LAUNCHES[key] = _dw.prepared_steps(op, first, second, third, out, stride, padding, dilation, layout) or False
 
 
 # ---------------------------------------------------------------------------
@@ -432,11 +471,17 @@ def _dw_forward(x, weight, bias, stride, pads, dilation):
         if _dw is None:
             _load_core()
         device = x.get_device()
-        _dw.depthwise_conv2d(
-            _wrap(x, x_shape, device), _wrap(weight, weight.shape, device), _wrap_optional(bias, device),
-            stride=stride, padding=padding, dilation=dilation, layout=layout,
-            out=_wrap(out, out_shape, device), stream=_stream(device),
-        )
+        x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+        fast = (key, x.dtype, weight.dtype, weight.get_device(), None if bias is None else
+                (bias.shape, bias.dtype, bias.get_device()), device, x_ptr & 15, out_ptr & 15)
+        if _launch_prepared(fast, device, (x_ptr, weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out_ptr)):
+            return out
+        views = (_wrap(x, x_shape, device), _wrap(weight, weight.shape, device), _wrap_optional(bias, device),
+                 _wrap(out, out_shape, device))
+        _dw.depthwise_conv2d(*views[:3], stride=stride, padding=padding, dilation=dilation, layout=layout,
+                             out=views[3], stream=_stream(device))
+        if fast not in _LAUNCHES:
+            _keep_launch(fast, "fwd", *views, stride, padding, dilation, layout)
         return out
     _check_float("x", x)
     _check_float("weight", weight, x)
@@ -478,11 +523,18 @@ def _dw_backward_input(grad_out, weight, input_shape, stride, pads, dilation):
         if _dw is None:
             _load_core()
         device = grad_out.get_device()
+        dy_ptr, out_ptr = grad_out.data_ptr(), out.data_ptr()
+        fast = (key, weight.shape, stride, dilation, grad_out.dtype, weight.dtype, weight.get_device(), device,
+                dy_ptr & 15, out_ptr & 15)
+        if _launch_prepared(fast, device, (dy_ptr, weight.data_ptr(), 0, out_ptr)):
+            return out
+        views = (_wrap(grad_out, dy_shape, device), _wrap(weight, weight.shape, device), _wrap(out, out_shape, device))
         _dw.depthwise_conv2d_backward_input(
-            _wrap(grad_out, dy_shape, device), _wrap(weight, weight.shape, device), out_shape,
-            stride=stride, padding=padding, dilation=dilation, layout=layout,
-            out=_wrap(out, out_shape, device), stream=_stream(device),
+            *views[:2], out_shape, stride=stride, padding=padding, dilation=dilation, layout=layout, out=views[2],
+            stream=_stream(device),
         )
+        if fast not in _LAUNCHES:
+            _keep_launch(fast, "bwd_input", views[0], views[1], out_shape, views[2], stride, padding, dilation, layout)
         return out
     _check_float("grad_out", grad_out)
     _check_float("weight", weight, grad_out)
@@ -515,11 +567,18 @@ def _dw_backward_weight(grad_out, x, weight_shape, stride, pads, dilation):
         if _dw is None:
             _load_core()
         device = x.get_device()
+        dy_ptr, x_ptr = grad_out.data_ptr(), x.data_ptr()
+        fast = (key, weight_shape, stride, dilation, x.dtype, grad_out.dtype, grad_out.get_device(), device,
+                dy_ptr & 15, x_ptr & 15)
+        if _launch_prepared(fast, device, (dy_ptr, x_ptr, 0, out.data_ptr())):
+            return out
+        views = (_wrap(grad_out, dy_shape, device), _wrap(x, x_shape, device), _wrap(out, out.shape, device))
         _dw.depthwise_conv2d_backward_weight(
-            _wrap(grad_out, dy_shape, device), _wrap(x, x_shape, device), out.shape,
-            stride=stride, padding=padding, dilation=dilation, layout=layout,
-            out=_wrap(out, out.shape, device), stream=_stream(device),
+            *views[:2], out.shape, stride=stride, padding=padding, dilation=dilation, layout=layout, out=views[2],
+            stream=_stream(device),
         )
+        if fast not in _LAUNCHES:
+            _keep_launch(fast, "bwd_weight", views[0], views[1], out.shape, views[2], stride, padding, dilation, layout)
         return out
     _check_float("x", x)
     _check_float("grad_out", grad_out, x)

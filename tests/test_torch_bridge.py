@@ -964,6 +964,57 @@ def test_training_tracks_torch_cuda():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("case", DW_CASES, ids=DW_IDS)
+def test_repeated_calls_launch_from_addresses(rng, case, channels_last, monkeypatch):
+    """The first forward + backward goes through the core's API; a repeat
+    launches the Steps kept in dwt._LAUNCHES from the tensors' addresses
+    (no API call) and gives the same bits."""
+    monkeypatch.setattr(dwt, "_LAUNCHES", {})
+    dwt._load_core()
+    api_calls = []
+    for name in ("depthwise_conv2d", "depthwise_conv2d_backward_input", "depthwise_conv2d_backward_weight"):
+        original = getattr(dwt._dw, name)
+        monkeypatch.setattr(dwt._dw, name, lambda *a, _call=original, _name=name, **k: api_calls.append(_name)
+                            or _call(*a, **k))
+    x, w, b, geo = dw_inputs(rng, case, dtype=torch.float32, channels_last=channels_last, device="cuda")
+    leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
+    grad = None
+    results = []
+    for _ in range(2):
+        for t in leaves:
+            t.grad = None
+        y = dwt.depthwise_conv2d(x, w, b, **geo)
+        if grad is None:
+            grad = torch.randn(y.shape, device="cuda").to(memory_format=CL if channels_last else torch.contiguous_format)
+        y.backward(grad)
+        results.append([y.detach().clone()] + [t.grad.clone() for t in leaves])
+    assert sorted(api_calls) == ["depthwise_conv2d", "depthwise_conv2d_backward_input",
+                                 "depthwise_conv2d_backward_weight"]
+    assert all(dwt._LAUNCHES.values())
+    for first, second in zip(*results):
+        assert torch.equal(first, second)
+
+
+@pytest.mark.gpu
+def test_launches_from_addresses_keep_alignment_and_checks(rng, monkeypatch):
+    """A tensor 4 bytes off a 16-byte boundary gets its own kept Steps (the
+    core's kernel choice reads the alignment); a bias of another length is
+    refused by the core's checks, not launched from the entry of the right one."""
+    monkeypatch.setattr(dwt, "_LAUNCHES", {})
+    x, w, b, geo = dw_inputs(rng, DW_CASES[0], dtype=torch.float32, device="cuda", size=(16, 16))
+    ref = torch_depthwise(x.double().cpu(), w.double().cpu(), b.double().cpu(), **geo)
+    storage = torch.empty(x.numel() + 1, device="cuda")
+    shifted = storage[1:].view(x.shape).copy_(x)
+    assert shifted.data_ptr() % 16 == 4
+    for tensor in (x, x, shifted, shifted):
+        assert rel_error(dwt.depthwise_conv2d(tensor, w, b, **geo), ref) <= 1e-5
+    assert len(dwt._LAUNCHES) == 2
+    with pytest.raises(ValueError, match="bias"):
+        dwt.depthwise_conv2d(x, w, b[:-1], **geo)
+
+
+@pytest.mark.gpu
 def test_cuda_graphs_of_a_converted_model():
     """torch.cuda.make_graphed_callables on a converted model: forward and
     backward are captured on torch's capture stream (global capture mode)
