@@ -49,6 +49,7 @@ TICKETS = "tickets"
 TICKET_COUNT = (HEADER - ALIGNMENT) // 4
 
 _BUFFERS = {}  # (device id, stream address) -> cupy uint8 array
+_SIDE_STREAMS = {}  # device id -> the stream zeroing buffers made during a capture (_new_while_capturing)
 _RETIRED = []
 
 #: Counts the buffer replacements (a grown or released buffer): addresses
@@ -123,7 +124,10 @@ def _new_while_capturing(size):
     mode relaxed and the zeroing on a stream of its own, waited for."""
     with _launch.relaxed_capture():
         buffer = _cupy.empty(size, dtype=numpy.uint8)
-        side = _cupy.cuda.Stream(non_blocking=True)
+        device = buffer.data.device_id
+        side = _SIDE_STREAMS.get(device)
+        if side is None:  # kept: a stream destroyed by the collector during a later capture would break it
+            side = _SIDE_STREAMS[device] = _cupy.cuda.Stream(non_blocking=True)
         with side:
             _clear_grid_barrier(buffer)
         side.synchronize()
