@@ -271,6 +271,17 @@ def test_every_output_given_allocates_nothing(rng):
     _check(outputs, refs)
 
 
+def _replay(graph, stream, inputs, outputs, data):
+    """New data into the captured input buffers, poisoned outputs, one replay
+    on ``stream``, waited for."""
+    for name, value in data.items():
+        inputs[name].set(value, stream=stream)
+    for array in outputs.values():
+        array.fill(numpy.nan)
+    graph.launch(stream)
+    stream.synchronize()
+
+
 @pytest.mark.parametrize("mode", ["relaxed", "global"])
 def test_cuda_graph_capture_on_a_stream_no_call_ran_on(rng, mode):
     """Warm-up on one stream, capture on another (as torch.cuda.graph does: its
@@ -295,12 +306,7 @@ def test_cuda_graph_capture_on_a_stream_no_call_ran_on(rng, mode):
         _all_ops(inputs, outputs)
         graph = capturing.end_capture()
         for data, refs in ((second, refs_second), (third, refs_third)):
-            for name, value in data.items():
-                inputs[name].set(value, stream=capturing)
-            for array in outputs.values():
-                array.fill(numpy.nan)
-            graph.launch(capturing)
-            capturing.synchronize()
+            _replay(graph, capturing, inputs, outputs, data)
             _check(outputs, refs)
         # Eager calls on the capturing stream use the workspace made in the capture.
         for array in outputs.values():
@@ -325,11 +331,5 @@ def test_cuda_graph_capture_and_replay_on_new_data(rng):
         stream.begin_capture()
         _all_ops(inputs, outputs)
         graph = stream.end_capture()
-        # New data into the captured input buffers, poisoned outputs, replay.
-        for name, value in second.items():
-            inputs[name].set(value, stream=stream)
-        for array in outputs.values():
-            array.fill(numpy.nan)
-        graph.launch(stream)
-        stream.synchronize()
+        _replay(graph, stream, inputs, outputs, second)
     _check(outputs, refs_second)

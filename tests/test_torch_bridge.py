@@ -1014,6 +1014,27 @@ def test_launches_from_addresses_keep_alignment_and_checks(rng, monkeypatch):
         dwt.depthwise_conv2d(x, w, b[:-1], **geo)
 
 
+def _check_tracks_eager(model, run, eager, steps, tol):
+    """Forward + backward of ``run`` (``model`` graphed or compiled) and of
+    ``eager`` (a copy of it) on the same new data each step: outputs, input
+    and parameter gradients within ``tol`` (0: the same bits)."""
+    def same(a, b):
+        return torch.equal(a, b) if tol == 0 else rel_error(a, b) <= tol
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for _ in range(steps):
+        data = torch.randn(4, 8, 16, 16, device="cuda", generator=gen).to(memory_format=CL)
+        x_run, x_eager = data.clone().requires_grad_(), data.clone().requires_grad_()
+        y_run, y_eager = run(x_run), eager(x_eager)
+        grad = torch.randn(y_eager.shape, device="cuda", generator=gen)
+        y_run.backward(grad)
+        y_eager.backward(grad)
+        assert same(y_run, y_eager) and same(x_run.grad, x_eager.grad)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            assert same(p.grad, q.grad)
+            p.grad = q.grad = None
+
+
 @pytest.mark.gpu
 def test_cuda_graphs_of_a_converted_model():
     """torch.cuda.make_graphed_callables on a converted model: forward and
@@ -1025,20 +1046,7 @@ def test_cuda_graphs_of_a_converted_model():
     model = dwt.convert(_small_model()).cuda().to(memory_format=CL)
     eager = copy.deepcopy(model)
     sample = torch.randn(4, 8, 16, 16, device="cuda").to(memory_format=CL).requires_grad_()
-    graphed = torch.cuda.make_graphed_callables(model, (sample,))
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    for _ in range(3):
-        data = torch.randn(4, 8, 16, 16, device="cuda", generator=gen).to(memory_format=CL)
-        x_graphed, x_eager = data.clone().requires_grad_(), data.clone().requires_grad_()
-        y_graphed, y_eager = graphed(x_graphed), eager(x_eager)
-        grad = torch.randn(y_eager.shape, device="cuda", generator=gen)
-        y_graphed.backward(grad)
-        y_eager.backward(grad)
-        assert torch.equal(y_graphed, y_eager)
-        assert torch.equal(x_graphed.grad, x_eager.grad)
-        for p, q in zip(model.parameters(), eager.parameters()):
-            assert torch.equal(p.grad, q.grad)
-            p.grad = q.grad = None
+    _check_tracks_eager(model, torch.cuda.make_graphed_callables(model, (sample,)), eager, steps=3, tol=0)
 
 
 @pytest.mark.gpu
@@ -1049,20 +1057,7 @@ def test_compile_reduce_overhead_cuda():
     torch.manual_seed(0)
     model = dwt.convert(_small_model()).cuda().to(memory_format=CL)
     eager = copy.deepcopy(model)
-    compiled = torch.compile(model, mode="reduce-overhead")
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    for _ in range(4):
-        data = torch.randn(4, 8, 16, 16, device="cuda", generator=gen).to(memory_format=CL)
-        x_compiled, x_eager = data.clone().requires_grad_(), data.clone().requires_grad_()
-        y_compiled, y_eager = compiled(x_compiled), eager(x_eager)
-        grad = torch.randn(y_eager.shape, device="cuda", generator=gen)
-        y_compiled.backward(grad)
-        y_eager.backward(grad)
-        assert rel_error(y_compiled, y_eager) <= 1e-5
-        assert rel_error(x_compiled.grad, x_eager.grad) <= 1e-5
-        for p, q in zip(model.parameters(), eager.parameters()):
-            assert rel_error(p.grad, q.grad) <= 1e-5
-            p.grad = q.grad = None
+    _check_tracks_eager(model, torch.compile(model, mode="reduce-overhead"), eager, steps=4, tol=1e-5)
 
 
 @pytest.mark.gpu
