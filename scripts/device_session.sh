@@ -2,7 +2,8 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all but candidates, models and ncu): facts cold warm examples cli tests sanitizer candidates dwbench gnbench host models ncu
+# STEPS selects parts (default: all but candidates, models, bridge and ncu): facts cold warm examples cli tests sanitizer candidates dwbench gnbench host models bridge ncu
+# (bridge: the PyTorch bridge's host cost per training call and real-model steps eager and as CUDA graphs, about 3 minutes).
 # (ncu: Nsight Compute on scripts/ncu_workload.py's cases NCU_CASES (default all), the kernels whose names match the
 # regex NCU_KERNELS (default dwgn: ours; e.g. "dwgn|depthwise|conv" for cuDNN's too), the summary in ncu_summary.txt;
 # it needs hardware counters: seen working on the Firecracker machines, not on gVisor).
@@ -85,6 +86,17 @@ if has gnbench; then
 fi
 if has models; then
   python3 benchmarks/models.py --json "$OUT/models.json" --png "$OUT/models.png" ${MODELS_ARGS:-} 2>&1 | tee "$OUT/models.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if has bridge; then
+  python3 benchmarks/bridge_overhead.py 2>&1 | tee "$OUT/bridge_overhead.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  python3 benchmarks/profile_model.py --timing-only --steps 8 \
+    --configs mobilenetv2_100:float32 efficientnet_b3:bfloat16-autocast convnext_nano:bfloat16-autocast 2>&1 \
+    | tee "$OUT/profile_model.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  python3 benchmarks/profile_model.py --timing-only --steps 8 --graphed \
+    --configs mobilenetv2_100:float32 efficientnet_b3:float32 convnext_nano:float32 2>&1 | tee -a "$OUT/profile_model.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if has host; then
