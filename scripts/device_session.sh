@@ -71,7 +71,7 @@ fi
 if has ncu; then
   # The report (ncu.ncu-rep, for the Nsight Compute GUI), its sections as text, and per kernel the
   # SASS with executed-instruction and stall counts (SourceCounters) as CSV.
-  ncu --clock-control none -k "regex:${NCU_KERNELS:-dwgn}" --section SpeedOfLight --section Occupancy --section LaunchStats \
+  ncu --clock-control none --profile-from-start off -k "regex:${NCU_KERNELS:-dwgn}" --section SpeedOfLight --section Occupancy --section LaunchStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     --section SourceCounters -f -o "$OUT/ncu" python3 scripts/ncu_workload.py ${NCU_CASES:-} > "$OUT/ncu_log.txt" 2>&1 \
     || status=1
