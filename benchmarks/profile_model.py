@@ -7,16 +7,21 @@ under torch.profiler.  Per variant:
   collections it ran (a step that creates many Python objects pays for full collections);
 * the sum of kernel time per step and the top kernels by GPU time per step (ours: the dwgn_*
   kernels; torch's depthwise: cuDNN / ATen convolution kernels), with launch counts;
-* the CPU-side operators with the most self time per step (what the host spends).
+* the CPU-side operators with the most self time per step (what the host spends);
+* with --cprofile, the Python functions with the most own time per step (cProfile; the host's time
+  between torch operators, which torch.profiler attributes to none).
 
     PYTHONPATH=.:benchmarks python benchmarks/profile_model.py [--configs mobilenetv2_100:float32 ...]
-        [--format channels_last] [--steps 3] [--rows 25] [--timing-only] [--graphed]
+        [--format channels_last] [--steps 3] [--rows 25] [--timing-only] [--graphed] [--cprofile]
 
 A config is MODEL:MODE (models.py's MODELS and MODES).  Needs a GPU, torch and (for the timm
 models) timm.
 """
 import argparse
 import copy
+import cProfile
+import io
+import pstats
 import gc
 import statistics
 import time
@@ -60,7 +65,22 @@ def _timed_steps(torch, step, steps, collector):
     return walls, gpus, [c / steps for c in counts]
 
 
-def _profile_variant(torch, dwt, name, mode, memory_format, impl, steps, rows, warmup, timing_only, graphed):
+def _python_profile(torch, step, steps, rows):
+    """cProfile of ``steps`` steps: the functions with the most own time (ms a step)."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(rows)
+    print(f"   cProfile over {steps} steps (seconds in all; profiler overhead included):")
+    print("\n".join("   " + line for line in text.getvalue().splitlines() if line.strip()))
+
+
+def _profile_variant(torch, dwt, name, mode, memory_format, impl, steps, rows, warmup, timing_only, graphed,
+                     python_profile=False):
     device = torch.device("cuda")
     base = models.build_model(torch, name)
     _, batch, shape, _ = models.MODELS[name]
@@ -80,6 +100,8 @@ def _profile_variant(torch, dwt, name, mode, memory_format, impl, steps, rows, w
               f"issue a step {statistics.median(walls):.2f} ms, GPU time {statistics.median(gpus):.2f} ms (CUDA "
               f"events); collections a step by generation {collected[0]:.1f} / {collected[1]:.1f} / "
               f"{collected[2]:.1f}, {collected[3]:.2f} ms in them", flush=True)
+    if python_profile:
+        _python_profile(torch, step, steps, rows)
     if timing_only:
         return
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -115,6 +137,7 @@ def main():
     parser.add_argument("--graphed", action="store_true",
                         help="the models' forward and backward as CUDA graphs (make_graphed_callables): kernel time "
                              "without the host's (not for bfloat16-autocast)")
+    parser.add_argument("--cprofile", action="store_true", help="also the Python functions with the most own time")
     args = parser.parse_args()
     configs = []
     for text in args.configs:
@@ -132,7 +155,7 @@ def main():
     for name, mode in configs:
         for impl in args.impls:
             _profile_variant(torch, dwt, name, mode, args.format, impl, args.steps, args.rows, args.warmup,
-                              args.timing_only, args.graphed)
+                              args.timing_only, args.graphed, args.cprofile)
 
 
 if __name__ == "__main__":
