@@ -9,9 +9,11 @@ output, plus its unwritten (NaN) outputs.  The figures behind
 _depthwise_nhwc_direct.preferred() and COLUMNS come from it.
 
     PYTHONPATH=.:benchmarks python benchmarks/depthwise_nhwc_direct.py [--quick] [--columns 2 4 8]
-        [--shapes 64x576x14x3x2 ...] [--dtypes float32 ...]
+        [--items-per-thread 1 2 4] [--shapes 64x576x14x3x2 ...] [--dtypes float32 ...]
 
 --quick: float16 only.  --shapes (NxCxHxKxSTRIDE, padding K // 2) replaces SHAPES, --dtypes DTYPES.
+--items-per-thread: each TW with a grid that gives a thread that many items (suffix xN; the
+default, 0, is the rule's own choice, _depthwise_nhwc_direct.items_per_thread, with no suffix).
 """
 import argparse
 
@@ -38,7 +40,9 @@ def main():
     parser.add_argument("--columns", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--shapes", type=harness.conv_shape, nargs="+", default=SHAPES, metavar="NxCxHxKxS")
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    parser.add_argument("--items-per-thread", type=int, nargs="+", default=[0])
     args = parser.parse_args()
+    variants = [(tw, per_thread) for tw in args.columns for per_thread in args.items_per_thread]
     dtypes = [numpy.float16] if args.quick else [DTYPES[name] for name in args.dtypes]
     for n, c, hw, k, stride in args.shapes:
         g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
@@ -49,19 +53,23 @@ def main():
                 times = {other: other_us}
                 src, dst = arrays[0][0], arrays[0][3]
                 diff, nans = 0.0, 0
-                saved = dict(direct.COLUMNS)
-                for tw in args.columns:
-                    direct.COLUMNS[k, stride, dt.itemsize] = tw
+                key = (k, stride, dt.itemsize)
+                tables = (direct.COLUMNS, direct.ITEMS_PER_THREAD)
+                saved = [dict(table) for table in tables]
+                for tw, per_thread in variants:
+                    direct.COLUMNS[key], direct.ITEMS_PER_THREAD[key] = tw, per_thread
                     direct.plan.cache_clear()
                     for a in arrays:
                         a[3].fill(numpy.nan)
                     launch = direct.plan(g, dt, backward, _launch.index_type(src.size, dst.size), 16, 16)
-                    times[f"direct{tw}"] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
+                    name = f"direct{tw}{f'x{per_thread}' if per_thread else ''}"
+                    times[name] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
                     got = dst.astype(numpy.float32)
                     diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))
                     nans += int(cupy.isnan(got).sum())
-                direct.COLUMNS.clear()
-                direct.COLUMNS.update(saved)
+                for table, kept in zip(tables, saved):
+                    table.clear()
+                    table.update(kept)
                 direct.plan.cache_clear()
                 floor = (src.nbytes + dst.nbytes) / COPY_BYTES_PER_US
                 best = min((v, name) for name, v in times.items() if name.startswith("direct"))

@@ -10,8 +10,8 @@ Launch rule (no user tuning), from the shape only:
 * Block: BX channel vectors (16 bytes each; the channel vectors split into
   nearly equal tiles of at most 32, as _depthwise_nhwc._block) x BY items,
   at most 256 threads; grid.x = channel tiles, grid.y = the items (image,
-  output row, strip of TW columns) over BY, at most 65535 (the kernel walks
-  the rest grid-stride).
+  output row, strip of TW columns) over BY x ``items_per_thread`` (1 or 2),
+  at most 65535 (the kernel walks the rest grid-stride).
 * Shared memory: the channel tile's K * K taps as float, BX * 16 / itemsize
   * K * K * 4 bytes.
 
@@ -44,6 +44,9 @@ VARIANTS = ((1, False), (2, False), (1, True))
 #: float16 stride 2 two (64x96x112 66.9 against 90.8 with 4), else 4.
 COLUMNS = {(3, 1, 2): 4, (3, 1, 4): 8, (3, 2, 2): 2, (3, 2, 4): 8,
            (5, 1, 2): 4, (5, 1, 4): 8, (5, 2, 2): 4, (5, 2, 4): 4}
+#: (K, stride, element size) -> items a thread walks (the grid shrunk to
+#: match), overriding ``items_per_thread``'s rule (benchmarks, tests).
+ITEMS_PER_THREAD = {}
 VECTOR_BYTES = 16
 
 
@@ -89,6 +92,27 @@ def preferred(g, dtype, backward):
     return dtype == numpy.float16 and k == 3 and stride == 2
 
 
+def items_per_thread(k, stride, dtype, dst_width):
+    """Items a thread walks (the grid holds 1 / that many of them): 2 for
+    3x3 float32 and for 3x3 float16 at stride 2 onto destinations at most 14
+    wide, else 1.  A block then stages its filter once for twice the work.
+    Measured on an H100 (2026-12-06, benchmarks/depthwise_nhwc_direct.py
+    --items-per-thread 1 2, GPU us per launch, 1 / 2 items, the same in 2-3
+    runs to 0.3 us): float32 TW 8 64x576x14 stride 2 19.7 / 18.3, 64x672x14
+    21.6 / 20.4, 64x192x28 23.6 / 23.0, 64x240x28 27.5 / 27.0, 64x960x7
+    stride 1 14.4 / 14.0 (backward-input 14.0 / 13.7), 64x384x28 61.0 / 60.4
+    (60.7 / 60.2); float16 TW 2 stride 2 64x576x14 14.8 / 13.4, 64x672x14
+    16.2 / 14.6, 64x240x28 18.6 / 17.5, 64x192x28 16.0 / 15.2, but 64x144x56
+    35.2 / 36.5 and 64x96x112 76.5 / 77.2 (bfloat16, which the ops do not
+    take here at stride 2: 64x576x14 16.1 / 17.4, one run)."""
+    if k != 3:
+        return 1
+    dtype = numpy.dtype(dtype)
+    if dtype == numpy.float32 or (dtype == numpy.float16 and stride == 2 and dst_width <= 14):
+        return 2
+    return 1
+
+
 def select(g, dtype, backward, index, src_alignment, dst_alignment):
     """``plan(...)`` when the ops take this kernel (per ``MODE``), else None."""
     if MODE == "never" or (MODE == "rule" and not preferred(g, dtype, backward)):
@@ -122,7 +146,8 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     strips = -(-dst_w // tw)
     items = g.batch * dst_h * strips
     tiles, bx, by = _depthwise_nhwc._block(g.channels // vec)
-    blocks_y = max(1, min(-(-items // by), _launch.MAX_GRID_Y))
+    per_thread = ITEMS_PER_THREAD.get((k, stride, dtype.itemsize)) or items_per_thread(k, stride, dtype, dst_w)
+    blocks_y = max(1, min(-(-items // (by * per_thread)), _launch.MAX_GRID_Y))
     shared = k * k * bx * vec * 4
     scalars = (
         i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(g.channels), i32(offset_top), i32(offset_left),

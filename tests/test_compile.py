@@ -1121,13 +1121,40 @@ def test_nhwc_direct_kernel_index_math_matches_the_reference(case, monkeypatch):
     c = x_shape[3]
     g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
     for dtype, backward, weight, src, bias, want in _nhwc_reference_cases(x_shape, k, stride, padding, 11):
-        for max_grid_y in (_launch.MAX_GRID_Y, 2):
+        key = (k, stride, dtype.itemsize)
+        # the plan's grid, grid.y capped at 2 blocks, and 3 items a thread (ITEMS_PER_THREAD)
+        for max_grid_y, per_thread in ((_launch.MAX_GRID_Y, 1), (2, 1), (_launch.MAX_GRID_Y, 3)):
             monkeypatch.setattr(_launch, "MAX_GRID_Y", max_grid_y)
+            monkeypatch.setitem(direct.ITEMS_PER_THREAD, key, per_thread)
             launch = direct.plan.__wrapped__(g, dtype, backward, "int", 16, 16)
             assert launch.grid[1] <= max_grid_y
             got, writes = _emulate_nhwc_direct(launch, src, weight, bias, backward)
             assert (writes == 1).all()
             numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_nhwc_direct_items_per_thread_rule():
+    # items_per_thread's docstring: 2 for 3x3 float32, and 3x3 float16 at stride 2 onto
+    # destinations at most 14 wide; ITEMS_PER_THREAD overrides it.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_direct as direct
+    from cupy_dwgn import _validate
+
+    for k, stride, dtype, dst_width, want in [
+        (3, 1, numpy.float32, 28, 2), (3, 2, numpy.float32, 7, 2), (5, 2, numpy.float32, 14, 1),
+        (3, 2, numpy.float16, 14, 2), (3, 2, numpy.float16, 28, 1), (3, 1, numpy.float16, 7, 1),
+        (3, 2, "bfloat16", 7, 1),
+    ]:
+        assert direct.items_per_thread(k, stride, dtype, dst_width) == want, (k, stride, dtype, dst_width)
+    g = _validate.conv_geometry((64, 14, 14, 576), (576, 1, 3, 3), 2, 1, 1, layout="NHWC")
+    ruled = direct.plan.__wrapped__(g, numpy.dtype(numpy.float16), False, "int", 16, 16)
+    direct.ITEMS_PER_THREAD[3, 2, 2] = 1
+    try:
+        one = direct.plan.__wrapped__(g, numpy.dtype(numpy.float16), False, "int", 16, 16)
+    finally:
+        del direct.ITEMS_PER_THREAD[3, 2, 2]
+    assert one.grid[1] == 2 * ruled.grid[1] and one.scalars == ruled.scalars
 
 
 def test_nhwc_direct_rule():
@@ -1165,7 +1192,8 @@ def test_nhwc_direct_rule():
         items = 4 * dst_h * -(-dst_w // tw)
         tiles, bx, by = launch.grid[0], launch.block[0], launch.block[1]
         assert tiles * bx * vec >= c > (tiles * bx - 1) * vec and bx <= 32 and bx * by <= 256
-        assert int(launch.scalars[-1]) == items and launch.grid[1] == min(-(-items // by), 65535)
+        per_thread = direct.items_per_thread(k, stride, dtype, dst_w)
+        assert int(launch.scalars[-1]) == items and launch.grid[1] == min(-(-items // (by * per_thread)), 65535)
         assert launch.shared_mem == k * k * bx * vec * 4
         assert direct.plan(g, dtype, backward, "int", 8, 16) is None and direct.plan(g, dtype, backward, "int", 16, 4) is None
     for x_shape, w_shape, stride, dilation in [((2, 7, 7, 16), (16, 1, 3, 3), 1, 2), ((2, 7, 7, 16), (32, 1, 3, 3), 1, 1),
