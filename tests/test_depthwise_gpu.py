@@ -899,17 +899,23 @@ NHWC_DIRECT_CASES = [
 ]
 
 
+@pytest.mark.parametrize("per_thread", [0, 3], ids=["rule-items", "3-items"])
 @pytest.mark.parametrize("index", ["int", "long long"])
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nhwc_direct.DTYPES], ids=str)
 @pytest.mark.parametrize("case", NHWC_DIRECT_CASES, ids=lambda c: c[0])
-def test_nhwc_direct_kernel_matches_reference(case, dtype, backward, index, rng):
+def test_nhwc_direct_kernel_matches_reference(case, dtype, backward, index, per_thread, rng, monkeypatch):
+    # per_thread 0: the rule's grid (items_per_thread: 1 or 2 items a thread); 3: a grid that gives
+    # each thread 3 items (ITEMS_PER_THREAD), the grid-stride walk past a block's first items.
     _, x_shape, k, stride, padding = case
     n, c = x_shape[0], x_shape[3]
     w_shape = (c, 1, k, k)
     g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1, layout="NHWC")
     y_shape = (n, g.out_height, g.out_width, c)
-    launch = _depthwise_nhwc_direct.plan(g, numpy.dtype(dtype), backward, index, 16, 16)
+    if per_thread:
+        monkeypatch.setitem(_depthwise_nhwc_direct.ITEMS_PER_THREAD, (k, stride, numpy.dtype(dtype).itemsize),
+                            per_thread)
+    launch = _depthwise_nhwc_direct.plan.__wrapped__(g, numpy.dtype(dtype), backward, index, 16, 16)
     if backward and stride != 1:
         assert launch is None
         return
@@ -930,37 +936,6 @@ def test_nhwc_direct_kernel_matches_reference(case, dtype, backward, index, rng)
     record_errors("depthwise NHWC direct kernel", str(numpy.dtype(dtype)),
                   {("backward_input" if backward else f"forward s{stride}"): error})
     assert error <= TOLERANCE[numpy.dtype(dtype)]
-
-
-@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
-@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nhwc_direct.DTYPES], ids=str)
-@pytest.mark.parametrize("case", [c for c in NHWC_DIRECT_CASES if c[2] == 3], ids=lambda c: c[0])
-def test_nhwc_direct_kernel_items_per_thread_match_reference(case, dtype, backward, rng, monkeypatch):
-    # The direct kernel on a grid that gives each thread 3 items (ITEMS_PER_THREAD; the rule takes 1
-    # or 2), on poisoned outputs: the grid-stride walk past a block's first items, ragged last rounds.
-    _, x_shape, k, stride, padding = case
-    if backward and stride != 1:
-        pytest.skip("backward-input at stride 1 only")
-    dtype = numpy.dtype(dtype)
-    monkeypatch.setitem(_depthwise_nhwc_direct.ITEMS_PER_THREAD, (k, stride, dtype.itemsize), 3)
-    n, c = x_shape[0], x_shape[3]
-    w_shape = (c, 1, k, k)
-    g = _validate.conv_geometry(x_shape, w_shape, stride, padding, 1, layout="NHWC")
-    launch = _depthwise_nhwc_direct.plan.__wrapped__(g, dtype, backward, "int", 16, 16)
-    conv = dict(stride=stride, padding=padding, layout="NHWC")
-    y_shape = (n, g.out_height, g.out_width, c)
-    w = random(rng, w_shape, dtype)
-    if backward:
-        src = random(rng, y_shape, dtype)
-        want = reference.depthwise_conv2d_backward_input(src, w, x_shape, **conv)
-        b, dst = None, poisoned(x_shape, dtype)
-    else:
-        src = random(rng, x_shape, dtype)
-        b = random(rng, c, dtype)
-        want = reference.depthwise_conv2d(src, w, b, **conv)
-        dst = poisoned(y_shape, dtype)
-    launch(cupy.asarray(src), cupy.asarray(w), 0 if b is None else cupy.asarray(b), dst)
-    assert relative_error(dst, want) <= TOLERANCE[dtype]
 
 
 def _check_nhwc_dispatch_follows_the_mode(module, rng, monkeypatch):
