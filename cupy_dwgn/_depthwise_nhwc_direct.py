@@ -92,10 +92,17 @@ def preferred(g, dtype, backward):
     return dtype == numpy.float16 and k == 3 and stride == 2
 
 
-def items_per_thread(k, stride, dtype, dst_width):
+#: The fewest blocks a one-item grid must have for items_per_thread to give 2:
+#: every measured case had 280 or more (two a SM on an H100's 132 SMs is 264);
+#: a smaller grid (small batches) halved would leave SMs idle.
+TWO_ITEMS_MIN_BLOCKS = 256
+
+
+def items_per_thread(k, stride, dtype, dst_width, blocks=TWO_ITEMS_MIN_BLOCKS):
     """Items a thread walks (the grid holds 1 / that many of them): 2 for
     3x3 float32 and for 3x3 float16 at stride 2 onto destinations at most 14
-    wide, else 1.  A block then stages its filter once for twice the work.
+    wide, where the one-item grid has ``blocks`` >= TWO_ITEMS_MIN_BLOCKS,
+    else 1.  A block then stages its filter once for twice the work.
     Measured on an H100 (2026-12-06, benchmarks/depthwise_nhwc_direct.py
     --items-per-thread 1 2, GPU us per launch, 1 / 2 items, the same in 2-3
     runs to 0.3 us): float32 TW 8 64x576x14 stride 2 19.7 / 18.3, 64x672x14
@@ -105,7 +112,7 @@ def items_per_thread(k, stride, dtype, dst_width):
     16.2 / 14.6, 64x240x28 18.6 / 17.5, 64x192x28 16.0 / 15.2, but 64x144x56
     35.2 / 36.5 and 64x96x112 76.5 / 77.2 (bfloat16, which the ops do not
     take here at stride 2: 64x576x14 16.1 / 17.4, one run)."""
-    if k != 3:
+    if k != 3 or blocks < TWO_ITEMS_MIN_BLOCKS:
         return 1
     dtype = numpy.dtype(dtype)
     if dtype == numpy.float32 or (dtype == numpy.float16 and stride == 2 and dst_width <= 14):
@@ -146,7 +153,9 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     strips = -(-dst_w // tw)
     items = g.batch * dst_h * strips
     tiles, bx, by = _depthwise_nhwc._block(g.channels // vec)
-    per_thread = ITEMS_PER_THREAD.get((k, stride, dtype.itemsize)) or items_per_thread(k, stride, dtype, dst_w)
+    one_item_blocks = tiles * -(-items // by)
+    per_thread = ITEMS_PER_THREAD.get((k, stride, dtype.itemsize)) or items_per_thread(
+        k, stride, dtype, dst_w, one_item_blocks)
     blocks_y = max(1, min(-(-items // (by * per_thread)), _launch.MAX_GRID_Y))
     shared = k * k * bx * vec * 4
     scalars = (

@@ -1147,6 +1147,11 @@ def test_nhwc_direct_items_per_thread_rule():
         (3, 2, "bfloat16", 7, 1),
     ]:
         assert direct.items_per_thread(k, stride, dtype, dst_width) == want, (k, stride, dtype, dst_width)
+        # a grid too small to halve (small batches) keeps one item a thread
+        assert direct.items_per_thread(k, stride, dtype, dst_width, direct.TWO_ITEMS_MIN_BLOCKS - 1) == 1
+    small = _validate.conv_geometry((2, 14, 14, 576), (576, 1, 3, 3), 2, 1, 1, layout="NHWC")
+    launch = direct.plan.__wrapped__(small, numpy.dtype(numpy.float32), False, "int", 16, 16)
+    assert launch.grid[1] == -(-int(launch.scalars[-1]) // launch.block[1])  # one item a thread
     g = _validate.conv_geometry((64, 14, 14, 576), (576, 1, 3, 3), 2, 1, 1, layout="NHWC")
     ruled = direct.plan.__wrapped__(g, numpy.dtype(numpy.float16), False, "int", 16, 16)
     direct.ITEMS_PER_THREAD[3, 2, 2] = 1
@@ -1192,7 +1197,7 @@ def test_nhwc_direct_rule():
         items = 4 * dst_h * -(-dst_w // tw)
         tiles, bx, by = launch.grid[0], launch.block[0], launch.block[1]
         assert tiles * bx * vec >= c > (tiles * bx - 1) * vec and bx <= 32 and bx * by <= 256
-        per_thread = direct.items_per_thread(k, stride, dtype, dst_w)
+        per_thread = direct.items_per_thread(k, stride, dtype, dst_w, tiles * -(-items // by))
         assert int(launch.scalars[-1]) == items and launch.grid[1] == min(-(-items // (by * per_thread)), 65535)
         assert launch.shared_mem == k * k * bx * vec * 4
         assert direct.plan(g, dtype, backward, "int", 8, 16) is None and direct.plan(g, dtype, backward, "int", 16, 4) is None
