@@ -49,7 +49,11 @@ faster format too (every variant's time is in the JSON).
     zero_grad(set_to_none), batch 64 at 224x224 for timm (300x300 for efficientnet_b3) and
     8x320x64x64 for the U-Net block, torch's default TF32 settings and cudnn.benchmark = True;
     each step bracketed by its own pair of CUDA events (so host-bound gaps count), after warm-up
-    steps, median of the steps.
+    steps, median of the steps.  The four variants' models are built and warmed up first, then
+    timed in ROUNDS rounds of steps // ROUNDS steps each, the variants in turn (a different one
+    first each round): the host's speed drifts by up to 2x over a run (results/
+    models_host_fastpath_h100_2026-12-06.txt), and host-bound steps would carry that drift into
+    whichever variant ran during it.
 
     PYTHONPATH=.:benchmarks python benchmarks/models.py --json OUT.json --png OUT.png
         [--models convnext_nano unet_block] [--modes float32 bfloat16-cast] [--quick]
@@ -86,6 +90,8 @@ MODELS = {
 MODES = ("float32", "bfloat16-autocast", "bfloat16-cast")
 DEFAULT_MODES = ("float32", "bfloat16-autocast")
 FORMATS = ("NCHW", "channels_last")
+#: Timed steps are taken in this many rounds over the variants (interleaved; see (b) above).
+ROUNDS = 4
 #: Target: the converted model's error within this factor of torch's own.
 ERROR_FACTOR = 2.0
 ERROR_KINDS = ("out", "dx", "dparam")
@@ -384,13 +390,25 @@ def make_step(torch, model, name, mode, memory_format, device, batch, out_shape,
     return step
 
 
-def step_time(torch, model, name, mode, memory_format, device, warmup, steps, batch, out_shape):
-    """Median training-step time (us) and every step's time."""
-    step = make_step(torch, model, name, mode, memory_format, device, batch, out_shape)
-    timer = Timer(torch, device)
-    timer.run(step, warmup)
-    times = timer.run(step, steps)
-    return statistics.median(times), times
+def interleaved_step_times(timer, steps_by_variant, steps, rounds, on_error):
+    """Every step's time (us) per variant: ``steps`` timed steps each, taken in ``rounds`` rounds
+    over the variants in turn, the first variant of each round rotating, so a slow stretch of the
+    host falls on every variant alike.  A variant that raises is reported to ``on_error(variant,
+    error)`` and left out of later rounds."""
+    variants = list(steps_by_variant)
+    times = {variant: [] for variant in variants}
+    per_round = [steps // rounds + (r < steps % rounds) for r in range(rounds)]
+    for r, count in enumerate(per_round):
+        order = variants[r % len(variants):] + variants[:r % len(variants)] if variants else []
+        for variant in order:
+            if variant not in steps_by_variant or not count:
+                continue
+            try:
+                times[variant] += timer.run(steps_by_variant[variant], count)
+            except Exception as error:
+                del steps_by_variant[variant]
+                on_error(variant, error)
+    return {variant: t for variant, t in times.items() if variant in steps_by_variant}
 
 
 # ---------------------------------------------------------------------------
@@ -416,32 +434,44 @@ def run_config(torch, dwt, base, name, mode, device, args, log):
     row["converted_layers"] = counts
 
     out_shape = output_shape(torch, base, shape, device)
-    log(f"  training step, batch {batch}: {args.warmup} warm-up + {args.steps} timed steps per variant")
-    times = {}
-    for impl in ("torch", "ours"):
-        for memory_format in FORMATS:
-            variant = f"{impl}_{memory_format}"
-            t0 = time.perf_counter()
-            try:
-                model = copy.deepcopy(base)
-                if impl == "ours":
-                    model = dwt.convert(model)
-                model = place(torch, model, mode, memory_format, device)
-                median, all_times = step_time(torch, model, name, mode, memory_format, device,
-                                              args.warmup, args.steps, batch, out_shape)
-                times[variant] = median
-                row.setdefault("step_times_us", {})[variant] = all_times
-                log(f"    {variant:20} {median / 1e3:8.2f} ms/step  (min {min(all_times) / 1e3:.2f}, "
-                    f"max {max(all_times) / 1e3:.2f}; {time.perf_counter() - t0:.1f} s)")
-            except Exception as error:
-                times[variant] = None
-                row.setdefault("variant_errors", {})[variant] = f"{type(error).__name__}: {error}"
-                log(f"    {variant:20} FAILED: {type(error).__name__}: {error}")
-                if args.traceback:
-                    traceback.print_exc()
-            model = None  # free it (also after a failure, e.g. out of memory)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+    rounds = min(ROUNDS, args.steps)
+    log(f"  training step, batch {batch}: {args.warmup} warm-up + {args.steps} timed steps per variant, "
+        f"the variants interleaved in {rounds} rounds")
+    times = {variant: None for variant in (f"{impl}_{f}" for impl in ("torch", "ours") for f in FORMATS)}
+    timer = Timer(torch, device)
+
+    def failed(variant, error):
+        row.setdefault("variant_errors", {})[variant] = f"{type(error).__name__}: {error}"
+        log(f"    {variant:20} FAILED: {type(error).__name__}: {error}")
+        if args.traceback:
+            traceback.print_exc()
+
+    steps_by_variant = {}
+    for variant in times:
+        impl, memory_format = variant.split("_", 1)
+        try:
+            model = copy.deepcopy(base)
+            if impl == "ours":
+                model = dwt.convert(model)
+            model = place(torch, model, mode, memory_format, device)
+            step = make_step(torch, model, name, mode, memory_format, device, batch, out_shape)
+            timer.run(step, args.warmup)
+            steps_by_variant[variant] = step
+        except Exception as error:
+            failed(variant, error)
+        model = step = None  # a failed variant's memory goes back (e.g. out of memory)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    t0 = time.perf_counter()
+    for variant, all_times in interleaved_step_times(timer, steps_by_variant, args.steps, rounds, failed).items():
+        times[variant] = statistics.median(all_times)
+        row.setdefault("step_times_us", {})[variant] = all_times
+        log(f"    {variant:20} {times[variant] / 1e3:8.2f} ms/step  (min {min(all_times) / 1e3:.2f}, "
+            f"max {max(all_times) / 1e3:.2f})")
+    log(f"    (timed steps of all variants: {time.perf_counter() - t0:.1f} s)")
+    steps_by_variant.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
     row.update({
         "torch_nchw_us": times.get("torch_NCHW"), "torch_channels_last_us": times.get("torch_channels_last"),

@@ -64,3 +64,33 @@ def test_conv_shape_parses_the_shapes_option():
             harness.conv_shape(bad)
     depthwise = pytest.importorskip("depthwise")
     assert depthwise.case_name(*harness.conv_shape("64x96x150x3x2")) == "64x96x150 3x3 s2"
+
+
+def test_models_interleaves_the_variants_in_rounds():
+    # benchmarks/models.py times each variant's steps in rounds over the variants, the first one
+    # rotating, so a slow stretch of the host falls on all alike; a variant that raises drops out.
+    models = pytest.importorskip("models")
+
+    class CountingTimer:  # models.Timer's interface: run(step, count) -> count step times
+        def __init__(self):
+            self.calls = []
+
+        def run(self, step, count):
+            self.calls.append((step(), count))
+            return [float(len(self.calls))] * count
+
+    def failing():
+        raise RuntimeError("out of memory")
+
+    timer, errors = CountingTimer(), []
+    steps = {"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}
+    times = models.interleaved_step_times(timer, steps, 10, 4, lambda variant, error: errors.append(variant))
+    assert [variant for variant, _ in timer.calls] == list("abc" "bca" "cab" "abc")
+    assert [count for _, count in timer.calls] == [3] * 3 + [3] * 3 + [2] * 3 + [2] * 3
+    assert {variant: len(t) for variant, t in times.items()} == {"a": 10, "b": 10, "c": 10}
+    assert errors == []
+
+    timer, steps = CountingTimer(), {"a": lambda: "a", "b": failing, "c": lambda: "c"}
+    times = models.interleaved_step_times(timer, steps, 4, 2, lambda variant, error: errors.append(variant))
+    assert errors == ["b"] and set(times) == {"a", "c"} and "b" not in steps
+    assert all(len(t) == 4 for t in times.values())
