@@ -11,13 +11,17 @@ _depthwise_nchw_rows.preferred() and _depthwise_nchw_plane.preferred() come
 from it (about 20 s on an H200).
 
     PYTHONPATH=. python benchmarks/depthwise_kernels.py [--shapes 64x768x12x3x1 ...] [--dtypes float16 ...]
-        [--forward-only] [--kernels plane ...]
+        [--forward-only] [--kernels plane ...] [--walk-strips 4 7 14]
 
 --shapes: N x C x H(=W) x filter size x stride instead of SHAPES (a sweep
 of plane sizes, say); --forward-only: no backward-input rows; --kernels:
 only these candidates.  Where the plane kernel is compiled for several
 destination rows per thread (_depthwise_nchw_plane.row_choices) each also
 runs forced (2-byte 5x5: "plane4", "plane7"), beside the rule's pick ("plane").
+--walk-strips: the walk also with row strips of exactly these many destination rows ("walk7": no
+MAX_STRIP_ROWS cap, no halving), beside the rule's ("walk"): on small planes the rule's long strips
+can leave a grid just over one wave of blocks (ncu, H100, 64x240x28 fp16 stride 2: 960 blocks,
+1.04 waves, SMs active 68% of the time).
 """
 import argparse
 
@@ -57,6 +61,8 @@ def main():
     parser.add_argument("--forward-only", action="store_true")
     parser.add_argument("--kernels", nargs="+", choices=["rows", "plane", "window", "walk", "tiled"],
                         help="only these candidates (default: all)")
+    parser.add_argument("--walk-strips", type=int, nargs="+", default=[], metavar="ROWS",
+                        help="the walk also with row strips of exactly these many rows")
     args = parser.parse_args()
     dtypes = [d for d in DTYPES if args.dtypes is None or numpy.dtype(d).name in args.dtypes]
     for n, c, hw, k, stride in args.shapes:
@@ -78,6 +84,8 @@ def main():
                          "walk": walk.plan(g, dt, backward, 16, 16),
                          "tiled": (generic._tiled_plan(g, dt, index, backward)
                                    if stride == 1 and generic._use_tiled(g, dt) else None)}
+                if cands["walk"] is not None:
+                    cands.update({f"walk{rows_}": _walk_with_strips(g, dt, backward, rows_) for rows_ in args.walk_strips})
                 choices = plane.row_choices(dt.itemsize, k, stride)
                 if cands["plane"] is not None and len(choices) > 1:
                     cands.update({f"plane{r}": plane.plan(g, dt, backward, index, 16, 16, r) for r in choices})
@@ -105,6 +113,17 @@ def main():
                       + " ".join(f"{kname} {v:6.1f}" for kname, v in res.items())
                       + f"  best {best}  " + "; ".join(checks), flush=True)
                 del xs, ys
+
+
+def _walk_with_strips(g, dtype, backward, strip_rows):
+    """The walk's Launch with row strips of exactly ``strip_rows`` destination rows."""
+    key = (g.filter_height, dtype.itemsize, g.stride_h)
+    saved = walk.MAX_STRIP_ROWS[key], walk.MIN_STRIP_ROWS
+    walk.MAX_STRIP_ROWS[key] = walk.MIN_STRIP_ROWS = strip_rows
+    try:
+        return walk.plan.__wrapped__(g, dtype, backward, 16, 16)  # not the memo: these strips are not the rule's
+    finally:
+        walk.MAX_STRIP_ROWS[key], walk.MIN_STRIP_ROWS = saved
 
 
 if __name__ == "__main__":
