@@ -50,10 +50,12 @@ faster format too (every variant's time is in the JSON).
     8x320x64x64 for the U-Net block, torch's default TF32 settings and cudnn.benchmark = True;
     each step bracketed by its own pair of CUDA events (so host-bound gaps count), after warm-up
     steps, median of the steps.  The four variants' models are built and warmed up first, then
-    timed in ROUNDS rounds of steps // ROUNDS steps each, the variants in turn (a different one
-    first each round): the host's speed drifts by up to 2x over a run (results/
-    models_host_fastpath_h100_2026-12-06.txt), and host-bound steps would carry that drift into
-    whichever variant ran during it.
+    timed in up to ROUNDS rounds (one step per variant each, at the default 20 steps), the
+    variants in turn (a different one first each round): the host's speed drifts by up to 2x over
+    a run (results/models_host_fastpath_h100_2026-12-06.txt), and host-bound steps would carry that
+    drift into whichever variant ran during it.  Rounds of 5 steps (4 rounds) still let a slow
+    stretch of 1-3 s fall on one or two variants (results/models_h100_2026-12-06c.json: convnext_nano
+    bfloat16 ours 19.1-20.6 ms a step in the first round, 27-42 in the next two, torch's steady).
 
     PYTHONPATH=.:benchmarks python benchmarks/models.py --json OUT.json --png OUT.png
         [--models convnext_nano unet_block] [--modes float32 bfloat16-cast] [--quick]
@@ -90,8 +92,9 @@ MODELS = {
 MODES = ("float32", "bfloat16-autocast", "bfloat16-cast")
 DEFAULT_MODES = ("float32", "bfloat16-autocast")
 FORMATS = ("NCHW", "channels_last")
-#: Timed steps are taken in this many rounds over the variants (interleaved; see (b) above).
-ROUNDS = 4
+#: Timed steps are taken in at most this many rounds over the variants (interleaved; see (b)
+#: above): one step a variant a round at the default --steps.
+ROUNDS = 20
 #: Target: the converted model's error within this factor of torch's own.
 ERROR_FACTOR = 2.0
 ERROR_KINDS = ("out", "dx", "dparam")
@@ -101,7 +104,8 @@ METHOD = {
                 "with a fixed random output cotangent; float64 copy of the same model as reference (bfloat16-cast: weights and input "
                 "rounded to bfloat16 first); TF32 off",
     "step_time": "forward + loss + backward + SGD step + zero_grad, batch 64x3x224x224 (timm; "
-                 "efficientnet_b3 64x3x300x300) / 8x320x64x64 (unet_block); each step between its own CUDA events; warm-up steps, then median",
+                 "efficientnet_b3 64x3x300x300) / 8x320x64x64 (unet_block); each step between its own CUDA events; warm-up steps, then the variants' steps interleaved "
+                 "(one step a variant in turn, the first rotating), median",
     "baseline": "torch's own layers in its faster memory format (NCHW or channels_last); ours: the converted "
                 "model in its faster memory format",
 }
