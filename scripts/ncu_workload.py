@@ -27,9 +27,13 @@ stride-2 forward), dw_conv_mma (the tensor-core forward, MODE "always":
 64x144x56 3x3 both layouts, 64x96x56 7x7 and 64x960x7 3x3 NCHW, float16),
 dw_s2_small (stride-2 forwards on 14- and 28-wide planes, both layouts:
 64x576x14 and 64x192x28 float32, 64x240x28 float16; then PyTorch's
-channels_last forward of the first and the last, cuDNN's kernels).
+channels_last forward of the first and the last, cuDNN's kernels),
+dw_s2_nhwc_variants (64x576x14 float32 stride-2 NHWC forward: the direct
+kernel at TW 1, 2 and 8, then the tiled kernel).
 """
 import sys
+
+import numpy
 
 try:
     import cupy
@@ -89,6 +93,7 @@ CASES = {
     "dw_s2_small": lambda: [dw(64, c, h, 3, 2, t, directions=("forward",)) for c, h, t in
                             ((576, 14, cupy.float32), (192, 28, cupy.float32), (240, 28, cupy.float16))]
     + [_torch_channels_last(64, c, h, 3, 2, t) for c, h, t in ((576, 14, "float32"), (240, 28, "float16"))],
+    "dw_s2_nhwc_variants": lambda: _nhwc_direct_variants(64, 576, 14, cupy.float32, (1, 2, 8)),
     "dw_plane_wgrad": lambda: _always("_depthwise_nchw_plane_wgrad",
         lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=("NCHW",), directions=("backward_weight",))
                  for c, h, k in ((384, 14, 7), (576, 19, 3), (192, 75, 3))],
@@ -121,6 +126,32 @@ def _torch_channels_last(n, c, h, k, stride, dtype):
     torch.cuda.synchronize()
 
 
+def _nhwc_direct_variants(n, c, h, dtype, columns):
+    """The NHWC 3x3 stride-2 forward with the direct kernel at each TW in ``columns``
+    (output columns per thread; the rule's items per thread), then with the kernel
+    the ops take without it (the tiled one): which limit each meets (L1 hit rate,
+    L2 / DRAM throughput, occupancy) where they all run at ~65% of the copy rate
+    (results/depthwise_stride2_sweeps_h100_2026-12-06b.txt)."""
+    from cupy_dwgn import _depthwise_nhwc_direct as direct
+    from cupy_dwgn import depthwise
+
+    key = (3, 2, numpy.dtype(dtype).itemsize)
+    saved = direct.COLUMNS[key], direct.MODE
+    try:
+        for tw in columns:
+            direct.COLUMNS[key], direct.MODE = tw, "always"
+            direct.plan.cache_clear()
+            depthwise._SIGNATURES = {}
+            dw(n, c, h, 3, 2, dtype, layouts=("NHWC",), directions=("forward",))
+        direct.MODE = "never"
+        depthwise._SIGNATURES = {}
+        dw(n, c, h, 3, 2, dtype, layouts=("NHWC",), directions=("forward",))
+    finally:
+        direct.COLUMNS[key], direct.MODE = saved
+        direct.plan.cache_clear()
+        depthwise._SIGNATURES = {}
+
+
 def _always(module_name, calls, off=()):
     # `calls` with one kernel module's MODE "always" (it serves wherever it
     # can, whatever its rule prefers; e.g. the whole-plane weight gradient's
@@ -149,7 +180,8 @@ SUMMARY = [("Duration", "us"), ("DRAM Throughput", "dram%"), ("Compute (SM) Thro
            ("Registers Per Thread", "regs"), ("Achieved Occupancy", "occ%"), ("Theoretical Occupancy", "theo%"),
            ("Block Limit Registers", "lim_regs"), ("Block Limit Shared Mem", "lim_smem"),
            ("Issue Slots Busy", "issue%"), ("Warp Cycles Per Issued Instruction", "cpi"),
-           ("L2 Hit Rate", "l2hit%"), ("L1/TEX Hit Rate", "l1hit%")]
+           ("L2 Hit Rate", "l2hit%"), ("L1/TEX Hit Rate", "l1hit%"), ("L1/TEX Cache Throughput", "l1%"),
+           ("L2 Cache Throughput", "l2%")]
 
 
 def summarize(path):
