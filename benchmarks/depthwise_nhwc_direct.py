@@ -14,6 +14,9 @@ _depthwise_nhwc_direct.preferred() and COLUMNS come from it.
 --quick: float16 only.  --shapes (NxCxHxKxSTRIDE, padding K // 2) replaces SHAPES, --dtypes DTYPES.
 --items-per-thread: each TW with a grid that gives a thread that many items (suffix xN; the
 default, 0, is the rule's own choice, _depthwise_nhwc_direct.items_per_thread, with no suffix).
+--blocks: each TW also with blocks of BX channel vectors x BY items (suffix bBXxBY; the default,
+none, is _depthwise_nhwc._block's shape), e.g. 4x49 with --columns 1 --items-per-thread 1 on
+64x576x14x3x2 float32: one image's 7x7 plane a block (cuDNN's grid there).
 """
 import argparse
 
@@ -41,8 +44,10 @@ def main():
     parser.add_argument("--shapes", type=harness.conv_shape, nargs="+", default=SHAPES, metavar="NxCxHxKxS")
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     parser.add_argument("--items-per-thread", type=int, nargs="+", default=[0])
+    parser.add_argument("--blocks", type=_block_shape, nargs="+", default=[], metavar="BXxBY")
     args = parser.parse_args()
-    variants = [(tw, per_thread) for tw in args.columns for per_thread in args.items_per_thread]
+    variants = [(tw, per_thread, block) for tw in args.columns for per_thread in args.items_per_thread
+                for block in [None] + args.blocks]
     dtypes = [numpy.float16] if args.quick else [DTYPES[name] for name in args.dtypes]
     for n, c, hw, k, stride in args.shapes:
         g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
@@ -54,15 +59,19 @@ def main():
                 src, dst = arrays[0][0], arrays[0][3]
                 diff, nans = 0.0, 0
                 key = (k, stride, dt.itemsize)
-                tables = (direct.COLUMNS, direct.ITEMS_PER_THREAD)
+                tables = (direct.COLUMNS, direct.ITEMS_PER_THREAD, direct.BLOCK)
                 saved = [dict(table) for table in tables]
-                for tw, per_thread in variants:
+                for tw, per_thread, block in variants:
                     direct.COLUMNS[key], direct.ITEMS_PER_THREAD[key] = tw, per_thread
+                    direct.BLOCK.pop(key, None)
+                    if block is not None:
+                        direct.BLOCK[key] = block
                     direct.plan.cache_clear()
                     for a in arrays:
                         a[3].fill(numpy.nan)
                     launch = direct.plan(g, dt, backward, _launch.index_type(src.size, dst.size), 16, 16)
-                    name = f"direct{tw}{f'x{per_thread}' if per_thread else ''}"
+                    name = (f"direct{tw}{f'x{per_thread}' if per_thread else ''}"
+                            + (f"b{block[0]}x{block[1]}" if block else ""))
                     times[name] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
                     got = dst.astype(numpy.float32)
                     diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))
@@ -78,6 +87,17 @@ def main():
                       + f"  best {best[1]} x{times[other] / best[0]:.2f}  reldiff {diff:.1e} unwritten {nans}",
                       flush=True)
                 del arrays, src, dst
+
+
+def _block_shape(text):
+    """'BXxBY' -> (BX, BY), as argparse's type."""
+    try:
+        bx, by = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BXxBY (e.g. 4x49), got {text!r}") from None
+    if bx < 1 or by < 1 or bx * by > 256:
+        raise argparse.ArgumentTypeError(f"expected BX, BY >= 1 with BX * BY <= 256, got {text!r}")
+    return bx, by
 
 
 if __name__ == "__main__":

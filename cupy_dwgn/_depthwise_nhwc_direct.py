@@ -47,6 +47,13 @@ COLUMNS = {(3, 1, 2): 4, (3, 1, 4): 8, (3, 2, 2): 2, (3, 2, 4): 8,
 #: (K, stride, element size) -> items a thread walks (the grid shrunk to
 #: match), overriding ``items_per_thread``'s rule (benchmarks, tests).
 ITEMS_PER_THREAD = {}
+#: (K, stride, element size) -> (BX channel vectors, BY items) of a block,
+#: overriding _depthwise_nhwc._block's (benchmarks, tests; BX * BY <= 256).
+#: E.g. (4, 49) at 64x576x14 float32 stride 2, TW 1: a block holds one
+#: image's whole 7x7 destination plane for 16 channels, so the rows and
+#: columns its outputs share are re-read on one SM (from L1), in 2304 blocks
+#: of 196 threads: the grid of cuDNN's kernel there (Nsight Compute, 2026-12-06).
+BLOCK = {}
 VECTOR_BYTES = 16
 
 
@@ -153,6 +160,11 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     strips = -(-dst_w // tw)
     items = g.batch * dst_h * strips
     tiles, bx, by = _depthwise_nhwc._block(g.channels // vec)
+    if (k, stride, dtype.itemsize) in BLOCK:
+        bx, by = BLOCK[k, stride, dtype.itemsize]
+        if not (bx >= 1 and by >= 1 and bx * by <= 256):
+            raise ValueError(f"BLOCK[{k, stride, dtype.itemsize}]: expected (BX, BY) with BX * BY <= 256, got {(bx, by)}")
+        tiles = -(-(g.channels // vec) // bx)
     one_item_blocks = tiles * -(-items // by)
     per_thread = ITEMS_PER_THREAD.get((k, stride, dtype.itemsize)) or items_per_thread(
         k, stride, dtype, dst_w, one_item_blocks)

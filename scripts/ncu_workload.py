@@ -29,7 +29,8 @@ dw_s2_small (stride-2 forwards on 14- and 28-wide planes, both layouts:
 64x576x14 and 64x192x28 float32, 64x240x28 float16; then PyTorch's
 channels_last forward of the first and the last, cuDNN's kernels),
 dw_s2_nhwc_variants (64x576x14 float32 stride-2 NHWC forward: the direct
-kernel at TW 1, 2 and 8, then the tiled kernel).
+kernel at TW 1, 2 and 8, at TW 1 with one image's plane a block (4x49) and
+TW 2 with 4x64 blocks, then the tiled kernel).
 """
 import sys
 
@@ -93,7 +94,8 @@ CASES = {
     "dw_s2_small": lambda: [dw(64, c, h, 3, 2, t, directions=("forward",)) for c, h, t in
                             ((576, 14, cupy.float32), (192, 28, cupy.float32), (240, 28, cupy.float16))]
     + [_torch_channels_last(64, c, h, 3, 2, t) for c, h, t in ((576, 14, "float32"), (240, 28, "float16"))],
-    "dw_s2_nhwc_variants": lambda: _nhwc_direct_variants(64, 576, 14, cupy.float32, (1, 2, 8)),
+    "dw_s2_nhwc_variants": lambda: _nhwc_direct_variants(
+        64, 576, 14, cupy.float32, ((1, 0, None), (2, 0, None), (8, 0, None), (1, 1, (4, 49)), (2, 1, (4, 64)))),
     "dw_plane_wgrad": lambda: _always("_depthwise_nchw_plane_wgrad",
         lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=("NCHW",), directions=("backward_weight",))
                  for c, h, k in ((384, 14, 7), (576, 19, 3), (192, 75, 3))],
@@ -126,20 +128,24 @@ def _torch_channels_last(n, c, h, k, stride, dtype):
     torch.cuda.synchronize()
 
 
-def _nhwc_direct_variants(n, c, h, dtype, columns):
-    """The NHWC 3x3 stride-2 forward with the direct kernel at each TW in ``columns``
-    (output columns per thread; the rule's items per thread), then with the kernel
-    the ops take without it (the tiled one): which limit each meets (L1 hit rate,
-    L2 / DRAM throughput, occupancy) where they all run at ~65% of the copy rate
-    (results/depthwise_stride2_sweeps_h100_2026-12-06b.txt)."""
+def _nhwc_direct_variants(n, c, h, dtype, variants):
+    """The NHWC 3x3 stride-2 forward with the direct kernel in each of ``variants``, (TW
+    output columns per thread, items per thread (0: the rule's), (BX, BY) block or None:
+    the rule's), then with the kernel the ops take without it (the tiled one): which limit
+    each meets (L1 hit rate, L2 / DRAM throughput, occupancy) where they all run at ~65% of
+    the copy rate (results/depthwise_stride2_sweeps_h100_2026-12-06b.txt); the (4, 49)
+    block holds one image's 7x7 plane for 16 channels, as cuDNN's 2304 blocks there do."""
     from cupy_dwgn import _depthwise_nhwc_direct as direct
     from cupy_dwgn import depthwise
 
     key = (3, 2, numpy.dtype(dtype).itemsize)
     saved = direct.COLUMNS[key], direct.MODE
     try:
-        for tw in columns:
-            direct.COLUMNS[key], direct.MODE = tw, "always"
+        for tw, per_thread, block in variants:
+            direct.COLUMNS[key], direct.MODE, direct.ITEMS_PER_THREAD[key] = tw, "always", per_thread
+            direct.BLOCK.pop(key, None)
+            if block is not None:
+                direct.BLOCK[key] = block
             direct.plan.cache_clear()
             depthwise._SIGNATURES = {}
             dw(n, c, h, 3, 2, dtype, layouts=("NHWC",), directions=("forward",))
@@ -148,6 +154,8 @@ def _nhwc_direct_variants(n, c, h, dtype, columns):
         dw(n, c, h, 3, 2, dtype, layouts=("NHWC",), directions=("forward",))
     finally:
         direct.COLUMNS[key], direct.MODE = saved
+        direct.ITEMS_PER_THREAD.pop(key, None)
+        direct.BLOCK.pop(key, None)
         direct.plan.cache_clear()
         depthwise._SIGNATURES = {}
 

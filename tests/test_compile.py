@@ -1122,12 +1122,19 @@ def test_nhwc_direct_kernel_index_math_matches_the_reference(case, monkeypatch):
     g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
     for dtype, backward, weight, src, bias, want in _nhwc_reference_cases(x_shape, k, stride, padding, 11):
         key = (k, stride, dtype.itemsize)
-        # the plan's grid, grid.y capped at 2 blocks, and 3 items a thread (ITEMS_PER_THREAD)
-        for max_grid_y, per_thread in ((_launch.MAX_GRID_Y, 1), (2, 1), (_launch.MAX_GRID_Y, 3)):
+        # the plan's grid, grid.y capped at 2 blocks, 3 items a thread (ITEMS_PER_THREAD), and
+        # a block of 3 channel vectors x 5 items (BLOCK: tiles not dividing the vectors)
+        for max_grid_y, per_thread, block in ((_launch.MAX_GRID_Y, 1, None), (2, 1, None),
+                                              (_launch.MAX_GRID_Y, 3, None), (_launch.MAX_GRID_Y, 1, (3, 5))):
             monkeypatch.setattr(_launch, "MAX_GRID_Y", max_grid_y)
             monkeypatch.setitem(direct.ITEMS_PER_THREAD, key, per_thread)
+            if block is None:
+                monkeypatch.delitem(direct.BLOCK, key, raising=False)
+            else:
+                monkeypatch.setitem(direct.BLOCK, key, block)
             launch = direct.plan.__wrapped__(g, dtype, backward, "int", 16, 16)
             assert launch.grid[1] <= max_grid_y
+            assert block is None or tuple(launch.block[:2]) == block
             got, writes = _emulate_nhwc_direct(launch, src, weight, bias, backward)
             assert (writes == 1).all()
             numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
@@ -1160,6 +1167,25 @@ def test_nhwc_direct_items_per_thread_rule():
     finally:
         del direct.ITEMS_PER_THREAD[3, 2, 2]
     assert one.grid[1] == 2 * ruled.grid[1] and one.scalars == ruled.scalars
+
+
+def test_nhwc_direct_block_override_is_checked(monkeypatch):
+    # BLOCK (benchmarks) sets the block's shape; the channel tiles follow BX, and a block
+    # past the kernel's 256-thread launch bound is refused by name.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_direct as direct
+    from cupy_dwgn import _validate
+
+    g = _validate.conv_geometry((64, 14, 14, 576), (576, 1, 3, 3), 2, 1, 1, layout="NHWC")
+    monkeypatch.setitem(direct.COLUMNS, (3, 2, 4), 1)
+    monkeypatch.setitem(direct.BLOCK, (3, 2, 4), (4, 49))
+    launch = direct.plan.__wrapped__(g, numpy.dtype(numpy.float32), False, "int", 16, 16)
+    assert tuple(launch.block[:2]) == (4, 49) and launch.grid[0] == 36  # 144 vectors / 4
+    assert launch.grid[0] * launch.grid[1] * 2 == 2304  # 64 images x 7 x 7 items over 49 a block, 2 a thread
+    monkeypatch.setitem(direct.BLOCK, (3, 2, 4), (16, 17))
+    with pytest.raises(ValueError, match=r"BLOCK\[\(3, 2, 4\)\].*BX \* BY <= 256"):
+        direct.plan.__wrapped__(g, numpy.dtype(numpy.float32), False, "int", 16, 16)
 
 
 def test_nhwc_direct_rule():
