@@ -49,10 +49,11 @@ COLUMNS = {(3, 1, 2): 4, (3, 1, 4): 8, (3, 2, 2): 2, (3, 2, 4): 8,
 ITEMS_PER_THREAD = {}
 #: (K, stride, element size) -> (BX channel vectors, BY items) of a block,
 #: overriding _depthwise_nhwc._block's (benchmarks, tests; BX * BY <= 256).
-#: E.g. (4, 49) at 64x576x14 float32 stride 2, TW 1: a block holds one
-#: image's whole 7x7 destination plane for 16 channels, so the rows and
-#: columns its outputs share are re-read on one SM (from L1), in 2304 blocks
-#: of 196 threads: the grid of cuDNN's kernel there (Nsight Compute, 2026-12-06).
+#: E.g. (4, 49) at 64x576x14 float32 stride 2, TW 1, one item a thread
+#: (ITEMS_PER_THREAD 1): a block holds one image's whole 7x7 destination
+#: plane for 16 channels, so the rows and columns its outputs share are
+#: re-read on one SM (from L1), in 2304 blocks of 196 threads: the grid of
+#: cuDNN's kernel there (Nsight Compute, 2026-12-06).
 BLOCK = {}
 VECTOR_BYTES = 16
 
