@@ -1,8 +1,9 @@
 """cupy_dwgn.torch: the PyTorch bridge.
 
-CPU tests run everywhere (the CPU kernels of the bridge are the float64 NumPy
-references): gradcheck, torch.library.opcheck, equality with PyTorch's own
-layers, convert(), torch.compile and a short training loop.  GPU tests
+CPU tests run wherever PyTorch is installed (CI installs none; scripts/device_session.sh
+runs them; the CPU kernels of the bridge are the float64 NumPy references): gradcheck,
+torch.library.opcheck, equality with PyTorch's own layers on fixed and on random
+(hypothesis) geometries, convert(), torch.compile and a short training loop.  GPU tests
 (marked ``gpu``) check the CUDA kernels through the bridge against float64
 PyTorch, memory formats, streams, autocast, torch.compile and training.
 """
@@ -11,6 +12,8 @@ import copy
 
 import numpy
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -120,6 +123,54 @@ def test_depthwise_matches_conv2d_cpu(rng, case, channels_last):
     # channels_last in -> channels_last out (when the output shape tells them apart)
     if channels_last and not y.is_contiguous():
         assert y.is_contiguous(memory_format=CL)
+
+
+_padding_forms = st.one_of(
+    st.integers(0, 4), st.tuples(st.integers(0, 4), st.integers(0, 4)),
+    st.tuples(st.tuples(st.integers(0, 4), st.integers(0, 4)), st.tuples(st.integers(0, 4), st.integers(0, 4))),
+    st.sampled_from(["same", "valid"]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 2), channels=st.integers(1, 4), multiplier=st.integers(1, 3),
+    kernel=st.tuples(st.integers(1, 6), st.integers(1, 6)), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    dilation=st.tuples(st.integers(1, 3), st.integers(1, 3)), size=st.tuples(st.integers(1, 11), st.integers(1, 11)),
+    padding=_padding_forms, memory=st.sampled_from(["nchw", "channels_last", "transposed"]), has_bias=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_depthwise_any_geometry_matches_conv2d_cpu(batch, channels, multiplier, kernel, stride, dilation, size,
+                                                   padding, memory, has_bias, seed):
+    # Any valid geometry (every padding form, strides and dilations to 3, non-square filters,
+    # depth multipliers, odd memory strides) through the bridge's CPU path: the output and all
+    # three gradients equal F.conv2d's in float64; a geometry F.conv2d refuses (output smaller
+    # than 1) is refused too.
+    if padding == "same":
+        stride = (1, 1)
+    rng = numpy.random.default_rng(seed)
+    x = randn(rng, (batch, channels) + size)
+    if memory == "channels_last":
+        x = x.to(memory_format=CL)
+    elif memory == "transposed":  # neither contiguous nor channels_last
+        x = randn(rng, (batch, channels) + size[::-1]).transpose(2, 3)
+    w = randn(rng, (channels * multiplier, 1) + kernel)
+    b = randn(rng, (channels * multiplier,)) if has_bias else None
+    geo = dict(stride=stride, padding=padding, dilation=dilation)
+    try:
+        ref = torch_depthwise(x, w, b, **geo)
+    except RuntimeError:
+        with pytest.raises(ValueError):
+            dwt.depthwise_conv2d(x, w, b, **geo)
+        return
+    inputs = [t.detach().clone().requires_grad_() for t in (x, w, b) if t is not None]
+    ref_inputs = [t.detach().clone().requires_grad_() for t in (x, w, b) if t is not None]
+    y = dwt.depthwise_conv2d(*inputs, **geo)
+    ref = torch_depthwise(*ref_inputs, **geo) if has_bias else torch_depthwise(*ref_inputs, None, **geo)
+    assert rel_error(y, ref) <= 1e-12
+    grad = randn(rng, tuple(ref.shape))
+    for got, want in zip(torch.autograd.grad(y, inputs, grad), torch.autograd.grad(ref, ref_inputs, grad)):
+        assert rel_error(got, want) <= 1e-12
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
@@ -306,6 +357,58 @@ def test_group_norm_matches_torch_cpu(rng, layout, activation):
     y = dwt.group_norm(x, 3, w, b, eps=1e-5, activation=activation)
     assert rel_error(y, torch_group_norm(x, 3, w, b, 1e-5, activation)) <= 1e-12
     assert y.stride() == x.stride()
+
+
+def two_pass_group_norm(x, groups, weight, bias, eps, activation):
+    """GroupNorm in float64 with the variance from centred values (two passes): the oracle
+    where PyTorch's own CPU group_norm loses digits (inputs of mean 1000 and spread 1e-3)."""
+    xs = x.reshape(x.shape[0], groups, -1)
+    mean = xs.mean(-1, keepdim=True)
+    var = ((xs - mean) ** 2).mean(-1, keepdim=True)
+    y = ((xs - mean) / torch.sqrt(var + eps)).reshape(x.shape)
+    shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    y = y if weight is None else y * weight.reshape(shape)
+    y = y if bias is None else y + bias.reshape(shape)
+    return torch_activation(y, activation)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 3), groups=st.integers(1, 5), group_channels=st.integers(1, 4),
+    spatial=st.lists(st.integers(1, 5), min_size=0, max_size=3), channels_fastest=st.booleans(),
+    affine=st.sampled_from(["both", "weight", "bias", "none"]), activation=st.sampled_from(ACTIVATIONS),
+    eps=st.sampled_from([1e-6, 1e-5, 0.1]), scale=st.sampled_from([1e-3, 1.0, 1e3]),
+    offset=st.sampled_from([0.0, 1000.0]), seed=st.integers(0, 2**32 - 1),
+)
+def test_group_norm_any_shape_matches_two_pass_cpu(batch, groups, group_channels, spatial, channels_fastest,
+                                                   affine, activation, eps, scale, offset, seed):
+    # Ranks 0-3, either memory format, every affine form and activation, badly conditioned
+    # inputs (mean 1000, spread 1e-3): the bridge's CPU path against the two-pass oracle,
+    # forward and (x, weight and bias) gradients against autograd through that oracle.
+    rng = numpy.random.default_rng(seed)
+    channels = groups * group_channels
+    x = randn(rng, (batch, channels, *spatial)) * scale + offset
+    if channels_fastest and len(spatial) in (2, 3):
+        x = x.contiguous(memory_format=CL if len(spatial) == 2 else torch.channels_last_3d)
+    w = randn(rng, (channels,)) if affine in ("both", "weight") else None
+    b = randn(rng, (channels,)) if affine in ("both", "bias") else None
+    ours, theirs = ([None if t is None else t.detach().clone().requires_grad_() for t in (x, w, b)] for _ in range(2))
+    y = dwt.group_norm(ours[0], groups, ours[1], ours[2], eps=eps, activation=activation)
+    ref = two_pass_group_norm(theirs[0], groups, theirs[1], theirs[2], eps, activation)
+    assert rel_error(y, ref) <= 1e-9
+    grad = randn(rng, tuple(ref.shape))
+    got = torch.autograd.grad(y, [t for t in ours if t is not None], grad)
+    want = torch.autograd.grad(ref, [t for t in theirs if t is not None], grad)
+    # The gradients are sums whose terms may cancel to nearly nothing (two-element groups normalize
+    # to +-1 whatever x is), so each error is measured against the size of its terms: dx's
+    # |grad| |weight| rstd, the parameters' sum of |grad| (1 + |x_hat|).
+    x_hat = two_pass_group_norm(x, groups, None, None, eps, "identity")
+    rstd = 1 / torch.sqrt(x.reshape(batch, groups, -1).var(-1, unbiased=False) + eps)
+    dx_size = float(grad.abs().max() * (1.0 if w is None else w.abs().max()) * rstd.max())
+    param_size = float((grad.abs() * (1 + x_hat.abs())).sum())
+    assert float((got[0] - want[0]).abs().max()) <= 1e-9 * dx_size
+    for got_param, want_param in zip(got[1:], want[1:]):
+        assert float((got_param - want_param).abs().max()) <= 1e-9 * param_size
 
 
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
