@@ -58,28 +58,17 @@ def main():
                 times = {other: other_us}
                 src, dst = arrays[0][0], arrays[0][3]
                 diff, nans = 0.0, 0
-                key = (k, stride, dt.itemsize)
-                tables = (direct.COLUMNS, direct.ITEMS_PER_THREAD, direct.BLOCK)
-                saved = [dict(table) for table in tables]
                 for tw, per_thread, block in variants:
-                    direct.COLUMNS[key], direct.ITEMS_PER_THREAD[key] = tw, per_thread
-                    direct.BLOCK.pop(key, None)
-                    if block is not None:
-                        direct.BLOCK[key] = block
-                    direct.plan.cache_clear()
+                    with direct.overridden((k, stride, dt.itemsize), tw, per_thread, block):
+                        launch = direct.plan(g, dt, backward, _launch.index_type(src.size, dst.size), 16, 16)
                     for a in arrays:
                         a[3].fill(numpy.nan)
-                    launch = direct.plan(g, dt, backward, _launch.index_type(src.size, dst.size), 16, 16)
                     name = (f"direct{tw}{f'x{per_thread}' if per_thread else ''}"
                             + (f"b{block[0]}x{block[1]}" if block else ""))
                     times[name] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
                     got = dst.astype(numpy.float32)
                     diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))
                     nans += int(cupy.isnan(got).sum())
-                for table, kept in zip(tables, saved):
-                    table.clear()
-                    table.update(kept)
-                direct.plan.cache_clear()
                 floor = (src.nbytes + dst.nbytes) / COPY_BYTES_PER_US
                 best = min((v, name) for name, v in times.items() if name.startswith("direct"))
                 print(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "

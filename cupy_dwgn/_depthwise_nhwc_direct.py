@@ -20,6 +20,7 @@ The ops take it where ``preferred`` says so (float32 on destinations up to
 and benchmarks.
 """
 
+import contextlib
 import functools
 
 import numpy
@@ -56,6 +57,28 @@ ITEMS_PER_THREAD = {}
 #: cuDNN's kernel there (Nsight Compute, 2026-12-06).
 BLOCK = {}
 VECTOR_BYTES = 16
+
+
+@contextlib.contextmanager
+def overridden(key, columns, items_per_thread=0, block=None):
+    """COLUMNS, ITEMS_PER_THREAD and BLOCK set for ``key`` = (K, stride,
+    element size) inside the block (items_per_thread 0 / block None: the
+    rule's), plan's memo cleared on the way in and out (benchmarks, the
+    Nsight Compute workload)."""
+    tables = (COLUMNS, ITEMS_PER_THREAD, BLOCK)
+    saved = [dict(table) for table in tables]
+    COLUMNS[key], ITEMS_PER_THREAD[key] = columns, items_per_thread
+    BLOCK.pop(key, None)
+    if block is not None:
+        BLOCK[key] = block
+    plan.cache_clear()
+    try:
+        yield
+    finally:
+        for table, kept in zip(tables, saved):
+            table.clear()
+            table.update(kept)
+        plan.cache_clear()
 
 
 def _expression(dtype, k, stride, backward, index):
@@ -160,15 +183,15 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     tw = COLUMNS[k, stride, dtype.itemsize]
     strips = -(-dst_w // tw)
     items = g.batch * dst_h * strips
+    key = (k, stride, dtype.itemsize)
     tiles, bx, by = _depthwise_nhwc._block(g.channels // vec)
-    if (k, stride, dtype.itemsize) in BLOCK:
-        bx, by = BLOCK[k, stride, dtype.itemsize]
+    if key in BLOCK:
+        bx, by = BLOCK[key]
         if not (bx >= 1 and by >= 1 and bx * by <= 256):
-            raise ValueError(f"BLOCK[{k, stride, dtype.itemsize}]: expected (BX, BY) with BX * BY <= 256, got {(bx, by)}")
+            raise ValueError(f"BLOCK[{key}]: expected (BX, BY) with BX * BY <= 256, got {(bx, by)}")
         tiles = -(-(g.channels // vec) // bx)
     one_item_blocks = tiles * -(-items // by)
-    per_thread = ITEMS_PER_THREAD.get((k, stride, dtype.itemsize)) or items_per_thread(
-        k, stride, dtype, dst_w, one_item_blocks)
+    per_thread = ITEMS_PER_THREAD.get(key) or items_per_thread(k, stride, dtype, dst_w, one_item_blocks)
     blocks_y = max(1, min(-(-items // (by * per_thread)), _launch.MAX_GRID_Y))
     shared = k * k * bx * vec * 4
     scalars = (

@@ -138,25 +138,18 @@ def _nhwc_direct_variants(n, c, h, dtype, variants):
     from cupy_dwgn import _depthwise_nhwc_direct as direct
     from cupy_dwgn import depthwise
 
-    key = (3, 2, numpy.dtype(dtype).itemsize)
-    saved = direct.COLUMNS[key], direct.MODE
+    key, mode = (3, 2, numpy.dtype(dtype).itemsize), direct.MODE
     try:
         for tw, per_thread, block in variants:
-            direct.COLUMNS[key], direct.MODE, direct.ITEMS_PER_THREAD[key] = tw, "always", per_thread
-            direct.BLOCK.pop(key, None)
-            if block is not None:
-                direct.BLOCK[key] = block
-            direct.plan.cache_clear()
-            depthwise._SIGNATURES = {}
-            dw(n, c, h, 3, 2, dtype, layouts=("NHWC",), directions=("forward",))
+            with direct.overridden(key, tw, per_thread, block):
+                direct.MODE = "always"
+                depthwise._SIGNATURES = {}
+                dw(n, c, h, 3, 2, dtype, layouts=("NHWC",), directions=("forward",))
         direct.MODE = "never"
         depthwise._SIGNATURES = {}
         dw(n, c, h, 3, 2, dtype, layouts=("NHWC",), directions=("forward",))
     finally:
-        direct.COLUMNS[key], direct.MODE = saved
-        direct.ITEMS_PER_THREAD.pop(key, None)
-        direct.BLOCK.pop(key, None)
-        direct.plan.cache_clear()
+        direct.MODE = mode
         depthwise._SIGNATURES = {}
 
 
