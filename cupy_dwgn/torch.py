@@ -1032,6 +1032,12 @@ def _torch_activation(y, activation):
 def _group_norm(x, num_groups, weight, bias, eps, activation):
     if not _has_channels_last_memory(x):
         # Contiguous NCHW(D) with spatial > 1: PyTorch's own kernels (ours are channels-last).
+        if weight is None and bias is not None:
+            # A bias without a weight is added after PyTorch's group_norm: its own backward of
+            # that form fails in torch 2.11 ("tensor does not have a device", seen on the CPU).
+            shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+            y = F.group_norm(x, num_groups, None, None, eps) + bias.reshape(shape)
+            return _torch_activation(y.to(x.dtype), activation)
         return _torch_activation(F.group_norm(x, num_groups, weight, bias, eps), activation)
     weight, bias = _fit_affine(x, weight, bias)
     if _is_compiling():

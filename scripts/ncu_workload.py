@@ -30,7 +30,7 @@ dw_s2_small (stride-2 forwards on 14- and 28-wide planes, both layouts:
 channels_last forward of the first and the last, cuDNN's kernels),
 dw_s2_nhwc_variants (64x576x14 float32 stride-2 NHWC forward: the direct
 kernel at TW 1, 2 and 8, at TW 1 with one image's plane a block (4x49) and
-TW 2 with 4x64 blocks, then the tiled kernel).
+TW 2 with 4x64 blocks, then the tiled kernel, then cuDNN's where torch is installed).
 """
 import sys
 
@@ -95,7 +95,8 @@ CASES = {
                             ((576, 14, cupy.float32), (192, 28, cupy.float32), (240, 28, cupy.float16))]
     + [_torch_channels_last(64, c, h, 3, 2, t) for c, h, t in ((576, 14, "float32"), (240, 28, "float16"))],
     "dw_s2_nhwc_variants": lambda: _nhwc_direct_variants(
-        64, 576, 14, cupy.float32, ((1, 0, None), (2, 0, None), (8, 0, None), (1, 1, (4, 49)), (2, 1, (4, 64)))),
+        64, 576, 14, cupy.float32, ((1, 0, None), (2, 0, None), (8, 0, None), (1, 1, (4, 49)), (2, 1, (4, 64))))
+    or _torch_channels_last(64, 576, 14, 3, 2, "float32"),
     "dw_plane_wgrad": lambda: _always("_depthwise_nchw_plane_wgrad",
         lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=("NCHW",), directions=("backward_weight",))
                  for c, h, k in ((384, 14, 7), (576, 19, 3), (192, 75, 3))],

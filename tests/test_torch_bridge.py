@@ -469,6 +469,21 @@ def test_group_norm_contiguous_falls_back_to_torch(rng, monkeypatch):
     assert torch.equal(y, torch_group_norm(x, 3, w, b, 1e-5, "relu"))
 
 
+def test_group_norm_contiguous_bias_only(rng):
+    # PyTorch's group_norm backward with a bias and no weight fails in torch 2.11 ("tensor does
+    # not have a device"); the fallback adds such a bias itself.
+    for shape in ((2, 6, 4, 3), (1, 2, 2), (2, 4, 2, 3, 2)):
+        x, b = randn(rng, shape), randn(rng, (shape[1],))
+        leaves = (x.detach().requires_grad_(), b.detach().requires_grad_())
+        assert torch.autograd.gradcheck(lambda x, b: dwt.group_norm(x, 2, None, b, activation="silu"), leaves)
+    x = randn(rng, (2, 6, 4, 3)).to(torch.bfloat16)
+    b = randn(rng, (6,)).float()
+    y = dwt.group_norm(x, 3, None, b, activation="gelu")
+    assert y.dtype == torch.bfloat16 and y.is_contiguous()
+    ref = torch_group_norm(x.double(), 3, None, b.double(), 1e-5, "gelu")
+    assert rel_error(y, ref) <= TORCH_TOLERANCE[torch.bfloat16]
+
+
 def test_group_norm_mixed_precision_params_cpu(rng):
     x, w, b = gn_inputs(rng, "nhwc", dtype=torch.bfloat16, param_dtype=torch.float32)
     y = dwt.group_norm(x, 3, w, b, activation="silu")
