@@ -97,7 +97,8 @@ constexpr bool fast_activation() { return sizeof(T) == 2; }
 
 template <int ACT, bool FAST = false, typename Acc>
 __device__ __forceinline__ Acc activation(Acc z) {
-  if (ACT == kRelu) return z > Acc(0) ? z : Acc(0);
+  // NaN < 0 is false: a NaN passes through, as in PyTorch's relu (z > 0 ? z : 0 made it 0).
+  if (ACT == kRelu) return z < Acc(0) ? Acc(0) : z;
   if (ACT == kSilu) {
     if constexpr (FAST) return z * sigmoid<true>(z);
     return z / (Acc(1) + exp_acc(-z));

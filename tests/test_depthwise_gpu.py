@@ -453,6 +453,84 @@ def test_conv_mma_kernel_matches_reference(case, dtype, backward, layout, misali
     assert bool((dst.view(cupy.uint16) == first).all()), "not bit-identical run to run"
 
 
+# Kernel modules with a MODE (the forward / backward-input ones): forced one at a time.
+_FORWARD_MODE_MODULES = (_depthwise_conv_mma, _depthwise_nchw_forward_regs, _depthwise_nchw_rows,
+                         _depthwise_nhwc_direct, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_window)
+
+
+def _each_forward_kernel(monkeypatch, build, g, layout, src, dst):
+    """Yield the kernel names of the forward / backward-input Steps the ops
+    take with their rule, with each MODE module forced ("always", the others
+    "never") and with all of them "never", once per distinct kernel; the ops
+    run that kernel until the next iteration."""
+    seen = set()
+    variants = [{}] + [{m: "always" if m is module else "never" for m in _FORWARD_MODE_MODULES}
+                       for module in _FORWARD_MODE_MODULES] + [{m: "never" for m in _FORWARD_MODE_MODULES}]
+    for modes in variants:
+        for module in _FORWARD_MODE_MODULES:
+            monkeypatch.setattr(module, "MODE", modes.get(module, "rule"))
+        monkeypatch.setattr(depthwise, "_SIGNATURES", {})
+        name = "+".join(launch.expression.split("<")[0] for launch in build(g, layout, src, dst).launches)
+        if name not in seen:
+            seen.add(name)
+            yield name
+
+
+# (x shape NCHW, filter size, stride, padding, dilation): the shapes whose rules and forced modes reach
+# every forward / backward-input kernel (3x3 to 13x13, stride 2, dilation, C not a multiple of 8).
+_NON_FINITE_WEIGHT_CASES = [((2, 16, 14, 14), 3, 1, 1, 1), ((2, 16, 28, 28), 3, 2, 1, 1), ((2, 16, 14, 14), 5, 1, 2, 1),
+                            ((2, 16, 14, 14), 7, 1, 3, 1), ((2, 8, 20, 20), 13, 1, 6, 1), ((2, 5, 11, 9), 3, 1, 2, 2),
+                            ((2, 8, 17, 17), 3, 2, 1, 1)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float16], ids=str)
+def test_non_finite_weights_reach_the_outputs_they_multiply(dtype, backward, layout, rng, monkeypatch):
+    # README "Numerics": an inf or NaN weight makes non-finite every output where it multiplies an
+    # image (grad_out) value, in every kernel; where it meets only the zero padding the result is
+    # the kernel's (NaN from 0 * inf, or finite where padded taps are skipped), but never outside
+    # its channel, and a finite result there is the convolution without that tap.  Outputs start
+    # at a finite sentinel, so an unwritten one fails too.
+    for x_shape, k, stride, padding, dilation in _NON_FINITE_WEIGHT_CASES:
+        n, c = x_shape[:2]
+        w = rng.standard_normal((c, 1, k, k)).astype(dtype)
+        bad_taps = {(0, 0, 0): numpy.inf, (1, k - 1, k // 2): numpy.nan, (2, k // 2, k - 1): -numpy.inf}
+        indicator = numpy.zeros((c, 1, k, k))
+        for (ch, i, j), value in bad_taps.items():
+            w[ch, 0, i, j] = value
+            indicator[ch, 0, i, j] = 1.0
+        w_clean = numpy.where(indicator > 0, 0, w).astype(dtype)
+        conv = dict(stride=stride, padding=padding, dilation=dilation, layout=layout)
+        g = _validate.conv_geometry(_shape(x_shape, layout), (c, 1, k, k), stride, padding, dilation, layout=layout)
+        out_shape = _shape((n, c, g.out_height, g.out_width), layout)
+        src = random(rng, out_shape if backward else _shape(x_shape, layout), dtype)
+        ones = numpy.ones(src.shape)
+        if backward:
+            want = reference.depthwise_conv2d_backward_input(src, w_clean, _shape(x_shape, layout), **conv)
+            hit = reference.depthwise_conv2d_backward_input(ones, indicator, _shape(x_shape, layout), **conv) > 0
+        else:
+            want = reference.depthwise_conv2d(src, w_clean, None, **conv)
+            hit = reference.depthwise_conv2d(ones, indicator, None, **conv) > 0
+        in_bad_channels = numpy.zeros(want.shape, bool)
+        _channels(in_bad_channels, 0, 3, layout)[...] = True
+        src_gpu, w_gpu = cupy.asarray(src), cupy.asarray(w)
+        dst = cupy.empty(want.shape, dtype)
+        build = depthwise._backward_input_steps if backward else depthwise._forward_steps
+        for name in _each_forward_kernel(monkeypatch, build, g, layout, src_gpu, dst):
+            dst.fill(12345.0)
+            if backward:
+                depthwise.depthwise_conv2d_backward_input(src_gpu, w_gpu, _shape(x_shape, layout), out=dst, **conv)
+            else:
+                depthwise.depthwise_conv2d(src_gpu, w_gpu, out=dst, **conv)
+            got = cupy.asnumpy(dst).astype(numpy.float64)
+            finite = numpy.isfinite(got)
+            where = (name, x_shape, k, stride)
+            assert not finite[hit].any(), (where, "an output that multiplies a non-finite weight is finite")
+            assert finite[~in_bad_channels].all(), (where, "a non-finite output outside the bad weights' channels")
+            assert relative_error(got[finite], want[finite]) <= TOLERANCE[numpy.dtype(dtype)], where
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("dtype", _depthwise_conv_mma.DTYPES, ids=str)

@@ -309,6 +309,45 @@ def test_every_path_agrees_with_the_reference(rng, set_paths, case):
         assert _launch_counts(path) == want[path], path
 
 
+@pytest.mark.parametrize("activation", ["identity", "relu", "silu"])
+@pytest.mark.parametrize("case", _PATH_CASES[:3], ids=lambda c: f"{c[0]}-G{c[1]}-{numpy.dtype(c[2])}")
+def test_non_finite_input_fills_its_group_only(rng, set_paths, case, activation):
+    # An inf or NaN in x makes its (sample, group)'s statistics and every output of that group
+    # NaN, as in the reference and PyTorch (relu included: NaN passes it), on every path; the
+    # other groups are finite and match the reference.  Outputs start at a finite sentinel, so
+    # an unwritten element of a bad group fails too.
+    import cupy
+
+    shape, groups, dtype, wdtype, _ = case
+    channels, per_group = shape[-1], shape[-1] // groups
+    x_host = random(rng, shape, dtype, offset=3.0)
+    w_host = (1.0 + 0.5 * rng.standard_normal(channels)).astype(wdtype)
+    b_host = (0.5 * rng.standard_normal(channels)).astype(wdtype)
+    spatial = tuple(s // 2 for s in shape[1:-1])
+    bad = {(0, 1): numpy.inf, (shape[0] - 1, groups - 1): numpy.nan}
+    for (n, g), value in bad.items():
+        x_host[(n,) + spatial + (g * per_group + per_group // 2,)] = value
+    bad_mask = numpy.zeros((shape[0], groups), bool)
+    for n, g in bad:
+        bad_mask[n, g] = True
+    element_bad = numpy.repeat(bad_mask, per_group, axis=1)[:, None, :]  # (N, 1, C): broadcast over rows
+    element_bad = numpy.broadcast_to(element_bad.reshape((shape[0],) + (1,) * (len(shape) - 2) + (channels,)), shape)
+    good_host = numpy.where(element_bad, 0, x_host).astype(dtype)  # the good groups' reference input
+    ref_y = reference.group_norm(good_host, groups, w_host, b_host, activation=activation)
+    x, w, b = (cupy.asarray(a) for a in (x_host, w_host, b_host))
+    acc = _dtypes.accumulator_dtype(dtype)
+    for path in ("auto", "cluster", "small", "fused", "split"):
+        set_paths(path)
+        y = cupy.full(shape, 12345.0, dtype=numpy.float32).astype(dtype)
+        mean, rstd = cupy.zeros((shape[0], groups), acc), cupy.zeros((shape[0], groups), acc)
+        gn.group_norm(x, groups, w, b, activation=activation, out=y, mean_out=mean, rstd_out=rstd)
+        y_host = cupy.asnumpy(y).astype(numpy.float64)
+        assert numpy.isnan(y_host[element_bad]).all(), (path, "a bad group's output is not NaN")
+        assert numpy.isfinite(y_host[~element_bad]).all(), (path, "a good group's output is not finite")
+        assert relative_error(y_host[~element_bad], ref_y[~element_bad]) <= TOLERANCE[dtype], path
+        assert numpy.array_equal(~numpy.isfinite(cupy.asnumpy(rstd)), bad_mask), path
+
+
 @pytest.mark.parametrize("case", [((2, 64, 64, 320), 32, F16, "silu"), ((2, 31, 29, 99), 33, F32, "identity"),
                                   ((4, 24, 24, 256), 32, BFLOAT16, "gelu")],
                          ids=["sd-fp16", "elements-fp32", "bf16"])
