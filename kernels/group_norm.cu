@@ -615,6 +615,15 @@ __device__ __forceinline__ void for_each_vector_batched(IndexT num_vectors, int 
 }
 
 
+// A group's sum of squared deviations from its sums about a shift, d = sum(x - shift) and
+// dd = sum((x - shift)^2) over count elements: dd - d^2 / count, clamped at 0 against rounding.
+// A NaN (the group holds an inf or a NaN) passes the clamp, so that group's rstd and outputs are
+// NaN as in PyTorch; fmax(NaN, 0) gave 0, a finite rstd, and -inf / +inf or relu's 0 outputs.
+__device__ __forceinline__ double centered_square_sum(double d, double dd, double count) {
+  const double m2 = dd - d * (d / count);
+  return m2 < 0.0 ? 0.0 : m2;
+}
+
 // The forward finalize of one (n, g): the work of one dwgn_gn_fwd_finalize
 // block, shared with the one-pass kernel.  partial holds (sum, M2) in double
 // per chunk k of rows [k * rows_per_chunk, min(S, (k + 1) * rows_per_chunk)):
@@ -671,7 +680,7 @@ __device__ __forceinline__ void finalize_group(
   if (threadIdx.x == 0) {
     const double count = static_cast<double>(S) * D;
     const double mean = shift + acc[0] / count;
-    const double var = fmax(acc[1] - acc[0] * (acc[0] / count), 0.0) / count;
+    const double var = centered_square_sum(acc[0], acc[1], count) / count;
     const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
     mean_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(mean);
     rstd_out[static_cast<long long>(n) * G + g] = static_cast<Acc>(rstd);
@@ -1784,7 +1793,7 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
         },
         [&](int g, const double (&t)[2]) {
           out[g] = count * static_cast<double>(shift[g]) + t[0];
-          out[G + g] = fmax(t[1] - t[0] * (t[0] / count), 0.0);
+          out[G + g] = gn::centered_square_sum(t[0], t[1], count);
         });
   }
   dwgn::grid_barrier(barrier);
@@ -1809,7 +1818,7 @@ __global__ void __launch_bounds__(512, 1) dwgn_gn_fwd_resident(
         },
         [&](int g, const double (&acc)[2]) {
           const double mean = __ldcg(pn + g) * inv_full + acc[0] / total_count;
-          const double var = fmax(acc[1] - acc[0] * (acc[0] / total_count), 0.0) / total_count;
+          const double var = gn::centered_square_sum(acc[0], acc[1], total_count) / total_count;
           const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
           group_mean[g] = mean;
           group_rstd[g] = rstd;
@@ -2243,7 +2252,7 @@ __global__ void DWGN_CLUSTER_DIMS(CL) __launch_bounds__(128) dwgn_gn_fwd_cluster
     gn::cluster_sums<CL>(cta_centered + q, GS, t);
     const double sd = t[0], sdd = t[1];
     const double mean = static_cast<double>(shift[q]) + sd / count;
-    const double var = fmax(sdd - sd * (sd / count), 0.0) / count;
+    const double var = gn::centered_square_sum(sd, sdd, count) / count;
     const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
     group_mean[q] = mean;
     group_rstd[q] = rstd;
@@ -2533,7 +2542,7 @@ __global__ void __launch_bounds__(256, 1) dwgn_gn_fwd_small(
   const double total_d = dwgn::warp_sum(static_cast<double>(sd));
   const double total_dd = dwgn::warp_sum(static_cast<double>(sdd));
   const double mean = static_cast<double>(shift) + total_d / count;
-  const double var = fmax(total_dd - total_d * (total_d / count), 0.0) / count;
+  const double var = gn::centered_square_sum(total_d, total_dd, count) / count;
   const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
   if (P.lane == 0) {
     mean_out[P.item] = static_cast<Acc>(mean);
