@@ -17,6 +17,8 @@ default, 0, is the rule's own choice, _depthwise_nhwc_direct.items_per_thread, w
 --blocks: each TW also with blocks of BX channel vectors x BY items (suffix bBXxBY; the default,
 none, is _depthwise_nhwc._block's shape), e.g. 4x49 with --columns 1 --items-per-thread 1 on
 64x576x14x3x2 float32: one image's 7x7 plane a block (cuDNN's grid there).
+--all-rows: each variant also with every filter row's inputs loaded before the first is applied
+(the kernel's ALL_ROWS; suffix r).
 """
 import argparse
 
@@ -45,9 +47,10 @@ def main():
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     parser.add_argument("--items-per-thread", type=int, nargs="+", default=[0])
     parser.add_argument("--blocks", type=_block_shape, nargs="+", default=[], metavar="BXxBY")
+    parser.add_argument("--all-rows", action="store_true")
     args = parser.parse_args()
-    variants = [(tw, per_thread, block) for tw in args.columns for per_thread in args.items_per_thread
-                for block in [None] + args.blocks]
+    variants = [(tw, per_thread, block, all_rows) for tw in args.columns for per_thread in args.items_per_thread
+                for block in [None] + args.blocks for all_rows in ((False, True) if args.all_rows else (False,))]
     dtypes = [numpy.float16] if args.quick else [DTYPES[name] for name in args.dtypes]
     for n, c, hw, k, stride in args.shapes:
         g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), stride, k // 2, 1, layout="NHWC")
@@ -58,13 +61,13 @@ def main():
                 times = {other: other_us}
                 src, dst = arrays[0][0], arrays[0][3]
                 diff, nans = 0.0, 0
-                for tw, per_thread, block in variants:
-                    with direct.overridden((k, stride, dt.itemsize), tw, per_thread, block):
+                for tw, per_thread, block, all_rows in variants:
+                    with direct.overridden((k, stride, dt.itemsize), tw, per_thread, block, all_rows):
                         launch = direct.plan(g, dt, backward, _launch.index_type(src.size, dst.size), 16, 16)
                     for a in arrays:
                         a[3].fill(numpy.nan)
                     name = (f"direct{tw}{f'x{per_thread}' if per_thread else ''}"
-                            + (f"b{block[0]}x{block[1]}" if block else ""))
+                            + (f"b{block[0]}x{block[1]}" if block else "") + ("r" if all_rows else ""))
                     times[name] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
                     got = dst.astype(numpy.float32)
                     diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))

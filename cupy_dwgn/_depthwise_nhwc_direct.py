@@ -56,21 +56,32 @@ ITEMS_PER_THREAD = {}
 #: re-read on one SM (from L1), in 2304 blocks of 196 threads: the grid of
 #: cuDNN's kernel there (Nsight Compute, 2026-12-06).
 BLOCK = {}
+#: (K, stride, element size) keys whose kernel loads every filter row's
+#: inputs before applying the first (K * IW vector loads in flight, the
+#: kernel's ALL_ROWS; benchmarks and tests, no rule uses it): where cuDNN
+#: is faster (64x576x14 float32 stride 2, 14.0 us against 17-19) it keeps
+#: about 5x our TW 1-2 kernels' input bytes in flight per SM (Nsight Compute,
+#: results/depthwise_stride2_ncu_h100_2026-12-06c.txt).
+ALL_ROWS = set()
 VECTOR_BYTES = 16
 
 
 @contextlib.contextmanager
-def overridden(key, columns, items_per_thread=0, block=None):
-    """COLUMNS, ITEMS_PER_THREAD and BLOCK set for ``key`` = (K, stride,
-    element size) inside the block (items_per_thread 0 / block None: the
-    rule's), plan's memo cleared on the way in and out (benchmarks, the
+def overridden(key, columns, items_per_thread=0, block=None, all_rows=False):
+    """COLUMNS, ITEMS_PER_THREAD, BLOCK and ALL_ROWS set for ``key`` = (K,
+    stride, element size) inside the block (items_per_thread 0 / block None:
+    the rule's), plan's memo cleared on the way in and out (benchmarks, the
     Nsight Compute workload)."""
     tables = (COLUMNS, ITEMS_PER_THREAD, BLOCK)
     saved = [dict(table) for table in tables]
+    saved_all_rows = set(ALL_ROWS)
     COLUMNS[key], ITEMS_PER_THREAD[key] = columns, items_per_thread
     BLOCK.pop(key, None)
     if block is not None:
         BLOCK[key] = block
+    ALL_ROWS.discard(key)
+    if all_rows:
+        ALL_ROWS.add(key)
     plan.cache_clear()
     try:
         yield
@@ -78,12 +89,15 @@ def overridden(key, columns, items_per_thread=0, block=None):
         for table, kept in zip(tables, saved):
             table.clear()
             table.update(kept)
+        ALL_ROWS.clear()
+        ALL_ROWS.update(saved_all_rows)
         plan.cache_clear()
 
 
 def _expression(dtype, k, stride, backward, index):
-    tw = COLUMNS[k, stride, numpy.dtype(dtype).itemsize]
-    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, tw, "true" if backward else "false", index)
+    key = (k, stride, numpy.dtype(dtype).itemsize)
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, COLUMNS[key],
+                                    "true" if backward else "false", "true" if key in ALL_ROWS else "false", index)
 
 
 def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True)):

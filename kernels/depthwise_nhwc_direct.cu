@@ -22,7 +22,8 @@
 //   (a conversion in the branch of its load makes ptxas wait for each load
 //   before issuing the next), zeros in the padding; then converted once and
 //   applied to every output column and filter column that reads them.
-//   Input rows outside the image are skipped (zero padding adds nothing).
+//   Input rows outside the image are skipped (zero padding adds nothing),
+//   or with ALL_ROWS loaded as zeros.
 // * The block's filter taps for its channel tile are staged in shared
 //   memory once, as float (the backward-input filter rotated), and read per
 //   (kh, kw) as accumulator vectors.
@@ -30,7 +31,9 @@
 //
 // Template parameters: T; K (3, 5); S (1, 2); TW output columns per thread;
 // BACKWARD (stride 1: src = grad_out, dst = grad_in, filter rotated,
-// offsets K - 1 - pad); IndexT (int, or long long when a tensor has >= 2**31
+// offsets K - 1 - pad); ALL_ROWS (every filter row's IW vectors loaded
+// before the first is applied, K * IW loads in flight, rows outside the
+// image as zeros; else one row's at a time, rows outside skipped); IndexT (int, or long long when a tensor has >= 2**31
 // elements: pixel offsets use it).  The host (cupy_dwgn/_depthwise_nhwc_direct.py)
 // picks TW and the grid; it requires C % VEC == 0 and both arrays 16-byte
 // aligned.
@@ -42,7 +45,7 @@ using dwgn::AccType;
 using dwgn::from_acc;
 using dwgn::to_acc;
 
-template <typename T, int K, int S, int TW, bool BACKWARD, typename IndexT>
+template <typename T, int K, int S, int TW, bool BACKWARD, bool ALL_ROWS, typename IndexT>
 __global__ void __launch_bounds__(256, 1) dwgn_dwconv_nhwc_direct(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
     int src_h, int src_w, int dst_h, int dst_w, int channels, int offset_top, int offset_left, int strips,
@@ -92,18 +95,18 @@ __global__ void __launch_bounds__(256, 1) dwgn_dwconv_nhwc_direct(
 #pragma unroll
       for (int v = 0; v < VEC; ++v) acc[t][v] = bias_v[v];
 
-#pragma unroll 1
-    for (int kh = 0; kh < K; ++kh) {
-      const int ih = oh * S - offset_top + kh;
-      if (ih < 0 || ih >= src_h) continue;  // zero padding
-      const T* row = src_img + static_cast<IndexT>(ih) * src_w * channels;
-      dwnhwc::Pack<T, VEC> raw[IW];
+    // The IW input vectors of an input row (zeros outside the image: row_ok false, or columns
+    // outside [0, src_w)), then their products with filter row kh's taps, added to every
+    // output column that reads them.
+    auto load_row = [&](const T* row, bool row_ok, dwnhwc::Pack<T, VEC>(&raw)[IW]) {
 #pragma unroll
       for (int e = 0; e < IW; ++e) {
         const int iw = iw0 + e;
-        const bool ok = iw >= 0 && iw < src_w;
+        const bool ok = row_ok && iw >= 0 && iw < src_w;
         raw[e] = dwnhwc::load_pack_or_zero<VEC>(row + static_cast<IndexT>(ok ? iw : 0) * channels, ok);
       }
+    };
+    auto apply_row = [&](int kh, const dwnhwc::Pack<T, VEC>(&raw)[IW]) {
 #pragma unroll
       for (int kw = 0; kw < K; ++kw) {
         const auto w = dwnhwc::load_shared<VEC>(w_thread + (kh * K + kw) * tile_channels);
@@ -111,6 +114,26 @@ __global__ void __launch_bounds__(256, 1) dwgn_dwconv_nhwc_direct(
         for (int t = 0; t < TW; ++t)
 #pragma unroll
           for (int v = 0; v < VEC; ++v) acc[t][v] = fma(w.v[v], to_acc(raw[t * S + kw].v[v]), acc[t][v]);
+      }
+    };
+    if constexpr (ALL_ROWS) {
+      dwnhwc::Pack<T, VEC> raw[K][IW];
+#pragma unroll
+      for (int kh = 0; kh < K; ++kh) {
+        const int ih = oh * S - offset_top + kh;
+        const bool row_ok = ih >= 0 && ih < src_h;
+        load_row(src_img + static_cast<IndexT>(row_ok ? ih : 0) * src_w * channels, row_ok, raw[kh]);
+      }
+#pragma unroll
+      for (int kh = 0; kh < K; ++kh) apply_row(kh, raw[kh]);
+    } else {
+#pragma unroll 1
+      for (int kh = 0; kh < K; ++kh) {
+        const int ih = oh * S - offset_top + kh;
+        if (ih < 0 || ih >= src_h) continue;  // zero padding
+        dwnhwc::Pack<T, VEC> raw[IW];
+        load_row(src_img + static_cast<IndexT>(ih) * src_w * channels, true, raw);
+        apply_row(kh, raw);
       }
     }
 

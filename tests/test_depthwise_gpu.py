@@ -977,16 +977,19 @@ NHWC_DIRECT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("per_thread, block", [(0, None), (3, None), (1, (3, 5))],
-                         ids=["rule-items", "3-items", "3x5-block"])
+@pytest.mark.parametrize("per_thread, block, all_rows", [(0, None, False), (3, None, False), (1, (3, 5), False),
+                                                     (0, None, True)],
+                         ids=["rule-items", "3-items", "3x5-block", "all-rows"])
 @pytest.mark.parametrize("index", ["int", "long long"])
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d in _depthwise_nhwc_direct.DTYPES], ids=str)
 @pytest.mark.parametrize("case", NHWC_DIRECT_CASES, ids=lambda c: c[0])
-def test_nhwc_direct_kernel_matches_reference(case, dtype, backward, index, per_thread, block, rng, monkeypatch):
+def test_nhwc_direct_kernel_matches_reference(case, dtype, backward, index, per_thread, block, all_rows, rng,
+                                              monkeypatch):
     # per_thread 0: the rule's grid (items_per_thread: 1 or 2 items a thread); 3: a grid that gives
     # each thread 3 items (ITEMS_PER_THREAD), the grid-stride walk past a block's first items;
-    # block: blocks of 3 channel vectors x 5 items (BLOCK), channel tiles that split the vectors unevenly.
+    # block: blocks of 3 channel vectors x 5 items (BLOCK), channel tiles that split the vectors unevenly;
+    # all_rows: every filter row's inputs loaded at once, rows outside the image as zeros (ALL_ROWS).
     _, x_shape, k, stride, padding = case
     n, c = x_shape[0], x_shape[3]
     w_shape = (c, 1, k, k)
@@ -997,6 +1000,8 @@ def test_nhwc_direct_kernel_matches_reference(case, dtype, backward, index, per_
         monkeypatch.setitem(_depthwise_nhwc_direct.ITEMS_PER_THREAD, key, per_thread)
     if block:
         monkeypatch.setitem(_depthwise_nhwc_direct.BLOCK, key, block)
+    if all_rows:
+        monkeypatch.setattr(_depthwise_nhwc_direct, "ALL_ROWS", {key})
     launch = _depthwise_nhwc_direct.plan.__wrapped__(g, numpy.dtype(dtype), backward, index, 16, 16)
     if backward and stride != 1:
         assert launch is None
