@@ -61,7 +61,11 @@ BLOCK = {}
 #: kernel's ALL_ROWS; benchmarks and tests, no rule uses it): where cuDNN
 #: is faster (64x576x14 float32 stride 2, 14.0 us against 17-19) it keeps
 #: about 5x our TW 1-2 kernels' input bytes in flight per SM (Nsight Compute,
-#: results/depthwise_stride2_ncu_h100_2026-12-06c.txt).
+#: results/depthwise_stride2_ncu_h100_2026-12-06c.txt).  Measured on an H100
+#: (results/depthwise_nhwc_direct_all_rows_h100_2026-12-06.txt): faster only
+#: for float32 at stride 2 with TW 2 (64x144x56 53.8 us against the tiled
+#: kernel's 57.4; 64x576x14, 64x192x28, 64x96x112 within 2%), slower at
+#: stride 1 and in float16 (its registers halve the blocks a SM).
 ALL_ROWS = set()
 VECTOR_BYTES = 16
 
