@@ -266,3 +266,27 @@ def test_reference_passes_are_adjoint(geometry, seed, layout):
     dw = reference.depthwise_conv2d_backward_weight(dy, x, w_shape, **kw)
     assert numpy.vdot(x, dx) == pytest.approx(inner, rel=1e-10, abs=1e-10)
     assert numpy.vdot(w, dw) == pytest.approx(inner, rel=1e-10, abs=1e-10)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_non_finite_weight_semantics(layout, rng):
+    # README "Numerics", the reference's side: the forward multiplies the padding's zeros by every
+    # tap (an inf tap that meets only padding still gives 0 * inf = NaN: every output of its
+    # channel is non-finite, as cuDNN's channels-last forward), while the backward-input adds only
+    # the products of real grad_out values (as PyTorch's backward in every case measured), so
+    # only the inputs that tap reaches are non-finite.
+    x = rng.standard_normal((1, 2, 5, 5))
+    w = rng.standard_normal((2, 1, 3, 3))
+    w[0, 0, 0, 0] = numpy.inf
+    to = (lambda a: numpy.ascontiguousarray(a.transpose(0, 2, 3, 1))) if layout == "NHWC" else (lambda a: a)
+    back = (lambda a: a.transpose(0, 3, 1, 2)) if layout == "NHWC" else (lambda a: a)
+    with numpy.errstate(invalid="ignore"):
+        y = back(reference.depthwise_conv2d(to(x), w, padding=1, layout=layout))
+        dx = back(reference.depthwise_conv2d_backward_input(to(numpy.ones_like(x)), w, to(x).shape, padding=1,
+                                                            layout=layout))
+    assert not numpy.isfinite(y[:, 0]).any() and numpy.isfinite(y[:, 1]).all()
+    assert numpy.isnan(y[0, 0, 0, :]).all() and numpy.isnan(y[0, 0, :, 0]).all()  # the tap in the padding
+    # Tap (0, 0) of output (oh, ow) reads input (oh - 1, ow - 1): inputs 0-3 along each axis.
+    reached = numpy.zeros((5, 5), bool)
+    reached[:4, :4] = True
+    assert numpy.array_equal(~numpy.isfinite(dx[0, 0]), reached) and numpy.isfinite(dx[:, 1]).all()

@@ -180,3 +180,18 @@ def test_backward_uses_the_given_statistics(rng):
         assert 0 < error < 1e-6
     with pytest.raises(TypeError, match=r"^mean: expected dtype float32 \(the statistics dtype for x of dtype float32\), got float64$"):
         reference.group_norm_backward(dy, x, mean, rstd, 4, w, None, activation="gelu")
+
+
+@pytest.mark.parametrize("activation", ["identity", "relu", "silu", "gelu", "gelu_tanh"])
+def test_non_finite_input_makes_its_group_nan(rng, activation):
+    # README "Numerics": an inf or NaN makes its (sample, group)'s statistics and outputs NaN,
+    # whatever the activation (relu included, as PyTorch's), and leaves the other groups alone.
+    x = rng.standard_normal((2, 3, 4, 6))
+    x[0, 1, 2, 0] = numpy.inf    # sample 0, group 0 (channels 0-2)
+    x[1, 2, 3, 5] = numpy.nan    # sample 1, group 1 (channels 3-5)
+    with numpy.errstate(invalid="ignore"):
+        y, mean, rstd = reference.group_norm(x, 2, activation=activation, return_stats=True)
+    bad = numpy.zeros(y.shape, bool)
+    bad[0, ..., 0:3] = bad[1, ..., 3:6] = True
+    assert numpy.isnan(y[bad]).all() and numpy.isfinite(y[~bad]).all()
+    assert numpy.isnan(rstd[[0, 1], [0, 1]]).all() and numpy.isfinite(rstd[[0, 1], [1, 0]]).all()
