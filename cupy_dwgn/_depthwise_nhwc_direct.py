@@ -56,7 +56,7 @@ ITEMS_PER_THREAD = {}
 #: re-read on one SM (from L1), in 2304 blocks of 196 threads: the grid of
 #: cuDNN's kernel there (Nsight Compute, 2026-12-06).
 BLOCK = {}
-#: (K, stride, element size) keys whose kernel loads every filter row's
+#: (K, stride, element size) -> True: the kernel loads every filter row's
 #: inputs before applying the first (K * IW vector loads in flight, the
 #: kernel's ALL_ROWS; benchmarks and tests, no rule uses it): where cuDNN
 #: is faster (64x576x14 float32 stride 2, 14.0 us against 17-19) it keeps
@@ -66,7 +66,7 @@ BLOCK = {}
 #: for float32 at stride 2 with TW 2 (64x144x56 53.8 us against the tiled
 #: kernel's 57.4; 64x576x14, 64x192x28, 64x96x112 within 2%), slower at
 #: stride 1 and in float16 (its registers halve the blocks a SM).
-ALL_ROWS = set()
+ALL_ROWS = {}
 VECTOR_BYTES = 16
 
 
@@ -76,16 +76,13 @@ def overridden(key, columns, items_per_thread=0, block=None, all_rows=False):
     stride, element size) inside the block (items_per_thread 0 / block None:
     the rule's), plan's memo cleared on the way in and out (benchmarks, the
     Nsight Compute workload)."""
-    tables = (COLUMNS, ITEMS_PER_THREAD, BLOCK)
+    tables = (COLUMNS, ITEMS_PER_THREAD, BLOCK, ALL_ROWS)
     saved = [dict(table) for table in tables]
-    saved_all_rows = set(ALL_ROWS)
     COLUMNS[key], ITEMS_PER_THREAD[key] = columns, items_per_thread
-    BLOCK.pop(key, None)
-    if block is not None:
-        BLOCK[key] = block
-    ALL_ROWS.discard(key)
-    if all_rows:
-        ALL_ROWS.add(key)
+    for table, value in ((BLOCK, block), (ALL_ROWS, all_rows or None)):
+        table.pop(key, None)
+        if value is not None:
+            table[key] = value
     plan.cache_clear()
     try:
         yield
@@ -93,15 +90,13 @@ def overridden(key, columns, items_per_thread=0, block=None, all_rows=False):
         for table, kept in zip(tables, saved):
             table.clear()
             table.update(kept)
-        ALL_ROWS.clear()
-        ALL_ROWS.update(saved_all_rows)
         plan.cache_clear()
 
 
 def _expression(dtype, k, stride, backward, index):
     key = (k, stride, numpy.dtype(dtype).itemsize)
     return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, COLUMNS[key],
-                                    "true" if backward else "false", "true" if key in ALL_ROWS else "false", index)
+                                    "true" if backward else "false", "true" if ALL_ROWS.get(key) else "false", index)
 
 
 def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True)):

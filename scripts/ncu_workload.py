@@ -94,9 +94,10 @@ CASES = {
     "dw_s2_small": lambda: [dw(64, c, h, 3, 2, t, directions=("forward",)) for c, h, t in
                             ((576, 14, cupy.float32), (192, 28, cupy.float32), (240, 28, cupy.float16))]
     + [_torch_channels_last(64, c, h, 3, 2, t) for c, h, t in ((576, 14, "float32"), (240, 28, "float16"))],
-    "dw_s2_nhwc_variants": lambda: _nhwc_direct_variants(
-        64, 576, 14, cupy.float32, ((1, 0, None), (2, 0, None), (8, 0, None), (1, 1, (4, 49)), (2, 1, (4, 64))))
-    or _torch_channels_last(64, 576, 14, 3, 2, "float32"),
+    "dw_s2_nhwc_variants": lambda: [
+        _nhwc_direct_variants(64, 576, 14, cupy.float32,
+                              ((1, 0, None), (2, 0, None), (8, 0, None), (1, 1, (4, 49)), (2, 1, (4, 64)))),
+        _torch_channels_last(64, 576, 14, 3, 2, "float32")],
     "dw_plane_wgrad": lambda: _always("_depthwise_nchw_plane_wgrad",
         lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=("NCHW",), directions=("backward_weight",))
                  for c, h, k in ((384, 14, 7), (576, 19, 3), (192, 75, 3))],

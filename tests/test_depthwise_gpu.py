@@ -1001,7 +1001,7 @@ def test_nhwc_direct_kernel_matches_reference(case, dtype, backward, index, per_
     if block:
         monkeypatch.setitem(_depthwise_nhwc_direct.BLOCK, key, block)
     if all_rows:
-        monkeypatch.setattr(_depthwise_nhwc_direct, "ALL_ROWS", {key})
+        monkeypatch.setitem(_depthwise_nhwc_direct.ALL_ROWS, key, True)
     launch = _depthwise_nhwc_direct.plan.__wrapped__(g, numpy.dtype(dtype), backward, index, 16, 16)
     if backward and stride != 1:
         assert launch is None
