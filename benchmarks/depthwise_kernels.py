@@ -18,8 +18,6 @@ of plane sizes, say); --forward-only: no backward-input rows; --kernels:
 only these candidates.  Where the plane kernel is compiled for several
 destination rows per thread (_depthwise_nchw_plane.row_choices) each also
 runs forced (2-byte 5x5: "plane4", "plane7"), beside the rule's pick ("plane").
---window-stages: the window kernel also with exactly S staging buffers ("window3"), beside the rule's
-("window"): S - 1 units in flight a block while one is computed (flat staging keeps 2).
 --walk-strips: the walk also with row strips of exactly these many destination rows ("walk7": no
 MAX_STRIP_ROWS cap, no halving), beside the rule's ("walk"): on small planes the rule's long strips
 can leave a grid just over one wave of blocks (ncu, H100, 64x240x28 fp16 stride 2: 960 blocks,
@@ -65,9 +63,6 @@ def main():
                         help="only these candidates (default: all)")
     parser.add_argument("--walk-strips", type=int, nargs="+", default=[], metavar="ROWS",
                         help="the walk also with row strips of exactly these many rows")
-    parser.add_argument("--window-stages", type=int, nargs="+", default=[], metavar="S",
-                        choices=range(2, window.MAX_STAGES + 1),
-                        help="the window kernel also with exactly these many staging buffers")
     args = parser.parse_args()
     dtypes = [d for d in DTYPES if args.dtypes is None or numpy.dtype(d).name in args.dtypes]
     for n, c, hw, k, stride in args.shapes:
@@ -89,9 +84,6 @@ def main():
                          "walk": walk.plan(g, dt, backward, 16, 16),
                          "tiled": (generic._tiled_plan(g, dt, index, backward)
                                    if stride == 1 and generic._use_tiled(g, dt) else None)}
-                if cands["window"] is not None:
-                    cands.update({f"window{s}": window.plan(g, dt, backward, index, 16, True, s)
-                                  for s in args.window_stages})
                 if cands["walk"] is not None:
                     cands.update({f"walk{rows_}": _walk_with_strips(g, dt, backward, rows_) for rows_ in args.walk_strips})
                 choices = plane.row_choices(dt.itemsize, k, stride)

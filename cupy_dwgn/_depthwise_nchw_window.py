@@ -59,13 +59,6 @@ MAX_FIXED_COPIES = 4
 # blocks per SM (228 KB), as many as the registers allow for most variants.
 _SHARED_BUDGET = 32 * 1024
 _SHARED_LIMIT = 48 * 1024
-#: Most staging buffers of row staging (kernel: cp_async_wait_dynamic's
-#: dwgn::kMaxCopyGroupsInFlight).
-MAX_STAGES = 4
-#: Shared memory the rule (_stages) spreads over a SM's blocks: what an
-#: sm_80 SM holds (164 KB; sm_90: 228 KB), less what the runtime reserves.
-STAGES_SHARED_PER_SM = 160 * 1024
-_SHARED_RESERVED_PER_BLOCK = 1024
 #: Banded planes are staged flat where row staging would copy rows narrower
 #: than this many bytes: 4, the element-wise copies of odd widths of 2-byte
 #: types (H200, 64x192x75x75 float16 3x3 forward: 376.7 us row by row).
@@ -96,30 +89,6 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
     return specs
 
 
-def min_blocks(itemsize, filter_height, stride, backward, index):
-    """Blocks per SM the kernel's registers are budgeted for (kernel:
-    dwgn_window::kMinBlocks, its __launch_bounds__)."""
-    if itemsize == 8 and filter_height > 3:
-        return 1
-    if filter_height == 3 and index == "int" and backward and itemsize <= 4:
-        return 3
-    if filter_height == 3 and not backward and index == "int" and (itemsize == 2 or (itemsize == 4 and stride == 1)):
-        return 4
-    return 2
-
-
-def _stages(g, itemsize, backward, index, buffer_bytes):
-    """Staging buffers of row staging (kernel: `stages`): as many as
-    STAGES_SHARED_PER_SM holds for the blocks the registers are budgeted
-    for (min_blocks), 2 to MAX_STAGES, so that the deeper pipeline does not
-    cost a resident block.  Two buffers keep one unit in flight a block;
-    7x7 (2 blocks an SM, 49 FMAs an output) took 82 us on 64x96x56 float32
-    with two (45% of the copy floor, 33% of the FMA floor: neither bound)."""
-    blocks = min_blocks(itemsize, g.filter_height, g.stride_h, backward, index)
-    per_block = STAGES_SHARED_PER_SM // blocks - _SHARED_RESERVED_PER_BLOCK
-    return max(2, min(MAX_STAGES, per_block // buffer_bytes))
-
-
 def _lead(vec, filter_width):
     """Column of a strip's first source value past its 16-byte aligned read
     base (kernel: kLead): where it falls for "same" padding."""
@@ -133,12 +102,10 @@ def _tile(itemsize, filter_height):
 
 
 @functools.lru_cache(maxsize=512)
-def plan(g, dtype, backward, index, src_alignment, dst_aligned, stages=None):
+def plan(g, dtype, backward, index, src_alignment, dst_aligned):
     """The Launch for this signature, or None when the window kernel does not
     serve it.  ``src_alignment``: the largest of 16, 8, 4, 2, 1 dividing the
-    source's address; ``dst_aligned``: the destination starts 16-byte aligned;
-    ``stages``: staging buffers of row staging (2 to MAX_STAGES; None: the
-    rule, _stages).
+    source's address; ``dst_aligned``: the destination starts 16-byte aligned.
     The grid is persistent (Launch.persistent): at most the blocks resident
     at once on the device it runs on, from the CUDA occupancy calculator."""
     size = (g.filter_height, g.filter_width)
@@ -241,12 +208,8 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, stages=None):
     limit = 2 * _SHARED_LIMIT if bands > 1 else min(2 * _SHARED_LIMIT, row_shared * 5 // 4)
     if not (flat and shared_mem <= limit):
         flat_elems = 0
-        # The unit being computed and the stages - 1 next ones.
-        if stages is None:
-            stages = _stages(g, itemsize, backward, index, planes_per_unit * plane_bytes)
-        shared_mem = stages * planes_per_unit * plane_bytes
-    else:
-        stages = 2
+        # Two staging buffers (the unit being computed and the next one).
+        shared_mem = 2 * planes_per_unit * plane_bytes
     # Fixed copies (kernel: dwgn_window::FixedCopies): whole planes per unit
     # staged row by row with cp.async, whose source planes are an arithmetic
     # sequence (the forward at multiplier 1, the backward's M sources), with
@@ -271,7 +234,7 @@ def plan(g, dtype, backward, index, src_alignment, dst_aligned, stages=None):
             i32(g.channels), i32(g.multiplier), i32(planes), i32(src_h), i32(src_w), i32(dst_h),
             i32(dst_w), i32(offset_top), i32(read_base), i32(planes_per_unit), i32(band_groups),
             i32(bands), i32(staged_rows(band_groups)), i32(staged_width), i32(left_halo), i32(stage_bytes),
-            i32(direct_stores), i32(flat_elems), i32(copies), i32(stages),
+            i32(direct_stores), i32(flat_elems), i32(copies),
         ),
         persistent=True,
     )

@@ -4,14 +4,11 @@
 //
 // Work unit = PB consecutive destination planes x a band of destination rows;
 // a step = one unit x one source (backward has M sources per destination
-// plane, forward one).  A persistent block walks its steps with S shared
-// buffers (`stages`, 2 to 4, picked by the host): while the threads compute
-// step t from one buffer, the source rows of steps t+1 .. t+S-1 are copied
-// global -> shared into the others with cp.async, so the copy latency is
-// hidden behind the FMAs (units of whole planes take each thread's copies
-// from offsets worked out once: FixedCopies).  Two buffers keep one unit in
-// flight a block; where a step's FMAs take less than the copy's latency
-// (7x7: 2 blocks an SM) that leaves DRAM idle, and more stages fill it.  Each
+// plane, forward one).  A persistent block walks its steps with two shared
+// buffers: while the threads compute step t from one buffer, the source rows
+// of step t+1 are copied global -> shared into the other with cp.async, so
+// the copy latency is hidden behind the FMAs (units of whole planes take
+// each thread's copies from offsets worked out once: FixedCopies).  Each
 // thread owns one item of the unit: VW consecutive destination columns x RH
 // consecutive rows of one plane.  It streams the (RH-1)*STRIDE + KH source
 // rows of its item through registers one row at a time (SPAN values each) and
@@ -417,7 +414,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
     T* __restrict__ dst, int channels, int multiplier, int num_dst_planes, int src_height,
     int src_width, int dst_height, int dst_width, int offset_top, int read_base,
     int planes_per_unit, int band_groups, int num_bands, int staged_rows, int staged_width,
-    int left_halo, int stage_bytes, int direct_stores, int flat_elems, int fixed_copies, int stages) {
+    int left_halo, int stage_bytes, int direct_stores, int flat_elems, int fixed_copies) {
   static_assert(!BACKWARD || STRIDE == 1, "backward-input uses this kernel at stride 1 only");
   using Acc = typename AccType<T>::type;
   constexpr int VEC = dwgn_window::kVec<T>;
@@ -448,9 +445,6 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
   // outputs for the flat output path.
   const bool flat = flat_elems > 0;
   T* const raw_buffers = buffers + buffer_elems;
-  // Row staging keeps `stages` padded buffers (2 to dwgn::kMaxCopyGroupsInFlight, host:
-  // plan's stages), flat staging two raw ones.
-  if (flat) stages = 2;
   const int src_plane_elems = src_height * src_width;
 
   const int planes_stride = BACKWARD ? multiplier : 1;
@@ -464,19 +458,19 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
     for (int i = threadIdx.x; i < buffer_elems; i += blockDim.x) buffers[i] = T(0.0f);
   } else if (fixed_copies > 0) {
     // Fixed copies never write the halo columns or the padding rows: zero
-    // every buffer whole, once (buffer_elems is a multiple of VEC), before
+    // both buffers whole, once (buffer_elems is a multiple of VEC), before
     // any copy lands in them (the barrier).
-    for (int i = threadIdx.x; i < stages * buffer_elems / VEC; i += blockDim.x)
+    for (int i = threadIdx.x; i < 2 * buffer_elems / VEC; i += blockDim.x)
       reinterpret_cast<uint4*>(buffers)[i] = make_uint4(0, 0, 0, 0);
     __syncthreads();
   } else {
   // The halo columns [0, left_halo) and [left_halo + src_width, staged_width)
-  // of every staged row of every buffer are never written by the staging:
-  // zero them once (the flat output path zeroes what it overwrote).
+  // of every staged row of both buffers are never written by the staging: zero
+  // them once (the flat output path zeroes what it overwrote).
   {
     const int halo_width = staged_width - src_width;
     const float inv_halo = __frcp_rn(static_cast<float>(halo_width));
-    for (int i = threadIdx.x; i < stages * num_rows * halo_width; i += blockDim.x) {
+    for (int i = threadIdx.x; i < 2 * num_rows * halo_width; i += blockDim.x) {
       const int row = dwgn::small_div(i, inv_halo);
       const int k = i - row * halo_width;
       buffers[row * staged_width + (k < left_halo ? k : src_width + k)] = T(0.0f);
@@ -543,39 +537,22 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
     stage_rows<T, BACKWARD, IndexT>(args, stage_bytes);
   };
 
-  // Step order: the sources of a unit, then the block's next unit.
-  auto advance = [&](int& step_unit, int& step_source) {
-    if (++step_source == sources) {
-      step_source = 0;
-      step_unit = dwgn::grid_stride_next(step_unit, static_cast<int>(gridDim.x), num_units);
-    }
-  };
   int unit = blockIdx.x;
   int source = 0;
-  // Step t computes from buffer t % stages (`buffer`); its copies were issued
-  // at step t - stages + 1 (the first stages - 1 steps' before the loop), so
-  // up to stages - 1 units are in flight while one is computed: the copy
-  // cursor (copy_unit, copy_source) runs stages - 1 steps ahead.
-  int copy_unit = unit;
-  int copy_source = 0;
-  for (int k = 0; k < stages - 1; ++k) {
-    if (copy_unit < num_units) stage(copy_unit, copy_source, k);
-    else if (!flat) dwgn::cp_async_commit();  // empty groups keep wait_group's count right
-    advance(copy_unit, copy_source);
-  }
-  int buffer = 0;
+  if (unit < num_units) stage(unit, 0, 0);
   Acc acc[RH][VW];
-  while (unit < num_units) {
+  for (int step = 0; unit < num_units; ++step) {
+    // Step order: the sources of a unit, then the block's next unit.
     int next_unit = unit;
-    int next_source = source;
-    advance(next_unit, next_source);
-    // Buffer (buffer - 1) mod stages was last read at the step before, which
-    // ended with a barrier.
-    const int copy_buffer = (buffer == 0 ? stages : buffer) - 1;
+    int next_source = source + 1;
+    if (next_source == sources) {
+      next_source = 0;
+      next_unit = dwgn::grid_stride_next(unit, static_cast<int>(gridDim.x), num_units);
+    }
+    // Buffer (step + 1) & 1 was last read at step - 1, which ended with a barrier.
     if (!flat) {
-      if (copy_unit < num_units) stage(copy_unit, copy_source, copy_buffer);
-      else dwgn::cp_async_commit();
-      advance(copy_unit, copy_source);
+      if (next_unit < num_units) stage(next_unit, next_source, (step + 1) & 1);
+      else dwgn::cp_async_commit();  // an empty group keeps wait_group<1> counting right
     }
 
     const dwgn_window::Item item =
@@ -609,18 +586,17 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
         for (int o = 0; o < VW; ++o) acc[j][o] = start;
     }
     if (!flat) {
-      dwgn::cp_async_wait_dynamic(stages - 1);  // this thread's copies of this step have landed
-      __syncthreads();                          // everyone's have (and the zero rows are visible)
+      dwgn::cp_async_wait<1>();  // this thread's copies of this step have landed
+      __syncthreads();                  // everyone's have (and the zero rows are visible)
     } else {
-      // Three barriers per step.  This one: raw buffer `buffer` has landed
+      // Three barriers per step.  This one: raw buffer step & 1 has landed
       // (this step's only outstanding group) and is visible; every thread has
       // finished step - 1 (its reads of the padded buffer and its stores from
-      // raw buffer copy_buffer, which the next copy reuses).
+      // raw buffer (step + 1) & 1, which the next copy reuses).
       dwgn::cp_async_wait<0>();
       __syncthreads();
       // Issued a whole step ahead of its use: the copy overlaps this step.
-      if (copy_unit < num_units) stage(copy_unit, copy_source, copy_buffer);
-      advance(copy_unit, copy_source);
+      if (next_unit < num_units) stage(next_unit, next_source, (step + 1) & 1);
       // Expand the raw range into the padded layout, image columns of every
       // staged row of the unit's valid planes: staged row k of plane pl is
       // image row src_row0 + k, element (pl * src_height + image row -
@@ -631,7 +607,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
       // division per row, not two per element (the expansion had as many
       // instructions as the unit's arithmetic).
       const FlatRange range = flat_range(first_plane, band);
-      const T* const raw = raw_buffers + buffer * flat_elems +
+      const T* const raw = raw_buffers + (step & 1) * flat_elems +
                            static_cast<int>(reinterpret_cast<size_t>(src + range.start) % 16) /
                                static_cast<int>(sizeof(T));
       const int src_row0 = band_row0 * STRIDE - offset_top;
@@ -654,7 +630,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
     }
 
     if (active) {
-      const T* item_src = buffers + (flat ? 0 : buffer * buffer_elems) + item.offset;
+      const T* item_src = buffers + (flat ? 0 : (step & 1) * buffer_elems) + item.offset;
 #pragma unroll
       for (int r = 0; r < ROWS_IN; ++r) {
         Acc row[SPAN];
@@ -706,7 +682,7 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
         const int length = valid_planes * unit_rows * dst_width;  // host: fits a buffer with shift
         // Flat staging: this step's raw buffer (fully read by the expansion,
         // before the last barrier; flat_elems covers shift + length).
-        T* const flat_out = flat ? raw_buffers + buffer * flat_elems : buffers + buffer * buffer_elems;
+        T* const flat_out = flat ? raw_buffers + (step & 1) * flat_elems : buffers + (step & 1) * buffer_elems;
         if (!flat) __syncthreads();  // every item has finished reading this buffer
         if (active) {
           const int item_base = shift + (item.plane * unit_rows + dst_row0 - band_row0) * dst_width + col0;
@@ -737,10 +713,9 @@ __global__ void __launch_bounds__(256, dwgn_window::kMinBlocks<T, KH, STRIDE, BA
         }
       }
     }
-    if (!flat) __syncthreads();  // this buffer is restaged at the next step
+    if (!flat) __syncthreads();  // buffer step & 1 is restaged at step + 1 (into (step + 2) & 1)
     unit = next_unit;
     source = next_source;
-    buffer = buffer + 1 == stages ? 0 : buffer + 1;
   }
   dwgn::cp_async_wait<0>();
 }

@@ -197,17 +197,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-// cp_async_wait<n> for a pipeline depth chosen at run time (block-uniform n,
-// 0 <= n < kMaxCopyGroupsInFlight): wait_group takes only an immediate.
-constexpr int kMaxCopyGroupsInFlight = 4;
-__device__ __forceinline__ void cp_async_wait_dynamic(int n) {
-  switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    default: cp_async_wait<3>(); break;
-  }
-}
 
 // Bytes from the 16-byte boundary at or below p to p.
 __device__ __forceinline__ int head_bytes(const void* p) {

@@ -450,11 +450,9 @@ def nchw_window():
                     continue
                 src = rng.standard_normal(src_shape, dtype=cupy.float32).astype(dtype)
                 dst = cupy.empty(dst_shape, dtype)
-                # The rule's staging buffers, and 3 and 4 (stages - 1 units in flight).
-                for stages in (None, 3, 4):
-                    launch = _depthwise_nchw_window.plan(g, cupy.dtype(dtype), backward, "int", dw._alignment(src),
-                                                         dw._alignment(dst) == 16, stages)
-                    launch(src, w, 0 if backward else b, dst)
+                launch = _depthwise_nchw_window.plan(g, cupy.dtype(dtype), backward, "int", dw._alignment(src),
+                                                     dw._alignment(dst) == 16)
+                launch(src, w, 0 if backward else b, dst)
         # Stride-2 forwards: units of one plane staged row by row (the stepped loop).
         for x_shape, k, padding in [((1, 3, 112, 112), 3, 1), ((1, 2, 57, 40), 5, 2), ((1, 3, 97, 97), 3, "valid"),
                                     ((1, 3, 151, 151), 3, 1)]:
@@ -463,10 +461,9 @@ def nchw_window():
             src = rng.standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
             w = rng.standard_normal(w_shape, dtype=cupy.float32).astype(dtype)
             dst = cupy.empty((g.batch, w_shape[0], g.out_height, g.out_width), dtype)
-            for stages in (None, 4):
-                launch = _depthwise_nchw_window.plan(g, cupy.dtype(dtype), False, "int", dw._alignment(src),
-                                                     dw._alignment(dst) == 16, stages)
-                launch(src, w, 0, dst)
+            launch = _depthwise_nchw_window.plan(g, cupy.dtype(dtype), False, "int", dw._alignment(src),
+                                                 dw._alignment(dst) == 16)
+            launch(src, w, 0, dst)
 
 
 def nchw_plane():

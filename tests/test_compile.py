@@ -2552,7 +2552,7 @@ def test_nchw_window_fixed_copies_match_the_general_staging(case, backward):
                   numpy.dtype(numpy.float64)):
         launch = window.plan(g, dtype, backward, "int", 16, True)
         (_, m, planes, src_h, src_w, _, _, offset_top, _, per_unit, _, bands, plane_rows, staged_width, left_halo,
-         stage_bytes, _, flat_elems, copies, _) = (int(v) for v in launch.scalars)
+         stage_bytes, _, flat_elems, copies) = (int(v) for v in launch.scalars)
         if not backward and m > 1:
             assert copies == 0  # the forward's source planes repeat M times: not an arithmetic sequence
         if copies == 0:
@@ -2627,7 +2627,7 @@ def test_nchw_window_single_plane_staging_steps_match_the_division(case):
         if launch is None:
             continue
         (_, _, _, _, src_w, _, _, _, _, per_unit, _, _, plane_rows, staged_width, left_halo, stage_bytes, _,
-         flat_elems, copies, _) = (int(v) for v in launch.scalars)
+         flat_elems, copies) = (int(v) for v in launch.scalars)
         if per_unit != 1 or flat_elems or copies or stage_bytes < 4:
             continue  # another staging path
         taken += 1
