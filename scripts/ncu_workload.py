@@ -98,6 +98,11 @@ CASES = {
         _nhwc_direct_variants(64, 576, 14, cupy.float32,
                               ((1, 0, None), (2, 0, None), (8, 0, None), (1, 1, (4, 49)), (2, 1, (4, 64)))),
         _torch_channels_last(64, 576, 14, 3, 2, "float32")],
+    # The 7x7 cells (issue 7's target: within 1.5x of max(memory, FP32-FMA floor)): the NCHW window kernel
+    # (float32 56x56), the tensor-core kernel (float16 56x56), the plane kernel (float32 14x14), the NHWC window.
+    "dw_7x7": lambda: [dw(64, 96, 56, 7, 1, cupy.float32, directions=("forward",)),
+                       dw(64, 96, 56, 7, 1, cupy.float16, layouts=("NCHW",), directions=("forward",)),
+                       dw(64, 384, 14, 7, 1, cupy.float32, layouts=("NCHW",), directions=("forward",))],
     "dw_plane_wgrad": lambda: _always("_depthwise_nchw_plane_wgrad",
         lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=("NCHW",), directions=("backward_weight",))
                  for c, h, k in ((384, 14, 7), (576, 19, 3), (192, 75, 3))],
