@@ -102,6 +102,7 @@ def serialized_loads(disassembly):
 
 
 _FUNCTION = re.compile(r"^\s*\.text\.(\S+):", re.M)
+_LABEL = re.compile(r"\.L_x_\d+\b")
 
 
 def fingerprints(files=None, dtypes=None, arch=90):
@@ -117,11 +118,16 @@ def fingerprints(files=None, dtypes=None, arch=90):
     for filename, expressions in sorted(by_file.items()):
         text = sass_of(filename, expressions, arch)
         # Split the listing at each function's section; hash its instruction text
-        # (addresses and encodings included: any change of code shows).
+        # (addresses and encodings included: any change of code shows).  nvdisasm
+        # numbers branch labels (.L_x_N) across the whole listing, so they are
+        # renumbered per function: a kernel that gains a label does not change
+        # the text of the kernels listed after it.
         starts = [(m.start(), m.group(1)) for m in _FUNCTION.finditer(text)]
         kernels = {}
         for (start, name), (end, _) in zip(starts, starts[1:] + [(len(text), None)]):
             body = "\n".join(m.group(1) for m in map(_INSTRUCTION.search, text[start:end].splitlines()) if m)
+            labels = {}
+            body = _LABEL.sub(lambda m: labels.setdefault(m.group(0), f".L_{len(labels)}"), body)
             kernels[name] = hashlib.sha256(body.encode()).hexdigest()[:16]
         result[filename] = kernels
         print(f"{filename}: {len(expressions)} specializations, {len(kernels)} functions", file=sys.stderr, flush=True)
