@@ -6,9 +6,10 @@ bfloat16 (float64 keeps the window kernel).
 Launch rule (no user tuning), from the destination plane size:
 
 * A thread owns R x V = 4 x 4 destination values (float64 5x5 and 7x7:
-  2 x 4; 2-byte 3x3 at stride 1: 6, 7 or 8 x 4; 2-byte 5x5 at stride 1: 4
-  x 4 or 7 x 4; of several, the one that reads the shared source with
-  fewer bank conflicts and less overhang, _pick_rows) and reads its window
+  2 x 4; 2-byte 3x3 at stride 1: 6, 7 or 8 x 4; 2-byte 5x5 and 2- or
+  4-byte 7x7 at stride 1: 4 x 4 or 7 x 4; of several, the one that reads
+  the shared source with fewer bank conflicts and less overhang, or for
+  7x7 computes fewer rows, _pick_rows) and reads its window
   straight from the unit's raw source rows (padding skipped or masked in
   registers).
 * Planes of at most 256 items whose buffers fit 48 KB: a block takes P =
@@ -86,6 +87,8 @@ def row_choices(itemsize, filter_height, stride):
     (plan picks one per geometry: _pick_rows), else as the weight gradient."""
     if itemsize == 2 and stride == 1 and filter_height in (3, 5):
         return (6, 7, 8) if filter_height == 3 else (4, 7)
+    if itemsize in (2, 4) and stride == 1 and filter_height == 7:
+        return (4, 7)
     return (wgrad_rows(itemsize, filter_height),)
 
 
@@ -564,7 +567,8 @@ def _resident_planes(per_unit, num_bands, threads, shared):
 
 
 def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, filter_height, pads=0):
-    """R among ``layouts`` ({R: _units(R, ...)}): the one whose reads of the
+    """R among ``layouts`` ({R: _units(R, ...)}): for 7x7 the one that computes
+    the fewest rows (ties to 7); for 3x3 and 5x5 the one whose reads of the
     shared source cost least, counted as the destination rows computed (row
     blocks overhang the plane) times the mean shared-memory bank conflict
     degree of the warps' window reads (_bank_conflicts; 1 on the element
@@ -596,6 +600,15 @@ def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, 
     ones' 2.9 over 21 rows computed for 16, and measured 49-50 us against
     57-61 (results/depthwise_nchw_plane_pitch_2026-12-05.txt)."""
     shortest = min(layouts)
+    if filter_height == 7:
+        # 7x7 (R = 4 or 7): the fewest destination rows computed, ties to 7 (the FMAs dominate the issue, and a
+        # 7-row item shares its 49 weights, masks and window reads over 28 outputs, not 16).  H100, 2026-12-06,
+        # us forward / backward-input at R = 4 / 7, 64xCxHxH, "same" padding (each R forced, a build whose blocks
+        # took their planes in even runs, not kept; results/depthwise_nchw_plane_7x7_rows_h100_2026-12-06.txt):
+        # float32 H = 14 39.2 / 34.2, 7 25.0 / 18.1, 13 18.6 / 16.2, 21 59.1 / 53.0, 28 62.2 / 57.1; float16 14
+        # 34.0 / 32.3, 7 18.5 / 14.8, 13 17.5 / 13.8, 21 47.9 / 41.5, 28 50.2 / 46.7; but H = 12 (12 rows against
+        # 14) float32 34.3 / 35.6, float16 27.6 / 28.0, and 10 (12 against 14) 26.8 / 27.7, 22.4 / 23.7.
+        return min(sorted(layouts, reverse=True), key=lambda r: -(-dst_h // r) * r)
     if filter_height in _TALL_ITEMS_NEED_TWO:
         layouts = {r: layout for r, layout in layouts.items() if r == shortest or dst_h >= 2 * r}
     if len(layouts) == 1:

@@ -103,6 +103,9 @@ CASES = {
     "dw_7x7": lambda: [dw(64, 96, 56, 7, 1, cupy.float32, directions=("forward",)),
                        dw(64, 96, 56, 7, 1, cupy.float16, layouts=("NCHW",), directions=("forward",)),
                        dw(64, 384, 14, 7, 1, cupy.float32, layouts=("NCHW",), directions=("forward",))],
+    # The 14x14 7x7 cells (3-7x the floor on the H200: 28-40 us against 5.4-9.2) in both dtypes' kernels:
+    # the NCHW plane kernel, the NHWC window.
+    "dw_7x7_14": lambda: [dw(64, 384, 14, 7, 1, dtype, directions=("forward",)) for dtype in (cupy.float32, cupy.float16)],
     "dw_plane_wgrad": lambda: _always("_depthwise_nchw_plane_wgrad",
         lambda: [dw(64, c, h, k, 1, cupy.float16, layouts=("NCHW",), directions=("backward_weight",))
                  for c, h, k in ((384, 14, 7), (576, 19, 3), (192, 75, 3))],

@@ -492,7 +492,9 @@ def nchw_plane():
                 ((1, 3, 150, 150), 3, 1, 2), ((1, 2, 20, 70), 3, ((0, 60), (1, 1)), 1),
                 ((1, 3, 4, 90), 3, ((0, 100), (1, 1)), 1), ((2, 6, 17, 19), 5, 2, 1),
                 ((1, 2, 150, 100), 5, ((1, 4), (2, 2)), 1), ((1, 3, 9, 40), 5, ((2, 2), (15, 1)), 1),
-                ((2, 3, 27, 29), 7, 3, 2), ((3, 203, 16, 16), 5, 2, 1), ((5, 121, 8, 8), 5, ((0, 4), (3, 1)), 1)]:
+                ((2, 3, 27, 29), 7, 3, 2), ((3, 203, 16, 16), 5, 2, 1), ((5, 121, 8, 8), 5, ((0, 4), (3, 1)), 1),
+                # 7x7 planes (one 7-row item a column block); persistent blocks walking two units
+                ((4, 9, 7, 7), 7, 3, 1), ((33, 131, 14, 14), 7, 3, 1)]:
             gaps = _depthwise_nchw_plane._PITCH_GAPS
             # P >= 3 (_MIN_UNITS); at these plane counts the rule's pick (None) stages flat, the forced gaps not
             pitch_gaps = (None, gaps[0], gaps[-1]) if x_shape[0] * x_shape[1] > 528 else (None,)

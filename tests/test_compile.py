@@ -946,6 +946,29 @@ def _check_ring_rule(ring, g, dtype, backward, taken):
     return False
 
 
+def test_nchw_plane_7x7_rows_compute_the_fewest_rows():
+    # 7x7 at stride 1: 7-row items where they compute no more rows than 4-row ones (H100, 2026-12-06:
+    # 7 won at 7, 13, 14, 21 and 28 rows, 4 at 10 and 12; _pick_rows), forward and backward-input alike.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nchw_plane as plane
+    from cupy_dwgn import _validate
+    from cupy_dwgn._dtypes import bfloat16
+
+    compiled = {e for _, e in plane.specializations()}
+    for hw, channels, rows in [(7, 768, 7), (10, 384, 4), (12, 512, 4), (13, 160, 7), (14, 384, 7), (21, 256, 7),
+                               (28, 192, 7), (16, 256, 4)]:
+        g = _validate.conv_geometry((64, channels, hw, hw), (channels, 1, 7, 7), 1, 3, 1)
+        for dtype in (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), numpy.dtype(bfloat16)):
+            for backward in (False, True):
+                launch = plane.plan(g, dtype, backward, "int", 16, 16)
+                assert launch.expression in compiled
+                assert plane.launch_rows(launch) == rows, (hw, dtype, backward)
+    # at stride 2: 4 rows only
+    g = _validate.conv_geometry((64, 384, 28, 28), (384, 1, 7, 7), 2, 3, 1)
+    assert plane.launch_rows(plane.plan(g, numpy.dtype(numpy.float32), False, "int", 16, 16)) == 4
+
+
 def test_nchw_plane_rows_follow_the_height_sweep():
     # R of the plane kernel (rows a thread): compiled choices, and the pick
     # among them (_pick_rows) against the faster R of the 2026-12-05 sweep
@@ -959,7 +982,8 @@ def test_nchw_plane_rows_follow_the_height_sweep():
 
     assert plane.row_choices(2, 5, 1) == (4, 7) and plane.row_choices(2, 3, 1) == (6, 7, 8)
     assert plane.row_choices(2, 5, 2) == (4,) and plane.row_choices(4, 5, 1) == (4,)
-    assert plane.row_choices(2, 7, 1) == (4,) and plane.row_choices(8, 5, 1) == (2,)
+    assert plane.row_choices(2, 7, 1) == (4, 7) and plane.row_choices(4, 7, 1) == (4, 7)
+    assert plane.row_choices(2, 7, 2) == (4,) and plane.row_choices(8, 5, 1) == (2,)
     compiled = {e for _, e in plane.specializations()}
     half = numpy.dtype(numpy.float16)
     for hw, channels, rows in [(10, 2560, 4), (12, 1792, 4), (14, 1344, 7), (16, 1024, 4), (17, 896, 7), (19, 720, 7), (19, 816, 7),

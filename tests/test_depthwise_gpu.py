@@ -295,6 +295,10 @@ PLANE_CASES = [
     ("27x29 7x7 p3 s2", (2, 3, 27, 29), 7, 3, None, 2),
     ("60x61 3x3 p1 float32 bands", (2, 4, 60, 61), 3, 1, True),
     ("70x66 7x7 p8 bands", (1, 3, 70, 66), 7, 8, True),
+    # 7x7 at stride 1 (items of 4 or 7 rows): whole 7x7 planes; 4323 14x14 planes, more units of 15 planes
+    # than 2 blocks an SM hold (4-row items), so persistent blocks walk two units and some a partial last one
+    ("7x7 7x7 p3", (4, 9, 7, 7), 7, 3, True),
+    ("14x14 7x7 p3 persistent", (33, 131, 14, 14), 7, 3, True),
     ("150x150 3x3 p1 s2 bands", (1, 3, 150, 150), 3, 1, True, 2),
     # a band wholly in the padding below (above) the image: it stages nothing, its outputs are the bias
     ("20x70 3x3 bottom padding 60 bands", (1, 2, 20, 70), 3, ((0, 60), (1, 1)), True),
