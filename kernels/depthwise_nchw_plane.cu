@@ -278,8 +278,10 @@ __device__ __forceinline__ void read_window_row(const T* values, unsigned column
 // predicated.  A row's last words can reach past its unit's bytes into the
 // next buffer while its cp.async lands, or into the output buffer while
 // other threads store there: bytes whose values are masked whatever they
-// are (racecheck reported no hazard; per-buffer tails would make the reads
-// disjoint, not done).
+// are.  racecheck reports it where a unit ends on its buffer's end (H100,
+// 2026-12-06: float16 7x7 4-row items, units of 16 planes of 392 bytes, 4
+// hazards; results/depthwise_7x7_rows_h100_2026-12-06.txt); per-buffer tails
+// would make the reads disjoint, not done yet.
 template <int SPAN> constexpr int kPairs = (SPAN + 1) / 2;
 constexpr int kPairPad = 32;
 template <typename T> constexpr bool kReadsPairs = false;
