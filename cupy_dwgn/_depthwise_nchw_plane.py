@@ -603,11 +603,11 @@ def _pick_rows(layouts, dst_h, src_h, src_w, offset_top, offset_left, itemsize, 
     if filter_height == 7:
         # 7x7 (R = 4 or 7): the fewest destination rows computed, ties to 7 (the FMAs dominate the issue, and a
         # 7-row item shares its 49 weights, masks and window reads over 28 outputs, not 16).  H100, 2026-12-06,
-        # us forward / backward-input at R = 4 / 7, 64xCxHxH, "same" padding (each R forced, a build whose blocks
-        # took their planes in even runs, not kept; results/depthwise_nchw_plane_7x7_rows_h100_2026-12-06.txt):
-        # float32 H = 14 39.2 / 34.2, 7 25.0 / 18.1, 13 18.6 / 16.2, 21 59.1 / 53.0, 28 62.2 / 57.1; float16 14
-        # 34.0 / 32.3, 7 18.5 / 14.8, 13 17.5 / 13.8, 21 47.9 / 41.5, 28 50.2 / 46.7; but H = 12 (12 rows against
-        # 14) float32 34.3 / 35.6, float16 27.6 / 28.0, and 10 (12 against 14) 26.8 / 27.7, 22.4 / 23.7.
+        # GPU us forward at R = 4 / 7 (each forced; backward-input alike), 64xCxHxH, "same" padding
+        # (results/depthwise_7x7_rows_h100_2026-12-06.txt, part 3): float32 H = 7 23.9 / 19.4, 13 17.8 / 14.6,
+        # 14 39.8 / 33.0, 21 56.3 / 49.4, 28 58.9 / 54.7; float16 7 16.9 / 15.4, 13 16.0 / 13.3, 14 32.2 / 29.4,
+        # 21 48.0 / 43.2, 28 45.3 / 42.3; at 12 rows (12 computed against 14) float32 33.6 / 37.8, float16
+        # 27.0 / 26.2, and at 10 (12 against 14; part 2's build) float32 26.8 / 27.7, float16 22.4 / 23.7.
         return min(sorted(layouts, reverse=True), key=lambda r: -(-dst_h // r) * r)
     if filter_height in _TALL_ITEMS_NEED_TWO:
         layouts = {r: layout for r, layout in layouts.items() if r == shortest or dst_h >= 2 * r}

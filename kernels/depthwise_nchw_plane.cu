@@ -110,7 +110,7 @@ namespace dwgn_plane {
 // 64.6, 64x320x28 49.9 / 57.8; results/depthwise_nchw_plane_5x5_rows_h100_2026-12-05.txt).
 // 7x7 at stride 1 (float32 and the half types) is compiled at 4 and 7 rows, the host taking
 // the one that computes fewer rows, ties to 7 (14-, 7-, 21- and 28-row planes: H100,
-// 2026-12-06, float32 forward 64x384x14 39.2 -> 34.2 us, 64x768x7 25.0 -> 18.1; 127-128
+// 2026-12-06, float32 forward 64x384x14 39.8 -> 33.0 us, 64x768x7 23.9 -> 19.4; 127-128
 // registers, 2 blocks of 256 threads or 4 of 128 per SM; _depthwise_nchw_plane._pick_rows).
 // The weight gradient keeps 4 rows (kWgradRows).
 constexpr int kColumns = 4;
