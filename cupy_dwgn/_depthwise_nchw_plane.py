@@ -425,7 +425,11 @@ def _units(item_rows, planes, src_h, src_w, dst_h, dst_w, itemsize, stride, filt
         return None
     plane_bytes = src_h * src_w * itemsize
     dst_plane_bytes = dst_h * dst_w * itemsize
-    limit = SHARED_LIMIT - pads
+    # Reads in pairs reach up to PAIR_PAD bytes past a row: each raw buffer ends in a tail of that many bytes,
+    # so a unit's last row never reads into the next buffer while its copy lands, nor into the output buffer
+    # (racecheck, H100 2026-12-06: 4 hazards where 16 float16 14x14 planes filled their buffer exactly).
+    tail = PAIR_PAD if pads else 0
+    limit = SHARED_LIMIT - pads - BUFFERS * tail
     # Outputs through the shared output buffer where rows are not stored as
     # vectors and the source takes the cp.async path (16-byte aligned).
     stage_outputs = not vector_stores and src_alignment % 16 == 0
@@ -461,7 +465,7 @@ def _units(item_rows, planes, src_h, src_w, dst_h, dst_w, itemsize, stride, filt
         num_bands, row_blocks, raw_bytes, out_stage_bytes = bands
     if -(-planes // per_unit) * num_bands >= 2**31 - _MAX_GRID:
         return None
-    return per_unit, num_bands, row_blocks, col_blocks, raw_bytes, out_stage_bytes, src_pitch
+    return per_unit, num_bands, row_blocks, col_blocks, raw_bytes + (tail if raw_bytes else 0), out_stage_bytes, src_pitch
 
 
 # Gaps after each staged plane _pitch tries (bytes; cp.async lands 16-byte vectors at 16-byte boundaries).

@@ -275,13 +275,14 @@ __device__ __forceinline__ void read_window_row(const T* values, unsigned column
 // value before the window and three past it, and whole words in the padding:
 // shared memory the host guarantees (kPairPad bytes before the buffers and
 // after them; the pads' and other planes' values are masked), so no load is
-// predicated.  A row's last words can reach past its unit's bytes into the
-// next buffer while its cp.async lands, or into the output buffer while
-// other threads store there: bytes whose values are masked whatever they
-// are.  racecheck reports it where a unit ends on its buffer's end (H100,
+// predicated.  A row's last words reach up to kPairPad bytes past its unit's
+// bytes (values masked whatever they are); they reached into the next buffer
+// while its cp.async landed, or into the output buffer while other threads
+// stored there, and racecheck reported it where a unit ended on its buffer's end (H100,
 // 2026-12-06: float16 7x7 4-row items, units of 16 planes of 392 bytes, 4
-// hazards; results/depthwise_7x7_rows_h100_2026-12-06.txt); per-buffer tails
-// would make the reads disjoint, not done yet.
+// hazards; results/depthwise_7x7_rows_h100_2026-12-06.txt): each raw buffer
+// now ends in a kPairPad-byte tail (host: _units), so the reads stay in
+// their own buffer.
 template <int SPAN> constexpr int kPairs = (SPAN + 1) / 2;
 constexpr int kPairPad = 32;
 template <typename T> constexpr bool kReadsPairs = false;
