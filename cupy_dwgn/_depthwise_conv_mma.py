@@ -100,6 +100,8 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 #: Output plane sides (rows and columns) between which the ops take the
 #: kernel for NCHW 7x7 at stride 1 (``preferred``).
 RULE_SIDES = (24, 112)
+#: The side at which bfloat16 also takes it (16-row tiles exactly; ``preferred``).
+_BFLOAT16_SIDE = 16
 
 
 def preferred(g, dtype, backward, layout):
@@ -126,12 +128,24 @@ def preferred(g, dtype, backward, layout):
     partial one predicated), ~150 their votes and stage stores, the rest the
     unit's row copies, 16-byte stores and index math.  The tensor cores are
     not the bound; small planes (one strip an item) pay the same setup for
-    fewer outputs."""
+    fewer outputs.
+
+    bfloat16 also on 16x16 planes (ConvNeXt's third stage at 256x256
+    inputs), where the whole-plane kernel, which reads bfloat16 from shared
+    memory one 2-byte value at a time (float16 in 4-byte pairs), falls
+    behind: H200,
+    2026-12-06, 64x294x16 forward, us, this kernel / plane / window: bf16
+    29.5 / 41.1 / 46.2, fp16 29.5 / 27.8 / 45.6
+    (results/depthwise_7x7_widths_h200_2026-12-06.txt).  Below 24 it
+    loses elsewhere (bf16 18: 45.3 / 39.9, 21: 44.7 / 31.9; 22 about even,
+    34.7 / 36.4)."""
     return (
         layout == "NCHW"
         and g.filter_height == 7
         and g.stride_h == 1
-        and all(RULE_SIDES[0] <= side <= RULE_SIDES[1] for side in (g.out_height, g.out_width))
+        and all(RULE_SIDES[0] <= side <= RULE_SIDES[1]
+                or (side == _BFLOAT16_SIDE and numpy.dtype(dtype) == _dtypes.bfloat16)
+                for side in (g.out_height, g.out_width))
     )
 
 

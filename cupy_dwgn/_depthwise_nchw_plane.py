@@ -152,9 +152,24 @@ def preferred(g, dtype, backward):
     * At width 10 and below the ops try the row kernel first
       (_depthwise_nchw_rows.preferred); below 10, where it is not taken,
       the window kernel (7-wide 3x3 fp16: window 15.8, plane 23.7 us at
-      64x960x7), but half-type 7x7 on planes of at most 7 (which the row
-      kernel leaves to this one: 64x768x7 fp16 plane 16.8-16.9, rows
-      20.2-21.7, window 39.4 us on an H100, 2026-12-06).
+      64x960x7), but 7x7 on planes of at most 7 (which the row kernel
+      leaves to this one: 64x768x7 fp16 plane 16.8-16.9, rows 20.2-21.7,
+      window 39.4 us on an H100, 2026-12-06; float32 on an H200 18.1 / 18.8
+      / 39.9).
+    * 7x7 since the 7-row items (_pick_rows): swept again on an H200
+      (2026-12-06, benchmarks/depthwise_candidates.py, N = 64, about 19 MB
+      per half-type tensor, forward, plane / window, us; backward-input
+      alike where measured; results/depthwise_7x7_widths_h200_2026-12-06.txt).
+      Half types now take every width below 24, where the tensor-core
+      kernel takes over (_depthwise_conv_mma.preferred): fp16 15: 29.6 /
+      54.9, 16: 27.8 / 45.6, 17: 40.6 / 68.4, 18: 33.7 / 61.1, 19: 33.1 /
+      59.6, 21: 31.3 / 53.8 (64x256x21 42.5 / 74.7), 22: 32.9 / 46.7, 23:
+      28.1 / 47.6; bf16 alike but 16: 41.1 / 46.2 (the tensor-core kernel's
+      29.5 takes it first).  float32 every width below 28 that is not a
+      multiple of 4 from 16: 17: 42.6 / 62.8, 18: 38.7 / 54.9, 19: 37.5 /
+      55.5, 21: 35.0 / 54.9, 22: 39.0 / 49.6, 23: 36.2 / 46.2, 26: 31.6 /
+      46.0; but 16: 38.6 / 28.4, 20: 30.4 / 28.8, 24: 33.1 / 27.6, 28: 29.9
+      / 27.3 (25 and 27 not measured).
     * Wider planes, in bands (2026-12-02, benchmarks/depthwise_kernels.py,
       plane / window, forward; backward-input alike;
       benchmarks/results/depthwise_kernels_sweep_stride2_bands_h200_2026-12-02.txt): half types 3x3
@@ -181,7 +196,7 @@ def preferred(g, dtype, backward):
     size = g.filter_height
     if g.stride_h != 1:
         return _preferred_at_stride_2(g, itemsize)
-    if width <= 7 and size == 7 and itemsize == 2:
+    if width <= 7 and size == 7:
         return True
     if width < 10 or width > _MAX_PREFERRED_WIDTH:
         return False
@@ -190,13 +205,13 @@ def preferred(g, dtype, backward):
             return not (width % 8 == 0 and (width == 32 or width >= 128))
         if size == 5:
             return width < 32 or width % 8 != 0
-        return width < 16 or (width % 4 == 0 and 16 < width < 32)
+        return width < 24 or (width % 4 == 0 and width < 32)
     if itemsize == 4:
         if size == 3:
             return width != 16 and width <= 128
         if size == 5:
             return width < 16 or width % 4 != 0
-        return width <= 15
+        return width < 16 or (width < 28 and width % 4 != 0)
     return False
 
 

@@ -66,8 +66,8 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 def preferred(g, dtype, backward):
     """Whether the ops take the row kernel for ``g`` (where it serves the
     call): destination rows of at most 10 values (but half-type 3x3 and 5x5
-    on 10-wide rows at stride 1), and 7x7 filters on rows of 13 (and 14 in
-    half types).  Measured on an H200 (2026-12-01,
+    on 10-wide rows at stride 1, and 7x7 on rows of at most 7).  Measured on
+    an H200 (2026-12-01,
     benchmarks/depthwise_kernels.py, GPU time per launch, us, rows against
     the best of the whole-plane and window kernels):
 
@@ -101,7 +101,8 @@ def preferred(g, dtype, backward):
       stays (5x5 46.7 / 53.6 / 60.4; 3x3 39.3 / 39.0 / 33.8, where only the
       walk would win).
     * float16 7x7 on 14-wide planes (ConvNeXt's third stage) go to the
-      plane kernel (its packed half2 arithmetic), bfloat16 stays: measured
+      plane kernel (its packed half2 arithmetic), bfloat16 stayed (until the
+      7-row items, below): measured
       on an H100 in two calls (2026-12-06, rows / plane, us, forward;
       backward-input alike): 64x384x14 fp16 39.0 / 31.9 and 39.5 / 32.4,
       32x384x14 23.7 / 16.7, 64x768x14 69.4 / 59.2; bf16 38.9 / 38.1,
@@ -113,19 +114,30 @@ def preferred(g, dtype, backward):
       benchmarks/depthwise_candidates.py, rows / plane, us): 64x768x7 fp16
       forward 21.0 / 16.8 and 21.7 / 16.9, backward-input 20.2 / 16.9; bf16
       21.0 / 18.6, 20.4 / 18.6 (results/depthwise_layer_shapes_h100_2026-12-06.txt,
-      results/depthwise_candidates_h100_2026-12-06.txt).  float32 stays
-      (19.4 / 24.2), and so do 5x5 (64x1152x7 fp16 17.6 / 17.7) and 3x3.
+      results/depthwise_candidates_h100_2026-12-06.txt).  5x5 (64x1152x7
+      fp16 17.6 / 17.7) and 3x3 stay.
+    * Since the plane kernel's 7-row items (2026-12-06), 7x7 on 13- and
+      14-wide rows in every type and float32 7x7 on 7-wide planes go to the
+      plane kernel too.  Measured on an H200 (2026-12-06,
+      benchmarks/depthwise_candidates.py, rows / plane, us, forward;
+      backward-input alike): 64x445x13 fp16 39.4 / 31.4, bf16 38.5 / 34.3,
+      float32 39.1 / 31.4; 64x160x13 fp16 17.5 / 13.6, bf16 17.2 / 15.0,
+      float32 17.5 / 13.2; 64x384x14 bf16 37.9 / 33.3 (backward-input 37.9 /
+      32.5), 64x768x14 bf16 68.7 / 56.2; 64x768x7 float32 18.8 / 18.1
+      (backward-input 19.1 / 17.9).  8- and 10-wide 7x7 stay: 64x1176x8
+      fp16 33.8 / 32.4, bf16 33.3 / 46.2, float32 53.2 / 62.0 (the register
+      row walk 35.9, not taken: one shape measured); 64x753x10 fp16 42.1 /
+      37.4, bf16 41.3 / 41.8, float32 40.1 / 44.5
+      (results/depthwise_7x7_widths_h200_2026-12-06.txt).
     """
     dst_width = g.width if backward else g.out_width
     dtype = numpy.dtype(dtype)
     itemsize = dtype.itemsize
     if dst_width == 10 and g.stride_h == 1 and itemsize == 2 and g.filter_height in (3, 5):
         return False
-    if dst_width <= 7 and g.stride_h == 1 and itemsize == 2 and (g.filter_height, g.filter_width) == (7, 7):
+    if dst_width <= 7 and g.stride_h == 1 and (g.filter_height, g.filter_width) == (7, 7):
         return False
-    if dst_width <= 10:
-        return True
-    return g.filter_height == 7 and (dst_width == 13 or (dst_width == 14 and dtype == _dtypes.bfloat16))
+    return dst_width <= 10
 
 
 def select(g, dtype, backward, index):

@@ -588,18 +588,20 @@ def test_nchw_rows_rule():
     for hw, k, stride, dtype, backward, want_w, taken in [
         (7, 3, 1, single, False, 8, True), (7, 3, 1, half, True, 8, True), (8, 5, 1, half, False, 8, True),
         (10, 3, 1, single, True, 16, True), (14, 7, 1, half, False, 16, False), (14, 7, 1, single, False, 16, False),
-        (14, 7, 1, numpy.dtype(_dtypes.bfloat16), False, 16, True), (14, 7, 1, numpy.dtype(_dtypes.bfloat16), True, 16, True),
+        (14, 7, 1, numpy.dtype(_dtypes.bfloat16), False, 16, False), (14, 7, 1, numpy.dtype(_dtypes.bfloat16), True, 16, False),
         (14, 3, 1, half, False, 16, False), (16, 7, 1, half, True, 16, False), (14, 5, 2, half, False, 8, True),
         (11, 3, 1, half, False, 16, False), (11, 3, 1, single, True, 16, False), (13, 5, 1, half, True, 16, False),
         (15, 7, 1, half, False, 16, False), (12, 7, 1, half, False, 16, False), (13, 3, 1, half, False, 16, False),
-        (13, 7, 1, single, False, 16, True), (13, 7, 1, half, True, 16, True),
+        (13, 7, 1, single, False, 16, False), (13, 7, 1, half, True, 16, False),
+        (13, 7, 1, numpy.dtype(_dtypes.bfloat16), False, 16, False),
         (16, 3, 2, single, False, 8, True), (18, 3, 1, half, False, None, False), (18, 3, 2, half, False, None, False),
         (14, 3, 2, half, True, None, False), (7, 3, 1, double, False, None, False),
         # 10-wide half-type 3x3 / 5x5 at stride 1 go to the plane kernel; float32, 7x7 stay.
         (10, 3, 1, half, False, 16, False), (10, 5, 1, half, True, 16, False), (10, 7, 1, half, False, 16, True),
         (10, 5, 1, single, False, 16, True),
-        # half-type 7x7 on 7-wide planes go to the plane kernel; float32 stays
-        (7, 7, 1, half, False, 8, False), (7, 7, 1, half, True, 8, False), (7, 7, 1, single, False, 8, True),
+        # 7x7 on 7-wide planes go to the plane kernel; 8-wide stay (2026-12-06)
+        (7, 7, 1, half, False, 8, False), (7, 7, 1, half, True, 8, False), (7, 7, 1, single, False, 8, False),
+        (7, 7, 1, single, True, 8, False), (8, 7, 1, single, False, 8, True), (8, 7, 1, half, True, 8, True),
     ]:
         g = _validate.conv_geometry((4, 24, hw, hw), (24, 1, k, k), stride, k // 2, 1)
         launch = rows.plan(g, dtype, backward, "int")
@@ -1092,12 +1094,16 @@ def test_nchw_plane_rule_follows_the_width_sweep():
         (28, 3, half, True), (31, 3, half, True), (44, 3, half, True), (60, 3, half, True), (32, 3, half, False),
         (40, 3, half, True), (56, 3, half, True), (64, 3, half, True), (72, 3, half, True), (128, 3, half, False),
         (12, 5, half, True), (17, 5, half, True), (31, 5, half, True),
-        (40, 5, half, False), (12, 7, half, True), (15, 7, half, True), (24, 7, half, True), (16, 7, half, False),
-        (17, 7, half, False), (21, 7, half, False), (32, 7, half, False), (12, 3, single, True),
+        (40, 5, half, False), (12, 7, half, True), (15, 7, half, True), (24, 7, half, True), (16, 7, half, True),
+        (17, 7, half, True), (21, 7, half, True), (22, 7, half, True), (23, 7, half, True), (28, 7, half, True),
+        (32, 7, half, False), (12, 3, single, True),
         (14, 3, single, True), (30, 3, single, True), (56, 3, single, True), (16, 3, single, False),
         (12, 5, single, True), (21, 5, single, True), (16, 5, single, False), (24, 5, single, False),
-        (12, 7, single, True), (14, 7, single, True), (17, 7, single, False), (8, 3, half, False),
-        (7, 7, half, True), (7, 7, single, False), (7, 5, half, False),  # 7x7 half at 7 wide: past the row kernel
+        (12, 7, single, True), (14, 7, single, True), (8, 3, half, False),
+        # float32 7x7 since the 7-row items (2026-12-06): below 28 but the multiples of 4 from 16
+        (17, 7, single, True), (21, 7, single, True), (23, 7, single, True), (26, 7, single, True),
+        (16, 7, single, False), (20, 7, single, False), (24, 7, single, False), (28, 7, single, False),
+        (7, 7, half, True), (7, 7, single, True), (7, 5, half, False),  # 7x7 at 7 wide: past the row kernel
         # wider planes (bands), the sweep of 2026-12-02
         (75, 3, half, True), (150, 3, half, True), (100, 3, half, True), (57, 3, half, True), (112, 3, half, True),
         (75, 5, half, True), (61, 5, half, True), (75, 3, single, True), (112, 3, single, True),
@@ -3535,7 +3541,7 @@ def test_conv_mma_rule():
     import numpy
 
     from cupy_dwgn import _depthwise_conv_mma as mma
-    from cupy_dwgn import _validate
+    from cupy_dwgn import _dtypes, _validate
 
     half = numpy.dtype(numpy.float16)
     assert mma.MODE == "rule"
@@ -3543,6 +3549,7 @@ def test_conv_mma_rule():
         ("NCHW", 96, 56, 7, 1, True), ("NCHW", 192, 28, 7, 1, True), ("NCHW", 384, 14, 7, 1, False),
         ("NCHW", 96, 112, 7, 1, True), ("NCHW", 32, 150, 7, 1, False), ("NHWC", 96, 56, 7, 1, False), ("NCHW", 240, 28, 5, 1, False),
         ("NCHW", 144, 56, 3, 1, False), ("NCHW", 96, 112, 7, 2, False), ("NCHW", 960, 7, 3, 1, False),
+        ("NCHW", 294, 16, 7, 1, False), ("NCHW", 171, 21, 7, 1, False),
     ]:
         x_shape = (64, c, hw, hw) if layout == "NCHW" else (64, hw, hw, c)
         g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, k // 2, 1, layout=layout)
@@ -3550,6 +3557,13 @@ def test_conv_mma_rule():
             assert mma.preferred(g, half, backward, layout) == taken, (layout, c, hw, k, stride, backward)
             planned = mma.select(g, half, backward, "int", 16, 16, layout)
             assert (planned is not None) == taken
+    # bfloat16 also on 16x16 planes (2026-12-06), not on other sides below 24 nor on 16 x 48
+    bf16 = numpy.dtype(_dtypes.bfloat16)
+    for hw, width, taken in [(16, 16, True), (14, 14, False), (21, 21, False), (56, 56, True), (16, 48, True),
+                             (16, 20, False)]:
+        g = _validate.conv_geometry((64, 96, hw, width), (96, 1, 7, 7), 1, 3, 1)
+        assert mma.preferred(g, bf16, False, "NCHW") == taken, (hw, width)
+        assert mma.preferred(g, half, False, "NCHW") == (taken and hw != 16 and width != 16), (hw, width)
     # float32 is not served, whatever the rule says
     g = _validate.conv_geometry((64, 96, 56, 56), (96, 1, 7, 7), 1, 3, 1)
     assert mma.select(g, numpy.dtype(numpy.float32), False, "int", 16, 16, "NCHW") is None

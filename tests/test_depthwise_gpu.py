@@ -647,6 +647,43 @@ def test_plane_kernel_rule_and_dispatch():
         assert relative_error(dx, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
 
 
+# NCHW 7x7 at stride 1 by plane side: the kernel family the ops take
+# (the rules of 2026-12-06: _depthwise_nchw_rows / _depthwise_nchw_plane /
+# _depthwise_conv_mma.preferred), per (float32, float16, bfloat16).
+ROUTES_7X7 = {
+    7: ("plane", "plane", "plane"), 8: ("rows", "rows", "rows"), 13: ("plane", "plane", "plane"),
+    16: ("window", "plane", "mma"), 17: ("plane", "plane", "plane"), 20: ("window", "plane", "plane"),
+    21: ("plane", "plane", "plane"), 26: ("plane", "mma", "mma"), 28: ("window", "mma", "mma"),
+}
+FAMILIES = {"rows": _depthwise_nchw_rows.KERNEL, "plane": _depthwise_nchw_plane.KERNEL,
+            "window": _depthwise_nchw_window.KERNEL, "mma": _depthwise_conv_mma.KERNEL}
+
+
+ROUTE_DTYPES = [DTYPES[0], DTYPES[2], DTYPES[3]]
+
+
+@pytest.mark.parametrize("dtype", ROUTE_DTYPES, ids=str)
+@pytest.mark.parametrize("side", sorted(ROUTES_7X7))
+def test_nchw_7x7_routes_match_reference(side, dtype):
+    # Through the public ops on poisoned outputs, forward and backward-input,
+    # with a bias and 12 planes: the family taken and the values.
+    dtype = numpy.dtype(dtype)
+    family = FAMILIES[ROUTES_7X7[side][ROUTE_DTYPES.index(dtype)]]
+    rng = numpy.random.default_rng(side)
+    shape = (2, 12, side, side)
+    x = cupy.asarray(random(rng, shape, dtype))
+    w = cupy.asarray(random(rng, (12, 1, 7, 7), dtype))
+    b = cupy.asarray(random(rng, (12,), dtype))
+    g = _validate.conv_geometry(shape, w.shape, 1, 3, 1)
+    for steps in (depthwise._forward_steps(g, "NCHW", x, x), depthwise._backward_input_steps(g, "NCHW", x, x)):
+        assert steps.launches[0].expression.startswith(family), steps.launches[0].expression
+    y = cupy_dwgn.depthwise_conv2d(x, w, b, padding=3, out=poisoned(shape, dtype))
+    dx = cupy_dwgn.depthwise_conv2d_backward_input(x, w, shape, padding=3, out=poisoned(shape, dtype))
+    x64, w64, b64 = cupy.asnumpy(x), cupy.asnumpy(w), cupy.asnumpy(b)
+    assert relative_error(y, reference.depthwise_conv2d(x64, w64, b64, padding=3)) <= TOLERANCE[dtype]
+    assert relative_error(dx, reference.depthwise_conv2d_backward_input(x64, w64, shape, padding=3)) <= TOLERANCE[dtype]
+
+
 # The NCHW register-window kernel, launched directly on poisoned outputs:
 # its fixed copies (whole planes per unit, row staging by cp.async: each
 # thread's copy offsets worked out once) against the general staging, for
