@@ -21,6 +21,26 @@ TOLERANCE = {
 }
 
 
+#: NCHW 7x7 at stride 1, by plane side: the kernel family the ops take, per
+#: ROUTE_DTYPES (the rules of 2026-12-06 in _depthwise_nchw_rows,
+#: _depthwise_nchw_plane and _depthwise_conv_mma.preferred; the H200 width
+#: sweep in benchmarks/results/depthwise_7x7_widths_h200_2026-12-06.txt).
+ROUTE_DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), BFLOAT16]
+ROUTES_7X7 = {
+    7: ("plane", "plane", "plane"), 8: ("rows", "rows", "rows"), 13: ("plane", "plane", "plane"),
+    16: ("window", "plane", "mma"), 17: ("plane", "plane", "plane"), 20: ("window", "plane", "plane"),
+    21: ("plane", "plane", "plane"), 26: ("plane", "mma", "mma"), 28: ("window", "mma", "mma"),
+}
+
+
+def route_kernel(family):
+    """The kernel-name prefix of a ROUTES_7X7 family."""
+    from cupy_dwgn import _depthwise_conv_mma, _depthwise_nchw_plane, _depthwise_nchw_rows, _depthwise_nchw_window
+
+    return {"rows": _depthwise_nchw_rows.KERNEL, "plane": _depthwise_nchw_plane.KERNEL,
+            "window": _depthwise_nchw_window.KERNEL, "mma": _depthwise_conv_mma.KERNEL}[family]
+
+
 def random(rng, shape, dtype, offset=0.0):
     """Random normal data rounded to ``dtype`` (a NumPy array of that dtype)."""
     return (offset + rng.standard_normal(shape)).astype(dtype)

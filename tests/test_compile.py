@@ -1080,6 +1080,28 @@ def test_nchw_plane_pair_reads_agree_between_host_and_kernel():
     assert plane.pair_pads(_dtypes.bfloat16, 5, 1, False) == 0
 
 
+def test_nchw_7x7_routes_by_plane_side():
+    # NCHW 7x7 at stride 1: the kernel the ops launch (the whole dispatch, no
+    # device needed: the plans read sizes and addresses only), forward and
+    # backward-input, against the H200 width sweep of 2026-12-06
+    # (results/depthwise_7x7_widths_h200_2026-12-06.txt).  The same table
+    # drives the GPU test that runs these launches against the reference.
+    import types
+
+    import numpy
+
+    from _helpers import ROUTE_DTYPES, ROUTES_7X7, route_kernel
+
+    from cupy_dwgn import _validate, depthwise
+
+    for side, families in ROUTES_7X7.items():
+        for dtype, family in zip(ROUTE_DTYPES, families):
+            g = _validate.conv_geometry((2, 12, side, side), (12, 1, 7, 7), 1, 3, 1)
+            x = types.SimpleNamespace(size=2 * 12 * side * side, dtype=dtype, data=types.SimpleNamespace(ptr=256))
+            for steps in (depthwise._forward_steps(g, "NCHW", x, x), depthwise._backward_input_steps(g, "NCHW", x, x)):
+                assert steps.launches[0].expression.startswith(route_kernel(family)), (side, dtype, family)
+
+
 def test_nchw_plane_rule_follows_the_width_sweep():
     # _depthwise_nchw_plane.preferred against the 2026-12-02 sweeps' winner
     # (plane or window kernel; benchmarks/results/depthwise_kernels_sweep_*).

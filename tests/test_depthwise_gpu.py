@@ -12,8 +12,8 @@ from cupy_dwgn import (
 )
 
 from _helpers import (
-    DTYPE_IDS, DTYPES, TOLERANCE, poisoned, random, record_errors, relative_error, programmatic_settings,
-    replay_on_new_data,
+    DTYPE_IDS, DTYPES, ROUTE_DTYPES, ROUTES_7X7, TOLERANCE, poisoned, random, record_errors, relative_error,
+    programmatic_settings, replay_on_new_data, route_kernel,
 )
 
 cupy = pytest.importorskip("cupy")
@@ -647,28 +647,13 @@ def test_plane_kernel_rule_and_dispatch():
         assert relative_error(dx, want) <= TOLERANCE[numpy.dtype(numpy.float16)]
 
 
-# NCHW 7x7 at stride 1 by plane side: the kernel family the ops take
-# (the rules of 2026-12-06: _depthwise_nchw_rows / _depthwise_nchw_plane /
-# _depthwise_conv_mma.preferred), per (float32, float16, bfloat16).
-ROUTES_7X7 = {
-    7: ("plane", "plane", "plane"), 8: ("rows", "rows", "rows"), 13: ("plane", "plane", "plane"),
-    16: ("window", "plane", "mma"), 17: ("plane", "plane", "plane"), 20: ("window", "plane", "plane"),
-    21: ("plane", "plane", "plane"), 26: ("plane", "mma", "mma"), 28: ("window", "mma", "mma"),
-}
-FAMILIES = {"rows": _depthwise_nchw_rows.KERNEL, "plane": _depthwise_nchw_plane.KERNEL,
-            "window": _depthwise_nchw_window.KERNEL, "mma": _depthwise_conv_mma.KERNEL}
-
-
-ROUTE_DTYPES = [DTYPES[0], DTYPES[2], DTYPES[3]]
-
-
 @pytest.mark.parametrize("dtype", ROUTE_DTYPES, ids=str)
 @pytest.mark.parametrize("side", sorted(ROUTES_7X7))
 def test_nchw_7x7_routes_match_reference(side, dtype):
     # Through the public ops on poisoned outputs, forward and backward-input,
     # with a bias and 12 planes: the family taken and the values.
     dtype = numpy.dtype(dtype)
-    family = FAMILIES[ROUTES_7X7[side][ROUTE_DTYPES.index(dtype)]]
+    family = route_kernel(ROUTES_7X7[side][ROUTE_DTYPES.index(dtype)])
     rng = numpy.random.default_rng(side)
     shape = (2, 12, side, side)
     x = cupy.asarray(random(rng, shape, dtype))
