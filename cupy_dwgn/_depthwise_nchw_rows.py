@@ -65,8 +65,8 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 
 def preferred(g, dtype, backward):
     """Whether the ops take the row kernel for ``g`` (where it serves the
-    call): destination rows of at most 10 values (but half-type 3x3 and 5x5
-    on 10-wide rows at stride 1, and 7x7 on rows of at most 7).  Measured on
+    call): destination rows of at most 10 values (but half types on 10-wide
+    rows at stride 1, and 7x7 on rows of at most 7).  Measured on
     an H200 (2026-12-01,
     benchmarks/depthwise_kernels.py, GPU time per launch, us, rows against
     the best of the whole-plane and window kernels):
@@ -124,16 +124,17 @@ def preferred(g, dtype, backward):
       float32 39.1 / 31.4; 64x160x13 fp16 17.5 / 13.6, bf16 17.2 / 15.0,
       float32 17.5 / 13.2; 64x384x14 bf16 37.9 / 33.3 (backward-input 37.9 /
       32.5), 64x768x14 bf16 68.7 / 56.2; 64x768x7 float32 18.8 / 18.1
-      (backward-input 19.1 / 17.9).  8- and 10-wide 7x7 stay: 64x1176x8
-      fp16 33.8 / 32.4, bf16 33.3 / 46.2, float32 53.2 / 62.0 (the register
-      row walk 35.9, not taken: one shape measured); 64x753x10 fp16 42.1 /
-      37.4, bf16 41.3 / 41.8, float32 40.1 / 44.5
+      (backward-input 19.1 / 17.9).  Half-type 7x7 on 10-wide rows go with
+      the half-type 3x3 and 5x5 there (64x753x10 fp16 42.1 / 37.4, bf16 41.3
+      / 41.8); float32 stays (40.1 / 44.5), and so does 7x7 on 8-wide rows
+      (64x1176x8 fp16 33.8 / 32.4, bf16 33.3 / 46.2, float32 53.2 / 62.0; the
+      register row walk's 35.9 in float32 is not taken: one shape measured)
       (results/depthwise_7x7_widths_h200_2026-12-06.txt).
     """
     dst_width = g.width if backward else g.out_width
     dtype = numpy.dtype(dtype)
     itemsize = dtype.itemsize
-    if dst_width == 10 and g.stride_h == 1 and itemsize == 2 and g.filter_height in (3, 5):
+    if dst_width == 10 and g.stride_h == 1 and itemsize == 2 and g.filter_height in (3, 5, 7):
         return False
     if dst_width <= 7 and g.stride_h == 1 and (g.filter_height, g.filter_width) == (7, 7):
         return False

@@ -27,7 +27,8 @@ TOLERANCE = {
 #: sweep in benchmarks/results/depthwise_7x7_widths_h200_2026-12-06.txt).
 ROUTE_DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), BFLOAT16]
 ROUTES_7X7 = {
-    7: ("plane", "plane", "plane"), 8: ("rows", "rows", "rows"), 13: ("plane", "plane", "plane"),
+    7: ("plane", "plane", "plane"), 8: ("rows", "rows", "rows"), 10: ("rows", "plane", "plane"),
+    13: ("plane", "plane", "plane"),
     16: ("window", "plane", "mma"), 17: ("plane", "plane", "plane"), 20: ("window", "plane", "plane"),
     21: ("plane", "plane", "plane"), 26: ("plane", "mma", "mma"), 28: ("window", "mma", "mma"),
 }

@@ -596,8 +596,9 @@ def test_nchw_rows_rule():
         (13, 7, 1, numpy.dtype(_dtypes.bfloat16), False, 16, False),
         (16, 3, 2, single, False, 8, True), (18, 3, 1, half, False, None, False), (18, 3, 2, half, False, None, False),
         (14, 3, 2, half, True, None, False), (7, 3, 1, double, False, None, False),
-        # 10-wide half-type 3x3 / 5x5 at stride 1 go to the plane kernel; float32, 7x7 stay.
-        (10, 3, 1, half, False, 16, False), (10, 5, 1, half, True, 16, False), (10, 7, 1, half, False, 16, True),
+        # 10-wide half types at stride 1 go to the plane kernel (7x7 since 2026-12-06); float32 stays.
+        (10, 3, 1, half, False, 16, False), (10, 5, 1, half, True, 16, False), (10, 7, 1, half, False, 16, False),
+        (10, 7, 1, single, True, 16, True),
         (10, 5, 1, single, False, 16, True),
         # 7x7 on 7-wide planes go to the plane kernel; 8-wide stay (2026-12-06)
         (7, 7, 1, half, False, 8, False), (7, 7, 1, half, True, 8, False), (7, 7, 1, single, False, 8, False),
