@@ -133,8 +133,8 @@ def preferred(g, dtype, backward, layout):
     bfloat16 also on 16x16 planes (ConvNeXt's third stage at 256x256
     inputs), where the whole-plane kernel, which reads bfloat16 from shared
     memory one 2-byte value at a time (float16 in 4-byte pairs), falls
-    behind: H200,
-    2026-12-06, 64x294x16 forward, us, this kernel / plane / window: bf16
+    behind: H200, 2026-12-06, 64x294x16 forward, us, this kernel / plane /
+    window: bf16
     29.5 / 41.1 / 46.2, fp16 29.5 / 27.8 / 45.6
     (results/depthwise_7x7_widths_h200_2026-12-06.txt).  Below 24 it
     loses elsewhere (bf16 18: 45.3 / 39.9, 21: 44.7 / 31.9; 22 about even,

@@ -134,7 +134,7 @@ def preferred(g, dtype, backward):
     dst_width = g.width if backward else g.out_width
     dtype = numpy.dtype(dtype)
     itemsize = dtype.itemsize
-    if dst_width == 10 and g.stride_h == 1 and itemsize == 2 and g.filter_height in (3, 5, 7):
+    if dst_width == 10 and g.stride_h == 1 and itemsize == 2:  # (every filter of FILTER_SIZES)
         return False
     if dst_width <= 7 and g.stride_h == 1 and (g.filter_height, g.filter_width) == (7, 7):
         return False
