@@ -21,7 +21,7 @@ import functools
 
 import numpy
 
-from . import _compile, _dtypes, _launch, _validate
+from . import _compile, _depthwise_nchw_forward_regs, _dtypes, _launch, _validate
 from ._launch import i32
 
 #: "rule": the ops take this kernel where ``preferred`` says it wins;
@@ -66,7 +66,9 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 def preferred(g, dtype, backward):
     """Whether the ops take the row kernel for ``g`` (where it serves the
     call): destination rows of at most 10 values (but half types on 10-wide
-    rows at stride 1, and 7x7 on rows of at most 7).  Measured on
+    rows at stride 1, 7x7 on rows of at most 7, and float32 on 8-wide rows
+    at stride 1 where the register row walk takes them:
+    _depthwise_nchw_forward_regs.takes_narrow_float32).  Measured on
     an H200 (2026-12-01,
     benchmarks/depthwise_kernels.py, GPU time per launch, us, rows against
     the best of the whole-plane and window kernels):
@@ -127,9 +129,12 @@ def preferred(g, dtype, backward):
       (backward-input 19.1 / 17.9).  Half-type 7x7 on 10-wide rows go with
       the half-type 3x3 and 5x5 there (64x753x10 fp16 42.1 / 37.4, bf16 41.3
       / 41.8); float32 stays (40.1 / 44.5), and so does 7x7 on 8-wide rows
-      (64x1176x8 fp16 33.8 / 32.4, bf16 33.3 / 46.2, float32 53.2 / 62.0; the
-      register row walk's 35.9 in float32 is not taken: one shape measured)
+      (64x1176x8 fp16 33.8 / 32.4, bf16 33.3 / 46.2, float32 53.2 / 62.0)
       (results/depthwise_7x7_widths_h200_2026-12-06.txt).
+    * float32 on 8-wide rows at stride 1 went to the register row walk
+      (2026-12-06; 3x3 and 5x5, and 7x7 on enough planes; the measurements
+      at _depthwise_nchw_forward_regs.takes_narrow_float32): 64x1176x8 7x7
+      53.2 / 35.9 us forward on an H200, rows / walk.
     """
     dst_width = g.width if backward else g.out_width
     dtype = numpy.dtype(dtype)
@@ -137,6 +142,8 @@ def preferred(g, dtype, backward):
     if dst_width == 10 and g.stride_h == 1 and itemsize == 2:  # (every filter of FILTER_SIZES)
         return False
     if dst_width <= 7 and g.stride_h == 1 and (g.filter_height, g.filter_width) == (7, 7):
+        return False
+    if _depthwise_nchw_forward_regs.takes_narrow_float32(g, dtype, backward):
         return False
     return dst_width <= 10
 

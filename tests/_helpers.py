@@ -32,14 +32,23 @@ ROUTES_7X7 = {
     16: ("window", "plane", "mma"), 17: ("plane", "plane", "plane"), 20: ("window", "plane", "plane"),
     21: ("plane", "plane", "plane"), 26: ("plane", "mma", "mma"), 28: ("window", "mma", "mma"),
 }
+#: float32 onto 8-wide rows at stride 1: (N, C), filter size, the family the
+#: ops take (forward and backward-input; the register row walk's rule,
+#: _depthwise_nchw_forward_regs.takes_narrow_float32: 7x7 from 24576 planes).
+NARROW_FLOAT32_ROUTES = [
+    ((2, 12), 3, "walk"), ((2, 12), 5, "walk"), ((2, 12), 7, "rows"),
+    ((2, 12287), 7, "rows"), ((2, 12288), 7, "walk"),
+]
 
 
 def route_kernel(family):
-    """The kernel-name prefix of a ROUTES_7X7 family."""
-    from cupy_dwgn import _depthwise_conv_mma, _depthwise_nchw_plane, _depthwise_nchw_rows, _depthwise_nchw_window
+    """The kernel-name prefix of a family of ROUTES_7X7 or NARROW_FLOAT32_ROUTES."""
+    from cupy_dwgn import (_depthwise_conv_mma, _depthwise_nchw_forward_regs, _depthwise_nchw_plane,
+                           _depthwise_nchw_rows, _depthwise_nchw_window)
 
     return {"rows": _depthwise_nchw_rows.KERNEL, "plane": _depthwise_nchw_plane.KERNEL,
-            "window": _depthwise_nchw_window.KERNEL, "mma": _depthwise_conv_mma.KERNEL}[family]
+            "window": _depthwise_nchw_window.KERNEL, "mma": _depthwise_conv_mma.KERNEL,
+            "walk": _depthwise_nchw_forward_regs.KERNEL}[family]
 
 
 def random(rng, shape, dtype, offset=0.0):

@@ -1103,6 +1103,31 @@ def test_nchw_7x7_routes_by_plane_side():
                 assert steps.launches[0].expression.startswith(route_kernel(family)), (side, dtype, family)
 
 
+
+def test_narrow_float32_routes_to_the_walk():
+    # float32 onto 8-wide rows at stride 1 (NARROW_FLOAT32_ROUTES): the row
+    # kernel yields to the register row walk at any alignment (VW 4 on
+    # 16-byte addresses, VW 1 on 4-byte ones), forward and backward-input;
+    # half types keep the row kernel.
+    import types
+
+    import numpy
+
+    from _helpers import NARROW_FLOAT32_ROUTES, route_kernel
+
+    from cupy_dwgn import _validate, depthwise
+
+    for (batch, channels), k, family in NARROW_FLOAT32_ROUTES:
+        shape = (batch, channels, 8, 8)
+        g = _validate.conv_geometry(shape, (channels, 1, k, k), 1, k // 2, 1)
+        for dtype, want in ((numpy.dtype(numpy.float32), family), (numpy.dtype(numpy.float16), "rows")):
+            for address in (256, 260):
+                x = types.SimpleNamespace(size=batch * channels * 64, dtype=dtype, data=types.SimpleNamespace(ptr=address))
+                for steps in (depthwise._forward_steps(g, "NCHW", x, x),
+                              depthwise._backward_input_steps(g, "NCHW", x, x)):
+                    expression = steps.launches[0].expression
+                    assert expression.startswith(route_kernel(want)), (shape, k, dtype, address, expression)
+
 def test_nchw_plane_rule_follows_the_width_sweep():
     # _depthwise_nchw_plane.preferred against the 2026-12-02 sweeps' winner
     # (plane or window kernel; benchmarks/results/depthwise_kernels_sweep_*).

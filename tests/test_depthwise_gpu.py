@@ -12,7 +12,7 @@ from cupy_dwgn import (
 )
 
 from _helpers import (
-    DTYPE_IDS, DTYPES, ROUTE_DTYPES, ROUTES_7X7, TOLERANCE, poisoned, random, record_errors, relative_error,
+    DTYPE_IDS, DTYPES, NARROW_FLOAT32_ROUTES, ROUTE_DTYPES, ROUTES_7X7, TOLERANCE, poisoned, random, record_errors, relative_error,
     programmatic_settings, replay_on_new_data, route_kernel,
 )
 
@@ -668,6 +668,34 @@ def test_nchw_7x7_routes_match_reference(side, dtype):
     assert relative_error(y, reference.depthwise_conv2d(x64, w64, b64, padding=3)) <= TOLERANCE[dtype]
     assert relative_error(dx, reference.depthwise_conv2d_backward_input(x64, w64, shape, padding=3)) <= TOLERANCE[dtype]
 
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
+@pytest.mark.parametrize("route", NARROW_FLOAT32_ROUTES, ids=lambda r: f"{r[0][0]}x{r[0][1]}x8 {r[1]}x{r[1]}")
+def test_narrow_float32_routes_match_reference(route, offset):
+    # float32 onto 8-wide rows at stride 1 through the public ops on poisoned
+    # outputs, forward with a bias and backward-input: the family taken (the
+    # register row walk or the row kernel) and the values; "offset" views
+    # start 4 bytes into their buffer (the walk at VW 1).
+    (batch, channels), k, family = route
+    rng = numpy.random.default_rng(channels + k)
+    shape = (batch, channels, 8, 8)
+    size = batch * channels * 64
+    x = cupy.empty(size + offset, numpy.float32)[offset:].reshape(shape)
+    x[...] = cupy.asarray(random(rng, shape, numpy.float32))
+    w = cupy.asarray(random(rng, (channels, 1, k, k), numpy.float32))
+    b = cupy.asarray(random(rng, (channels,), numpy.float32))
+    g = _validate.conv_geometry(shape, w.shape, 1, k // 2, 1)
+    for steps in (depthwise._forward_steps(g, "NCHW", x, x), depthwise._backward_input_steps(g, "NCHW", x, x)):
+        assert steps.launches[0].expression.startswith(route_kernel(family)), steps.launches[0].expression
+    out = cupy.empty(size + offset, numpy.float32)[offset:].reshape(shape)
+    out.fill(numpy.nan)
+    y = cupy_dwgn.depthwise_conv2d(x, w, b, padding=k // 2, out=out)
+    dx = cupy_dwgn.depthwise_conv2d_backward_input(x, w, shape, padding=k // 2, out=poisoned(shape, numpy.float32))
+    x64, w64, b64 = cupy.asnumpy(x), cupy.asnumpy(w), cupy.asnumpy(b)
+    tolerance = TOLERANCE[numpy.dtype(numpy.float32)]
+    assert relative_error(y, reference.depthwise_conv2d(x64, w64, b64, padding=k // 2)) <= tolerance
+    assert relative_error(dx, reference.depthwise_conv2d_backward_input(x64, w64, shape, padding=k // 2)) <= tolerance
 
 # The NCHW register-window kernel, launched directly on poisoned outputs:
 # its fixed copies (whole planes per unit, row staging by cp.async: each
