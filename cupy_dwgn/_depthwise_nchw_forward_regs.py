@@ -67,12 +67,13 @@ _MAX_WIDTH_8_BYTE_HALF = 14
 _MIN_PLANES_NARROW_7X7 = 24576
 
 
-def takes_narrow_float32(g, dtype, backward):
-    """Whether the ops take the walk for a float32 stride-1 forward or
-    backward-input onto 8-wide rows (the row kernel yields these to it):
-    3x3 and 5x5 always, 7x7 from _MIN_PLANES_NARROW_7X7 planes.  Measured
-    on an H100 (2026-12-06, benchmarks/depthwise_candidates.py, rows / walk,
-    us, forward; backward-input alike but where named;
+def takes_narrow_float32(g, dtype, backward, vw):
+    """Whether the ops take the walk at ``vw`` for a float32 stride-1 forward
+    or backward-input onto 8-wide rows (the row kernel yields these to it,
+    ``yields_narrow_float32``): at VW 4 (16-byte aligned tensors), 3x3 and
+    5x5 always, 7x7 from _MIN_PLANES_NARROW_7X7 planes.  Measured on an
+    H100 (2026-12-06, benchmarks/depthwise_candidates.py, rows / walk, us,
+    forward; backward-input alike but where named;
     results/depthwise_fp32_narrow_h100_2026-12-06.txt): 7x7 64x1176x8 53.4
     / 36.3 (backward-input 53.0 / 40.4; an H200's forward 53.2 / 35.9),
     128x512x8 47.6 / 35.8, 48x1176x8 41.9 / 33.8, 40x1024x8 31.4 / 25.0,
@@ -82,15 +83,26 @@ def takes_narrow_float32(g, dtype, backward):
     taps: 16x1176x8 17.4 / 17.8, 32x512x8 14.4 / 18.3.  5x5 64x1176x8 38.7
     / 28.1, 32x1176x8 22.8 / 18.4, 64x512x8 20.9 / 13.2, 16x1176x8 13.3 /
     12.6, 32x512x8 11.4 / 8.1; 3x3 64x1176x8 27.7 / 21.4, 32x512x8 8.6 /
-    6.2.  Measured on 16-byte aligned tensors (VW 4); views whose alignment
-    leaves the walk a narrower VW are taken too (not measured), so that the
-    row kernel's decline always lands here."""
+    6.2.  Not at narrower VW (views 4 bytes into their buffers: VW 1, 8
+    lanes a plane; the ops' eager time, CUDA events, rows / walk, us):
+    64x1176x8 7x7 59.8 / 77.0, 24x1024x8 26.4 / 30.6, 64x512x8 5x5 25.1 /
+    26.7, 32x512x8 3x3 14.8 / 15.9 (aligned: 59.0 / 42.3, 29.1 / 25.5,
+    25.3 / 18.0, 15.2 / 12.7)."""
     dst_width = g.width if backward else g.out_width
     return (
-        numpy.dtype(dtype) == numpy.float32 and g.stride_h == 1 and dst_width == 8
+        numpy.dtype(dtype) == numpy.float32 and g.stride_h == 1 and dst_width == 8 and vw == 4
         and (g.filter_height, g.filter_width) in FILTER_SIZES
         and (g.filter_height < 7 or g.batch * g.channels >= _MIN_PLANES_NARROW_7X7)
     )
+
+
+def yields_narrow_float32(g, dtype, backward, src_alignment, dst_alignment):
+    """Whether the row kernel leaves this call to the walk
+    (``takes_narrow_float32`` at the VW the walk would launch)."""
+    if numpy.dtype(dtype) != numpy.float32 or g.stride_h != 1:
+        return False
+    launch = plan(g, dtype, backward, src_alignment, dst_alignment)
+    return launch is not None and takes_narrow_float32(g, dtype, backward, launch_vector_width(launch))
 
 
 def vector_widths(k, itemsize):
@@ -143,8 +155,8 @@ def preferred(g, dtype, backward, vw):
     """Whether the ops take this kernel for ``g`` (where it serves the call
     at ``vw``): the stride-2 forward of 3x3 and 5x5 filters with 16-byte
     source vectors, the stride-1 2-byte 3x3 forward and backward-input
-    with 16-byte rows of 8 (56-wide planes), and float32 onto 8-wide rows
-    at stride 1 (``takes_narrow_float32``).  Measured on an H200
+    with 16-byte rows of 8 (56-wide planes), and float32 onto 16-byte rows
+    of 8 at stride 1 (``takes_narrow_float32``).  Measured on an H200
     (2026-12-03, us, this kernel against the kernels the ops took before:
     the shared-memory window and whole-plane kernels): stride 2 float32
     64x96x112 94.7 / 109.6, 64x144x56 40.2 / 55.3, 64x240x56 5x5 93.6 /
@@ -181,7 +193,7 @@ def preferred(g, dtype, backward, vw):
             return g.out_width >= _MIN_WIDTH_8_BYTE_SOURCE if itemsize == 4 else (
                 itemsize == 2 and g.out_width <= _MAX_WIDTH_8_BYTE_HALF)
         return source_bytes == VECTOR_BYTES
-    return (k == 3 and itemsize == 2 and vw == 8) or takes_narrow_float32(g, dtype, backward)
+    return (k == 3 and itemsize == 2 and vw == 8) or takes_narrow_float32(g, dtype, backward, vw)
 
 
 def select(g, dtype, backward, src_alignment, dst_alignment):

@@ -63,11 +63,12 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
         [v for v in VARIANTS if backward is None or v[1] == backward])
 
 
-def preferred(g, dtype, backward):
+def preferred(g, dtype, backward, src_alignment, dst_alignment):
     """Whether the ops take the row kernel for ``g`` (where it serves the
     call): destination rows of at most 10 values (but half types on 10-wide
     rows at stride 1, 7x7 on rows of at most 7, and float32 on 8-wide rows
-    at stride 1 where the register row walk takes them:
+    at stride 1 where the register row walk takes them, which depends on the
+    tensors' byte alignments ``src_alignment`` and ``dst_alignment``:
     _depthwise_nchw_forward_regs.takes_narrow_float32).  Measured on
     an H200 (2026-12-01,
     benchmarks/depthwise_kernels.py, GPU time per launch, us, rows against
@@ -143,14 +144,15 @@ def preferred(g, dtype, backward):
         return False
     if dst_width <= 7 and g.stride_h == 1 and (g.filter_height, g.filter_width) == (7, 7):
         return False
-    if _depthwise_nchw_forward_regs.takes_narrow_float32(g, dtype, backward):
+    if _depthwise_nchw_forward_regs.yields_narrow_float32(g, dtype, backward, src_alignment, dst_alignment):
         return False
     return dst_width <= 10
 
 
-def select(g, dtype, backward, index):
-    """``plan(...)`` when the ops take this kernel (per ``MODE``), else None."""
-    if MODE == "never" or (MODE == "rule" and not preferred(g, dtype, backward)):
+def select(g, dtype, backward, index, src_alignment, dst_alignment):
+    """``plan(...)`` when the ops take this kernel (per ``MODE``), else None.
+    ``*_alignment``: the largest of 16, 8, 4, 2, 1 dividing the address."""
+    if MODE == "never" or (MODE == "rule" and not preferred(g, dtype, backward, src_alignment, dst_alignment)):
         return None
     return plan(g, dtype, backward, index)
 

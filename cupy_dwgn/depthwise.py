@@ -492,14 +492,15 @@ def _forward_steps(g, layout, x, out):
                   or _depthwise_nhwc_direct.select(*signature) or _depthwise_nhwc_window.select(*signature))
         launches = (launch,) if launch else _depthwise_nhwc.forward_plan(g, x.dtype, index, _vector_aligned(x, out))
     else:
+        aligned = (_alignment(x), _alignment(out))
         launch = (
             _depthwise_nchw_large.plan(g, x.dtype, False)
-            or _depthwise_conv_mma.select(g, x.dtype, False, index, _alignment(x), _alignment(out), "NCHW")
-            or _depthwise_nchw_rows.select(g, x.dtype, False, index)
-            or _depthwise_nchw_forward_regs.select(g, x.dtype, False, _alignment(x), _alignment(out))
+            or _depthwise_conv_mma.select(g, x.dtype, False, index, *aligned, "NCHW")
+            or _depthwise_nchw_rows.select(g, x.dtype, False, index, *aligned)
+            or _depthwise_nchw_forward_regs.select(g, x.dtype, False, *aligned)
             or (_depthwise_nchw_plane.preferred(g, x.dtype, False)
-                and _depthwise_nchw_plane.plan(g, x.dtype, False, index, _alignment(x), _alignment(out)))
-            or _depthwise_nchw_window.plan(g, x.dtype, False, index, _alignment(x), _alignment(out) == 16)
+                and _depthwise_nchw_plane.plan(g, x.dtype, False, index, *aligned))
+            or _depthwise_nchw_window.plan(g, x.dtype, False, index, aligned[0], aligned[1] == 16)
             or _depthwise_nchw.forward_plan(g, x.dtype, index)
         )
         launches = (launch,)
@@ -526,16 +527,15 @@ def _backward_input_steps(g, layout, grad_out, out):
                 launch, forward_kernel = _depthwise_nhwc.backward_input_plan(
                     g, grad_out.dtype, index, _vector_aligned(grad_out, out))
     else:
+        aligned = (_alignment(grad_out), _alignment(out))
         launch = (
             _depthwise_nchw_large.plan(g, grad_out.dtype, True)
-            or _depthwise_conv_mma.select(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out),
-                                          "NCHW")
-            or _depthwise_nchw_rows.select(g, grad_out.dtype, True, index)
-            or _depthwise_nchw_forward_regs.select(g, grad_out.dtype, True, _alignment(grad_out), _alignment(out))
+            or _depthwise_conv_mma.select(g, grad_out.dtype, True, index, *aligned, "NCHW")
+            or _depthwise_nchw_rows.select(g, grad_out.dtype, True, index, *aligned)
+            or _depthwise_nchw_forward_regs.select(g, grad_out.dtype, True, *aligned)
             or (_depthwise_nchw_plane.preferred(g, grad_out.dtype, True)
-                and _depthwise_nchw_plane.plan(g, grad_out.dtype, True, index, _alignment(grad_out), _alignment(out)))
-            or _depthwise_nchw_window.plan(g, grad_out.dtype, True, index, _alignment(grad_out),
-                                           _alignment(out) == 16)
+                and _depthwise_nchw_plane.plan(g, grad_out.dtype, True, index, *aligned))
+            or _depthwise_nchw_window.plan(g, grad_out.dtype, True, index, aligned[0], aligned[1] == 16)
         )
         forward_kernel = launch is not None
         if launch is None:

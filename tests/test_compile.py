@@ -613,8 +613,8 @@ def test_nchw_rows_rule():
         assert launch.expression.split(", ")[4] == str(want_w) and launch.shared_mem == 0
         dst_h = g.height if backward else g.out_height
         assert int(launch.scalars[-1]) == 4 * 24 * dst_h and launch.grid[0] == -(-4 * 24 * dst_h // rows.THREADS)
-        assert rows.preferred(g, dtype, backward) == taken, (hw, k, stride, dtype, backward)
-        assert (rows.select(g, dtype, backward, "int") is launch) == taken
+        assert rows.preferred(g, dtype, backward, 16, 16) == taken, (hw, k, stride, dtype, backward)
+        assert (rows.select(g, dtype, backward, "int", 16, 16) is launch) == taken
         if taken:  # the op launches it (other kernels' plans need a device)
             # The dispatch reads sizes and addresses only: a stand-in array at a 256-byte address.
             x = types.SimpleNamespace(size=4 * 24 * hw * hw, dtype=dtype, data=types.SimpleNamespace(ptr=256))
@@ -1106,8 +1106,8 @@ def test_nchw_7x7_routes_by_plane_side():
 
 def test_narrow_float32_routes_to_the_walk():
     # float32 onto 8-wide rows at stride 1 (NARROW_FLOAT32_ROUTES): the row
-    # kernel yields to the register row walk at any alignment (VW 4 on
-    # 16-byte addresses, VW 1 on 4-byte ones), forward and backward-input;
+    # kernel yields to the register row walk on 16-byte addresses (VW 4),
+    # not on 4-byte ones (the walk's VW 1 lost), forward and backward-input;
     # half types keep the row kernel.
     import types
 
@@ -1120,13 +1120,13 @@ def test_narrow_float32_routes_to_the_walk():
     for (batch, channels), k, family in NARROW_FLOAT32_ROUTES:
         shape = (batch, channels, 8, 8)
         g = _validate.conv_geometry(shape, (channels, 1, k, k), 1, k // 2, 1)
-        for dtype, want in ((numpy.dtype(numpy.float32), family), (numpy.dtype(numpy.float16), "rows")):
-            for address in (256, 260):
-                x = types.SimpleNamespace(size=batch * channels * 64, dtype=dtype, data=types.SimpleNamespace(ptr=address))
-                for steps in (depthwise._forward_steps(g, "NCHW", x, x),
-                              depthwise._backward_input_steps(g, "NCHW", x, x)):
-                    expression = steps.launches[0].expression
-                    assert expression.startswith(route_kernel(want)), (shape, k, dtype, address, expression)
+        single, half = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16)
+        for dtype, address, want in ((single, 256, family), (single, 260, "rows"), (half, 256, "rows")):
+            x = types.SimpleNamespace(size=batch * channels * 64, dtype=dtype, data=types.SimpleNamespace(ptr=address))
+            for steps in (depthwise._forward_steps(g, "NCHW", x, x), depthwise._backward_input_steps(g, "NCHW", x, x)):
+                expression = steps.launches[0].expression
+                assert expression.startswith(route_kernel(want)), (shape, k, dtype, address, expression)
+
 
 def test_nchw_plane_rule_follows_the_width_sweep():
     # _depthwise_nchw_plane.preferred against the 2026-12-02 sweeps' winner
