@@ -51,6 +51,24 @@ def route_kernel(family):
             "walk": _depthwise_nchw_forward_regs.KERNEL}[family]
 
 
+
+def dispatch_stand_in(size, dtype, address=256):
+    """An object the depthwise dispatch can plan for without a device: it
+    reads an array's size, dtype and address only."""
+    import types
+
+    return types.SimpleNamespace(size=size, dtype=dtype, data=types.SimpleNamespace(ptr=address))
+
+
+def nchw_launch_expressions(g, x):
+    """The kernel expressions the NCHW ops launch for ``g`` with ``x`` as
+    source and destination (an array or ``dispatch_stand_in``): forward,
+    backward-input."""
+    from cupy_dwgn import depthwise
+
+    return tuple(steps(g, "NCHW", x, x).launches[0].expression
+                 for steps in (depthwise._forward_steps, depthwise._backward_input_steps))
+
 def random(rng, shape, dtype, offset=0.0):
     """Random normal data rounded to ``dtype`` (a NumPy array of that dtype)."""
     return (offset + rng.standard_normal(shape)).astype(dtype)

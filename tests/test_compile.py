@@ -576,12 +576,12 @@ def test_nchw_rows_rule():
     # compiles, the grid (one thread per destination row), and what it does
     # not serve: wider rows, stride-2 backward-input, dilation, multiplier 2,
     # float64, other filter sizes.
-    import types
-
     import numpy
 
+    from _helpers import dispatch_stand_in, nchw_launch_expressions
+
     from cupy_dwgn import _depthwise_nchw_rows as rows
-    from cupy_dwgn import _dtypes, _validate, depthwise
+    from cupy_dwgn import _dtypes, _validate
 
     shipped = set(ALL_SPECIALIZATIONS)
     half, single, double = (numpy.dtype(t) for t in (numpy.float16, numpy.float32, numpy.float64))
@@ -616,10 +616,7 @@ def test_nchw_rows_rule():
         assert rows.preferred(g, dtype, backward, 16, 16) == taken, (hw, k, stride, dtype, backward)
         assert (rows.select(g, dtype, backward, "int", 16, 16) is launch) == taken
         if taken:  # the op launches it (other kernels' plans need a device)
-            # The dispatch reads sizes and addresses only: a stand-in array at a 256-byte address.
-            x = types.SimpleNamespace(size=4 * 24 * hw * hw, dtype=dtype, data=types.SimpleNamespace(ptr=256))
-            steps = (depthwise._backward_input_steps if backward else depthwise._forward_steps)(g, "NCHW", x, x)
-            assert steps.launches[0].expression == launch.expression
+            assert nchw_launch_expressions(g, dispatch_stand_in(4 * 24 * hw * hw, dtype))[backward] == launch.expression
     for x_shape, w_shape, stride, dilation in [((2, 4, 7, 7), (4, 1, 3, 3), 1, 2), ((2, 4, 7, 7), (8, 1, 3, 3), 1, 1),
                                                ((2, 4, 7, 7), (4, 1, 3, 5), 1, 1), ((2, 4, 7, 7), (4, 1, 3, 3), (1, 2), 1)]:
         g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation)
@@ -1087,20 +1084,15 @@ def test_nchw_7x7_routes_by_plane_side():
     # backward-input, against the H200 width sweep of 2026-12-06
     # (results/depthwise_7x7_widths_h200_2026-12-06.txt).  The same table
     # drives the GPU test that runs these launches against the reference.
-    import types
+    from _helpers import ROUTE_DTYPES, ROUTES_7X7, dispatch_stand_in, nchw_launch_expressions, route_kernel
 
-    import numpy
-
-    from _helpers import ROUTE_DTYPES, ROUTES_7X7, route_kernel
-
-    from cupy_dwgn import _validate, depthwise
+    from cupy_dwgn import _validate
 
     for side, families in ROUTES_7X7.items():
         for dtype, family in zip(ROUTE_DTYPES, families):
             g = _validate.conv_geometry((2, 12, side, side), (12, 1, 7, 7), 1, 3, 1)
-            x = types.SimpleNamespace(size=2 * 12 * side * side, dtype=dtype, data=types.SimpleNamespace(ptr=256))
-            for steps in (depthwise._forward_steps(g, "NCHW", x, x), depthwise._backward_input_steps(g, "NCHW", x, x)):
-                assert steps.launches[0].expression.startswith(route_kernel(family)), (side, dtype, family)
+            for expression in nchw_launch_expressions(g, dispatch_stand_in(2 * 12 * side * side, dtype)):
+                assert expression.startswith(route_kernel(family)), (side, dtype, family)
 
 
 
@@ -1109,22 +1101,18 @@ def test_narrow_float32_routes_to_the_walk():
     # kernel yields to the register row walk on 16-byte addresses (VW 4),
     # not on 4-byte ones (the walk's VW 1 lost), forward and backward-input;
     # half types keep the row kernel.
-    import types
-
     import numpy
 
-    from _helpers import NARROW_FLOAT32_ROUTES, route_kernel
+    from _helpers import NARROW_FLOAT32_ROUTES, dispatch_stand_in, nchw_launch_expressions, route_kernel
 
-    from cupy_dwgn import _validate, depthwise
+    from cupy_dwgn import _validate
 
     for (batch, channels), k, family in NARROW_FLOAT32_ROUTES:
         shape = (batch, channels, 8, 8)
         g = _validate.conv_geometry(shape, (channels, 1, k, k), 1, k // 2, 1)
         single, half = numpy.dtype(numpy.float32), numpy.dtype(numpy.float16)
         for dtype, address, want in ((single, 256, family), (single, 260, "rows"), (half, 256, "rows")):
-            x = types.SimpleNamespace(size=batch * channels * 64, dtype=dtype, data=types.SimpleNamespace(ptr=address))
-            for steps in (depthwise._forward_steps(g, "NCHW", x, x), depthwise._backward_input_steps(g, "NCHW", x, x)):
-                expression = steps.launches[0].expression
+            for expression in nchw_launch_expressions(g, dispatch_stand_in(batch * channels * 64, dtype, address)):
                 assert expression.startswith(route_kernel(want)), (shape, k, dtype, address, expression)
 
 

@@ -13,7 +13,7 @@ from cupy_dwgn import (
 
 from _helpers import (
     DTYPE_IDS, DTYPES, NARROW_FLOAT32_ROUTES, ROUTE_DTYPES, ROUTES_7X7, TOLERANCE, poisoned, random, record_errors, relative_error,
-    programmatic_settings, replay_on_new_data, route_kernel,
+    nchw_launch_expressions, programmatic_settings, replay_on_new_data, route_kernel,
 )
 
 cupy = pytest.importorskip("cupy")
@@ -660,8 +660,8 @@ def test_nchw_7x7_routes_match_reference(side, dtype):
     w = cupy.asarray(random(rng, (12, 1, 7, 7), dtype))
     b = cupy.asarray(random(rng, (12,), dtype))
     g = _validate.conv_geometry(shape, w.shape, 1, 3, 1)
-    for steps in (depthwise._forward_steps(g, "NCHW", x, x), depthwise._backward_input_steps(g, "NCHW", x, x)):
-        assert steps.launches[0].expression.startswith(family), steps.launches[0].expression
+    for expression in nchw_launch_expressions(g, x):
+        assert expression.startswith(family), expression
     y = cupy_dwgn.depthwise_conv2d(x, w, b, padding=3, out=poisoned(shape, dtype))
     dx = cupy_dwgn.depthwise_conv2d_backward_input(x, w, shape, padding=3, out=poisoned(shape, dtype))
     x64, w64, b64 = cupy.asnumpy(x), cupy.asnumpy(w), cupy.asnumpy(b)
@@ -687,8 +687,8 @@ def test_narrow_float32_routes_match_reference(route, offset):
     w = cupy.asarray(random(rng, (channels, 1, k, k), numpy.float32))
     b = cupy.asarray(random(rng, (channels,), numpy.float32))
     g = _validate.conv_geometry(shape, w.shape, 1, k // 2, 1)
-    for steps in (depthwise._forward_steps(g, "NCHW", x, x), depthwise._backward_input_steps(g, "NCHW", x, x)):
-        assert steps.launches[0].expression.startswith(route_kernel(family)), steps.launches[0].expression
+    for expression in nchw_launch_expressions(g, x):
+        assert expression.startswith(route_kernel(family)), expression
     out = cupy.empty(size + offset, numpy.float32)[offset:].reshape(shape)
     out.fill(numpy.nan)
     y = cupy_dwgn.depthwise_conv2d(x, w, b, padding=k // 2, out=out)
