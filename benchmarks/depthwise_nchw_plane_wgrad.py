@@ -11,7 +11,7 @@ difference between the two relative to the largest output, and with
 data.  The rule of _depthwise_nchw_plane_wgrad.preferred comes from it.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/depthwise_nchw_plane_wgrad.py [--shapes 64x192x75x3x1 ...]
-        [--dtypes float16 ...] [--torch] [--target-blocks 264 528 ...]
+        [--dtypes float16 ...] [--torch] [--target-blocks 264 528 ...] [--min-units 1 2 ...]
 
 Prints one line per (shape, dtype).
 """
@@ -45,6 +45,9 @@ def main():
     parser.add_argument("--torch", action="store_true")
     parser.add_argument("--target-blocks", type=int, nargs="+", metavar="BLOCKS",
                         help="also time the plane kernel with each TARGET_BLOCKS (the split's constant)")
+    parser.add_argument("--min-units", type=int, nargs="+", metavar="UNITS",
+                        help="also time the plane kernel with each MIN_UNITS_PER_SPLIT (with each --target-blocks, "
+                             "or the shipped TARGET_BLOCKS)")
     args, dtypes, bandwidth = harness.parse_comparison(parser, DTYPES)
     for n, c, hw, k, stride in args.shapes:
         x_shape = (n, c, hw, hw)
@@ -54,17 +57,21 @@ def main():
             times, results, kernels, (dys, xs, arrays) = harness.compare_wgrad_modes(
                 plane_wgrad, (("plane", "always"), ("other", "never")), g, "NCHW", x_shape, dy_shape, dt)
             floor_us = (xs[0].nbytes + dys[0].nbytes) / bandwidth
-            for blocks in args.target_blocks or ():
-                saved = plane_wgrad.TARGET_BLOCKS
-                plane_wgrad.TARGET_BLOCKS = blocks
+            variants = [(blocks, units) for blocks in args.target_blocks or [plane_wgrad.TARGET_BLOCKS]
+                        for units in args.min_units or [plane_wgrad.MIN_UNITS_PER_SPLIT]]
+            if not (args.target_blocks or args.min_units):
+                variants = []
+            for blocks, units in variants:
+                saved = plane_wgrad.TARGET_BLOCKS, plane_wgrad.MIN_UNITS_PER_SPLIT
+                plane_wgrad.TARGET_BLOCKS, plane_wgrad.MIN_UNITS_PER_SPLIT = blocks, units
                 plane_wgrad.plan.cache_clear()
                 try:
                     steps = harness.steps_with_mode(plane_wgrad, "always", depthwise._backward_weight_steps, g,
                                                     "NCHW", dys[0], xs[0],
                                                     off=harness.wgrad_kernels_before(plane_wgrad))
-                    times[f"plane@{blocks}"] = harness.steps_time_us(steps, arrays)
+                    times[f"plane@{blocks}/{units}"] = harness.steps_time_us(steps, arrays)
                 finally:
-                    plane_wgrad.TARGET_BLOCKS = saved
+                    plane_wgrad.TARGET_BLOCKS, plane_wgrad.MIN_UNITS_PER_SPLIT = saved
                     plane_wgrad.plan.cache_clear()
             line = harness.wgrad_comparison_line(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8}", "plane", "other",
                                                  times, results, floor_us)

@@ -1,4 +1,6 @@
-"""Every launch's kernelParams match its kernel's parameters, checked without a GPU.
+"""Every launch's kernelParams match its kernel's parameters, and every launch
+the ops choose for any valid call is a shipped kernel in a configuration a GPU
+accepts, checked without a GPU.
 
 The ops hand each kernel its arrays by position in the call's argument tuple
 and its scalars from the Launch (cupy_dwgn._launch.Steps).  A wrong position
@@ -23,6 +25,8 @@ import types
 
 import numpy
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 cupy = pytest.importorskip("cupy")
 
@@ -382,3 +386,112 @@ def test_workspace_layout_keeps_the_grid_barrier_word_apart():
     assert align + 4 * _workspace.TICKET_COUNT == header
     offsets, total = _workspace.layout((((1000,), f64),))
     assert offsets == (header,) and total == header + 8192
+
+
+# Any valid call the ops accept must reach a launch that a GPU accepts: a
+# shipped specialization (the set CI compiles), a grid and block within the
+# hardware's limits, dynamic shared memory within sm_90's opt-in maximum.
+# The ops' kernel choice runs for drawn geometries (any filter, stride,
+# padding, dilation and multiplier, widths with and without vectors, rows of
+# 1 to 300, tensors past 2**31 elements) in both layouts, every dtype and
+# several alignments, with the device queries the plans make answered as an
+# H200 would.  A plan that oversteps a limit would only show on a GPU, as a
+# launch failure on the first call with that shape.
+MAX_GRID_X, MAX_GRID_YZ, MAX_BLOCK_THREADS, MAX_BLOCK_Z = 2**31 - 1, 65535, 1024, 64
+SM90_SHARED_OPT_IN = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
+
+
+def _launchable(launch):
+    """Whether ``launch`` is a shipped kernel with a configuration a GPU takes."""
+    assert (launch.file, launch.expression) in _SHIPPED, launch
+    x, y, z = launch.grid
+    assert 1 <= x <= MAX_GRID_X and 1 <= y <= MAX_GRID_YZ and 1 <= z <= MAX_GRID_YZ, launch
+    threads = launch.block[0] * launch.block[1] * launch.block[2]
+    assert min(launch.block) >= 1 and threads <= MAX_BLOCK_THREADS and launch.block[2] <= MAX_BLOCK_Z, launch
+    assert 0 <= launch.shared_mem <= SM90_SHARED_OPT_IN, launch
+    assert launch.cluster <= 16 and x % launch.cluster == 0, launch
+
+
+_SHIPPED = set(_compile.specializations(large_index=(False, True)))
+_EXTENTS = st.one_of(st.integers(1, 40), st.sampled_from([7, 14, 16, 28, 56, 75, 112, 150, 255, 300]))
+
+
+@st.composite
+def _convolutions(draw):
+    """(x shape as NCHW, weight shape, stride, padding, dilation) of a call the ops accept."""
+    kh = draw(st.one_of(st.sampled_from([1, 3, 5, 7]), st.integers(1, 31)))
+    kw = draw(st.one_of(st.just(kh), st.integers(1, 31)))
+    stride = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    dilation = draw(st.sampled_from([(1, 1), (1, 1), (2, 2), (1, 3)]))
+    padding = draw(st.one_of(
+        st.just((kh // 2 * dilation[0], kw // 2 * dilation[1])),
+        st.tuples(st.tuples(st.integers(0, kh + 1), st.integers(0, kh + 1)),
+                  st.tuples(st.integers(0, kw + 1), st.integers(0, kw + 1)))))
+    batch = draw(st.one_of(st.integers(1, 4), st.sampled_from([16, 64, 70000])))
+    channels = draw(st.one_of(st.integers(1, 40), st.sampled_from([96, 144, 384, 960, 1392, 2048])))
+    multiplier = draw(st.sampled_from([1, 1, 1, 2, 3]))
+    return ((batch, channels, draw(_EXTENTS), draw(_EXTENTS)), (channels * multiplier, 1, kh, kw), stride, padding,
+            dilation)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_convolutions(), st.sampled_from(DTYPES), st.sampled_from(["NCHW", "NHWC"]), st.sampled_from([0, 1, 2, 4]))
+def test_any_valid_convolution_reaches_launchable_kernels(convolution, dtype, layout, misaligned_elements):
+    x_shape, w_shape, stride, padding, dilation = convolution
+    if layout == "NHWC":
+        x_shape = (x_shape[0], x_shape[2], x_shape[3], x_shape[1])
+    try:
+        g = _validate.conv_geometry(x_shape, w_shape, stride, padding, dilation, layout=layout)
+    except ValueError:  # an empty output, a filter larger than the padded input
+        assume(False)
+    x = _array((g.batch * g.channels * g.height * g.width,), dtype, misaligned_elements * dtype.itemsize)
+    y = _array((g.batch * g.channels * g.multiplier * g.out_height * g.out_width,), dtype)
+    with _h200_device_queries():
+        launches = (depthwise._forward_steps(g, layout, x, y).launches
+                    + depthwise._backward_input_steps(g, layout, y, x).launches
+                    + depthwise._backward_weight_steps(g, layout, y, x).launches)
+    for launch in launches:
+        _launchable(launch)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.integers(1, 8), st.sampled_from([32, 70000])),
+       st.one_of(st.integers(1, 300), st.sampled_from([64 * 64, 127 * 127, 512 * 512])),
+       st.integers(1, 96), st.sampled_from([1, 2, 3, 4, 8, 16, 20, 32]), st.sampled_from(DTYPES),
+       st.sampled_from(["identity", "silu", "gelu"]), st.booleans(), st.sampled_from(["auto", "split", "fused"]))
+def test_any_valid_group_norm_reaches_launchable_kernels(batch, rows, group_size, groups, dtype, activation,
+                                                         aligned, path):
+    channels = group_size * groups
+    w_dtype = numpy.dtype(_group_norm.weight_dtypes(dtype)[-1])
+    with _h200_device_queries():
+        forward = _group_norm._forward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, 1e-5,
+                                            aligned, path)
+        backward = _group_norm._backward_plan(batch, rows, channels, groups, dtype, w_dtype, activation, aligned,
+                                              path)
+        launches = (list(_group_norm._forward_steps(forward, True, True).launches)
+                    + list(_group_norm._backward_steps(backward).launches))
+    for launch in launches:
+        _launchable(launch)
+
+
+class _h200_device_queries:
+    """The device facts the plans read, as an H200 answers them (the large-
+    filter plans' shared-memory limit, the current device); the plans built
+    under it are dropped on exit."""
+
+    def __enter__(self):
+        from cupy.cuda import runtime
+
+        self._saved = (_depthwise_nchw_large._shared_limit, runtime.getDevice)
+        _depthwise_nchw_large._shared_limit = lambda device: SM90_SHARED_OPT_IN
+        runtime.getDevice = lambda: 0
+        _depthwise_nchw_large._plan.cache_clear()
+        return self
+
+    def __exit__(self, *exc):
+        from cupy.cuda import runtime
+
+        _depthwise_nchw_large._shared_limit, runtime.getDevice = self._saved
+        _depthwise_nchw_large._plan.cache_clear()
+        depthwise._SIGNATURES.clear()
+        return False
