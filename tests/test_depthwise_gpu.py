@@ -140,6 +140,39 @@ def test_all_ops_match_reference(case, dtype, layout, rng):
     assert worst <= TOLERANCE[dtype], errors
 
 
+def _model_layer(seed):
+    """A seeded depthwise layer as conv nets have them (3x3 / 5x5 / 7x7,
+    stride 1 or 2, padding K // 2), at the plane widths where the ops' rules
+    pick their specialized kernels (7, 8, 14, 28, 56, ... and odd ones
+    between) and channel counts past the vector widths, under about 700K
+    elements a tensor: the kernels the rules choose for real models, on
+    sizes the tables do not list."""
+    r = numpy.random.default_rng(1000 + seed)
+    k = int(r.choice([3, 5, 7]))
+    stride = int(r.choice([1, 2]))
+    widths = [7, 8, 10, 14, 16, 19, 28, 38, 56, 75]
+    height = int(r.choice(widths)) if r.random() < 0.5 else int(r.integers(5, 121))
+    width = height if r.random() < 0.7 else int(r.integers(5, 121))
+    channels = int(r.integers(1, 64)) if r.random() < 0.4 else int(r.integers(64, 400))
+    budget = 700_000
+    channels = max(1, min(channels, budget // (height * width)))
+    batch = int(max(1, min(4, budget // (channels * height * width))))
+    name = f"layer {seed} {batch}x{channels}x{height}x{width} {k}x{k} s{stride}"
+    return (name, (batch, channels, height, width), (channels, 1, k, k), stride, k // 2, 1)
+
+
+MODEL_LAYERS = [_model_layer(seed) for seed in range(20)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", MODEL_LAYERS, ids=lambda c: c[0])
+def test_model_layers_match_reference(case, dtype, layout, rng):
+    errors = _run_all_three(case, dtype, rng, layout=layout)
+    record_errors(f"depthwise {layout} (model layers)", str(numpy.dtype(dtype)), errors)
+    assert max(errors.values()) <= TOLERANCE[dtype], errors
+
+
 # Channels-last specifics (cases given in NCHW shapes, run in NHWC): channel
 # counts that are not multiples of the 4/8-element channel vectors, depth
 # multipliers, 1x1 and 31x31 filters, and enough channels for several blocks.
