@@ -130,16 +130,6 @@ def _run_all_three(case, dtype, rng, bias=True, layout="NCHW"):
     }
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_all_ops_match_reference(case, dtype, layout, rng):
-    errors = _run_all_three(case, dtype, rng, layout=layout)
-    record_errors(f"depthwise {layout} (all cases)", str(numpy.dtype(dtype)), errors)
-    worst = max(errors.values())
-    assert worst <= TOLERANCE[dtype], errors
-
-
 def _model_layer(seed):
     """A seeded depthwise layer as conv nets have them (3x3 / 5x5 / 7x7,
     stride 1 or 2, padding K // 2), at the plane widths where the ops' rules
@@ -166,10 +156,11 @@ MODEL_LAYERS = [_model_layer(seed) for seed in range(20)]
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("case", MODEL_LAYERS, ids=lambda c: c[0])
-def test_model_layers_match_reference(case, dtype, layout, rng):
+@pytest.mark.parametrize("case", CASES + MODEL_LAYERS, ids=lambda c: c[0])
+def test_all_ops_match_reference(case, dtype, layout, rng):
     errors = _run_all_three(case, dtype, rng, layout=layout)
-    record_errors(f"depthwise {layout} (model layers)", str(numpy.dtype(dtype)), errors)
+    family = "model layers" if case in MODEL_LAYERS else "all cases"
+    record_errors(f"depthwise {layout} ({family})", str(numpy.dtype(dtype)), errors)
     assert max(errors.values()) <= TOLERANCE[dtype], errors
 
 
