@@ -1471,6 +1471,34 @@ _PLANE_GEOMETRIES = [
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("case", _PLANE_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[3]}")
 def test_plane_kernel_index_math_covers_every_output_once(case, backward):
+    _check_plane_kernel_index_math(case, backward, seed=3)
+
+
+@st.composite
+def _plane_geometries(draw):
+    """(x NCHW shape, filter size, padding per side, stride) the plane kernels serve."""
+    k = draw(st.sampled_from([3, 5, 7]))
+    stride = draw(st.sampled_from([1, 2]))
+    padding = tuple((draw(st.integers(0, k + 1)), draw(st.integers(0, k + 1))) for _ in range(2))
+    # Rows past 64 make planes of more than 256 items: bands.
+    height = draw(st.one_of(st.integers(max(1, k - sum(padding[0])), 40), st.sampled_from([66, 75])))
+    width = draw(st.one_of(st.integers(max(1, k - sum(padding[1])), 40), st.sampled_from([10, 14, 16, 28, 56])))
+    width = max(width, k - sum(padding[1]))
+    return (draw(st.integers(1, 2)), draw(st.integers(1, 20)), height, width), k, padding, stride
+
+
+@settings(max_examples=25, deadline=None)
+@given(_plane_geometries(), st.booleans(), st.integers(0, 2**32 - 1))
+def test_plane_kernel_random_geometries(case, backward, seed):
+    # The whole-plane kernel's emulation on drawn geometries (any padding
+    # per side, widths with and without 4-column vectors, planes per unit,
+    # both strides and directions, every row choice, alignment and load and
+    # store form): every destination written once and equal to the float64
+    # reference.
+    _check_plane_kernel_index_math(case, backward, seed)
+
+
+def _check_plane_kernel_index_math(case, backward, seed):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane as nchw_plane
@@ -1483,7 +1511,7 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
         assert nchw_plane.plan(g, numpy.dtype(numpy.float32), True, "int", 16, 16) is None
         return
     y_shape = (n, c, g.out_height, g.out_width)
-    rng = numpy.random.default_rng(3)
+    rng = numpy.random.default_rng(seed)
     for dtype in nchw_plane.DTYPES:
         src_shape = y_shape if backward else x_shape
         src = rng.standard_normal(src_shape).astype(dtype)
@@ -1747,6 +1775,20 @@ _PLANE_WGRAD_GEOMETRIES = [
 
 @pytest.mark.parametrize("case", _PLANE_WGRAD_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[3]}")
 def test_plane_wgrad_index_math_counts_every_output_once(case):
+    _check_plane_wgrad_index_math(case, seed=5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_plane_geometries(), st.integers(0, 2**32 - 1))
+def test_plane_wgrad_random_geometries(case, seed):
+    # The whole-plane weight gradient's emulation on drawn geometries (the
+    # plane kernel's: any padding per side, widths with and without
+    # 4-column vectors, planes per unit, both strides): every (output,
+    # tap) pair counted once and the sums equal to the float64 reference.
+    _check_plane_wgrad_index_math(case, seed)
+
+
+def _check_plane_wgrad_index_math(case, seed):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_plane_wgrad as plane_wgrad
@@ -1755,7 +1797,7 @@ def test_plane_wgrad_index_math_counts_every_output_once(case):
     x_shape, k, padding, stride = case
     n, c = x_shape[:2]
     g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
-    rng = numpy.random.default_rng(5)
+    rng = numpy.random.default_rng(seed)
     for dtype in (numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)):
         x = rng.standard_normal(x_shape).astype(dtype)
         grad_out = rng.standard_normal((n, c, g.out_height, g.out_width)).astype(dtype)
