@@ -58,9 +58,8 @@ def main():
                 plane_wgrad, (("plane", "always"), ("other", "never")), g, "NCHW", x_shape, dy_shape, dt)
             floor_us = (xs[0].nbytes + dys[0].nbytes) / bandwidth
             variants = [(blocks, units) for blocks in args.target_blocks or [plane_wgrad.TARGET_BLOCKS]
-                        for units in args.min_units or [plane_wgrad.MIN_UNITS_PER_SPLIT]]
-            if not (args.target_blocks or args.min_units):
-                variants = []
+                        for units in args.min_units or [plane_wgrad.MIN_UNITS_PER_SPLIT]
+                        if args.target_blocks or args.min_units]
             for blocks, units in variants:
                 saved = plane_wgrad.TARGET_BLOCKS, plane_wgrad.MIN_UNITS_PER_SPLIT
                 plane_wgrad.TARGET_BLOCKS, plane_wgrad.MIN_UNITS_PER_SPLIT = blocks, units

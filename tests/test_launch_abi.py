@@ -16,6 +16,7 @@ GPU suite catches those).  Device queries the plans make (SM count, shared
 memory, a kernel's registers) get H200 values.
 """
 
+import contextlib
 import ctypes
 import itertools
 import shutil
@@ -401,8 +402,8 @@ MAX_GRID_X, MAX_GRID_YZ, MAX_BLOCK_THREADS, MAX_BLOCK_Z = 2**31 - 1, 65535, 1024
 SM90_SHARED_OPT_IN = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
 
 
-def _launchable(launch):
-    """Whether ``launch`` is a shipped kernel with a configuration a GPU takes."""
+def _assert_launchable(launch):
+    """Asserts that ``launch`` is a shipped kernel in a configuration a GPU takes."""
     assert (launch.file, launch.expression) in _SHIPPED, launch
     x, y, z = launch.grid
     assert 1 <= x <= MAX_GRID_X and 1 <= y <= MAX_GRID_YZ and 1 <= z <= MAX_GRID_YZ, launch
@@ -451,7 +452,7 @@ def test_any_valid_convolution_reaches_launchable_kernels(convolution, dtype, la
                     + depthwise._backward_input_steps(g, layout, y, x).launches
                     + depthwise._backward_weight_steps(g, layout, y, x).launches)
     for launch in launches:
-        _launchable(launch)
+        _assert_launchable(launch)
 
 
 @settings(max_examples=200, deadline=None)
@@ -471,27 +472,23 @@ def test_any_valid_group_norm_reaches_launchable_kernels(batch, rows, group_size
         launches = (list(_group_norm._forward_steps(forward, True, True).launches)
                     + list(_group_norm._backward_steps(backward).launches))
     for launch in launches:
-        _launchable(launch)
+        _assert_launchable(launch)
 
 
-class _h200_device_queries:
-    """The device facts the plans read, as an H200 answers them (the large-
+@contextlib.contextmanager
+def _h200_device_queries():
+    """The device facts the plans read answered as an H200 would (the large-
     filter plans' shared-memory limit, the current device); the plans built
-    under it are dropped on exit."""
+    meanwhile are dropped after.  (A context manager, not monkeypatch:
+    hypothesis runs every drawn case inside one test call.)"""
+    from cupy.cuda import runtime
 
-    def __enter__(self):
-        from cupy.cuda import runtime
-
-        self._saved = (_depthwise_nchw_large._shared_limit, runtime.getDevice)
-        _depthwise_nchw_large._shared_limit = lambda device: SM90_SHARED_OPT_IN
-        runtime.getDevice = lambda: 0
+    saved = _depthwise_nchw_large._shared_limit, runtime.getDevice
+    _depthwise_nchw_large._shared_limit = lambda device: SM90_SHARED_OPT_IN
+    runtime.getDevice = lambda: 0
+    _depthwise_nchw_large._plan.cache_clear()
+    try:
+        yield
+    finally:
+        _depthwise_nchw_large._shared_limit, runtime.getDevice = saved
         _depthwise_nchw_large._plan.cache_clear()
-        return self
-
-    def __exit__(self, *exc):
-        from cupy.cuda import runtime
-
-        _depthwise_nchw_large._shared_limit, runtime.getDevice = self._saved
-        _depthwise_nchw_large._plan.cache_clear()
-        depthwise._SIGNATURES.clear()
-        return False
