@@ -3107,47 +3107,97 @@ _NCHW_WGRAD_REGS_CLEAN_WALKS = {
 
 @pytest.mark.parametrize("case", _NCHW_WGRAD_REGS_GEOMETRIES,
                          ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[2]}-p{c[3]}")
-def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case, monkeypatch):
-    import numpy
-
-    import _nchw_wgrad_regs_emulation as emulation
+def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case):
     from cupy_dwgn import _depthwise_nchw_wgrad_regs as wg
-    from cupy_dwgn import _launch, _validate, reference
 
-    x_shape, k, stride, padding = case
-    n, c, h, w = x_shape
-    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
-    rng = numpy.random.default_rng(7)
-    x = rng.standard_normal(x_shape)
-    dy = rng.standard_normal((n, c, g.out_height, g.out_width))
-    want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), stride=stride, padding=padding)
-    shipped = set(ALL_SPECIALIZATIONS)
-    seen_widths = set()
-    walks = {}
+    check = _NchwWgradRegsCheck(case, seed=7)
     # The long strips of large grids (_launch.LONG_STRIP_MIN_THREADS) forced too where they differ.
-    min_threads = (_launch.LONG_STRIP_MIN_THREADS, 0) if g.out_height > 14 else (_launch.LONG_STRIP_MIN_THREADS,)
-    for dtype, alignment, threads in itertools.product(wg.DTYPES[:2], (16, 4, 2), min_threads):
-        monkeypatch.setattr(_launch, "LONG_STRIP_MIN_THREADS", threads)
-        # The rule's split, and one split per unit (idle workers).
-        for min_units in (wg.MIN_UNITS_PER_WORKER, dict.fromkeys(wg.MIN_UNITS_PER_WORKER, 1 / 1024)):
-            monkeypatch.setattr(wg, "MIN_UNITS_PER_WORKER", min_units)
-            monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min(min_units.values()) >= 1 else 10**6)
-            (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, alignment, alignment)
-            assert (launch.file, launch.expression) in shipped
-            assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
-            assert int(finalize.scalars[2]) == launch.grid[1]
-            seen_widths.add(int(launch.expression.split(", ")[3][:-1]))
-            # The kernel's clean blocks where the group is clean, none,
-            # and every other one (the warp's vote decides on the GPU).
-            for clean_blocks in ("group", "never", "alternate"):
-                partial, writes, visits = emulation.emulate(launch, dy, x, clean_blocks)
-                assert (writes == 1).all() and (visits == 1).all()
-                numpy.testing.assert_allclose(emulation.finalize(partial), want, rtol=1e-12, atol=1e-12)
-                for key, count in emulation.emulate.blocks_seen.items():
-                    walks[key] = walks.get(key, 0) + count
-    assert 1 in seen_widths
+    long_strips = (False, True) if check.g.out_height > 14 else (False,)
+    # The rule's split, and one split per unit (idle workers); the kernel's
+    # clean blocks where the group is clean, none, and every other one (the
+    # warp's vote decides on the GPU).
+    for dtype, alignment, forced, one_unit, clean_blocks in itertools.product(
+            wg.DTYPES[:2], (16, 4, 2), long_strips, (False, True), ("group", "never", "alternate")):
+        check.run(dtype, alignment, forced, one_unit, clean_blocks)
+    assert 1 in check.widths
     if case in _NCHW_WGRAD_REGS_CLEAN_WALKS:
+        walks = check.walks
         assert walks["clean"] and all(walks[key] for key in _NCHW_WGRAD_REGS_CLEAN_WALKS[case]), walks
+
+
+@st.composite
+def _nchw_wgrad_regs_geometries(draw):
+    """(x NCHW shape, filter size, stride, padding per side) the register weight gradient serves."""
+    k = draw(st.sampled_from([3, 5, 7]))
+    stride = draw(st.sampled_from([1, 2]))
+    padding = tuple((draw(st.integers(0, k + 1)), draw(st.integers(0, k + 1))) for _ in range(2))
+    height = draw(st.integers(max(1, k - sum(padding[0])), 40))
+    # Widths past 32 lanes of 1 column make segments; one in five draws a wide row.
+    width = draw(st.one_of(st.integers(max(1, k - sum(padding[1])), 40), st.integers(60, 140)))
+    return (draw(st.integers(1, 2)), draw(st.integers(1, 3)), height, width), k, stride, padding
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=_nchw_wgrad_regs_geometries(), dtype_index=st.integers(0, 2), alignment=st.sampled_from([16, 8, 4, 2]),
+       long_strips=st.booleans(), one_unit=st.booleans(), clean_blocks=st.sampled_from(["group", "never", "alternate"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_nchw_wgrad_regs_random_geometries(case, dtype_index, alignment, long_strips, one_unit, clean_blocks, seed):
+    # The register weight gradient's emulation on drawn geometries (any
+    # padding per side, widths with and without segments, both strides), one
+    # drawn dtype, alignment (so VW), strip rule, split and clean-block mode
+    # each: every (channel, unit) walked once, every partial sum written once
+    # and equal to the float64 reference.
+    from cupy_dwgn import _depthwise_nchw_wgrad_regs as wg
+
+    _NchwWgradRegsCheck(case, seed).run(wg.DTYPES[dtype_index], alignment, long_strips, one_unit, clean_blocks)
+
+
+class _NchwWgradRegsCheck:
+    """One geometry of the register weight gradient's emulation against the
+    float64 reference; ``run`` checks one launch form."""
+
+    def __init__(self, case, seed):
+        import numpy
+
+        from cupy_dwgn import _validate, reference
+
+        x_shape, k, stride, padding = case
+        n, c = x_shape[:2]
+        self.k, self.channels = k, c
+        self.g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
+        rng = numpy.random.default_rng(seed)
+        self.x = rng.standard_normal(x_shape)
+        self.grad_out = rng.standard_normal((n, c, self.g.out_height, self.g.out_width))
+        self.want = reference.depthwise_conv2d_backward_weight(
+            self.grad_out, self.x, (c, 1, k, k), stride=stride, padding=padding)
+        self.widths, self.walks = set(), collections.Counter()
+
+    def run(self, dtype, alignment, long_strips, one_unit, clean_blocks):
+        """``long_strips``: the long strips forced (no LONG_STRIP_MIN_THREADS
+        floor); ``one_unit``: one split per unit (idle workers) instead of
+        the rule's split; ``clean_blocks``: the emulation's mode."""
+        import numpy
+
+        import _nchw_wgrad_regs_emulation as emulation
+        from cupy_dwgn import _depthwise_nchw_wgrad_regs as wg
+        from cupy_dwgn import _launch
+
+        k, c = self.k, self.channels
+        with pytest.MonkeyPatch.context() as patch:
+            if long_strips:
+                patch.setattr(_launch, "LONG_STRIP_MIN_THREADS", 0)
+            if one_unit:
+                patch.setattr(wg, "MIN_UNITS_PER_WORKER", dict.fromkeys(wg.MIN_UNITS_PER_WORKER, 1 / 1024))
+                patch.setattr(wg, "TARGET_BLOCKS", 10**6)
+            (launch, finalize), (shape, acc) = wg.plan.__wrapped__(self.g, dtype, alignment, alignment)
+        assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
+        assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
+        assert int(finalize.scalars[2]) == launch.grid[1]
+        self.widths.add(int(launch.expression.split(", ")[3][:-1]))
+        partial, writes, visits = emulation.emulate(launch, self.grad_out, self.x, clean_blocks)
+        assert (writes == 1).all() and (visits == 1).all()
+        numpy.testing.assert_allclose(emulation.finalize(partial), self.want, rtol=1e-12, atol=1e-12)
+        self.walks.update(emulation.emulate.blocks_seen)
 
 
 def test_nchw_wgrad_via_nhwc_rule():
