@@ -2777,41 +2777,92 @@ _NHWC_WGRAD_GEOMETRIES = [
 
 @pytest.mark.parametrize("case", _NHWC_WGRAD_GEOMETRIES,
                          ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[2]}-ctb{c[4]}")
-def test_nhwc_wgrad_kernel_index_math_matches_the_reference(case, monkeypatch):
+def test_nhwc_wgrad_kernel_index_math_matches_the_reference(case):
+    from cupy_dwgn import _depthwise_nhwc_wgrad as wg
+
+    data = _nhwc_wgrad_data(case[:4], seed=7)
+    # The rule's split, and one split per unit (idle workers).
+    for dtype, one_unit in itertools.product(wg.DTYPES[:2], (False, True)):
+        _check_nhwc_wgrad_launch(data, dtype, "int", case[4], one_unit)
+
+
+@st.composite
+def _nhwc_wgrad_geometries(draw):
+    """(NHWC x shape, filter size, stride, padding per side): channels in
+    float32 tiles of 8 (half types serve multiples of 16)."""
+    k = draw(st.sampled_from([3, 5, 7]))
+    stride = draw(st.sampled_from([1, 2]))
+    padding = tuple((draw(st.integers(0, k + 1)), draw(st.integers(0, k + 1))) for _ in range(2))
+    # Rows past 28 are tall (their own strips and split).
+    height = draw(st.integers(max(1, k - sum(padding[0])), 40))
+    width = draw(st.integers(max(1, k - sum(padding[1])), 30))
+    return (draw(st.integers(1, 2)), height, width, 8 * draw(st.integers(1, 8))), k, stride, padding
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=_nhwc_wgrad_geometries(), dtype_index=st.integers(0, 2), index=st.sampled_from(["int", "long long"]),
+       ctb=st.sampled_from([None, 1, 2, 4]), one_unit=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_nhwc_wgrad_random_geometries(case, dtype_index, index, ctb, one_unit, seed):
+    # The NHWC register-tap weight gradient's emulation on drawn geometries
+    # (any padding per side, short and tall planes, 1-8 channel tiles), one
+    # drawn dtype (bfloat16 too), index type (the 64-bit configurations
+    # differ), channel tiles per block and split each: every (block, unit)
+    # walked once, every partial sum written once and equal to the float64
+    # reference.
+    from cupy_dwgn import _depthwise_nhwc_wgrad as wg
+
+    _check_nhwc_wgrad_launch(_nhwc_wgrad_data(case, seed), wg.DTYPES[dtype_index], index, ctb, one_unit)
+
+
+def _nhwc_wgrad_data(case, seed):
+    """(geometry, grad_out, x, float64 reference weight gradient) of an NHWC case."""
+    import numpy
+
+    from cupy_dwgn import _validate, reference
+
+    x_shape, k, stride, padding = case
+    n, h, w, c = x_shape
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
+    rng = numpy.random.default_rng(seed)
+    x = rng.standard_normal(x_shape)
+    grad_out = rng.standard_normal((n, g.out_height, g.out_width, c))
+    want = reference.depthwise_conv2d_backward_weight(grad_out, x, (c, 1, k, k), stride=stride, padding=padding,
+                                                      layout="NHWC")
+    return g, grad_out, x, want
+
+
+def _check_nhwc_wgrad_launch(data, dtype, index, ctb, one_unit):
+    """The plan for ``dtype`` (``ctb`` channel tiles per block, or the
+    rule's; ``one_unit``: one split per unit instead of the rule's split)
+    emulated against the reference, or its refusal where C is not a whole
+    number of channel tiles or x is misaligned for its vectors."""
     import numpy
 
     import _nhwc_wgrad_emulation as emulation
     from cupy_dwgn import _depthwise_nhwc_wgrad as wg
-    from cupy_dwgn import _validate, reference
 
-    x_shape, k, stride, padding, ctb = case
-    n, h, w, c = x_shape
-    g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
-    rng = numpy.random.default_rng(7)
-    x = rng.standard_normal(x_shape)
-    dy = rng.standard_normal((n, g.out_height, g.out_width, c))
-    want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), stride=stride, padding=padding,
-                                                      layout="NHWC")
-    for dtype in wg.DTYPES[:2]:
-        if c % wg.channel_tile(dtype):
-            assert wg.plan(g, dtype, "int", 16, 16) is None
-            continue
-        lc = wg.config(k, stride, dtype)[0]
-        assert wg.plan(g, dtype, "int", 16, lc * dtype.itemsize // 2) is None  # misaligned x
-        lanes = wg.channel_tile(dtype) // lc
-        if ctb is not None and lanes * ctb > 32:
-            continue
-        # The rule's split, and one split per unit (idle workers).
-        for min_units in (wg.MIN_UNITS_PER_WORKER, {2: 1 / 256, 4: 1 / 256}):
-            monkeypatch.setattr(wg, "MIN_UNITS_PER_WORKER", min_units)
-            monkeypatch.setattr(wg, "TARGET_BLOCKS", wg.TARGET_BLOCKS if min_units[2] >= 1 else 10**6)
-            monkeypatch.setattr(wg, "TALL_TARGET_BLOCKS", wg.TALL_TARGET_BLOCKS if min_units[2] >= 1 else 10**6)
-            (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, "int", 16, 16, ctb)
-            assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
-            assert int(finalize.scalars[2]) == launch.grid[1]
-            partial, writes, visits = emulation.emulate(launch, dy, x)
-            assert (writes == 1).all() and (visits == 1).all()
-            numpy.testing.assert_allclose(emulation.finalize(partial), want, rtol=1e-12, atol=1e-12)
+    g, grad_out, x, want = data
+    k, c = g.filter_height, g.channels
+    if c % wg.channel_tile(dtype):
+        assert wg.plan(g, dtype, index, 16, 16) is None
+        return
+    lc = wg.config(k, g.stride_h, dtype, index)[0]
+    assert wg.plan(g, dtype, index, 16, lc * dtype.itemsize // 2) is None  # misaligned x
+    lanes = wg.channel_tile(dtype) // lc
+    if ctb is not None and lanes * ctb > 32:
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        if one_unit:
+            patch.setattr(wg, "MIN_UNITS_PER_WORKER", {2: 1 / 256, 4: 1 / 256})
+            patch.setattr(wg, "TARGET_BLOCKS", 10**6)
+            patch.setattr(wg, "TALL_TARGET_BLOCKS", 10**6)
+        (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, index, 16, 16, ctb)
+    assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
+    assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
+    assert int(finalize.scalars[2]) == launch.grid[1]
+    partial, writes, visits = emulation.emulate(launch, grad_out, x)
+    assert (writes == 1).all() and (visits == 1).all()
+    numpy.testing.assert_allclose(emulation.finalize(partial), want, rtol=1e-12, atol=1e-12)
 
 
 def test_nhwc_wgrad_rule():
@@ -3415,6 +3466,45 @@ _WGRAD_MMA_GEOMETRIES = [
 @pytest.mark.parametrize("case", _WGRAD_MMA_GEOMETRIES,
                          ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-{c[3]}-stages{c[5]}")
 def test_wgrad_mma_index_math_matches_the_reference(case, layout):
+    _check_wgrad_mma_index_math(case, layout, 16, seed=11)
+
+
+@st.composite
+def _wgrad_mma_cases(draw):
+    """The parametrized cases' form, drawn: (NCHW x shape, K, padding per
+    side (rows up to K - 1 a side, as the kernel serves), an inf in x or
+    grad_out or None, target blocks or None, raw buffers or None)."""
+    k = draw(st.sampled_from([3, 5, 7]))
+    pad_rows = (draw(st.integers(0, k - 1)), draw(st.integers(0, k - 1)))
+    pad_cols = (draw(st.integers(0, k + 2)), draw(st.integers(0, k + 2)))
+    height = draw(st.integers(max(1, k - sum(pad_rows)), 16))
+    width = draw(st.integers(max(1, k - sum(pad_cols)), 40))
+    n, c = draw(st.integers(1, 12)), draw(st.integers(1, 24))
+    out_shape = (height + sum(pad_rows) - k + 1, width + sum(pad_cols) - k + 1)
+    spot = draw(st.sampled_from([None, "x", "dy"]))
+    if spot is not None:
+        rows, cols = (height, width) if spot == "x" else out_shape
+        spot = (spot, draw(st.integers(0, n - 1)), draw(st.integers(0, c - 1)), draw(st.integers(0, rows - 1)),
+                draw(st.integers(0, cols - 1)))
+    target_blocks = draw(st.sampled_from([None, 1, 2, 100]))
+    stages = draw(st.one_of(st.none(), st.integers(2, 8)))
+    return (n, c, height, width), k, (pad_rows, pad_cols), spot, target_blocks, stages
+
+
+@settings(max_examples=2000, deadline=None)
+@given(case=_wgrad_mma_cases(), layout=st.sampled_from(["NCHW", "NHWC"]), alignment=st.sampled_from([16, 8, 4, 2]),
+       seed=st.integers(0, 2**32 - 1))
+def test_wgrad_mma_random_geometries(case, layout, alignment, seed):
+    # The tensor-core weight gradient's emulation on drawn geometries (any
+    # column padding, row padding up to K - 1 a side, odd and even widths
+    # and planes, 1-24 channels, 1-12 images), an inf anywhere in x or
+    # grad_out or none, drawn target blocks, raw buffers and alignment (so
+    # the raw copies' pieces): where the kernel serves, every partial sum
+    # written and the non-finite taps exactly the reference's.
+    _check_wgrad_mma_index_math(case, layout, alignment, seed)
+
+
+def _check_wgrad_mma_index_math(case, layout, alignment, seed):
     import numpy
 
     import _wgrad_mma_emulation as emulation
@@ -3423,7 +3513,7 @@ def test_wgrad_mma_index_math_matches_the_reference(case, layout):
 
     x_shape, k, padding, spot, target_blocks, stages = case
     c = x_shape[1]
-    rng = numpy.random.default_rng(11)
+    rng = numpy.random.default_rng(seed)
     x = rng.standard_normal(x_shape).astype(numpy.float16)
     g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1)
     dy = rng.standard_normal((x_shape[0], c, g.out_height, g.out_width)).astype(numpy.float16)
@@ -3433,15 +3523,27 @@ def test_wgrad_mma_index_math_matches_the_reference(case, layout):
         x, dy = (numpy.ascontiguousarray(a.transpose(0, 2, 3, 1)) for a in (x, dy))
         g = _validate.conv_geometry(x.shape, (c, 1, k, k), 1, padding, 1, layout="NHWC")
     want = reference.depthwise_conv2d_backward_weight(dy, x, (c, 1, k, k), padding=padding, layout=layout)
-    planned = mma.plan.__wrapped__(g, numpy.dtype(numpy.float16), layout, "int", 16, 16, target_blocks, stages)
-    if (layout == "NHWC" and c % 8) or (layout == "NCHW" and g.out_width % 2):
-        assert planned is None
+    planned = mma.plan.__wrapped__(g, numpy.dtype(numpy.float16), layout, "int", alignment, alignment,
+                                   target_blocks, stages)
+    # What the kernel serves (besides the filter, stride and row padding
+    # the cases keep to): NHWC 8-channel vectors at 16-byte alignment; NCHW
+    # even output rows and raw pieces of at least 4 bytes (even planes), and
+    # raw buffers within MAX_SHARED.
+    if layout == "NHWC":
+        served = c % 8 == 0 and alignment == 16
+    else:
+        served = g.out_width % 2 == 0 and (g.height * g.width) % 2 == 0 and alignment >= 4
+    served = served and mma.stages_and_shared(g, stages)[1] <= mma.MAX_SHARED
+    assert (planned is not None) == served
+    if planned is None:
         return
     (launch, finalize), (shape, acc) = planned
     assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32 and int(finalize.scalars[2]) == launch.grid[1]
     assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
     if stages is not None:
-        assert int(launch.scalars[-1]) == stages and launch.grid[1] * stages < g.batch
+        assert int(launch.scalars[-1]) == stages
+        if target_blocks == 1 and g.batch > stages:
+            assert launch.grid[1] * stages < g.batch  # every buffer of the ring refilled
     partial = emulation.emulate(launch, dy, x)
     if spot is None:  # (with an inf, NaN sums are answers)
         assert not numpy.isnan(partial).any(), "a partial sum was not written"
@@ -3567,20 +3669,65 @@ def _conv_mma_case(case, layout, rng):
                          ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-{c[2]}-{'bwd' if c[3] else 'fwd'}-{c[4]}"
                                        + (f"-s{c[5]}" if len(c) > 5 else ""))
 def test_conv_mma_index_math_matches_the_reference(case, layout, piece):
+    finite = _check_conv_mma_index_math(case, layout, piece, seed=12)
+    assert case[4] is None or finite is None or not finite.all()  # the inf reaches some output
+
+
+@st.composite
+def _conv_mma_cases(draw):
+    """The parametrized cases' form, drawn: (NCHW x shape, K, padding per
+    side, backward, an inf at (n, c, h, w) of the source or None, stride);
+    stride 2 forward only (the backward-input takes it at stride 1)."""
+    k = draw(st.sampled_from([3, 5, 7]))
+    backward = draw(st.booleans())
+    stride = 1 if backward else draw(st.sampled_from([1, 2]))
+    padding = tuple((draw(st.integers(0, k + 2)), draw(st.integers(0, k + 2))) for _ in range(2))
+    # Rows past 64 make bands.
+    height = draw(st.one_of(st.integers(max(1, k - sum(padding[0])), 40), st.sampled_from([70, 100])))
+    width = draw(st.integers(max(1, k - sum(padding[1])), 64))
+    # NHWC serves whole 8-channel vectors.
+    n, c = draw(st.integers(1, 2)), draw(st.one_of(st.integers(1, 16), st.sampled_from([8, 16])))
+    spot = None
+    if draw(st.booleans()):
+        rows, cols = height, width
+        if backward:
+            rows, cols = height + sum(padding[0]) - k + 1, width + sum(padding[1]) - k + 1
+        spot = (draw(st.integers(0, n - 1)), draw(st.integers(0, c - 1)), draw(st.integers(0, rows - 1)),
+                draw(st.integers(0, cols - 1)))
+    return (n, c, height, width), k, padding, backward, spot, stride
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=_conv_mma_cases(), layout_piece=st.sampled_from([("NCHW", 16), ("NCHW", 8), ("NCHW", 4), ("NCHW", 2),
+                                                              ("NHWC", 16)]),
+       seed=st.integers(0, 2**32 - 1))
+def test_conv_mma_random_geometries(case, layout_piece, seed):
+    # The tensor-core forward / backward-input's emulation on drawn
+    # geometries (any padding per side, bands, 1-16 channels, stride 2
+    # forward), with or without an inf (which may sit where no window
+    # reaches), at a drawn alignment: where the kernel serves, every output
+    # equal to the float64 reference and the non-finite outputs exactly the
+    # reference's.
+    _check_conv_mma_index_math(case, *layout_piece, seed)
+
+
+def _check_conv_mma_index_math(case, layout, piece, seed):
+    """Which outputs of the reference are finite, or None where the kernel
+    does not serve the case (and the plan says so)."""
     import numpy
 
     import _conv_mma_emulation as emulation
     from cupy_dwgn import _depthwise_conv_mma as mma
     from cupy_dwgn import _validate
 
-    g, src, w, b, want = _conv_mma_case(case, layout, numpy.random.default_rng(12))
-    backward, spot = case[3], case[4]
+    g, src, w, b, want = _conv_mma_case(case, layout, numpy.random.default_rng(seed))
+    backward = case[3]
     launch = mma.plan.__wrapped__(g, numpy.dtype(numpy.float16), backward, layout, "int", piece, 16)
     _, src_w, _, _, offset_top, offset_left = _validate.correlation_frame(g, backward)
     if (not (offset_top >= 0 and 0 <= offset_left <= mma.LEFT) or (layout == "NHWC" and g.channels % 8)
             or mma.units(g, backward, layout) is None):  # (NHWC 150 -> 75: a 16-row band of 8 channels passes MAX_SHARED)
         assert launch is None
-        return
+        return None
     assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
     if layout == "NCHW":  # row copies in the largest piece the row bytes and the address allow
         assert int(launch.scalars[13]) == next(p for p in (16, 8, 4, 2) if p <= piece and (2 * src_w) % p == 0)
@@ -3588,8 +3735,8 @@ def test_conv_mma_index_math_matches_the_reference(case, layout, piece):
     got = emulation.emulate(launch, src, w, b, resident=4)
     finite = numpy.isfinite(want)
     assert (numpy.isfinite(got) == finite).all()
-    assert spot is None or not finite.all()
     numpy.testing.assert_allclose(got[finite], want[finite], rtol=1e-12, atol=1e-12)
+    return finite
 
 
 def test_conv_mma_plan():
