@@ -10,6 +10,8 @@ import multiprocessing
 import pickle
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from cupy_dwgn import _compile
 from cupy_dwgn.errors import KernelCompileError
@@ -312,6 +314,21 @@ def _emulate_nchw_rows(launch, src, weight, bias, backward):
 def test_nchw_rows_kernel_index_math_matches_the_reference(case):
     # Every destination value written once and equal to the float64
     # reference, both directions (backward at stride 1), both row widths.
+    _check_nchw_rows_index_math(case, seed=13)
+
+
+@settings(max_examples=200, deadline=None)
+@given(x_shape=st.tuples(st.integers(1, 2), st.integers(1, 4), st.integers(1, 24), st.integers(1, 40)),
+       k=st.sampled_from([3, 5, 7]), stride=st.sampled_from([1, 2]),
+       padding=st.tuples(*[st.tuples(st.integers(0, 9), st.integers(0, 9))] * 2), seed=st.integers(0, 2**32 - 1))
+def test_nchw_rows_random_geometries(x_shape, k, stride, padding, seed):
+    # The row kernel's emulation on drawn geometries (any padding per side,
+    # destination rows of 1 to 16 values and wider, which it declines).
+    assume(x_shape[2] + sum(padding[0]) >= k and x_shape[3] + sum(padding[1]) >= k)
+    _check_nchw_rows_index_math((x_shape, k, stride, padding), seed)
+
+
+def _check_nchw_rows_index_math(case, seed):
     import numpy
 
     from cupy_dwgn import _depthwise_nchw_rows as rows
@@ -320,15 +337,19 @@ def test_nchw_rows_kernel_index_math_matches_the_reference(case):
     x_shape, k, stride, padding = case
     c = x_shape[1]
     g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1)
-    rng = numpy.random.default_rng(13)
+    rng = numpy.random.default_rng(seed)
     conv = dict(stride=stride, padding=padding)
     weight = rng.standard_normal((c, 1, k, k))
     for backward in (False, True) if stride == 1 else (False,):
         src, bias, want = _correlation_case(rng, x_shape, weight, conv, g, backward)
         launch = rows.plan(g, numpy.dtype(numpy.float32), backward, "int")
+        if launch is None:  # rows wider than the kernel's W
+            assert rows.width(want.shape[3], stride) is None
+            continue
         got, writes = _emulate_nchw_rows(launch, src, weight, bias, backward)
         assert (writes == 1).all()
         numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
 
 def _emulate_nchw_forward_regs(launch, src, weight, bias, backward):
     """What kernels/depthwise_nchw_forward_regs.cu computes for ``launch``,
@@ -474,10 +495,6 @@ def test_nchw_forward_regs_walk_matches_the_reference(case, monkeypatch):
             assert (writes == 1).all()
             numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     walk.plan.cache_clear()
-
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 
 @st.composite
