@@ -1190,11 +1190,34 @@ def test_nchw_plane_rule_follows_the_width_sweep():
 @pytest.mark.parametrize("case", [((2, 9, 11, 16), 3, 1, 1), ((1, 7, 10, 24), 5, 1, ((0, 4), (3, 1))),
                                   ((2, 5, 3, 8), 3, 1, 4), ((1, 9, 13, 40), 3, 2, 1), ((1, 11, 8, 16), 5, 2, 2)],
                          ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}-s{c[2]}")
-def test_nhwc_direct_kernel_index_math_matches_the_reference(case, monkeypatch):
+def test_nhwc_direct_kernel_index_math_matches_the_reference(case):
     # Every destination value written once and equal to the float64
     # reference, for both directions, float32 and float16 (4 and 8 channels
-    # a vector: uneven channel tiles), with the plan's grid and with grid.y
-    # capped at 2 blocks (the kernel's grid-stride walk over items).
+    # a vector: uneven channel tiles), in every launch form.
+    for form in _NHWC_DIRECT_FORMS:
+        _check_nhwc_direct_index_math(case, form, seed=11)
+
+
+# (grid.y cap, items a thread, block or None): the plan's grid, grid.y
+# capped at 2 blocks (the kernel's grid-stride walk over items), 3 items a
+# thread (ITEMS_PER_THREAD), and a block of 3 channel vectors x 5 items
+# (BLOCK: tiles not dividing the vectors).
+_NHWC_DIRECT_FORMS = [(None, 1, None), (2, 1, None), (None, 3, None), (None, 1, (3, 5))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(x_shape=st.tuples(st.integers(1, 2), st.integers(1, 20), st.integers(1, 30), st.integers(1, 6).map(lambda v: 8 * v)),
+       k=st.sampled_from([3, 5]), stride=st.sampled_from([1, 2]),
+       padding=st.tuples(*[st.tuples(st.integers(0, 9), st.integers(0, 9))] * 2),
+       form=st.sampled_from(_NHWC_DIRECT_FORMS), seed=st.integers(0, 2**32 - 1))
+def test_nhwc_direct_random_geometries(x_shape, k, stride, padding, form, seed):
+    # The NHWC direct kernel's emulation on drawn geometries (3x3 and 5x5,
+    # any padding per side, 1-6 channel vectors of 8), one drawn launch form.
+    assume(x_shape[1] + sum(padding[0]) >= k and x_shape[2] + sum(padding[1]) >= k)
+    _check_nhwc_direct_index_math((x_shape, k, stride, padding), form, seed)
+
+
+def _check_nhwc_direct_index_math(case, form, seed):
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_direct as direct
@@ -1203,24 +1226,23 @@ def test_nhwc_direct_kernel_index_math_matches_the_reference(case, monkeypatch):
     x_shape, k, stride, padding = case
     c = x_shape[3]
     g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, padding, 1, layout="NHWC")
-    for dtype, backward, weight, src, bias, want in _nhwc_reference_cases(x_shape, k, stride, padding, 11):
+    max_grid_y, per_thread, block = form
+    max_grid_y = max_grid_y or _launch.MAX_GRID_Y
+    for dtype, backward, weight, src, bias, want in _nhwc_reference_cases(x_shape, k, stride, padding, seed):
         key = (k, stride, dtype.itemsize)
-        # the plan's grid, grid.y capped at 2 blocks, 3 items a thread (ITEMS_PER_THREAD), and
-        # a block of 3 channel vectors x 5 items (BLOCK: tiles not dividing the vectors)
-        for max_grid_y, per_thread, block in ((_launch.MAX_GRID_Y, 1, None), (2, 1, None),
-                                              (_launch.MAX_GRID_Y, 3, None), (_launch.MAX_GRID_Y, 1, (3, 5))):
-            monkeypatch.setattr(_launch, "MAX_GRID_Y", max_grid_y)
-            monkeypatch.setitem(direct.ITEMS_PER_THREAD, key, per_thread)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_launch, "MAX_GRID_Y", max_grid_y)
+            patch.setitem(direct.ITEMS_PER_THREAD, key, per_thread)
             if block is None:
-                monkeypatch.delitem(direct.BLOCK, key, raising=False)
+                patch.delitem(direct.BLOCK, key, raising=False)
             else:
-                monkeypatch.setitem(direct.BLOCK, key, block)
+                patch.setitem(direct.BLOCK, key, block)
             launch = direct.plan.__wrapped__(g, dtype, backward, "int", 16, 16)
-            assert launch.grid[1] <= max_grid_y
-            assert block is None or tuple(launch.block[:2]) == block
-            got, writes = _emulate_nhwc_direct(launch, src, weight, bias, backward)
-            assert (writes == 1).all()
-            numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        assert launch.grid[1] <= max_grid_y
+        assert block is None or tuple(launch.block[:2]) == block
+        got, writes = _emulate_nhwc_direct(launch, src, weight, bias, backward)
+        assert (writes == 1).all()
+        numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_nhwc_direct_items_per_thread_rule():
