@@ -2547,6 +2547,26 @@ _NHWC_WINDOW_GEOMETRIES = [
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_input"])
 @pytest.mark.parametrize("case", _NHWC_WINDOW_GEOMETRIES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[1]}")
 def test_nhwc_window_kernel_index_math_covers_every_output_once(case, backward):
+    from cupy_dwgn import _depthwise_nhwc_window as win
+
+    # Channel tiles one at a time, the rule's groups, groups of 3 (an odd
+    # count leaves a smaller last group).
+    _check_nhwc_window_index_math(case, backward, sorted({1, win.GROUP, 3}), seed=5)
+
+
+@settings(max_examples=20, deadline=None)
+@given(x_shape=st.tuples(st.integers(1, 2), st.one_of(st.integers(1, 30), st.just(70)),
+                         st.integers(1, 40), st.integers(1, 6).map(lambda v: 8 * v)),
+       k=st.sampled_from([3, 5, 7]), padding=st.tuples(*[st.tuples(st.integers(0, 9), st.integers(0, 9))] * 2),
+       backward=st.booleans(), group=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
+def test_nhwc_window_random_geometries(x_shape, k, padding, backward, group, seed):
+    # The NHWC window kernel's emulation on drawn geometries (any padding per
+    # side, tall planes, 1-6 channel vectors of 8), one drawn channel group.
+    assume(x_shape[1] + sum(padding[0]) >= k and x_shape[2] + sum(padding[1]) >= k)
+    _check_nhwc_window_index_math((x_shape, k, padding), backward, [group], seed)
+
+
+def _check_nhwc_window_index_math(case, backward, groups, seed):
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_window as win
@@ -2556,7 +2576,7 @@ def test_nhwc_window_kernel_index_math_covers_every_output_once(case, backward):
     n, h, w, c = x_shape
     g = _validate.conv_geometry(x_shape, (c, 1, k, k), 1, padding, 1, layout="NHWC")
     y_shape = (n, g.out_height, g.out_width, c)
-    rng = numpy.random.default_rng(5)
+    rng = numpy.random.default_rng(seed)
     for dtype in win.DTYPES:
         if c % win.channel_tile(dtype):
             assert win.plan(g, dtype, backward, "int", 16, 16) is None
@@ -2568,9 +2588,7 @@ def test_nhwc_window_kernel_index_math_covers_every_output_once(case, backward):
         # Misaligned pointers go to the existing kernels.
         assert win.plan(g, dtype, backward, "int", 8, 16) is None
         assert win.plan(g, dtype, backward, "int", 16, 2) is None
-        # Channel tiles one at a time, the rule's groups, groups of 3 (an odd
-        # count leaves a smaller last group).
-        for group in sorted({1, win.GROUP, 3}):
+        for group in groups:
             launch = win.plan(g, dtype, backward, "int", 16, 4, group)
             _check_nhwc_window_launch(launch, g, x_shape, padding, backward, src, weight, bias)
 
