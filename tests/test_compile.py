@@ -3110,27 +3110,49 @@ def test_nhwc_phase_kernel_index_math_writes_every_input_pixel_once(k):
     # the float64 reference (/work/notes-style emulation, no GPU needed).
     import numpy
 
-    from cupy_dwgn import _depthwise_nhwc_phase as phase
-    from cupy_dwgn import _validate, reference
-
     rng = numpy.random.default_rng(k)
     cases = [case for case in _nhwc_phase_geometries() if case[1] == k]
     assert len(cases) > 20
-    shipped = set(ALL_SPECIALIZATIONS)
-    for number, (x_shape, _, padding, dtype) in enumerate(cases):
-        n, h, w, c = x_shape
-        g = _validate.conv_geometry(x_shape, (c, 1, k, k), 2, padding, 1, layout="NHWC")
-        index = "long long" if number % 5 == 0 else "int"
-        launch = phase.plan(g, dtype, index, True)
-        assert (launch.file, launch.expression) in shipped
-        assert phase.plan(g, dtype, index, False) is None
-        grad_out = rng.standard_normal((n, g.out_height, g.out_width, c))
-        weight = rng.standard_normal((c, 1, k, k))
-        got, writes = _nhwc_phase_emulation(launch, grad_out, weight[:, 0], k)
-        assert (writes == 1).all(), (x_shape, padding, numpy.argwhere(writes != 1)[:5])
-        want = reference.depthwise_conv2d_backward_input(grad_out, weight, x_shape, stride=2, padding=padding,
-                                                          layout="NHWC")
-        numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    for number, case in enumerate(cases):
+        _check_nhwc_phase_index_math(case, "long long" if number % 5 == 0 else "int", rng)
+
+
+@settings(max_examples=100, deadline=None)
+@given(x_shape=st.tuples(st.integers(1, 2), st.integers(1, 24), st.integers(1, 24), st.integers(1, 12).map(lambda v: 8 * v)),
+       k=st.sampled_from([3, 5, 7]), padding=st.tuples(*[st.tuples(st.integers(0, 9), st.integers(0, 9))] * 2),
+       dtype_index=st.integers(0, 3), index=st.sampled_from(["int", "long long"]), seed=st.integers(0, 2**32 - 1))
+def test_nhwc_phase_random_geometries(x_shape, k, padding, dtype_index, index, seed):
+    # The stride-2 NHWC backward-input's emulation on drawn geometries
+    # (padding per side up to 9, past the filter too, odd and even planes,
+    # 8-96 channels), one drawn dtype (float64 too) and index type.
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_phase as phase
+
+    assume(x_shape[1] + sum(padding[0]) >= k and x_shape[2] + sum(padding[1]) >= k)
+    case = (x_shape, k, padding, phase.DTYPES[dtype_index])
+    _check_nhwc_phase_index_math(case, index, numpy.random.default_rng(seed))
+
+
+def _check_nhwc_phase_index_math(case, index, rng):
+    import numpy
+
+    from cupy_dwgn import _depthwise_nhwc_phase as phase
+    from cupy_dwgn import _validate, reference
+
+    x_shape, k, padding, dtype = case
+    n, h, w, c = x_shape
+    g = _validate.conv_geometry(x_shape, (c, 1, k, k), 2, padding, 1, layout="NHWC")
+    launch = phase.plan(g, dtype, index, True)
+    assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
+    assert phase.plan(g, dtype, index, False) is None
+    grad_out = rng.standard_normal((n, g.out_height, g.out_width, c))
+    weight = rng.standard_normal((c, 1, k, k))
+    got, writes = _nhwc_phase_emulation(launch, grad_out, weight[:, 0], k)
+    assert (writes == 1).all(), (x_shape, padding, numpy.argwhere(writes != 1)[:5])
+    want = reference.depthwise_conv2d_backward_input(grad_out, weight, x_shape, stride=2, padding=padding,
+                                                      layout="NHWC")
+    numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_nhwc_phase_rule():
