@@ -497,16 +497,24 @@ def test_nchw_forward_regs_walk_matches_the_reference(case, monkeypatch):
     walk.plan.cache_clear()
 
 
-@st.composite
-def _row_walk_geometries(draw):
+def _draw_nchw_geometry(draw, max_height, extra_heights, extra_widths, max_channels):
+    """(x NCHW shape, K, stride, padding per side) of a drawn depthwise call:
+    K 3/5/7, stride 1/2, padding 0 to K + 1 a side, heights 1 to
+    ``max_height`` or from ``extra_heights``, widths 1 to 40 or from
+    ``extra_widths`` (at least one output each way), 1-2 images of 1 to
+    ``max_channels`` channels."""
     k = draw(st.sampled_from([3, 5, 7]))
     stride = draw(st.sampled_from([1, 2]))
     padding = tuple((draw(st.integers(0, k + 1)), draw(st.integers(0, k + 1))) for _ in range(2))
-    height = draw(st.integers(max(1, k - sum(padding[0])), 24))
+    height = draw(st.one_of(st.integers(max(1, k - sum(padding[0])), max_height), *extra_heights))
+    width = max(draw(st.one_of(st.integers(max(1, k - sum(padding[1])), 40), extra_widths)), k - sum(padding[1]))
+    return (draw(st.integers(1, 2)), draw(st.integers(1, max_channels)), height, width), k, stride, padding
+
+
+@st.composite
+def _row_walk_geometries(draw):
     # Widths that take wide vectors as well as odd ones.
-    width = draw(st.one_of(st.integers(max(1, k - sum(padding[1])), 40), st.sampled_from([8, 16, 24, 32, 48, 56])))
-    width = max(width, k - sum(padding[1]))
-    return (draw(st.integers(1, 2)), draw(st.integers(1, 3)), height, width), k, stride, padding
+    return _draw_nchw_geometry(draw, 24, (), st.sampled_from([8, 16, 24, 32, 48, 56]), 3)
 
 
 @settings(max_examples=40, deadline=None)
@@ -1516,14 +1524,10 @@ def test_plane_kernel_index_math_covers_every_output_once(case, backward):
 @st.composite
 def _plane_geometries(draw):
     """(x NCHW shape, filter size, padding per side, stride) the plane kernels serve."""
-    k = draw(st.sampled_from([3, 5, 7]))
-    stride = draw(st.sampled_from([1, 2]))
-    padding = tuple((draw(st.integers(0, k + 1)), draw(st.integers(0, k + 1))) for _ in range(2))
     # Rows past 64 make planes of more than 256 items: bands.
-    height = draw(st.one_of(st.integers(max(1, k - sum(padding[0])), 40), st.sampled_from([66, 75])))
-    width = draw(st.one_of(st.integers(max(1, k - sum(padding[1])), 40), st.sampled_from([10, 14, 16, 28, 56])))
-    width = max(width, k - sum(padding[1]))
-    return (draw(st.integers(1, 2)), draw(st.integers(1, 20)), height, width), k, padding, stride
+    x_shape, k, stride, padding = _draw_nchw_geometry(
+        draw, 40, (st.sampled_from([66, 75]),), st.sampled_from([10, 14, 16, 28, 56]), 20)
+    return x_shape, k, padding, stride
 
 
 @settings(max_examples=25, deadline=None)
@@ -3258,13 +3262,8 @@ def test_nchw_wgrad_regs_kernel_index_math_matches_the_reference(case):
 @st.composite
 def _nchw_wgrad_regs_geometries(draw):
     """(x NCHW shape, filter size, stride, padding per side) the register weight gradient serves."""
-    k = draw(st.sampled_from([3, 5, 7]))
-    stride = draw(st.sampled_from([1, 2]))
-    padding = tuple((draw(st.integers(0, k + 1)), draw(st.integers(0, k + 1))) for _ in range(2))
-    height = draw(st.integers(max(1, k - sum(padding[0])), 40))
-    # Widths past 32 lanes of 1 column make segments; one in five draws a wide row.
-    width = draw(st.one_of(st.integers(max(1, k - sum(padding[1])), 40), st.integers(60, 140)))
-    return (draw(st.integers(1, 2)), draw(st.integers(1, 3)), height, width), k, stride, padding
+    # Widths past 32 lanes of 1 column make segments.
+    return _draw_nchw_geometry(draw, 40, (), st.integers(60, 140), 3)
 
 
 @settings(max_examples=100, deadline=None)
