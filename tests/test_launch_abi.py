@@ -479,16 +479,15 @@ def test_any_valid_group_norm_reaches_launchable_kernels(batch, rows, group_size
 def _h200_device_queries():
     """The device facts the plans read answered as an H200 would (the large-
     filter plans' shared-memory limit, the current device); the plans built
-    meanwhile are dropped after.  (A context manager, not monkeypatch:
+    meanwhile are dropped after.  (MonkeyPatch.context, not the fixture:
     hypothesis runs every drawn case inside one test call.)"""
     from cupy.cuda import runtime
 
-    saved = _depthwise_nchw_large._shared_limit, runtime.getDevice
-    _depthwise_nchw_large._shared_limit = lambda device: SM90_SHARED_OPT_IN
-    runtime.getDevice = lambda: 0
-    _depthwise_nchw_large._plan.cache_clear()
-    try:
-        yield
-    finally:
-        _depthwise_nchw_large._shared_limit, runtime.getDevice = saved
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_depthwise_nchw_large, "_shared_limit", lambda device: SM90_SHARED_OPT_IN)
+        patch.setattr(runtime, "getDevice", lambda: 0)
         _depthwise_nchw_large._plan.cache_clear()
+        try:
+            yield
+        finally:
+            _depthwise_nchw_large._plan.cache_clear()
