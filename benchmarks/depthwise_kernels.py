@@ -49,9 +49,6 @@ def time_launch(launch, arrays_list, reps=20):
     """Mean GPU time per launch (us); one Steps is built for all of them."""
     return harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays_list, reps)
 
-# The memory floor printed per row: input + output bytes at 4.2 TB/s (about
-# the H200's measured copy bandwidth; benchmarks/depthwise.py measures it).
-COPY_BYTES_PER_US = 4.2e6
 
 
 def main():
@@ -64,6 +61,7 @@ def main():
     parser.add_argument("--walk-strips", type=int, nargs="+", default=[], metavar="ROWS",
                         help="the walk also with row strips of exactly these many rows")
     args = parser.parse_args()
+    copy_bytes_per_us = harness.announced_copy_bandwidth()
     dtypes = [d for d in DTYPES if args.dtypes is None or numpy.dtype(d).name in args.dtypes]
     for n, c, hw, k, stride in args.shapes:
         g = _validate.conv_geometry((n, c, hw, hw), (c, 1, k, k), stride, k // 2, 1)
@@ -108,7 +106,7 @@ def main():
                     if name not in ("window", "tiled", ref_name):
                         diff = float(cupy.max(cupy.abs(outs[name] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
                         checks.append(f"{name} reldiff {diff:.1e} unwritten {int(cupy.isnan(outs[name]).sum())}")
-                floor = (xs[0].nbytes + ys[0].nbytes) / COPY_BYTES_PER_US
+                floor = (xs[0].nbytes + ys[0].nbytes) / copy_bytes_per_us
                 best = min(res, key=res.get)
                 print(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
                       + " ".join(f"{kname} {v:6.1f}" for kname, v in res.items())

@@ -3,7 +3,7 @@ launch without it (the register-window or tiled kernel, whichever the rule
 picks), forward at stride 1 and 2 and backward-input at stride 1, for each
 TW (output columns per thread) in --columns; GPU time per launch (CUDA
 events around 20 launches over 3 rotating copies, after a warm-up pass), the
-memory floor (source + destination bytes at COPY_BYTES_PER_US), and the
+memory floor (source + destination bytes at the copy bandwidth measured at the start), and the
 direct kernel's largest difference from the other relative to the largest
 output, plus its unwritten (NaN) outputs.  The figures behind
 _depthwise_nhwc_direct.preferred() and COLUMNS come from it.
@@ -36,7 +36,6 @@ SHAPES = [(64, 144, 56, 3, 1), (64, 384, 28, 3, 1), (64, 96, 112, 3, 2), (64, 24
           (64, 32, 112, 3, 1), (64, 192, 56, 3, 1), (64, 576, 14, 3, 1), (64, 144, 56, 3, 2), (64, 240, 56, 5, 2),
           (64, 672, 28, 5, 2), (64, 480, 14, 5, 1), (64, 1152, 7, 5, 1), (8, 256, 64, 3, 1)]
 DTYPES = {"float16": numpy.float16, "bfloat16": bfloat16, "float32": numpy.float32}
-COPY_BYTES_PER_US = 4.2e6
 
 
 def main():
@@ -49,6 +48,7 @@ def main():
     parser.add_argument("--blocks", type=_block_shape, nargs="+", default=[], metavar="BXxBY")
     parser.add_argument("--all-rows", action="store_true")
     args = parser.parse_args()
+    copy_bytes_per_us = harness.announced_copy_bandwidth()
     variants = [(tw, per_thread, block, all_rows) for tw in args.columns for per_thread in args.items_per_thread
                 for block in [None] + args.blocks for all_rows in ((False, True) if args.all_rows else (False,))]
     dtypes = [numpy.float16] if args.quick else [DTYPES[name] for name in args.dtypes]
@@ -72,7 +72,7 @@ def main():
                     got = dst.astype(numpy.float32)
                     diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))
                     nans += int(cupy.isnan(got).sum())
-                floor = (src.nbytes + dst.nbytes) / COPY_BYTES_PER_US
+                floor = (src.nbytes + dst.nbytes) / copy_bytes_per_us
                 best = min((v, name) for name, v in times.items() if name.startswith("direct"))
                 print(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
                       + " ".join(f"{name} {v:6.1f}" for name, v in times.items())

@@ -4,7 +4,7 @@ taken by the ops where preferred() says so) against the kernels the ops launch
 otherwise (_depthwise_nhwc: the shared-memory tiled kernel for 3x3/5x5/7x7),
 forward and backward-input, GPU time per launch (CUDA events around 20
 launches over 3 rotating copies, after a warm-up pass), the memory floor
-(input + output bytes at COPY_BYTES_PER_US) and the window kernel's largest
+(input + output bytes at the copy bandwidth measured at the start) and the window kernel's largest
 difference from the current kernel relative to the largest output, plus its
 unwritten (NaN) outputs.  Shapes: the NHWC review's cells (N = 64).
 
@@ -29,8 +29,6 @@ SHAPES = [(64, 144, 56, 3), (64, 384, 28, 3), (64, 240, 28, 5), (64, 96, 56, 7),
 DTYPES = [numpy.float16, bfloat16, numpy.float32]
 # Channel tiles per group of the window kernel (its unit order), side by side.
 GROUPS = (1, 2, 4)
-# About the H200's measured copy bandwidth (benchmarks/depthwise.py measures it).
-COPY_BYTES_PER_US = 4.2e6
 
 
 def time_launch(launch, arrays_list, reps=20):
@@ -59,6 +57,7 @@ def main(quick=False, sweep=False):
     if sweep:
         dtypes = [numpy.float16, numpy.float32]
         shapes = [(64, c, hw, k) for k in (3, 5, 7) for c, hw in SWEEP_PLANES]
+    copy_bytes_per_us = harness.announced_copy_bandwidth()
     for n, c, hw, k in shapes:
         g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), 1, k // 2, 1, layout="NHWC")
         shape = (n, hw, hw, c)  # "same" padding: source and destination alike
@@ -87,7 +86,7 @@ def main(quick=False, sweep=False):
                         d = float(cupy.max(cupy.abs(outs[name] - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30))
                         diff = d if diff != diff else max(diff, d)
                         nans = (0 if nans != nans else nans) + int(cupy.isnan(outs[name]).sum())
-                floor = 2 * srcs[0].nbytes / COPY_BYTES_PER_US
+                floor = 2 * srcs[0].nbytes / copy_bytes_per_us
                 plan = window.plan(g, dt, backward, index, 16, 16)
                 tile = (f"tile {int(plan.scalars[9])}x{int(plan.scalars[10])} threads, block {plan.block[0]}, "
                         f"{plan.shared_mem} B shared") if plan else "window: n/a"

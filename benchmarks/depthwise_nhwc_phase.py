@@ -50,8 +50,7 @@ def main(quick=False, use_torch=True):
             torch.backends.cudnn.benchmark = True
         except ImportError:
             torch = None
-    bytes_per_us = harness.copy_bandwidth_bytes_per_us()
-    print(f"copy bandwidth {bytes_per_us / 1e6:.2f} TB/s (read + write)")
+    bytes_per_us = harness.announced_copy_bandwidth()
     for n, c, hw, k in SHAPES[:1] if quick else SHAPES:
         x_shape = (n, hw, hw, c)
         g = _validate.conv_geometry(x_shape, (c, 1, k, k), 2, k // 2, 1, layout="NHWC")

@@ -8,7 +8,7 @@ output columns x threads aimed at x output rows prefetched; "pieces" after a
 setting: the block's cp.async copies instead of bulk copies; default: the
 plan's own, "plan").  GPU time per launch (CUDA
 events around 20 launches over 3 rotating copies, after a warm-up pass), the
-memory floor (source + destination bytes at COPY_BYTES_PER_US), and the ring
+memory floor (source + destination bytes at the copy bandwidth measured at the start), and the ring
 kernel's largest difference from the other kernel relative to the largest
 output, plus its unwritten (NaN) outputs.  The figures behind
 _depthwise_nhwc_ring.preferred(), SETTINGS and columns() come from it (the
@@ -35,7 +35,6 @@ from cupy_dwgn._dtypes import bfloat16
 SHAPES = [(64, 144, 56, 3, 1), (64, 96, 112, 3, 2), (64, 384, 28, 3, 1), (64, 960, 7, 3, 1), (64, 192, 56, 3, 1),
           (64, 32, 112, 3, 1), (64, 576, 14, 3, 1), (64, 144, 56, 3, 2), (8, 256, 64, 3, 1)]
 DTYPES = {"float16": numpy.dtype(numpy.float16), "bfloat16": bfloat16, "float32": numpy.dtype(numpy.float32)}
-COPY_BYTES_PER_US = 4.2e6
 
 
 def _setting(text):
@@ -69,6 +68,7 @@ def main():
     parser.add_argument("--max-shared", type=int, default=ring.MAX_SHARED,
                         help="shared memory a block may take, bytes (the ring shortens to fit)")
     args = parser.parse_args()
+    copy_bytes_per_us = harness.announced_copy_bandwidth()
     ring.MAX_SHARED = args.max_shared
     ring.plan.cache_clear()
     torch = None
@@ -105,7 +105,7 @@ def main():
                     got = dst.astype(numpy.float32)
                     diff = max(diff, float(cupy.max(cupy.abs(got - ref)) / (cupy.max(cupy.abs(ref)) + 1e-30)))
                     nans += int(cupy.isnan(got).sum())
-                floor = (src.nbytes + dst.nbytes) / COPY_BYTES_PER_US
+                floor = (src.nbytes + dst.nbytes) / copy_bytes_per_us
                 print(f"{n}x{c}x{hw} {k}x{k} s{stride} {dt.name:8} {'bwd' if backward else 'fwd'} floor {floor:6.1f} "
                       + " ".join(f"{label} {v:6.1f}" for label, v in times.items())
                       + f"  rings {sorted(rings)} reldiff {diff:.1e} unwritten {nans}", flush=True)

@@ -55,8 +55,7 @@ def compare(module, layout, other, torch_columns, quick=False, with_torch=False)
     "always") against the layout's other weight-gradient kernel (MODE
     "never", called ``other``), and with ``with_torch`` the columns
     ``torch_columns(dys, xs, k, stride, c)`` returns (name -> us)."""
-    bandwidth = harness.copy_bandwidth_bytes_per_us()
-    print(f"copy bandwidth {bandwidth / 1e6:.2f} TB/s", flush=True)
+    bandwidth = harness.announced_copy_bandwidth()
     for n, c, hw, k, stride in SHAPES:
         x_shape = (n, hw, hw, c) if layout == "NHWC" else (n, c, hw, hw)
         g = _validate.conv_geometry(x_shape, (c, 1, k, k), stride, k // 2, 1, layout=layout)

@@ -176,9 +176,7 @@ def parse_comparison(parser, all_dtypes):
 
         torch.backends.cudnn.benchmark = True
     dtypes = [numpy.dtype(d) for d in all_dtypes if args.dtypes is None or numpy.dtype(d).name in args.dtypes]
-    bandwidth = copy_bandwidth_bytes_per_us()
-    print(f"copy bandwidth {bandwidth / 1e6:.2f} TB/s", flush=True)
-    return args, dtypes, bandwidth
+    return args, dtypes, announced_copy_bandwidth()
 
 
 def rotating(calls):
@@ -215,6 +213,14 @@ def copy_bandwidth_bytes_per_us(nbytes=2 * 2**30):
     us = time_us(lambda: dst.__setitem__(Ellipsis, src), warmup=3, repeat=10)
     del src, dst
     return 2 * nbytes / us
+
+
+def announced_copy_bandwidth():
+    """copy_bandwidth_bytes_per_us(), also printed ("copy bandwidth X TB/s"):
+    the rate a sweep's memory floors are figured at, measured in the run."""
+    rate = copy_bandwidth_bytes_per_us()
+    print(f"copy bandwidth {rate / 1e6:.2f} TB/s", flush=True)
+    return rate
 
 
 def kernel_profile(torch, fn, *, calls=20):
