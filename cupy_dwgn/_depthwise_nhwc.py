@@ -105,7 +105,8 @@ def _conv_expr(dtype, size, vec, backward, index):
 # Tiled conv (specialized sizes, dilation 1, stride 1 or 2, vector): RO
 # output rows per thread.  4 for float32/float64 at stride 1; 2 for half types
 # (8 float accumulators per vector) and stride 2 (a longer input window), which
-# spill at RO = 4 under the 3-blocks-per-SM register cap (80).
+# spill at RO = 4 under the 3-blocks-per-SM register cap (80; float and double
+# with 32-bit indices run 4 blocks an SM at 64: the kernel's tiled_min_blocks).
 _TILED_STRIDES = (1, 2)
 _TILED_MAX_CV = 8  # channel vectors per block: 128 bytes of each pixel
 _TILED_THREADS = 256

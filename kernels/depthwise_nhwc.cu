@@ -299,8 +299,16 @@ __global__ void __launch_bounds__(256, 1) dwgn_dwconv_nhwc(
 // blocks per SM overlap one block's copies with another's arithmetic.
 // Grid (1-D): blockIdx.x = (n * slices + slice) * tiles_h * tiles_w + tile,
 // so consecutive blocks are spatial neighbours sharing halo rows in L2.
+// Blocks per SM (the register cap, 65536 / (256 * blocks)): 4 for float and
+// double with 32-bit indices, which fit 64 registers without a spill (3 took
+// 79), else 3 (the half types' 5x5 and 7x7 and the 64-bit index forms spill
+// at 64).  H100, float32 NHWC forward, 3 runs each, us, 3 / 4 blocks:
+// 64x192x75 5x5 s2 152.5-154.9 / 150.3-153.8, 64x96x112 3x3 s2 and 64x64x112
+// within 0.6 (results/depthwise_nhwc_stride2_float32_h100_2026-12-07.txt).
+template <typename T, typename IndexT>
+constexpr int tiled_min_blocks() { return sizeof(T) >= 4 && sizeof(IndexT) == 4 ? 4 : 3; }
 template <typename T, int KH, int KW, int VEC, int STRIDE, int RO, typename IndexT>
-__global__ void __launch_bounds__(256, 3) dwgn_dwconv_nhwc_tiled(
+__global__ void __launch_bounds__(256, tiled_min_blocks<T, IndexT>()) dwgn_dwconv_nhwc_tiled(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias,
     T* __restrict__ dst, int src_h, int src_w, int dst_h, int dst_w, int channels,
     int offset_top, int offset_left, int flip, int tile_ow, int tiles_h, int tiles_w, int slices) {
