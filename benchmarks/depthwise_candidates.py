@@ -102,6 +102,20 @@ def mma_variants(specs):
             CANDIDATES[layout][name] = planner(items, kilobytes, buffers, layout)
 
 
+def launch_config(launch):
+    """What makes two launches one kernel run: the name expression, grid,
+    block, dynamic shared memory and scalar arguments (by type and value)."""
+    return launch.expression, launch.grid, launch.block, launch.shared_mem, tuple(map(repr, launch.scalars))
+
+
+def taken_candidate(candidates, taken):
+    """The name of the launch among ``candidates`` (name -> Launch or None)
+    that is the ops' launch ``taken`` in every setting, or None: the line's
+    "ops take" names a candidate only where its time is the ops' time."""
+    return next((name for name, launch in candidates.items()
+                 if launch is not None and launch_config(launch) == launch_config(taken)), None)
+
+
 def torch_times(torch, n, c, hw, k, stride, dtype, backward):
     """PyTorch's us per call in each memory format, measured as the table
     measures it (depthwise.py: its CaseData and calls, time_us over rotating
@@ -126,18 +140,17 @@ def measure(n, c, hw, k, stride, dtype, backward, layout, bytes_per_us, torch):
     arrays = [(s, w, b, cupy.full(dst_shape, numpy.nan, dtype=dtype)) for s in srcs]
     index = _launch.index_type(srcs[0].size, arrays[0][3].size)
     build = depthwise._backward_input_steps if backward else depthwise._forward_steps
-    taken = build(g, layout, srcs[0], arrays[0][3]).launches[0].expression
-    times, outputs, taken_name = {}, {}, None
-    for name, plan in CANDIDATES[layout].items():
-        launch = plan(g, dtype, backward, index)
+    taken = build(g, layout, srcs[0], arrays[0][3]).launches[0]
+    launches = {name: plan(g, dtype, backward, index) for name, plan in CANDIDATES[layout].items()}
+    taken_name = taken_candidate(launches, taken)
+    times, outputs = {}, {}
+    for name, launch in launches.items():
         if launch is None:
             continue
         for a in arrays:
             a[3].fill(numpy.nan)
         times[name] = harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays)
         outputs[name] = arrays[0][3].astype(numpy.float32)
-        if launch.expression == taken:
-            taken_name = name
     floor = (srcs[0].nbytes + arrays[0][3].nbytes) / bytes_per_us
     best = min(times, key=times.get)
     ref = outputs.get(taken_name, outputs[best])
@@ -147,7 +160,7 @@ def measure(n, c, hw, k, stride, dtype, backward, layout, bytes_per_us, torch):
               for name, out in outputs.items() if name != taken_name]
     line = (f"{n}x{c}x{hw} {k}x{k} s{stride} {dtype.name:8} {'bwd' if backward else 'fwd'} {layout} "
             f"floor {floor:6.1f} | " + " ".join(f"{name} {t:6.1f}" for name, t in times.items())
-            + f" | ops take {taken_name or taken.split('<')[0]}, best {best} ({floor / times[best]:.0%})")
+            + f" | ops take {taken_name or taken.expression.split('<')[0]}, best {best} ({floor / times[best]:.0%})")
     if torch is not None:
         pt = torch_times(torch, n, c, hw, k, stride, dtype, backward)
         line += f" | PyTorch NCHW {pt['NCHW']:.1f} CL {pt['channels_last']:.1f} ratio {min(pt.values()) / times[best]:.2f}"

@@ -1,10 +1,12 @@
 """The CPU-side benchmark tools: benchmarks/ab_table.py reads the cell lines
 benchmarks/depthwise.py prints (made here by its own cell_line) and puts
-several runs side by side."""
+several runs side by side; benchmarks/depthwise_candidates.py names the
+kernel the ops take only where its candidate is the ops' launch."""
 
 import pathlib
 import sys
 
+import numpy
 import pytest
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
@@ -94,3 +96,48 @@ def test_models_interleaves_the_variants_in_rounds():
     times = models.interleaved_step_times(timer, steps, 4, 2, lambda variant, error: errors.append(variant))
     assert errors == ["b"] and set(times) == {"a", "c"} and "b" not in steps
     assert all(len(t) == 4 for t in times.values())
+
+
+#: The depthwise table's cases but 31x31 (the large-filter kernels are no candidates) and layers that reach
+#: the other kernels (NCHW rows and walk at stride 2, the ring on wide half rows, the window at 5x5).
+CANDIDATE_SHAPES = ["64x144x56x3x1", "64x96x112x3x2", "64x384x28x3x1", "64x960x7x3x1", "64x240x28x5x1", "64x96x56x7x1",
+                    "64x384x14x7x1", "64x576x14x3x2", "64x192x75x5x2", "64x32x112x3x1", "64x1392x10x3x1",
+                    "64x672x14x5x1"]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_candidates_time_the_ops_own_launch(layout, monkeypatch):
+    # benchmarks/depthwise_candidates.py labels the kernel the ops take: that candidate must be the
+    # ops' launch in every setting (grid, block, shared memory, scalars), or its time is not the ops'
+    # time (before 2026-12-07 the NHWC window candidate ran channel group 1 where the ops run 2 or 4).
+    # Planned as on an H200, without a GPU.
+    candidates = pytest.importorskip("depthwise_candidates")  # imports cupy (no GPU needed)
+    harness = pytest.importorskip("harness")
+    from _helpers import dispatch_stand_in
+    from cupy.cuda import runtime
+
+    from cupy_dwgn import _depthwise_nchw_large, _launch, _validate, depthwise
+    from cupy_dwgn._dtypes import bfloat16
+
+    sm90_shared_opt_in = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
+    monkeypatch.setattr(_depthwise_nchw_large, "_shared_limit", lambda device: sm90_shared_opt_in)
+    monkeypatch.setattr(_launch, "max_shared_per_block", lambda device: sm90_shared_opt_in)
+    monkeypatch.setattr(runtime, "getDevice", lambda: 0)
+    _depthwise_nchw_large._plan.cache_clear()
+    labelled = set()
+    for n, c, hw, k, stride in map(harness.conv_shape, CANDIDATE_SHAPES):
+        shape = (n, c, hw, hw) if layout == "NCHW" else (n, hw, hw, c)
+        g = _validate.conv_geometry(shape, (c, 1, k, k), stride, k // 2, 1, layout=layout)
+        for dtype in (numpy.dtype(numpy.float16), bfloat16, numpy.dtype(numpy.float32)):
+            array = dispatch_stand_in(n * c * hw * hw, dtype)
+            index = _launch.index_type(array.size, array.size)
+            for backward in (False, True) if stride == 1 else (False,):
+                build = depthwise._backward_input_steps if backward else depthwise._forward_steps
+                (taken,) = build(g, layout, array, array).launches
+                plans = {name: plan(g, dtype, backward, index) for name, plan in candidates.CANDIDATES[layout].items()}
+                name = candidates.taken_candidate(plans, taken)
+                assert name is not None, (layout, g, dtype.name, backward, taken.expression)
+                labelled.add(name)
+    _depthwise_nchw_large._plan.cache_clear()
+    # The shapes reach most of the layout's kernels, so a candidate planned otherwise than the ops fails here.
+    assert len(labelled) >= 4, labelled
