@@ -26,7 +26,7 @@ import types
 
 import numpy
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 cupy = pytest.importorskip("cupy")
@@ -437,6 +437,8 @@ def _convolutions(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(_convolutions(), st.sampled_from(DTYPES), st.sampled_from(["NCHW", "NHWC"]), st.sampled_from([0, 1, 2, 4]))
+# The NHWC ring kernel's rows past its default shared memory, planned under the device's opt-in limit.
+@example(((1, 32, 7, 300), (32, 1, 3, 3), (1, 1), (1, 1), (1, 1)), DTYPES[0], "NHWC", 0)
 def test_any_valid_convolution_reaches_launchable_kernels(convolution, dtype, layout, misaligned_elements):
     x_shape, w_shape, stride, padding, dilation = convolution
     if layout == "NHWC":
@@ -477,14 +479,16 @@ def test_any_valid_group_norm_reaches_launchable_kernels(batch, rows, group_size
 
 @contextlib.contextmanager
 def _h200_device_queries():
-    """The device facts the plans read answered as an H200 would (the large-
-    filter plans' shared-memory limit, the current device); the plans built
-    meanwhile are dropped after.  (MonkeyPatch.context, not the fixture:
-    hypothesis runs every drawn case inside one test call.)"""
+    """The device facts the plans read answered as an H200 would (the
+    opt-in shared-memory limit of the large-filter plans and of the NHWC
+    ring's long rows, the current device); the plans built meanwhile are
+    dropped after.  (MonkeyPatch.context, not the fixture: hypothesis runs
+    every drawn case inside one test call.)"""
     from cupy.cuda import runtime
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_depthwise_nchw_large, "_shared_limit", lambda device: SM90_SHARED_OPT_IN)
+        patch.setattr(_launch, "max_shared_per_block", lambda device: SM90_SHARED_OPT_IN)
         patch.setattr(runtime, "getDevice", lambda: 0)
         _depthwise_nchw_large._plan.cache_clear()
         try:
