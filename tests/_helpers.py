@@ -60,6 +60,27 @@ def dispatch_stand_in(size, dtype, address=256):
     return types.SimpleNamespace(size=size, dtype=dtype, data=types.SimpleNamespace(ptr=address))
 
 
+SM90_SHARED_OPT_IN = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
+
+
+def h200_device_facts(patch):
+    """Answers the device queries the depthwise plans make as an H200 would,
+    through ``patch`` (a pytest MonkeyPatch: the fixture, or
+    MonkeyPatch.context() where hypothesis runs many cases in one test
+    call): the opt-in shared memory per block (the large-filter plans, the
+    NHWC ring's long rows) and the current device, so the dispatch plans
+    without a GPU.  The large-filter plans' memo is cleared here; a caller
+    whose plans must not outlive it clears it again after."""
+    from cupy.cuda import runtime
+
+    from cupy_dwgn import _depthwise_nchw_large, _launch
+
+    patch.setattr(_depthwise_nchw_large, "_shared_limit", lambda device: SM90_SHARED_OPT_IN)
+    patch.setattr(_launch, "max_shared_per_block", lambda device: SM90_SHARED_OPT_IN)
+    patch.setattr(runtime, "getDevice", lambda: 0)
+    _depthwise_nchw_large._plan.cache_clear()
+
+
 def nchw_launch_expressions(g, x):
     """The kernel expressions the NCHW ops launch for ``g`` with ``x`` as
     source and destination (an array or ``dispatch_stand_in``): forward,

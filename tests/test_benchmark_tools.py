@@ -113,17 +113,12 @@ def test_candidates_time_the_ops_own_launch(layout, monkeypatch):
     # Planned as on an H200, without a GPU.
     candidates = pytest.importorskip("depthwise_candidates")  # imports cupy (no GPU needed)
     harness = pytest.importorskip("harness")
-    from _helpers import dispatch_stand_in
-    from cupy.cuda import runtime
+    from _helpers import dispatch_stand_in, h200_device_facts
 
     from cupy_dwgn import _depthwise_nchw_large, _launch, _validate, depthwise
     from cupy_dwgn._dtypes import bfloat16
 
-    sm90_shared_opt_in = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
-    monkeypatch.setattr(_depthwise_nchw_large, "_shared_limit", lambda device: sm90_shared_opt_in)
-    monkeypatch.setattr(_launch, "max_shared_per_block", lambda device: sm90_shared_opt_in)
-    monkeypatch.setattr(runtime, "getDevice", lambda: 0)
-    _depthwise_nchw_large._plan.cache_clear()
+    h200_device_facts(monkeypatch)
     labelled = set()
     for n, c, hw, k, stride in map(harness.conv_shape, CANDIDATE_SHAPES):
         shape = (n, c, hw, hw) if layout == "NCHW" else (n, hw, hw, c)

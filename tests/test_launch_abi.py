@@ -38,6 +38,7 @@ from cupy_dwgn import (  # noqa: E402
     _depthwise_conv_mma, _depthwise_nchw_large, _depthwise_nchw_window, _depthwise_nhwc_direct, _depthwise_nhwc_phase, _depthwise_nhwc_ring, _depthwise_nhwc_window,
     _depthwise_wgrad_mma,
 )
+from _helpers import SM90_SHARED_OPT_IN, h200_device_facts  # noqa: E402
 
 DTYPES = [numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat16, numpy.dtype(numpy.float64)]
 #: (N, C, H, W, multiplier, KH, KW, stride, padding, dilation): every kernel family.
@@ -68,12 +69,7 @@ def _array(shape, dtype, offset=0):
 def _steps_of_every_path(monkeypatch):
     """(dtype of each call argument, Steps) for every kernel-choice path the
     ops take (None: the NULL a backward passes in the forward kernels' bias slot)."""
-    monkeypatch.setattr(_depthwise_nchw_large, "_shared_limit", lambda device: 232448)
-    # Plans built from this stand-in limit must not outlive the test.
-    _depthwise_nchw_large._plan.cache_clear()
-    from cupy.cuda import runtime
-
-    monkeypatch.setattr(runtime, "getDevice", lambda: 0)
+    h200_device_facts(monkeypatch)
     steps = []
     for n, c, h, w, m, kh, kw, s, p, d in CONVOLUTIONS:
         g = _validate.conv_geometry((n, c, h, w), (c * m, 1, kh, kw), s, p, d)
@@ -399,7 +395,6 @@ def test_workspace_layout_keeps_the_grid_barrier_word_apart():
 # H200 would.  A plan that oversteps a limit would only show on a GPU, as a
 # launch failure on the first call with that shape.
 MAX_GRID_X, MAX_GRID_YZ, MAX_BLOCK_THREADS, MAX_BLOCK_Z = 2**31 - 1, 65535, 1024, 64
-SM90_SHARED_OPT_IN = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
 
 
 def _assert_launchable(launch):
@@ -479,18 +474,11 @@ def test_any_valid_group_norm_reaches_launchable_kernels(batch, rows, group_size
 
 @contextlib.contextmanager
 def _h200_device_queries():
-    """The device facts the plans read answered as an H200 would (the
-    opt-in shared-memory limit of the large-filter plans and of the NHWC
-    ring's long rows, the current device); the plans built meanwhile are
-    dropped after.  (MonkeyPatch.context, not the fixture: hypothesis runs
-    every drawn case inside one test call.)"""
-    from cupy.cuda import runtime
-
+    """_helpers.h200_device_facts for a block; the plans built meanwhile
+    are dropped after.  (MonkeyPatch.context, not the fixture: hypothesis
+    runs every drawn case inside one test call.)"""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_depthwise_nchw_large, "_shared_limit", lambda device: SM90_SHARED_OPT_IN)
-        patch.setattr(_launch, "max_shared_per_block", lambda device: SM90_SHARED_OPT_IN)
-        patch.setattr(runtime, "getDevice", lambda: 0)
-        _depthwise_nchw_large._plan.cache_clear()
+        h200_device_facts(patch)
         try:
             yield
         finally:
