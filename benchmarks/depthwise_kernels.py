@@ -50,7 +50,6 @@ def time_launch(launch, arrays_list, reps=20):
     return harness.steps_time_us(_launch.Steps(((launch, (0, 1, 2, 3)),)), arrays_list, reps)
 
 
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", type=harness.conv_shape, nargs="+", default=SHAPES)
