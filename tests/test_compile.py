@@ -18,6 +18,8 @@ from cupy_dwgn.errors import KernelCompileError
 
 ARCHS = (80, 90)
 ALL_SPECIALIZATIONS = _compile.specializations(large_index=(False, True))
+#: Their (file, name expression) pairs, for membership checks.
+SHIPPED = frozenset(ALL_SPECIALIZATIONS)
 
 
 @functools.cache
@@ -213,7 +215,7 @@ def test_depthwise_plans_launch_only_shipped_specializations(case):
     from cupy_dwgn import _depthwise_wgrad_mma as wgrad_mma
     from cupy_dwgn import _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     x_shape, w_shape, stride, padding, dilation = case
     g = _validate.conv_geometry(x_shape, w_shape, stride, padding, dilation)
     for dtype in DTYPES:
@@ -559,7 +561,7 @@ def test_nchw_forward_regs_rule():
     from cupy_dwgn import _depthwise_nchw_forward_regs as walk
     from cupy_dwgn import _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     half, single, double = (numpy.dtype(t) for t in (numpy.float16, numpy.float32, numpy.float64))
     for x_shape, k, stride, dtype, backward, want_vw, taken in [
         ((64, 96, 112, 112), 3, 2, single, False, 4, True), ((64, 96, 112, 112), 3, 2, half, False, 8, True),
@@ -608,7 +610,7 @@ def test_nchw_rows_rule():
     from cupy_dwgn import _depthwise_nchw_rows as rows
     from cupy_dwgn import _dtypes, _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     half, single, double = (numpy.dtype(t) for t in (numpy.float16, numpy.float32, numpy.float64))
     for hw, k, stride, dtype, backward, want_w, taken in [
         (7, 3, 1, single, False, 8, True), (7, 3, 1, half, True, 8, True), (8, 5, 1, half, False, 8, True),
@@ -851,7 +853,7 @@ def test_nhwc_ring_plan():
     from cupy_dwgn import _depthwise_nhwc_ring as ring
     from cupy_dwgn import _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     half, single, double = (numpy.dtype(t) for t in (numpy.float16, numpy.float32, numpy.float64))
     for c, hw, k, stride, dtype, backward, alignment, served in [
         (144, 56, 3, 1, half, False, 16, True), (144, 56, 3, 1, half, True, 16, True),
@@ -1311,7 +1313,7 @@ def test_nhwc_direct_rule():
     from cupy_dwgn import _depthwise_nhwc_direct as direct
     from cupy_dwgn import _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     half, bf16, single, double = (numpy.dtype(t) for t in (numpy.float16, "bfloat16", numpy.float32, numpy.float64))
     for c, hw, k, stride, dtype, backward, served, taken in [
         (384, 28, 3, 1, single, False, True, True), (384, 28, 3, 1, single, True, True, True),
@@ -2631,7 +2633,7 @@ def test_nhwc_window_rule():
     from cupy_dwgn import _depthwise_nhwc_window as win
     from cupy_dwgn import _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     for n, c, hw, k in [(64, 144, 56, 3), (64, 384, 28, 3), (64, 240, 28, 5), (64, 96, 56, 7), (64, 960, 7, 3),
                         (8, 32, 112, 3), (2, 64, 32, 5), (64, 768, 14, 7)]:
         g = _validate.conv_geometry((n, hw, hw, c), (c, 1, k, k), 1, k // 2, 1, layout="NHWC")
@@ -2918,7 +2920,7 @@ def _check_nhwc_wgrad_launch(data, dtype, index, ctb, one_unit):
             patch.setattr(wg, "TARGET_BLOCKS", 10**6)
             patch.setattr(wg, "TALL_TARGET_BLOCKS", 10**6)
         (launch, finalize), (shape, acc) = wg.plan.__wrapped__(g, dtype, index, 16, 16, ctb)
-    assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
+    assert (launch.file, launch.expression) in SHIPPED
     assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
     assert int(finalize.scalars[2]) == launch.grid[1]
     partial, writes, visits = emulation.emulate(launch, grad_out, x)
@@ -2935,7 +2937,7 @@ def test_nhwc_wgrad_rule():
     from cupy_dwgn import _depthwise_nhwc_wgrad as wg
     from cupy_dwgn import _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     assert wg.MODE == "rule"
     for n, c, hw, k, stride in [(64, 144, 56, 3, 1), (64, 384, 28, 3, 1), (64, 240, 28, 5, 1), (64, 96, 56, 7, 1),
                                 (64, 384, 14, 7, 1), (64, 96, 112, 3, 2), (64, 960, 7, 3, 1), (1, 16, 1, 3, 2)]:
@@ -3148,7 +3150,7 @@ def _check_nhwc_phase_index_math(case, index, rng):
     n, h, w, c = x_shape
     g = _validate.conv_geometry(x_shape, (c, 1, k, k), 2, padding, 1, layout="NHWC")
     launch = phase.plan(g, dtype, index, True)
-    assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
+    assert (launch.file, launch.expression) in SHIPPED
     assert phase.plan(g, dtype, index, False) is None
     grad_out = rng.standard_normal((n, g.out_height, g.out_width, c))
     weight = rng.standard_normal((c, 1, k, k))
@@ -3169,7 +3171,7 @@ def test_nhwc_phase_rule():
     from cupy_dwgn import _depthwise_nhwc_phase as phase
     from cupy_dwgn import _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     assert phase.MODE == "rule"
     for n, c, hw, k in [(64, 96, 112, 3), (64, 240, 56, 5), (64, 96, 56, 7), (64, 144, 56, 3), (8, 1024, 14, 7),
                         (1, 8, 3, 3)]:
@@ -3319,7 +3321,7 @@ class _NchwWgradRegsCheck:
                 patch.setattr(wg, "MIN_UNITS_PER_WORKER", dict.fromkeys(wg.MIN_UNITS_PER_WORKER, 1 / 1024))
                 patch.setattr(wg, "TARGET_BLOCKS", 10**6)
             (launch, finalize), (shape, acc) = wg.plan.__wrapped__(self.g, dtype, alignment, alignment)
-        assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
+        assert (launch.file, launch.expression) in SHIPPED
         assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32
         assert int(finalize.scalars[2]) == launch.grid[1]
         self.widths.add(int(launch.expression.split(", ")[3][:-1]))
@@ -3340,7 +3342,7 @@ def test_nchw_wgrad_via_nhwc_rule():
     from cupy_dwgn import _depthwise_nchw_via_nhwc as via
     from cupy_dwgn import _depthwise_nhwc_large, _dtypes, _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     assert via.MODE == "rule"
     half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
     for (n, c, hw, k, stride), half_routed in [
@@ -3383,7 +3385,7 @@ def test_nchw_wgrad_regs_rule():
     from cupy_dwgn import _depthwise_nchw_wgrad_regs as wg
     from cupy_dwgn import _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     assert wg.MODE == "rule"
     half, single = numpy.dtype(numpy.float16), numpy.dtype(numpy.float32)
     want_vw = {(56, 3, 1, 2): 8, (56, 3, 1, 4): 4, (28, 3, 1, 2): 4, (112, 3, 2, 2): 8, (28, 5, 1, 2): 4,
@@ -3617,7 +3619,7 @@ def _check_wgrad_mma_index_math(case, layout, alignment, seed):
         return
     (launch, finalize), (shape, acc) = planned
     assert shape == (launch.grid[1], k * k, c) and acc == numpy.float32 and int(finalize.scalars[2]) == launch.grid[1]
-    assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
+    assert (launch.file, launch.expression) in SHIPPED
     if stages is not None:
         assert int(launch.scalars[-1]) == stages
         if target_blocks == 1 and g.batch > stages:
@@ -3641,7 +3643,7 @@ def test_wgrad_mma_plan():
     from cupy_dwgn import _depthwise_wgrad_mma as mma
     from cupy_dwgn import _dtypes, _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     half, bf16, single = numpy.dtype(numpy.float16), numpy.dtype(_dtypes.bfloat16), numpy.dtype(numpy.float32)
     for layout, c, hw, k, stride, dilation, m, dtype, alignment, served in [
         ("NCHW", 384, 14, 7, 1, 1, 1, half, 16, True), ("NHWC", 384, 14, 7, 1, 1, 1, bf16, 16, True),
@@ -3806,7 +3808,7 @@ def _check_conv_mma_index_math(case, layout, piece, seed):
             or mma.units(g, backward, layout) is None):  # (NHWC 150 -> 75: a 16-row band of 8 channels passes MAX_SHARED)
         assert launch is None
         return None
-    assert (launch.file, launch.expression) in set(ALL_SPECIALIZATIONS)
+    assert (launch.file, launch.expression) in SHIPPED
     if layout == "NCHW":  # row copies in the largest piece the row bytes and the address allow
         assert int(launch.scalars[13]) == next(p for p in (16, 8, 4, 2) if p <= piece and (2 * src_w) % p == 0)
     # four resident blocks: each walks several units, its image buffers reused (NCHW: two, refilled in turn)
@@ -3827,7 +3829,7 @@ def test_conv_mma_plan():
     from cupy_dwgn import _depthwise_conv_mma as mma
     from cupy_dwgn import _dtypes, _validate
 
-    shipped = set(ALL_SPECIALIZATIONS)
+    shipped = SHIPPED
     half, bf16, single = numpy.dtype(numpy.float16), numpy.dtype(_dtypes.bfloat16), numpy.dtype(numpy.float32)
     for layout, n, c, hw, k, stride, dilation, m, padding, dtype, backward, alignment, served in [
         ("NCHW", 64, 240, 28, 5, 1, 1, 1, 2, half, False, 16, True), ("NHWC", 64, 240, 28, 5, 1, 1, 1, 2, bf16, True, 16, True),
