@@ -110,7 +110,8 @@ def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(
 def preferred(g, dtype, backward):
     """Whether the ops take the direct kernel for ``g`` (where it serves the
     call): float32 on destinations at most 28 columns wide (3x3, and 5x5 at
-    stride 2 or on rows under 14), and float16 3x3 at stride 2.  Measured on
+    stride 2 or on rows under 14), float32 5x5 at stride 1 on rows 15 to 38
+    wide, and float16 3x3 at stride 2.  Measured on
     an H200 (2026-12-01, benchmarks/depthwise_nhwc_direct.py, GPU time per
     launch, us, direct against the kernel the ops took before: the tiled
     kernel, or the window kernel where its rule takes it):
@@ -122,6 +123,15 @@ def preferred(g, dtype, backward):
       (64x144x56 3x3 78.9 / 80.9, 64x192x56 102.0 / 100.6, 64x32x112 66.6 /
       65.0, 64x96x112 stride 2 105.1 / 102.4), as is 5x5 where the window
       kernel's rule takes it (64x480x14 30.7 / 26.9, 64x240x28 56.2 / 57.7).
+    * float32 5x5 stride 1 against the window kernel at channel group 2 (the
+      tiled kernel at 38 wide) (H100, 2026-12-07, benchmarks/depthwise.py in
+      both trees, NHWC, best of two runs, forward and backward-input:
+      results/depthwise_nhwc_5x5_direct_ab_h100_2026-12-07.txt): 64x240x28
+      58.1 and 58.7 / 67.5 and 67.8, 64x576x19 69.2 and 70.4 / 72.1 and
+      72.9, 64x288x38 114.1 and 115.8 / 113.7 and 117.7 (H200, 12-01:
+      64x240x28 56.2 / 57.7, 64x288x38 114 / 121).  Rows 14 wide stay on
+      the window kernel: 64x480x14 31.8 / 29.7 (H200 30.7 / 26.9), though
+      64x672x14 42.4 / 46.4.
     * float16 3x3 stride 2: 64x96x112 66.9 / 73.5, 64x144x56 31.1 / 34.2.
       Not bfloat16 (77.2 / 74.0, 34.1 / 34.0), nor 5x5 stride 2 (91.9 /
       92.8, 73.4 / 73.2), nor half types at stride 1, where the window
@@ -132,7 +142,8 @@ def preferred(g, dtype, backward):
     k, stride = g.filter_height, g.stride_h
     dst_width = g.width if backward else g.out_width
     if dtype == numpy.float32:
-        return dst_width <= 28 and (k == 3 or stride == 2 or dst_width < 14)
+        return (dst_width <= 28 and (k == 3 or stride == 2 or dst_width < 14)
+                or (k == 5 and stride == 1 and 14 < dst_width <= 38))
     return dtype == numpy.float16 and k == 3 and stride == 2
 
 

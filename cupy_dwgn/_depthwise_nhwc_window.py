@@ -148,8 +148,9 @@ def preferred(g, dtype, backward):
     * float32: 7x7 filters, group 1 (28x28 384 channels 110.0 / 139.5; 7x7
       planes 1152 channels 30.2 / 39.3); 5x5 filters on 14x14 to 28x28
       planes, group 2 (28x28 384 channels 68.1 / 87.5, 14x14 480 channels
-      26.9 / 32.9).  Not 3x3 (28x28 384 channels: 87.5 at best against 58.0),
-      nor 5x5 on 56x56 and larger (144 channels 134.7 / 118.4) or on 7x7
+      26.9 / 32.9); the direct kernel, tried first, takes the 5x5 rows 15
+      to 28 wide since 2026-12-07 (_depthwise_nhwc_direct.preferred).  Not
+      3x3 (28x28 384 channels: 87.5 at best against 58.0), nor 5x5 on 56x56 and larger (144 channels 134.7 / 118.4) or on 7x7
       planes (1152 channels 24.2 / 23.8).
     """
     k = g.filter_height

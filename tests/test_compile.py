@@ -1320,6 +1320,9 @@ def test_nhwc_direct_rule():
         (144, 56, 3, 1, single, False, True, False), (144, 56, 3, 2, single, False, True, True),
         (96, 112, 3, 2, single, False, True, False), (1152, 7, 5, 1, single, False, True, True),
         (480, 14, 5, 1, single, False, True, False), (672, 28, 5, 2, single, False, True, True),
+        (240, 28, 5, 1, single, False, True, True), (576, 19, 5, 1, single, True, True, True),
+        (288, 38, 5, 1, single, False, True, True), (192, 56, 5, 1, single, False, True, False),
+        (144, 75, 5, 2, single, False, True, False),
         (96, 112, 3, 2, half, False, True, True), (96, 112, 3, 2, bf16, False, True, False),
         (144, 56, 3, 1, half, False, True, False), (240, 56, 5, 2, half, False, True, False),
         (96, 112, 3, 2, half, True, False, False), (96, 56, 7, 1, single, False, False, False),
@@ -1337,7 +1340,9 @@ def test_nhwc_direct_rule():
         dst_h, dst_w = (hw, hw) if backward else (g.out_height, g.out_width)
         items = 4 * dst_h * -(-dst_w // tw)
         tiles, bx, by = launch.grid[0], launch.block[0], launch.block[1]
-        assert tiles * bx * vec >= c > (tiles * bx - 1) * vec and bx <= 32 and bx * by <= 256
+        # nearly equal channel tiles of at most 32 vectors (576 float32: 5 tiles of 29 vectors, not 4 x 32 + 16)
+        vectors = c // vec
+        assert tiles == -(-vectors // 32) and bx == -(-vectors // tiles) and bx * by <= 256
         per_thread = direct.items_per_thread(k, stride, dtype, dst_w, tiles * -(-items // by))
         assert int(launch.scalars[-1]) == items and launch.grid[1] == min(-(-items // (by * per_thread)), 65535)
         assert launch.shared_mem == k * k * bx * vec * 4
