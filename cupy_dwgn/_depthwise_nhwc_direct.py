@@ -6,7 +6,8 @@ input staging: each thread loads its inputs straight from global memory.
 
 Launch rule (no user tuning), from the shape only:
 
-* TW output columns per thread, per (filter, stride, element size): ``COLUMNS``.
+* TW output columns per thread, per (filter, stride, element size): ``COLUMNS``
+  (``columns_per_thread``: of several compiled, the one padding the row least).
 * Block: BX channel vectors (16 bytes each; the channel vectors split into
   nearly equal tiles of at most 32, as _depthwise_nhwc._block) x BY items,
   at most 256 threads; grid.x = channel tiles, grid.y = the items (image,
@@ -16,8 +17,8 @@ Launch rule (no user tuning), from the shape only:
   * K * K * 4 bytes.
 
 The ops take it where ``preferred`` says so (float32 on destinations up to
-28 columns wide, float16 3x3 at stride 2); ``MODE`` overrides that for tests
-and benchmarks.
+28 columns wide, 38 for 5x5 at stride 1, float16 3x3 at stride 2); ``MODE``
+overrides that for tests and benchmarks.
 """
 
 import contextlib
@@ -42,9 +43,16 @@ VARIANTS = ((1, False), (2, False), (1, True))
 #: (K, stride, element size) -> TW output columns per thread, the fastest of
 #: 2 / 4 / 8 on the H200 (benchmarks/depthwise_nhwc_direct.py, 2026-12-01):
 #: float32 8 (4 for 5x5 stride 2: 64x672x28 73.9 against 83.4 with 8),
-#: float16 stride 2 two (64x96x112 66.9 against 90.8 with 4), else 4.
+#: float16 stride 2 two (64x96x112 66.9 against 90.8 with 4), else 4.  A
+#: tuple: every TW compiled, the plan taking the one ``columns_per_thread`` gives:
+#: float32 5x5 stride 1, 7 or 8 (H100, 2026-12-07, GPU us per launch at 2
+#: items a thread, forward, TW 7 / 8 / 4 / 5: 64x240x28 54.5 / 56.3 / 64.5
+#: / 64.0, 64x576x19 63.4 / 66.4 / 77.0 / 68.8, 64x288x38 116.3 / 107.2 /
+#: 146.1 / 130.2, 64x672x14 40.1 / 41.2 / 52.6 / 45.1, 64x480x14 30.4 / 31.8
+#: / 40.0 / 35.2; backward-input alike:
+#: results/depthwise_nhwc_5x5_direct_ab_h100_2026-12-07.txt).
 COLUMNS = {(3, 1, 2): 4, (3, 1, 4): 8, (3, 2, 2): 2, (3, 2, 4): 8,
-           (5, 1, 2): 4, (5, 1, 4): 8, (5, 2, 2): 4, (5, 2, 4): 4}
+           (5, 1, 2): 4, (5, 1, 4): (7, 8), (5, 2, 2): 4, (5, 2, 4): 4}
 #: (K, stride, element size) -> items a thread walks (the grid shrunk to
 #: match), overriding ``items_per_thread``'s rule (benchmarks, tests).
 ITEMS_PER_THREAD = {}
@@ -93,25 +101,49 @@ def overridden(key, columns, items_per_thread=0, block=None, all_rows=False):
         plan.cache_clear()
 
 
-def _expression(dtype, k, stride, backward, index):
+def _widths(key):
+    """Every TW compiled for ``key`` = (K, stride, element size)."""
+    widths = COLUMNS[key]
+    return widths if isinstance(widths, tuple) else (widths,)
+
+
+def columns_per_thread(key, dst_width):
+    """TW for ``key`` onto destination rows ``dst_width`` wide: of the
+    widths compiled, the one whose strips pad the row least (ties: the
+    wider; float32 5x5: 7 for 14 and 28 wide, 8 for 38)."""
+    return min(_widths(key), key=lambda tw: (-(-dst_width // tw) * tw, -tw))
+
+
+def _expression(dtype, k, stride, backward, index, tw):
     key = (k, stride, numpy.dtype(dtype).itemsize)
-    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, COLUMNS[key],
+    return _compile.name_expression(KERNEL, _dtypes.ctype(dtype), k, stride, tw,
                                     "true" if backward else "false", "true" if ALL_ROWS.get(key) else "false", index)
 
 
 def specializations(dtypes=None, filter_sizes=None, backward=None, large_index=(False, True)):
-    """``(file, name expression)`` of every direct-kernel specialization.
+    """``(file, name expression)`` of every direct-kernel specialization
+    (every TW compiled).
 
     backward: None (both), False (forward) or True (backward-input)."""
-    return _compile.direction_specializations(KERNEL_FILE, _expression, DTYPES, FILTER_SIZES, VARIANTS, dtypes,
-                                              filter_sizes, backward, large_index)
+    def expression_of(choice):  # the choice-th TW of each key (its last where it has fewer)
+        def expression(dtype, k, stride, is_backward, index):
+            widths = _widths((k, stride, numpy.dtype(dtype).itemsize))
+            return _expression(dtype, k, stride, is_backward, index, widths[min(choice, len(widths) - 1)])
+        return expression
+
+    choices = max(len(_widths(key)) for key in COLUMNS)
+    return list(dict.fromkeys(
+        spec for choice in range(choices)
+        for spec in _compile.direction_specializations(KERNEL_FILE, expression_of(choice), DTYPES, FILTER_SIZES,
+                                                       VARIANTS, dtypes, filter_sizes, backward, large_index)))
 
 
 def preferred(g, dtype, backward):
     """Whether the ops take the direct kernel for ``g`` (where it serves the
     call): float32 on destinations at most 28 columns wide (3x3, and 5x5 at
-    stride 2 or on rows under 14), float32 5x5 at stride 1 on rows 15 to 38
-    wide, and float16 3x3 at stride 2.  Measured on
+    stride 2), float32 5x5 at stride 1 on rows under 14 wide, and 15 to 38
+    wide where the grid holds 2 items a thread (``items_per_thread``), and
+    float16 3x3 at stride 2.  Measured on
     an H200 (2026-12-01, benchmarks/depthwise_nhwc_direct.py, GPU time per
     launch, us, direct against the kernel the ops took before: the tiled
     kernel, or the window kernel where its rule takes it):
@@ -124,14 +156,20 @@ def preferred(g, dtype, backward):
       65.0, 64x96x112 stride 2 105.1 / 102.4), as is 5x5 where the window
       kernel's rule takes it (64x480x14 30.7 / 26.9, 64x240x28 56.2 / 57.7).
     * float32 5x5 stride 1 against the window kernel at channel group 2 (the
-      tiled kernel at 38 wide) (H100, 2026-12-07, benchmarks/depthwise.py in
-      both trees, NHWC, best of two runs, forward and backward-input:
-      results/depthwise_nhwc_5x5_direct_ab_h100_2026-12-07.txt): 64x240x28
-      58.1 and 58.7 / 67.5 and 67.8, 64x576x19 69.2 and 70.4 / 72.1 and
-      72.9, 64x288x38 114.1 and 115.8 / 113.7 and 117.7 (H200, 12-01:
-      64x240x28 56.2 / 57.7, 64x288x38 114 / 121).  Rows 14 wide stay on
-      the window kernel: 64x480x14 31.8 / 29.7 (H200 30.7 / 26.9), though
-      64x672x14 42.4 / 46.4.
+      tiled kernel at 38 wide), with TW 7 or 8 (``columns_per_thread``) and
+      2 items a thread (H100, 2026-12-07, benchmarks/depthwise_nhwc_direct.py,
+      forward: results/depthwise_nhwc_5x5_direct_ab_h100_2026-12-07.txt):
+      64x240x28 54.5 / 70.4, 64x576x19 63.4 / 75.0, 64x288x38 107.2 /
+      116.3, 64x672x14 40.1 / 48.3, 64x480x14 30.4 / 30.3 (backward-input
+      alike; TW 8 and one item a thread, as first taken: 58.8, 70.6, 116.6,
+      42.9, 32.4; on an H200, 12-01: 64x240x28 56.2 / 57.7, 64x288x38 114 /
+      121, 64x480x14 30.7 / 26.9).  Rows 14 wide stay on the window kernel:
+      the H200 ran it 12% faster than TW 8 at one item there (64x480x14
+      above); the H100 runs it even with TW 7 at 480 channels, 17% slower
+      at 672.  Small batches, whose grid keeps one item a thread, stay on
+      the window kernel too: 8x240x28 10.9 / 10.1 (eager, benchmarks/depthwise.py),
+      while 64x1152x7 (rows under 14, direct before) went 19.1 -> 16.6 with
+      TW 7 at 2 items.
     * float16 3x3 stride 2: 64x96x112 66.9 / 73.5, 64x144x56 31.1 / 34.2.
       Not bfloat16 (77.2 / 74.0, 34.1 / 34.0), nor 5x5 stride 2 (91.9 /
       92.8, 73.4 / 73.2), nor half types at stride 1, where the window
@@ -141,9 +179,17 @@ def preferred(g, dtype, backward):
     dtype = numpy.dtype(dtype)
     k, stride = g.filter_height, g.stride_h
     dst_width = g.width if backward else g.out_width
+    if dtype == numpy.float32 and k == 5 and stride == 1:
+        if dst_width < 14:
+            return True
+        if not 14 < dst_width <= 38:
+            return False
+        # Where its one-item grid is too small for 2 items a thread (small batches), the window kernel
+        _, _, dst_h, _, _, _ = _validate.correlation_frame(g, backward)
+        _, _, items, tiles, _, by = _grid(g, dtype, (k, stride, dtype.itemsize), dst_h, dst_width)
+        return tiles * -(-items // by) >= TWO_ITEMS_MIN_BLOCKS
     if dtype == numpy.float32:
-        return (dst_width <= 28 and (k == 3 or stride == 2 or dst_width < 14)
-                or (k == 5 and stride == 1 and 14 < dst_width <= 38))
+        return dst_width <= 28 and (k == 3 or stride == 2)
     return dtype == numpy.float16 and k == 3 and stride == 2
 
 
@@ -155,9 +201,9 @@ TWO_ITEMS_MIN_BLOCKS = 256
 
 def items_per_thread(k, stride, dtype, dst_width, blocks=TWO_ITEMS_MIN_BLOCKS):
     """Items a thread walks (the grid holds 1 / that many of them): 2 for
-    3x3 float32 and for 3x3 float16 at stride 2 onto destinations at most 14
-    wide, where the one-item grid has ``blocks`` >= TWO_ITEMS_MIN_BLOCKS,
-    else 1.  A block then stages its filter once for twice the work.
+    float32 3x3, float32 5x5 at stride 1 and float16 3x3 at stride 2 onto
+    destinations at most 14 wide, where the one-item grid has ``blocks`` >=
+    TWO_ITEMS_MIN_BLOCKS, else 1.  A block then stages its filter once for twice the work.
     Measured on an H100 (2026-12-06, benchmarks/depthwise_nhwc_direct.py
     --items-per-thread 1 2, GPU us per launch, 1 / 2 items, the same in 2-3
     runs to 0.3 us): float32 TW 8 64x576x14 stride 2 19.7 / 18.3, 64x672x14
@@ -166,13 +212,33 @@ def items_per_thread(k, stride, dtype, dst_width, blocks=TWO_ITEMS_MIN_BLOCKS):
     (60.7 / 60.2); float16 TW 2 stride 2 64x576x14 14.8 / 13.4, 64x672x14
     16.2 / 14.6, 64x240x28 18.6 / 17.5, 64x192x28 16.0 / 15.2, but 64x144x56
     35.2 / 36.5 and 64x96x112 76.5 / 77.2 (bfloat16, which the ops do not
-    take here at stride 2: 64x576x14 16.1 / 17.4, one run)."""
-    if k != 3 or blocks < TWO_ITEMS_MIN_BLOCKS:
+    take here at stride 2: 64x576x14 16.1 / 17.4, one run).  Float32 5x5
+    at stride 1 (H100, 2026-12-07, TW 7 / 8): 64x240x28 57.3 / 54.5, 58.8 /
+    56.3; 64x576x19 68.0 / 63.4, 70.6 / 66.4; 64x288x38 (TW 8) 116.6 /
+    107.2; 64x672x14 41.7 / 40.1; 64x480x14 31.8 / 30.4."""
+    if blocks < TWO_ITEMS_MIN_BLOCKS:
         return 1
     dtype = numpy.dtype(dtype)
+    if k == 5:
+        return 2 if dtype == numpy.float32 and stride == 1 else 1
     if dtype == numpy.float32 or (dtype == numpy.float16 and stride == 2 and dst_width <= 14):
         return 2
     return 1
+
+
+def _grid(g, dtype, key, dst_h, dst_w):
+    """(TW, strips a row, items, channel tiles, BX, BY) of the launch for
+    ``g`` onto a ``dst_h`` x ``dst_w`` destination."""
+    vec = VECTOR_BYTES // dtype.itemsize
+    tw = columns_per_thread(key, dst_w)
+    strips = -(-dst_w // tw)
+    tiles, bx, by = _depthwise_nhwc._block(g.channels // vec)
+    if key in BLOCK:
+        bx, by = BLOCK[key]
+        if not (bx >= 1 and by >= 1 and bx * by <= 256):
+            raise ValueError(f"BLOCK[{key}]: expected (BX, BY) with BX * BY <= 256, got {(bx, by)}")
+        tiles = -(-(g.channels // vec) // bx)
+    return tw, strips, g.batch * dst_h * strips, tiles, bx, by
 
 
 def select(g, dtype, backward, index, src_alignment, dst_alignment):
@@ -204,16 +270,8 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
     src_h, src_w, dst_h, dst_w, offset_top, offset_left = _validate.correlation_frame(g, backward)
     if min(g.batch, src_h, src_w, dst_h, dst_w) <= 0:
         return None
-    tw = COLUMNS[k, stride, dtype.itemsize]
-    strips = -(-dst_w // tw)
-    items = g.batch * dst_h * strips
     key = (k, stride, dtype.itemsize)
-    tiles, bx, by = _depthwise_nhwc._block(g.channels // vec)
-    if key in BLOCK:
-        bx, by = BLOCK[key]
-        if not (bx >= 1 and by >= 1 and bx * by <= 256):
-            raise ValueError(f"BLOCK[{key}]: expected (BX, BY) with BX * BY <= 256, got {(bx, by)}")
-        tiles = -(-(g.channels // vec) // bx)
+    tw, strips, items, tiles, bx, by = _grid(g, dtype, key, dst_h, dst_w)
     one_item_blocks = tiles * -(-items // by)
     per_thread = ITEMS_PER_THREAD.get(key) or items_per_thread(k, stride, dtype, dst_w, one_item_blocks)
     blocks_y = max(1, min(-(-items // (by * per_thread)), _launch.MAX_GRID_Y))
@@ -222,5 +280,5 @@ def plan(g, dtype, backward, index, src_alignment, dst_alignment):
         i32(src_h), i32(src_w), i32(dst_h), i32(dst_w), i32(g.channels), i32(offset_top), i32(offset_left),
         i32(strips), _launch.index_scalar(index, items),
     )
-    return _launch.Launch(KERNEL_FILE, _expression(dtype, k, stride, backward, index), (tiles, blocks_y), (bx, by),
+    return _launch.Launch(KERNEL_FILE, _expression(dtype, k, stride, backward, index, tw), (tiles, blocks_y), (bx, by),
                           shared, scalars)

@@ -1256,8 +1256,8 @@ def _check_nhwc_direct_index_math(case, form, seed):
 
 
 def test_nhwc_direct_items_per_thread_rule():
-    # items_per_thread's docstring: 2 for 3x3 float32, and 3x3 float16 at stride 2 onto
-    # destinations at most 14 wide; ITEMS_PER_THREAD overrides it.
+    # items_per_thread's docstring: 2 for 3x3 float32, 5x5 float32 at stride 1, and 3x3 float16
+    # at stride 2 onto destinations at most 14 wide; ITEMS_PER_THREAD overrides it.
     import numpy
 
     from cupy_dwgn import _depthwise_nhwc_direct as direct
@@ -1266,7 +1266,8 @@ def test_nhwc_direct_items_per_thread_rule():
     for k, stride, dtype, dst_width, want in [
         (3, 1, numpy.float32, 28, 2), (3, 2, numpy.float32, 7, 2), (5, 2, numpy.float32, 14, 1),
         (3, 2, numpy.float16, 14, 2), (3, 2, numpy.float16, 28, 1), (3, 1, numpy.float16, 7, 1),
-        (3, 2, "bfloat16", 7, 1),
+        (3, 2, "bfloat16", 7, 1), (5, 1, numpy.float32, 28, 2), (5, 1, numpy.float32, 38, 2),
+        (5, 1, numpy.float16, 28, 1), (5, 1, "bfloat16", 14, 1),
     ]:
         assert direct.items_per_thread(k, stride, dtype, dst_width) == want, (k, stride, dtype, dst_width)
         # a grid too small to halve (small batches) keeps one item a thread
@@ -1282,6 +1283,22 @@ def test_nhwc_direct_items_per_thread_rule():
     finally:
         del direct.ITEMS_PER_THREAD[3, 2, 2]
     assert one.grid[1] == 2 * ruled.grid[1] and one.scalars == ruled.scalars
+
+
+def test_nhwc_direct_columns_per_thread():
+    # Of several TW compiled (float32 5x5 stride 1: 7 and 8), the plan takes the one whose strips
+    # pad the destination row least, the wider on a tie; every one is shipped, forward and
+    # backward-input, both index types; a single TW is taken whatever the width.
+    from cupy_dwgn import _depthwise_nhwc_direct as direct
+
+    for width, want in [(28, 7), (14, 7), (19, 7), (7, 7), (38, 8), (23, 8), (8, 8), (56, 8), (1, 7), (49, 7)]:
+        assert direct.columns_per_thread((5, 1, 4), width) == want, width
+    assert {direct.columns_per_thread((3, 1, 4), width) for width in (7, 14, 28, 21)} == {8}
+    shipped = {expression for _, expression in SHIPPED}
+    for tw in (7, 8):
+        for backward in ("false", "true"):
+            for index in ("int", "long long"):
+                assert f"dwgn_dwconv_nhwc_direct<float, 5, 1, {tw}, {backward}, false, {index}>" in shipped
 
 
 def test_nhwc_direct_block_override_is_checked(monkeypatch):
@@ -1320,8 +1337,8 @@ def test_nhwc_direct_rule():
         (144, 56, 3, 1, single, False, True, False), (144, 56, 3, 2, single, False, True, True),
         (96, 112, 3, 2, single, False, True, False), (1152, 7, 5, 1, single, False, True, True),
         (480, 14, 5, 1, single, False, True, False), (672, 28, 5, 2, single, False, True, True),
-        (240, 28, 5, 1, single, False, True, True), (576, 19, 5, 1, single, True, True, True),
-        (288, 38, 5, 1, single, False, True, True), (192, 56, 5, 1, single, False, True, False),
+        (240, 28, 5, 1, single, False, True, False), (576, 19, 5, 1, single, True, True, False),
+        (288, 38, 5, 1, single, False, True, False), (192, 56, 5, 1, single, False, True, False),
         (144, 75, 5, 2, single, False, True, False),
         (96, 112, 3, 2, half, False, True, True), (96, 112, 3, 2, bf16, False, True, False),
         (144, 56, 3, 1, half, False, True, False), (240, 56, 5, 2, half, False, True, False),
@@ -1335,9 +1352,9 @@ def test_nhwc_direct_rule():
         if launch is None:
             continue
         vec = 16 // dtype.itemsize
-        tw = direct.COLUMNS[k, stride, dtype.itemsize]
-        assert (launch.file, launch.expression) in shipped and f", {tw}, " in launch.expression
         dst_h, dst_w = (hw, hw) if backward else (g.out_height, g.out_width)
+        tw = direct.columns_per_thread((k, stride, dtype.itemsize), dst_w)
+        assert (launch.file, launch.expression) in shipped and f", {tw}, " in launch.expression
         items = 4 * dst_h * -(-dst_w // tw)
         tiles, bx, by = launch.grid[0], launch.block[0], launch.block[1]
         # nearly equal channel tiles of at most 32 vectors (576 float32: 5 tiles of 29 vectors, not 4 x 32 + 16)
@@ -1347,6 +1364,19 @@ def test_nhwc_direct_rule():
         assert int(launch.scalars[-1]) == items and launch.grid[1] == min(-(-items // (by * per_thread)), 65535)
         assert launch.shared_mem == k * k * bx * vec * 4
         assert direct.plan(g, dtype, backward, "int", 8, 16) is None and direct.plan(g, dtype, backward, "int", 16, 4) is None
+    # float32 5x5 stride 1 on rows 15 to 38 wide: taken where the one-item grid holds
+    # TWO_ITEMS_MIN_BLOCKS blocks (the 4-image cases above do not), then at 2 items a thread;
+    # under 14 wide whatever the batch; 14 wide not.
+    for batch, hw, c, backward, taken in [
+        (64, 28, 240, False, True), (64, 28, 240, True, True), (16, 28, 240, False, True), (8, 28, 240, False, False),
+        (64, 19, 576, True, True), (64, 38, 288, False, True), (64, 14, 672, False, False), (2, 7, 1152, False, True),
+    ]:
+        g = _validate.conv_geometry((batch, hw, hw, c), (c, 1, 5, 5), 1, 2, 1, layout="NHWC")
+        assert direct.preferred(g, single, backward) == taken, (batch, hw, c, backward)
+        launch = direct.select(g, single, backward, "int", 16, 16)
+        assert (launch is not None) == taken
+        if taken and hw > 14:
+            assert int(launch.scalars[-1]) > launch.grid[1] * launch.block[1]  # more items than threads along y
     for x_shape, w_shape, stride, dilation in [((2, 7, 7, 16), (16, 1, 3, 3), 1, 2), ((2, 7, 7, 16), (32, 1, 3, 3), 1, 1),
                                                ((2, 7, 7, 16), (16, 1, 3, 3), (1, 2), 1)]:
         g = _validate.conv_geometry(x_shape, w_shape, stride, 1, dilation, layout="NHWC")
