@@ -182,8 +182,8 @@ def preferred(g, dtype, backward):
     if dtype == numpy.float32 and k == 5 and stride == 1:
         if dst_width < 14:
             return True
-        if not 14 < dst_width <= 38:
-            return False
+        if not 14 < dst_width <= 38 or g.channels < VECTOR_BYTES // dtype.itemsize:
+            return False  # (fewer channels than a vector: not served; the grid below would have no tile)
         # Where its one-item grid is too small for 2 items a thread (small batches), the window kernel
         _, _, dst_h, _, _, _ = _validate.correlation_frame(g, backward)
         _, _, items, tiles, _, by = _grid(g, dtype, (k, stride, dtype.itemsize), dst_h, dst_width)
@@ -213,7 +213,7 @@ def items_per_thread(k, stride, dtype, dst_width, blocks=TWO_ITEMS_MIN_BLOCKS):
     16.2 / 14.6, 64x240x28 18.6 / 17.5, 64x192x28 16.0 / 15.2, but 64x144x56
     35.2 / 36.5 and 64x96x112 76.5 / 77.2 (bfloat16, which the ops do not
     take here at stride 2: 64x576x14 16.1 / 17.4, one run).  Float32 5x5
-    at stride 1 (H100, 2026-12-07, TW 7 / 8): 64x240x28 57.3 / 54.5, 58.8 /
+    at stride 1 (H100, 2026-12-07; TW 7, then TW 8): 64x240x28 57.3 / 54.5, 58.8 /
     56.3; 64x576x19 68.0 / 63.4, 70.6 / 66.4; 64x288x38 (TW 8) 116.6 /
     107.2; 64x672x14 41.7 / 40.1; 64x480x14 31.8 / 30.4."""
     if blocks < TWO_ITEMS_MIN_BLOCKS:

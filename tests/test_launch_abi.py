@@ -48,6 +48,10 @@ CONVOLUTIONS = [
     (2, 16, 32, 32, 1, 3, 3, 1, 2, 2), (2, 16, 32, 32, 1, 3, 3, 3, 1, 1), (2, 16, 64, 64, 1, 11, 11, 1, 5, 1),
     (2, 16, 64, 64, 1, 1, 31, 1, 0, 1), (2, 17, 9, 9, 3, 2, 3, 1, 0, 1), (8, 1024, 7, 7, 1, 7, 7, 1, 3, 1),
     (2, 5, 20, 20, 2, 9, 9, 1, 4, 1), (1, 4, 20, 20, 1, 31, 31, 1, 15, 1),
+    # float32 5x5 stride 1 on rows 15-38 wide with fewer channels than a vector (the direct
+    # kernel's rule sized a grid of no channel tile: ZeroDivisionError on the GPU suite's
+    # "tiled 5x5 dilation 2 M=3"), and 64 images, where the direct kernel takes 2 items a thread
+    (2, 2, 40, 37, 3, 5, 5, 1, 4, 2), (2, 2, 28, 28, 1, 5, 5, 1, 2, 1), (64, 8, 28, 28, 1, 5, 5, 1, 2, 1),
 ]
 #: (N, S, C, num_groups) for GroupNorm.
 NORMS = [(2, 64, 320, 32), (2, 16, 12, 6), (4, 100, 7, 7), (1, 3, 24, 3), (8, 1024, 640, 32)]
@@ -434,6 +438,7 @@ def _convolutions(draw):
 @given(_convolutions(), st.sampled_from(DTYPES), st.sampled_from(["NCHW", "NHWC"]), st.sampled_from([0, 1, 2, 4]))
 # The NHWC ring kernel's rows past its default shared memory, planned under the device's opt-in limit.
 @example(((1, 32, 7, 300), (32, 1, 3, 3), (1, 1), (1, 1), (1, 1)), DTYPES[0], "NHWC", 0)
+@example(((2, 2, 40, 37), (6, 1, 5, 5), (1, 1), (4, 4), (2, 2)), DTYPES[0], "NHWC", 0)
 def test_any_valid_convolution_reaches_launchable_kernels(convolution, dtype, layout, misaligned_elements):
     x_shape, w_shape, stride, padding, dilation = convolution
     if layout == "NHWC":
