@@ -17,8 +17,8 @@ Launch rule (no user tuning), from the shape only:
   * K * K * 4 bytes.
 
 The ops take it where ``preferred`` says so (float32 on destinations up to
-28 columns wide, 38 for 5x5 at stride 1, float16 3x3 at stride 2); ``MODE``
-overrides that for tests and benchmarks.
+28 columns wide, 38 for 5x5 at stride 1 on grids of 2 items a thread,
+float16 3x3 at stride 2); ``MODE`` overrides that for tests and benchmarks.
 """
 
 import contextlib
@@ -166,10 +166,11 @@ def preferred(g, dtype, backward):
       121, 64x480x14 30.7 / 26.9).  Rows 14 wide stay on the window kernel:
       the H200 ran it 12% faster than TW 8 at one item there (64x480x14
       above); the H100 runs it even with TW 7 at 480 channels, 17% slower
-      at 672.  Small batches, whose grid keeps one item a thread, stay on
-      the window kernel too: 8x240x28 10.9 / 10.1 (eager, benchmarks/depthwise.py),
-      while 64x1152x7 (rows under 14, direct before) went 19.1 -> 16.6 with
-      TW 7 at 2 items.
+      at 672.  Small batches, whose grid keeps one item a thread (the
+      configuration not measured against the window kernel but at
+      8x240x28: eager 10.9 / 10.1 on one H100, within eager noise on
+      another), stay on the window kernel too; 64x1152x7 (rows under 14,
+      direct before) went 19.1 -> 16.6 with TW 7 at 2 items.
     * float16 3x3 stride 2: 64x96x112 66.9 / 73.5, 64x144x56 31.1 / 34.2.
       Not bfloat16 (77.2 / 74.0, 34.1 / 34.0), nor 5x5 stride 2 (91.9 /
       92.8, 73.4 / 73.2), nor half types at stride 1, where the window
@@ -203,7 +204,8 @@ def items_per_thread(k, stride, dtype, dst_width, blocks=TWO_ITEMS_MIN_BLOCKS):
     """Items a thread walks (the grid holds 1 / that many of them): 2 for
     float32 3x3, float32 5x5 at stride 1 and float16 3x3 at stride 2 onto
     destinations at most 14 wide, where the one-item grid has ``blocks`` >=
-    TWO_ITEMS_MIN_BLOCKS, else 1.  A block then stages its filter once for twice the work.
+    TWO_ITEMS_MIN_BLOCKS, else 1.  A block then stages its filter once for
+    twice the work.
     Measured on an H100 (2026-12-06, benchmarks/depthwise_nhwc_direct.py
     --items-per-thread 1 2, GPU us per launch, 1 / 2 items, the same in 2-3
     runs to 0.3 us): float32 TW 8 64x576x14 stride 2 19.7 / 18.3, 64x672x14
@@ -213,9 +215,9 @@ def items_per_thread(k, stride, dtype, dst_width, blocks=TWO_ITEMS_MIN_BLOCKS):
     16.2 / 14.6, 64x240x28 18.6 / 17.5, 64x192x28 16.0 / 15.2, but 64x144x56
     35.2 / 36.5 and 64x96x112 76.5 / 77.2 (bfloat16, which the ops do not
     take here at stride 2: 64x576x14 16.1 / 17.4, one run).  Float32 5x5
-    at stride 1 (H100, 2026-12-07; TW 7, then TW 8): 64x240x28 57.3 / 54.5, 58.8 /
-    56.3; 64x576x19 68.0 / 63.4, 70.6 / 66.4; 64x288x38 (TW 8) 116.6 /
-    107.2; 64x672x14 41.7 / 40.1; 64x480x14 31.8 / 30.4."""
+    at stride 1 (H100, 2026-12-07; TW 7, then TW 8): 64x240x28 57.3 /
+    54.5, 58.8 / 56.3; 64x576x19 68.0 / 63.4, 70.6 / 66.4; 64x288x38 (TW
+    8) 116.6 / 107.2; 64x672x14 41.7 / 40.1; 64x480x14 31.8 / 30.4."""
     if blocks < TWO_ITEMS_MIN_BLOCKS:
         return 1
     dtype = numpy.dtype(dtype)

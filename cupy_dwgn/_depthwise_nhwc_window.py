@@ -149,9 +149,10 @@ def preferred(g, dtype, backward):
       planes 1152 channels 30.2 / 39.3); 5x5 filters on 14x14 to 28x28
       planes, group 2 (28x28 384 channels 68.1 / 87.5, 14x14 480 channels
       26.9 / 32.9); the direct kernel, tried first, takes the 5x5 rows 15
-      to 28 wide since 2026-12-07 (_depthwise_nhwc_direct.preferred).  Not
-      3x3 (28x28 384 channels: 87.5 at best against 58.0), nor 5x5 on 56x56 and larger (144 channels 134.7 / 118.4) or on 7x7
-      planes (1152 channels 24.2 / 23.8).
+      to 28 wide where its grid holds 2 items a thread, since 2026-12-07
+      (_depthwise_nhwc_direct.preferred).  Not 3x3 (28x28 384 channels:
+      87.5 at best against 58.0), nor 5x5 on 56x56 and larger (144 channels
+      134.7 / 118.4) or on 7x7 planes (1152 channels 24.2 / 23.8).
     """
     k = g.filter_height
     area = (g.height * g.width) if backward else (g.out_height * g.out_width)
