@@ -42,8 +42,9 @@ DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float16), _dtypes.bfloat
 VARIANTS = ((1, False), (2, False), (1, True))
 #: (K, stride, element size) -> TW output columns per thread, the fastest of
 #: 2 / 4 / 8 on the H200 (benchmarks/depthwise_nhwc_direct.py, 2026-12-01):
-#: float32 8 (4 for 5x5 stride 2: 64x672x28 73.9 against 83.4 with 8),
-#: float16 stride 2 two (64x96x112 66.9 against 90.8 with 4), else 4.  A
+#: float32 8 (4 for 5x5 stride 2: 64x672x28 73.9 against 83.4 with 8;
+#: 2 for 3x3 stride 2, with ALL_ROWS below), float16 stride 2 two
+#: (64x96x112 66.9 against 90.8 with 4), else 4.  A
 #: tuple: every TW compiled, the plan taking the one ``columns_per_thread`` gives:
 #: float32 5x5 stride 1, 7 or 8 (H100, 2026-12-07, GPU us per launch at 2
 #: items a thread, forward, TW 7 / 8 / 4 / 5: 64x240x28 54.5 / 56.3 / 64.5
@@ -51,7 +52,7 @@ VARIANTS = ((1, False), (2, False), (1, True))
 #: 146.1 / 130.2, 64x672x14 40.1 / 41.2 / 52.6 / 45.1, 64x480x14 30.4 / 31.8
 #: / 40.0 / 35.2; backward-input alike:
 #: results/depthwise_nhwc_5x5_direct_ab_h100_2026-12-07.txt).
-COLUMNS = {(3, 1, 2): 4, (3, 1, 4): 8, (3, 2, 2): 2, (3, 2, 4): 8,
+COLUMNS = {(3, 1, 2): 4, (3, 1, 4): 8, (3, 2, 2): 2, (3, 2, 4): 2,
            (5, 1, 2): 4, (5, 1, 4): (7, 8), (5, 2, 2): 4, (5, 2, 4): 4}
 #: (K, stride, element size) -> items a thread walks (the grid shrunk to
 #: match), overriding ``items_per_thread``'s rule (benchmarks, tests).
@@ -66,15 +67,23 @@ ITEMS_PER_THREAD = {}
 BLOCK = {}
 #: (K, stride, element size) -> True: the kernel loads every filter row's
 #: inputs before applying the first (K * IW vector loads in flight, the
-#: kernel's ALL_ROWS; benchmarks and tests, no rule uses it): where cuDNN
-#: is faster (64x576x14 float32 stride 2, 14.0 us against 17-19) it keeps
-#: about 5x our TW 1-2 kernels' input bytes in flight per SM (Nsight Compute,
-#: results/depthwise_stride2_ncu_h100_2026-12-06c.txt).  Measured on an H100
-#: (results/depthwise_nhwc_direct_all_rows_h100_2026-12-06.txt): faster only
-#: for float32 at stride 2 with TW 2 (64x144x56 53.8 us against the tiled
-#: kernel's 57.4; 64x576x14, 64x192x28, 64x96x112 within 2%), slower at
-#: stride 1 and in float16 (its registers halve the blocks a SM).
-ALL_ROWS = {}
+#: kernel's ALL_ROWS), for every TW of that key: float32 3x3 stride 2, with
+#: TW 2.  Where cuDNN is faster (64x576x14 float32 stride 2, 14.0 us
+#: against 17-19) it keeps about 5x our TW 1-2 kernels' input bytes in
+#: flight per SM (Nsight Compute,
+#: results/depthwise_stride2_ncu_h100_2026-12-06c.txt).  Measured on three
+#: H100s (2026-12-06 and 12-07, GPU us per launch, TW 2 with ALL_ROWS
+#: against TW 8 without, the rule before, 2 items a thread:
+#: results/depthwise_nhwc_direct_all_rows_h100_2026-12-07b.txt): 64x144x56
+#: 53.9 / 59.6, 64x288x38 49.7 / 57.6, 64x240x28 25.4 / 27.0, 64x192x28
+#: 21.6 / 23.0, 64x576x14 18.1 / 18.7; through the ops, eager, 54.4 / 59.5,
+#: 49.9 / 57.5, 25.9 / 27.2, 21.6 / 22.6, 17.4 / 18.1.  cuDNN (PyTorch
+#: channels-last) is still faster on all five (52.2, 47.5, 24.3, 19.4,
+#: 14.6); no block shape or TW 1 closed that (same file).  Not measured on
+#: an H200, where TW 8 without ran 64x144x56 in 45.0 us (2026-12-01).
+#: Slower at stride 1 and in float16 (its registers halve the blocks a SM;
+#: results/depthwise_nhwc_direct_all_rows_h100_2026-12-06.txt).
+ALL_ROWS = {(3, 2, 4): True}
 VECTOR_BYTES = 16
 
 

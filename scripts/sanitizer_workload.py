@@ -345,7 +345,8 @@ def nhwc_direct():
     # and stride-1 backward-input call it serves (MODE "always", the
     # call-signature cache cleared): strips cut by the right edge, padding
     # past the filter, per-side padding, uneven channel tiles, a 1x1 image,
-    # float32 5x5's two TW (7 and 8) and its 2-item grid.
+    # float32 5x5's two TW (7 and 8) and its 2-item grid, float32 3x3 stride
+    # 2 (ALL_ROWS) on a 2-item grid.
     from cupy_dwgn import _depthwise_nhwc_direct, _depthwise_nhwc_ring, _dtypes, depthwise as dw
 
     _depthwise_nhwc_direct.MODE, _depthwise_nhwc_ring.MODE, dw._SIGNATURES = "always", "never", {}
@@ -355,6 +356,7 @@ def nhwc_direct():
             ((3, 1, 1, 24), 3, 1, 1), ((2, 7, 7, 296), 5, 1, 2), ((2, 15, 13, 40), 3, 2, 1),
             ((1, 17, 16, 16), 5, 2, ((4, 0), (1, 2))), ((2, 6, 19, 24), 5, 1, 2), ((2, 5, 23, 16), 5, 1, 2),
             ((20, 28, 28, 128), 5, 1, 2),  # float32: TW 7, 2 items a thread
+            ((24, 28, 28, 128), 3, 2, 1),  # float32 stride 2: TW 2 with ALL_ROWS, 2 items a thread
         ])
     finally:
         _depthwise_nhwc_direct.MODE, _depthwise_nhwc_ring.MODE, dw._SIGNATURES = "rule", "rule", {}

@@ -1355,6 +1355,9 @@ def test_nhwc_direct_rule():
         dst_h, dst_w = (hw, hw) if backward else (g.out_height, g.out_width)
         tw = direct.columns_per_thread((k, stride, dtype.itemsize), dst_w)
         assert (launch.file, launch.expression) in shipped and f", {tw}, " in launch.expression
+        # every filter row's loads in flight (ALL_ROWS) for float32 3x3 stride 2 only, at TW 2
+        all_rows = (k, stride, dtype) == (3, 2, single)
+        assert launch.expression.endswith(f"{'true' if all_rows else 'false'}, int>") and (tw == 2 or not all_rows)
         items = 4 * dst_h * -(-dst_w // tw)
         tiles, bx, by = launch.grid[0], launch.block[0], launch.block[1]
         # nearly equal channel tiles of at most 32 vectors (576 float32: 5 tiles of 29 vectors, not 4 x 32 + 16)
