@@ -7,7 +7,9 @@ input staging: each thread loads its inputs straight from global memory.
 Launch rule (no user tuning), from the shape only:
 
 * TW output columns per thread, per (filter, stride, element size): ``COLUMNS``
-  (``columns_per_thread``: of several compiled, the one padding the row least).
+  (``columns_per_thread``: of several compiled, the one padding the row least);
+  every filter row's loads in flight at once (``ALL_ROWS``) for float32 3x3
+  at stride 2.
 * Block: BX channel vectors (16 bytes each; the channel vectors split into
   nearly equal tiles of at most 32, as _depthwise_nhwc._block) x BY items,
   at most 256 threads; grid.x = channel tiles, grid.y = the items (image,
@@ -43,8 +45,9 @@ VARIANTS = ((1, False), (2, False), (1, True))
 #: (K, stride, element size) -> TW output columns per thread, the fastest of
 #: 2 / 4 / 8 on the H200 (benchmarks/depthwise_nhwc_direct.py, 2026-12-01):
 #: float32 8 (4 for 5x5 stride 2: 64x672x28 73.9 against 83.4 with 8;
-#: 2 for 3x3 stride 2, with ALL_ROWS below), float16 stride 2 two
-#: (64x96x112 66.9 against 90.8 with 4), else 4.  A
+#: 2 for 3x3 stride 2 since 2026-12-07, with ALL_ROWS, measured on H100s
+#: only: see ALL_ROWS), float16 stride 2 two (64x96x112 66.9 against 90.8
+#: with 4), else 4.  A
 #: tuple: every TW compiled, the plan taking the one ``columns_per_thread`` gives:
 #: float32 5x5 stride 1, 7 or 8 (H100, 2026-12-07, GPU us per launch at 2
 #: items a thread, forward, TW 7 / 8 / 4 / 5: 64x240x28 54.5 / 56.3 / 64.5
