@@ -136,3 +136,50 @@ def test_candidates_time_the_ops_own_launch(layout, monkeypatch):
     _depthwise_nchw_large._plan.cache_clear()
     # The shapes reach most of the layout's kernels, so a candidate planned otherwise than the ops fails here.
     assert len(labelled) >= 4, labelled
+
+
+def _fuzz_gpu():
+    sys.path.insert(0, str(BENCHMARKS.parent / "scripts"))
+    import fuzz_gpu
+
+    return fuzz_gpu
+
+
+def test_fuzz_draws_valid_depthwise_calls_and_knows_their_geometry():
+    # scripts/fuzz_gpu.py pads the float64 oracle's input itself: its padding and output size must be the
+    # library's for every padding form, or a correct kernel would be reported wrong.
+    from cupy_dwgn import _validate
+
+    fuzz = _fuzz_gpu()
+    rng = numpy.random.default_rng(0)
+    forms, filters = set(), set()
+    for _ in range(3000):
+        case = fuzz.draw_depthwise(rng)
+        batch, channels, height, width = case["x_shape"]
+        shape = (batch, height, width, channels) if case["layout"] == "NHWC" else (batch, channels, height, width)
+        padding = case["padding"]
+        padding = padding if isinstance(padding, (str, int)) else tuple(
+            tuple(p) if isinstance(p, list) else p for p in padding)
+        g = _validate.conv_geometry(shape, (channels * case["multiplier"], 1, *case["filter"]),
+                                    tuple(case["stride"]), padding, tuple(case["dilation"]), layout=case["layout"])
+        (top, bottom), (left, right) = fuzz._pads(case)
+        assert (g.pad_top, g.pad_bottom, g.pad_left, g.pad_right) == (top, bottom, left, right), case
+        assert (g.out_height, g.out_width) == fuzz._output_size(case), case
+        forms.add(type(padding).__name__ if not isinstance(padding, str) else padding)
+        filters.add(case["filter"][0])
+    assert forms == {"int", "tuple", "same", "valid"} and {1, 3, 31} <= filters
+
+
+def test_fuzz_draws_valid_group_norm_calls():
+    from cupy_dwgn import _checks
+
+    fuzz = _fuzz_gpu()
+    rng = numpy.random.default_rng(1)
+    ranks = set()
+    for _ in range(3000):
+        case = fuzz.draw_group_norm(rng)
+        shape = case["shape"]
+        assert shape[-1] % case["num_groups"] == 0 and numpy.prod(shape) <= fuzz.MAX_ELEMENTS, case
+        assert case["activation"] in _checks.ACTIVATIONS and case["dtype"] in fuzz.TOLERANCE
+        ranks.add(len(shape) - 2)
+    assert ranks == {0, 1, 2, 3}
