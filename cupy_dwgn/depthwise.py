@@ -215,7 +215,7 @@ def _forward_checked(x, weight, bias, out, stride, padding, dilation, layout):
     result = _forward_cached(x, weight, bias, out, stride, padding, dilation, layout)
     if result is not _MISS:  # e.g. torch tensors, now viewed as cupy arrays
         return result
-    if _channels_last_nchw(layout, x):
+    if _channels_last_nchw(layout, x, out):
         result = _forward_checked(_as_nhwc(x, "x"), weight, bias, _as_nhwc(out, "out"), stride, padding, dilation, "NHWC")
         return _as_nchw(result) if out is None else out
     g = check_forward_args(x, weight, bias, stride, padding, dilation, layout, out)
@@ -306,7 +306,7 @@ def _backward_input_checked(grad_out, weight, out, input_shape, stride, padding,
     result = _backward_input_cached(grad_out, weight, out, input_shape, stride, padding, dilation, layout)
     if result is not _MISS:
         return result
-    if _channels_last_nchw(layout, grad_out):
+    if _channels_last_nchw(layout, grad_out, out):
         n, c, h, w = _validate.check_int_shape("input_shape", input_shape, 4)
         result = _backward_input_checked(
             _as_nhwc(grad_out, "grad_out"), weight, _as_nhwc(out, "out"), (n, h, w, c), stride, padding,
@@ -386,7 +386,7 @@ def _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, di
     result = _backward_weight_cached(grad_out, x, out, weight_shape, stride, padding, dilation, layout)
     if result is not _MISS:
         return result
-    if _channels_last_nchw(layout, grad_out):
+    if _channels_last_nchw(layout, grad_out, x):
         grad_out, x = _as_nhwc(grad_out, "grad_out"), _as_nhwc(x, "x")
         return _backward_weight_checked(grad_out, x, out, weight_shape, stride, padding, dilation, "NHWC")
     g = check_backward_weight_args(grad_out, x, weight_shape, stride, padding, dilation, layout, out)
@@ -614,11 +614,18 @@ def _key(op, first, second, third, out, stride, padding, dilation, layout):
             int if type(dilation) is int else _types(dilation), None if op == "fwd" else _types(third))
 
 
-def _channels_last_nchw(layout, array):
-    """An NCHW-shaped 4-D array stored channels-last (torch channels_last)."""
-    return (
-        layout == "NCHW" and type(array) is _ndarray and array.ndim == 4
+def _channels_last_nchw(layout, *arrays):
+    """An NCHW call on channels-last memory (torch channels_last): some array
+    of the call is NCHW-shaped and channels-last only.  Any of them decides:
+    an array whose planes are 1x1 (or of one channel) is both C-contiguous
+    and channels-last, so a stride-2 layer's 1x1 grad_out beside its
+    channels-last x, or a one-channel x beside a channels-last out, still
+    runs the NHWC kernels (and _as_nhwc rejects an array of the call that is
+    not channels-last)."""
+    return layout == "NCHW" and any(
+        type(array) is _ndarray and array.ndim == 4
         and not array.flags.c_contiguous and array.transpose(0, 2, 3, 1).flags.c_contiguous
+        for array in arrays
     )
 
 
@@ -629,7 +636,7 @@ def _as_nhwc(array, name):
     view = array.transpose(0, 2, 3, 1) if type(array) is _ndarray and array.ndim == 4 else array
     if type(array) is _ndarray and array.ndim == 4 and not view.flags.c_contiguous:
         raise ValueError(
-            f"{name}: expected channels-last memory like the first array (a channels_last "
+            f"{name}: expected channels-last memory like the call's other arrays (a channels_last "
             f"tensor), got strides {array.strides} for shape {tuple(array.shape)}"
         )
     return view

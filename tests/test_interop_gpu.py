@@ -87,6 +87,39 @@ def test_mixed_memory_formats_are_refused_by_name(rng):
         cupy_dwgn.depthwise_conv2d_backward_weight(x, dy, (4, 1, 3, 3), padding=1)
 
 
+def _channels_last_view(host):
+    """A device copy of an NCHW host array stored channels-last, seen as NCHW (a channels_last tensor's view)."""
+    return cupy.asarray(numpy.ascontiguousarray(host.transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2)
+
+
+def test_arrays_both_contiguous_and_channels_last_follow_the_call(rng):
+    # 1x1 planes or one channel make an array C-contiguous and channels-last at once.  Beside a channels-last
+    # array of the same call it must run the NHWC kernels, not refuse the other array as non-contiguous
+    # (scripts/fuzz_gpu.py found the weight gradient of a stride-2 layer with 1x1 outputs doing that).
+    x_host, dy_host = random(rng, (2, 83, 2, 2), F32), random(rng, (2, 83, 1, 1), F32)
+    x, dy = _channels_last_view(x_host), cupy.asarray(dy_host)
+    assert not x.flags.c_contiguous and dy.flags.c_contiguous and dy.transpose(0, 2, 3, 1).flags.c_contiguous
+    dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy, x, (83, 1, 3, 3), stride=2, padding=1)
+    ref_dw = reference.depthwise_conv2d_backward_weight(dy_host, x_host, (83, 1, 3, 3), stride=2, padding=1)
+    assert relative_error(dw, ref_dw) <= TOLERANCE[F32]
+
+    w_host = random(rng, (83, 1, 3, 3), F32)
+    dx = _channels_last_view(numpy.full((2, 83, 2, 2), numpy.nan, F32))
+    got = cupy_dwgn.depthwise_conv2d_backward_input(dy, cupy.asarray(w_host), (2, 83, 2, 2), stride=2, padding=1,
+                                                    out=dx)
+    assert got is dx
+    ref_dx = reference.depthwise_conv2d_backward_input(dy_host, w_host, (2, 83, 2, 2), stride=2, padding=1)
+    assert relative_error(dx, ref_dx) <= TOLERANCE[F32]
+
+    # one input channel, depth multiplier 3, into a channels-last out
+    x1_host, w3_host, b3_host = random(rng, (2, 1, 7, 9), F32), random(rng, (3, 1, 3, 3), F32), random(rng, 3, F32)
+    y = _channels_last_view(numpy.full((2, 3, 7, 9), numpy.nan, F32))
+    got = cupy_dwgn.depthwise_conv2d(cupy.asarray(x1_host), cupy.asarray(w3_host), cupy.asarray(b3_host), padding=1,
+                                     out=y)
+    assert got is y
+    assert relative_error(y, reference.depthwise_conv2d(x1_host, w3_host, b3_host, padding=1)) <= TOLERANCE[F32]
+
+
 def test_group_norm_takes_and_returns_torch_tensors(rng):
     torch = _torch()
     x_host = random(rng, (2, 5, 7, 32), F32)
