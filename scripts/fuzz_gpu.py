@@ -5,11 +5,12 @@ stride, dilation, padding form, depth multiplier, bias, misaligned views,
 torch tensors through DLPack, channels-last torch tensors under
 ``layout="NCHW"``) and random GroupNorm calls (0-3 spatial dims, any group
 size, every activation, affine forms, mixed-precision parameters), runs the
-forward and both backward ops into NaN-poisoned outputs, and compares each
-result with ``torch`` float64 (``conv2d(groups=C)`` / ``group_norm`` and
-autograd) on the same dtype-rounded inputs, at the tests' error-norm bounds
-(tests/_helpers.TOLERANCE).  PyTorch is the independent oracle here; the test
-suite's oracle is cupy_dwgn.reference.
+forward and backward ops into NaN-poisoned outputs (GroupNorm also in place,
+and both ops through the autograd functions of cupy_dwgn.torch), and compares
+each result with float64 on the GPU under PyTorch's autograd
+(``conv2d(groups=C)``; GroupNorm's textbook formula) on the same
+dtype-rounded inputs, at the tests' error-norm bounds (tests/_helpers.TOLERANCE).
+PyTorch is the independent oracle here; the test suite's is cupy_dwgn.reference.
 
     PYTHONPATH=. python scripts/fuzz_gpu.py [--seconds 240] [--seed 0] [--ops depthwise group_norm]
         [--log fuzz.jsonl]
@@ -82,7 +83,8 @@ def draw_depthwise(r):
             "op": "depthwise", "dtype": str(r.choice(DTYPES, p=[0.35, 0.3, 0.25, 0.1])),
             "layout": str(r.choice(["NCHW", "NHWC"])), "x_shape": [batch, channels, height, width],
             "filter": [kh, kw], "multiplier": multiplier, "stride": stride, "padding": padding, "dilation": dilation,
-            "bias": bool(r.random() < 0.6), "array": str(r.choice(["cupy", "cupy_misaligned", "torch", "torch_channels_last"], p=[0.55, 0.15, 0.15, 0.15])),
+            "bias": bool(r.random() < 0.6), "array": str(r.choice(["cupy", "cupy_misaligned", "torch", "torch_channels_last", "torch_bridge"],
+                                  p=[0.45, 0.15, 0.1, 0.15, 0.15])),
             "seed": int(r.integers(2**31)),
         }
         out_hw = _output_size(case)
@@ -135,7 +137,8 @@ def draw_group_norm(r):
             "param_dtype": "float32" if dtype in ("float16", "bfloat16") and r.random() < 0.5 else dtype,
             "activation": str(r.choice(["identity", "silu", "relu", "gelu", "gelu_tanh"])),
             "eps": float(r.choice([1e-5, 1e-6, 1e-3])), "offset": float(r.choice([0.0, 0.0, 0.0, 5.0])),
-            "array": str(r.choice(["cupy", "cupy_misaligned", "torch"], p=[0.7, 0.15, 0.15])),
+            "array": str(r.choice(["cupy", "cupy_misaligned", "cupy_in_place", "torch", "torch_bridge"],
+                                  p=[0.5, 0.15, 0.1, 0.1, 0.15])),
             "seed": int(r.integers(2**31)),
         }
 
@@ -196,8 +199,6 @@ def run_depthwise(case):
     """{output name: relative error} for one depthwise case."""
     import torch
 
-    import cupy_dwgn
-
     r = numpy.random.default_rng(case["seed"])
     dtype = numpy_dtype(case["dtype"])
     batch, channels, height, width = case["x_shape"]
@@ -211,19 +212,13 @@ def run_depthwise(case):
     y_shape = (batch, out_h, out_w, out_channels) if nhwc else (batch, out_channels, out_h, out_w)
     grad_out = r.standard_normal(y_shape).astype(dtype)
 
-    arrays = _Arrays(case["array"])
-    channels_last = case["array"] == "torch_channels_last"  # NCHW shape, NHWC memory: the ops take the NHWC kernels
-    if channels_last and nhwc:
-        arrays = _Arrays("torch")
-        channels_last = False
-    x_d, w_d = arrays.to_device(x, channels_last), arrays.to_device(weight)
-    b_d, dy_d = arrays.to_device(bias), arrays.to_device(grad_out, channels_last)
-    geometry = dict(stride=tuple(case["stride"]), dilation=tuple(case["dilation"]), layout=layout,
+    geometry = dict(stride=tuple(case["stride"]), dilation=tuple(case["dilation"]),
                     padding=case["padding"] if isinstance(case["padding"], (str, int)) else
                     tuple(tuple(p) if isinstance(p, list) else p for p in case["padding"]))
-    y = cupy_dwgn.depthwise_conv2d(x_d, w_d, b_d, out=arrays.poisoned(y_shape, dtype), **geometry)
-    dx = cupy_dwgn.depthwise_conv2d_backward_input(dy_d, w_d, x.shape, out=arrays.poisoned(x.shape, dtype), **geometry)
-    dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_d, x_d, weight.shape, out=arrays.poisoned(weight.shape, dtype), **geometry)
+    if case["array"] == "torch_bridge":
+        got = _depthwise_through_bridge(x, weight, bias, grad_out, nhwc, geometry)
+    else:
+        got = _depthwise_through_ops(case["array"], x, weight, bias, grad_out, y_shape, layout, geometry)
 
     def to_nchw(a):
         t = torch.from_numpy(a.astype(numpy.float64)).cuda()
@@ -238,19 +233,69 @@ def run_depthwise(case):
                                        dilation=tuple(case["dilation"]), groups=channels)
     ref_dx, ref_dw = torch.autograd.grad(ref_y, (x64, w64), to_nchw(grad_out))
 
-    def back(t):
-        return t.permute(0, 2, 3, 1) if nhwc else t
+    def back(t):  # the ops' results are in the case's layout, the bridge's NCHW-shaped
+        return t.permute(0, 2, 3, 1) if nhwc and case["array"] != "torch_bridge" else t
 
-    if channels_last:  # results are NCHW-shaped channels-last tensors
+    refs = {"y": back(ref_y.detach()), "dx": back(ref_dx), "dw": ref_dw, "db": to_nchw(grad_out).sum(dim=(0, 2, 3))}
+    return {name: _error(value, refs[name]) for name, value in got.items()}
+
+
+def _depthwise_through_ops(kind, x, weight, bias, grad_out, y_shape, layout, geometry):
+    """y, dx, dw from the three public ops on ``kind`` arrays."""
+    import torch
+
+    import cupy_dwgn
+
+    arrays = _Arrays(kind)
+    channels_last = kind == "torch_channels_last"  # NCHW shape, NHWC memory: the ops take the NHWC kernels
+    if channels_last and layout == "NHWC":
+        arrays, channels_last = _Arrays("torch"), False
+    x_d, w_d = arrays.to_device(x, channels_last), arrays.to_device(weight)
+    b_d, dy_d = arrays.to_device(bias), arrays.to_device(grad_out, channels_last)
+    y = cupy_dwgn.depthwise_conv2d(x_d, w_d, b_d, out=arrays.poisoned(y_shape, x.dtype), layout=layout, **geometry)
+    dx = cupy_dwgn.depthwise_conv2d_backward_input(dy_d, w_d, x.shape, out=arrays.poisoned(x.shape, x.dtype),
+                                                   layout=layout, **geometry)
+    dw = cupy_dwgn.depthwise_conv2d_backward_weight(dy_d, x_d, weight.shape, out=arrays.poisoned(weight.shape, x.dtype),
+                                                    layout=layout, **geometry)
+    # NCHW-shaped results keep channels-last memory where the array they follow has it only (1x1 planes or one
+    # channel make an array both contiguous and channels-last; PyTorch then returns contiguous memory too)
+    for result, source, name in ((y, x_d, "y"), (dx, dy_d, "dx")):
+        if channels_last and not source.is_contiguous():
+            assert result.is_contiguous(memory_format=torch.channels_last), f"{name} lost the channels-last memory format"
+    return {"y": y, "dx": dx, "dw": dw}
+
+
+def _leaf(host, nhwc=False):
+    """A float tensor of ``host`` (any dtype, bfloat16 included) that autograd differentiates; an NHWC array
+    becomes the NCHW-shaped view of its channels-last memory, as a channels_last tensor is."""
+    import cupy
+    import torch
+
+    if host is None:
+        return None
+    tensor = torch.from_dlpack(cupy.asarray(host))
+    return (tensor.permute(0, 3, 1, 2) if nhwc else tensor).detach().requires_grad_(True)
+
+
+def _depthwise_through_bridge(x, weight, bias, grad_out, nhwc, geometry):
+    """y, dx, dw, db through cupy_dwgn.torch.depthwise_conv2d and autograd (NCHW-shaped; channels_last when
+    the case is NHWC)."""
+    import torch
+
+    from cupy_dwgn import torch as bridge
+
+    x_t, w_t, b_t = _leaf(x, nhwc), _leaf(weight), _leaf(bias)
+    y = bridge.depthwise_conv2d(x_t, w_t, b_t, **geometry)
+    if nhwc and not x_t.is_contiguous():  # (as in _depthwise_through_ops)
         assert y.is_contiguous(memory_format=torch.channels_last), "y lost the channels-last memory format"
-    return {"y": _error(y, back(ref_y.detach())), "dx": _error(dx, back(ref_dx)), "dw": _error(dw, ref_dw)}
+    leaves = [t for t in (x_t, w_t, b_t) if t is not None]
+    grads = torch.autograd.grad(y, leaves, _leaf(grad_out, nhwc).detach())
+    return dict(zip(("y", "dx", "dw", "db"), (y.detach(),) + grads))
 
 
 def run_group_norm(case):
     """{output name: relative error} for one GroupNorm case."""
     import torch
-
-    import cupy_dwgn
 
     r = numpy.random.default_rng(case["seed"])
     dtype, param_dtype = numpy_dtype(case["dtype"]), numpy_dtype(case["param_dtype"])
@@ -269,12 +314,10 @@ def run_group_norm(case):
         z = xhat * (1.0 if weight is None else weight.astype(numpy.float64)) + (0.0 if bias is None else bias.astype(numpy.float64))
         grad_out[numpy.abs(z) < 1e-4] = 0
 
-    arrays = _Arrays(case["array"])
-    x_d, dy_d, w_d, b_d = (arrays.to_device(a) for a in (x, grad_out, weight, bias))
-    y, mean, rstd = cupy_dwgn.group_norm(x_d, groups, w_d, b_d, eps=case["eps"], activation=activation,
-                                         out=arrays.poisoned(shape, dtype), return_stats=True)
-    dx, dw, db = cupy_dwgn.group_norm_backward(dy_d, x_d, mean, rstd, groups, w_d, b_d, activation=activation,
-                                               out=arrays.poisoned(shape, dtype))
+    if case["array"] == "torch_bridge":
+        got = _group_norm_through_bridge(x, groups, weight, bias, grad_out, case["eps"], activation)
+    else:
+        got = _group_norm_through_ops(case["array"], x, groups, weight, bias, grad_out, case["eps"], activation)
 
     def t64(a, grad=False):
         return None if a is None else torch.from_numpy(a.astype(numpy.float64)).cuda().requires_grad_(grad)
@@ -305,14 +348,42 @@ def run_group_norm(case):
         "dw": torch.linalg.vector_norm(grad_z * xhat.detach()),
         "db": torch.linalg.vector_norm(grad_z),
     }
-    errors = {"y": _error(y, ref_y.detach()), "mean": _error(mean, ref_mean.reshape(batch, groups)),
-              "rstd": _error(rstd, ref_rstd.reshape(batch, groups))}
-    for name, got in (("dx", dx), ("dw", dw), ("db", db)):
+    refs = dict(grads, y=ref_y.detach(), mean=ref_mean.reshape(batch, groups), rstd=ref_rstd.reshape(batch, groups))
+    for name in ("dw", "db"):
         if name not in grads:
-            assert got is None, f"{name} returned without its parameter"
-        else:
-            errors[name] = _error(got, grads[name], float(terms[name]))
-    return errors
+            assert got.pop(name, None) is None, f"{name} returned without its parameter"
+    return {name: _error(value, refs[name], float(terms.get(name, 0.0))) for name, value in got.items()}
+
+
+def _group_norm_through_ops(kind, x, groups, weight, bias, grad_out, eps, activation):
+    """y, mean, rstd, dx, dw, db from the two public ops on ``kind`` arrays."""
+    import cupy_dwgn
+
+    in_place = kind == "cupy_in_place"  # out=x: y overwrites a copy of x; the backward reads another copy
+    arrays = _Arrays("cupy" if in_place else kind)
+    x_d, dy_d, w_d, b_d = (arrays.to_device(a) for a in (x, grad_out, weight, bias))
+    out = arrays.to_device(x) if in_place else arrays.poisoned(x.shape, x.dtype)
+    y, mean, rstd = cupy_dwgn.group_norm(out if in_place else x_d, groups, w_d, b_d, eps=eps, activation=activation,
+                                         out=out, return_stats=True)
+    assert out is None or y is out, "y is not the out= array"
+    dx, dw, db = cupy_dwgn.group_norm_backward(dy_d, x_d, mean, rstd, groups, w_d, b_d, activation=activation,
+                                               out=arrays.poisoned(x.shape, x.dtype))
+    return {"y": y, "mean": mean, "rstd": rstd, "dx": dx, "dw": dw, "db": db}
+
+
+def _group_norm_through_bridge(x, groups, weight, bias, grad_out, eps, activation):
+    """y, dx, dw, db through cupy_dwgn.torch.group_norm and autograd, on the (N, C, *spatial) view of the
+    channels-last memory (the layout the bridge runs its kernels on)."""
+    import torch
+
+    from cupy_dwgn import torch as bridge
+
+    x_t, w_t, b_t = _leaf(x).detach().movedim(-1, 1).requires_grad_(True), _leaf(weight), _leaf(bias)
+    y = bridge.group_norm(x_t, groups, w_t, b_t, eps=eps, activation=activation)
+    leaves = {name: t for name, t in (("dx", x_t), ("dw", w_t), ("db", b_t)) if t is not None}
+    grads = torch.autograd.grad(y, list(leaves.values()), _leaf(grad_out).detach().movedim(-1, 1))
+    got = {name: g.movedim(1, -1) if name == "dx" else g for name, g in zip(leaves, grads)}
+    return dict(got, y=y.detach().movedim(1, -1))
 
 
 RUNNERS = {"depthwise": (draw_depthwise, run_depthwise), "group_norm": (draw_group_norm, run_group_norm)}
