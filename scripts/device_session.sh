@@ -2,7 +2,8 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all but candidates, models, bridge and ncu): facts cold warm examples cli tests sanitizer candidates dwbench gnbench host models bridge ncu
+# STEPS selects parts (default: all but candidates, fuzz, models, bridge and ncu): facts cold warm examples cli tests sanitizer fuzz candidates dwbench gnbench host models bridge ncu
+# (fuzz: scripts/fuzz_gpu.py for FUZZ_SECONDS (default 120), random calls of every op against float64; after warm).
 # (bridge: the PyTorch bridge's host cost per training call and real-model steps eager and as CUDA graphs, about 3 minutes).
 # (ncu: Nsight Compute on scripts/ncu_workload.py's cases NCU_CASES (default all), the kernels whose names match the
 # regex NCU_KERNELS (default dwgn: ours; e.g. "dwgn|depthwise|conv" for cuDNN's too), the summary in ncu_summary.txt;
@@ -74,6 +75,10 @@ if has tests; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   fi
   echo "pytest wall time: $(( $(date +%s) - start )) s" | tee -a "$OUT/pytest.txt"
+fi
+if has fuzz; then
+  python3 scripts/fuzz_gpu.py --seconds ${FUZZ_SECONDS:-120} 2>&1 | grep -v "^[0-9]* cases, " | tee "$OUT/fuzz.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if has ncu; then
   # The report (ncu.ncu-rep, for the Nsight Compute GUI), its sections as text, and per kernel the
