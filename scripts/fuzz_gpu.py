@@ -93,8 +93,17 @@ def draw_depthwise(r):
             return case
 
 
+def padding_argument(case):
+    """The case's padding as the ops take it (JSON keeps pairs as lists)."""
+    padding = case["padding"]
+    if isinstance(padding, (str, int)):
+        return padding
+    return tuple(tuple(p) if isinstance(p, list) else p for p in padding)
+
+
 def _pads(case):
-    """((top, bottom), (left, right)) of a depthwise case."""
+    """((top, bottom), (left, right)) of a depthwise case, worked out here rather than taken from the library's
+    own normalization (cupy_dwgn._validate), so the oracle's padding is independent of the code under test."""
     padding, (kh, kw), dil = case["padding"], case["filter"], case["dilation"]
     if padding == "valid":
         return (0, 0), (0, 0)
@@ -144,7 +153,7 @@ def draw_group_norm(r):
 
 
 class _Arrays:
-    """Moves NumPy inputs to the device in a case's array kind, and results back to float64 torch tensors."""
+    """Moves NumPy inputs to the device as a case's array kind, and makes its NaN-filled out= arrays."""
 
     def __init__(self, kind):
         self.kind = kind
@@ -212,9 +221,7 @@ def run_depthwise(case):
     y_shape = (batch, out_h, out_w, out_channels) if nhwc else (batch, out_channels, out_h, out_w)
     grad_out = r.standard_normal(y_shape).astype(dtype)
 
-    geometry = dict(stride=tuple(case["stride"]), dilation=tuple(case["dilation"]),
-                    padding=case["padding"] if isinstance(case["padding"], (str, int)) else
-                    tuple(tuple(p) if isinstance(p, list) else p for p in case["padding"]))
+    geometry = dict(stride=tuple(case["stride"]), dilation=tuple(case["dilation"]), padding=padding_argument(case))
     if case["array"] == "torch_bridge":
         got = _depthwise_through_bridge(x, weight, bias, grad_out, nhwc, geometry)
     else:

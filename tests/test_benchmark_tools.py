@@ -157,9 +157,7 @@ def test_fuzz_draws_valid_depthwise_calls_and_knows_their_geometry():
         case = fuzz.draw_depthwise(rng)
         batch, channels, height, width = case["x_shape"]
         shape = (batch, height, width, channels) if case["layout"] == "NHWC" else (batch, channels, height, width)
-        padding = case["padding"]
-        padding = padding if isinstance(padding, (str, int)) else tuple(
-            tuple(p) if isinstance(p, list) else p for p in padding)
+        padding = fuzz.padding_argument(case)
         g = _validate.conv_geometry(shape, (channels * case["multiplier"], 1, *case["filter"]),
                                     tuple(case["stride"]), padding, tuple(case["dilation"]), layout=case["layout"])
         (top, bottom), (left, right) = fuzz._pads(case)
