@@ -1148,8 +1148,8 @@ def _check_tracks_eager(model, run, eager, steps, tol):
         y_run.backward(grad)
         y_eager.backward(grad)
         assert same(y_run, y_eager) and same(x_run.grad, x_eager.grad)
-        for p, q in zip(model.parameters(), eager.parameters()):
-            assert same(p.grad, q.grad)
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert same(p.grad, q.grad), (name, rel_error(p.grad, q.grad))
             p.grad = q.grad = None
 
 
@@ -1159,12 +1159,19 @@ def test_cuda_graphs_of_a_converted_model():
     backward are captured on torch's capture stream (global capture mode)
     after a warm-up on another stream, so our workspace for that stream is made
     during the capture.  Replayed on new data, outputs and gradients equal the
-    eager model's bit for bit (the same kernels on the same data)."""
+    eager model's bit for bit (the same kernels on the same data).  Bit for bit
+    holds for ours, which are deterministic; cuDNN's weight gradient of the
+    model's 1x1 convolutions need not be, so cuDNN is held to its deterministic
+    algorithms here, as in examples/torch_cuda_graphs.py (seen once, in a whole
+    GPU suite on an H100, 2026-12-07: a 1x1 weight gradient differed in its
+    last bits; not seen in this test alone, 3 runs, nor in 20 steps of a probe
+    with cuDNN's default flags)."""
     torch.manual_seed(0)
     model = dwt.convert(_small_model()).cuda().to(memory_format=CL)
     eager = copy.deepcopy(model)
     sample = torch.randn(4, 8, 16, 16, device="cuda").to(memory_format=CL).requires_grad_()
-    _check_tracks_eager(model, torch.cuda.make_graphed_callables(model, (sample,)), eager, steps=3, tol=0)
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True):
+        _check_tracks_eager(model, torch.cuda.make_graphed_callables(model, (sample,)), eager, steps=3, tol=0)
 
 
 @pytest.mark.gpu
