@@ -191,16 +191,18 @@ def _as_torch64(value):
     return value.to(torch.float64)
 
 
-def _error(got, ref, scale=0.0):
-    """||got - ref|| / max(||ref||, scale); the absolute norm where both are 0; inf for a non-finite result."""
+def _error(got, ref, scale=0.0, slack=0.0):
+    """||got - ref|| / (max(||ref||, scale) + slack); the absolute norm where that is 0; inf for a non-finite
+    result.  ``slack``: an allowed absolute difference over the tolerance, so that the error is within the
+    tolerance where ||got - ref|| <= tolerance * max(||ref||, scale) + allowed difference."""
     import torch
 
     got = _as_torch64(got)
     assert tuple(got.shape) == tuple(ref.shape), (tuple(got.shape), tuple(ref.shape))
     if not bool(torch.isfinite(got).all()):
         return float("inf")
-    norm = max(float(torch.linalg.vector_norm(ref.detach())), scale)
-    diff = float(torch.linalg.vector_norm(got - ref))
+    norm = max(float(torch.linalg.vector_norm(ref.detach())), scale) + slack
+    diff = float(torch.linalg.vector_norm(got - ref.detach()))
     return diff / norm if norm else diff
 
 
@@ -336,15 +338,32 @@ def run_group_norm(case):
     grouped = x64.reshape(batch, -1, groups, per_group)
     ref_mean = grouped.mean(dim=(1, 3), keepdim=True)
     ref_rstd = torch.rsqrt(((grouped - ref_mean) ** 2).mean(dim=(1, 3), keepdim=True) + case["eps"])
-    xhat = ((grouped - ref_mean) * ref_rstd).reshape(shape)
-    z = xhat * (1 if w64 is None else w64) + (0 if b64 is None else b64)
     act = {"identity": lambda v: v * 1, "silu": torch.nn.functional.silu, "relu": torch.nn.functional.relu,
            "gelu": torch.nn.functional.gelu, "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh")}
-    ref_y = act[activation](z)
     given = {"dx": x64, "dw": w64, "db": b64}
     wanted = {name: v for name, v in given.items() if v is not None}
-    grads = torch.autograd.grad(ref_y, [z] + list(wanted.values()), t64(grad_out))
-    grad_z, grads = grads[0], dict(zip(wanted, grads[1:]))
+
+    def oracle(mean):
+        """y, xhat, the gradient of z and {dx, dw, db} of the formula with the group means ``mean``."""
+        xhat = ((grouped - mean) * ref_rstd).reshape(shape)
+        z = xhat * (1 if w64 is None else w64) + (0 if b64 is None else b64)
+        y = act[activation](z)
+        grads = torch.autograd.grad(y, [z] + list(wanted.values()), t64(grad_out), retain_graph=True)
+        return y, xhat, grads[0], dict(zip(wanted, grads[1:]))
+
+    ref_y, xhat, grad_z, grads = oracle(ref_mean)
+    # The backward takes the statistics as the forward returns them (float32 below float64 x), and from a
+    # rounded mean it rebuilds each xhat off by up to ulp(mean) * rstd: where a group's mean is large against
+    # its spread (an offset of 5 and a spread of 0.01, a group of two values) that alone moves dw, db and dx
+    # past the tests' bound, for any kernel that keeps the mean in float32 (PyTorch's included;
+    # reference.group_norm_backward's docstring).  So a gradient may differ from the exact one by what one ulp
+    # of every group's mean moves it, on top of the bound.
+    stats_dtype = numpy.float64 if dtype == numpy.float64 else numpy.float32
+    mean_ulp = torch.from_numpy(numpy.spacing(numpy.abs(ref_mean.detach().cpu().numpy()).astype(stats_dtype))
+                                .astype(numpy.float64)).cuda()
+    moved = oracle(ref_mean + mean_ulp)[3]
+    slack = {name: float(torch.linalg.vector_norm(moved[name] - grads[name])) / TOLERANCE[case["dtype"]]
+             for name in grads}
     # Where a gradient is a small remainder of terms that cancel (groups of one or two values: dx is zero or
     # nearly so), its error is measured against the root-sum-square of those terms, as any float32 formula
     # leaves rounding of that size behind (PyTorch's own included).  On random data without such
@@ -359,7 +378,8 @@ def run_group_norm(case):
     for name in ("dw", "db"):
         if name not in grads:
             assert got.pop(name, None) is None, f"{name} returned without its parameter"
-    return {name: _error(value, refs[name], float(terms.get(name, 0.0))) for name, value in got.items()}
+    return {name: _error(value, refs[name], float(terms.get(name, 0.0)), slack.get(name, 0.0))
+            for name, value in got.items()}
 
 
 def _group_norm_through_ops(kind, x, groups, weight, bias, grad_out, eps, activation):
