@@ -2,7 +2,10 @@
 # Everything one lent-GPU call should do, with logs under $OUT:
 #   device facts, cold-start timing, the GPU test suite (with its compile
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
-# STEPS selects parts (default: all but candidates, fuzz, models, bridge and ncu): facts cold warm examples cli tests sanitizer fuzz candidates dwbench gnbench host models bridge ncu
+# STEPS selects parts (default: all but candidates, rules, fuzz, models, bridge and ncu): facts cold warm examples cli tests sanitizer fuzz candidates rules dwbench gnbench host models bridge ncu
+# (rules: the NHWC direct kernel's settings that rest on H100 runs only, and its float32 3x3 stride-1 contest with
+# the ring kernel, timed on this device: float32 3x3 stride 2 TW 2 / 8 with ALL_ROWS, 5x5 stride 1 TW 7 / 8 at 1 and 2
+# items a thread, 3x3 stride 1 TW 4 / 8 against the ring; about 2 minutes; after warm).
 # (fuzz: scripts/fuzz_gpu.py for FUZZ_SECONDS (default 120), random calls of every op against float64; after warm).
 # (bridge: the PyTorch bridge's host cost per training call and real-model steps eager and as CUDA graphs, about 3 minutes).
 # (ncu: Nsight Compute on scripts/ncu_workload.py's cases NCU_CASES (default all), the kernels whose names match the
@@ -123,6 +126,15 @@ if has candidates; then
     64x192x75x3x1 64x288x38x5x1 64x576x19x3x1 64x576x19x5x1 64x1392x10x5x1 64x96x112x3x2 64x144x150x3x2 \
     64x192x75x5x2 64x288x38x3x2 64x816x19x5x2} 2>&1 | tee "$OUT/candidates.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if has rules; then
+  for args in "64x144x56x3x2 64x288x38x3x2 64x192x28x3x2 64x576x14x3x2 --columns 2 8 --all-rows" \
+              "64x240x28x5x1 64x576x19x5x1 64x288x38x5x1 64x480x14x5x1 --columns 7 8 --items-per-thread 1 2" \
+              "64x144x56x3x1 64x192x56x3x1 --columns 4 8"; do
+    echo "== benchmarks/depthwise_nhwc_direct.py --dtypes float32 --shapes $args" | tee -a "$OUT/rules.txt"
+    python3 benchmarks/depthwise_nhwc_direct.py --dtypes float32 --shapes $args 2>&1 | tee -a "$OUT/rules.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
 fi
 if has dwbench; then
   python3 benchmarks/depthwise.py --json "$OUT/depthwise.json" --png "$OUT/depthwise.png" ${DWBENCH_ARGS:-} 2>&1 \
