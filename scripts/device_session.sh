@@ -11,8 +11,10 @@
 # (ncu: Nsight Compute on scripts/ncu_workload.py's cases NCU_CASES (default all), the kernels whose names match the
 # regex NCU_KERNELS (default dwgn: ours; e.g. "dwgn|depthwise|conv" for cuDNN's too), the summary in ncu_summary.txt;
 # it needs hardware counters: seen working on the Firecracker machines, not on gVisor).
-# (warm: compile the kernels into CuPy's disk cache with WARM_ARGS, several processes at once; after cold, whose
-# point is the cold start).
+# (warm: compile the kernels into CuPy's disk cache with WARM_ARGS (default: the 1412 32-bit-index ones, one process
+# a CPU: about 63 s on an H100 host; --large-index adds 611 that only tensors of 2**31+ elements take, 113 s in all),
+# several processes at once; after cold, whose point is the cold start.  The tests compile the same set in their own
+# pool before the first test (tests/conftest.py), so warm is for the benchmarks and the fuzzer).
 # (cli: cupy-dwgn info, selftest and a precompile, as a user runs them).
 # (models: the real-model training-step benchmark, about 3 minutes; on 2 GPUs the tests step also runs
 # tests/test_multi_gpu.py and examples/ddp_train.py).
@@ -41,7 +43,7 @@ if has cold; then
   python3 benchmarks/cold_start.py 2>&1 | tee "$OUT/cold_start.txt"
 fi
 if has warm; then
-  python3 scripts/warm_kernel_cache.py ${WARM_ARGS:---large-index} 2>&1 | tail -n 3 | tee "$OUT/warm.txt"
+  python3 scripts/warm_kernel_cache.py ${WARM_ARGS:---jobs $(nproc)} 2>&1 | tail -n 3 | tee "$OUT/warm.txt"
 fi
 if has examples; then
   for example in examples/*.py; do
