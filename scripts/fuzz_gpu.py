@@ -6,7 +6,9 @@ torch tensors through DLPack, channels-last torch tensors under
 ``layout="NCHW"``) and random GroupNorm calls (0-3 spatial dims, any group
 size, every activation, affine forms, mixed-precision parameters), runs the
 forward and backward ops into NaN-poisoned outputs (GroupNorm also in place,
-and both ops through the autograd functions of cupy_dwgn.torch), and compares
+both ops through the autograd functions of cupy_dwgn.torch, and through
+cupy_dwgn.jax's custom_vjp functions under ``jax.vjp``, eager and under
+``jax.jit``, where JAX is installed), and compares
 each result with float64 on the GPU under PyTorch's autograd
 (``conv2d(groups=C)``; GroupNorm's textbook formula) on the same
 dtype-rounded inputs, at the tests' error-norm bounds (tests/_helpers.TOLERANCE).
@@ -24,7 +26,9 @@ when any case fails.  Fill the kernel cache first on a fresh machine
 
 import argparse
 import collections
+import importlib.util
 import json
+import os
 import pathlib
 import sys
 import time
@@ -36,6 +40,12 @@ from _helpers import BFLOAT16  # noqa: E402
 from _helpers import TOLERANCE as _TOLERANCE  # noqa: E402
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
+#: The array kinds a call's arrays are drawn as (the JAX ones where JAX is installed), and their weights.
+DEPTHWISE_ARRAYS = {"cupy": 0.40, "cupy_misaligned": 0.12, "torch": 0.08, "torch_channels_last": 0.12,
+                    "torch_bridge": 0.12, "jax": 0.08, "jax_jit": 0.08}
+GROUP_NORM_ARRAYS = {"cupy": 0.42, "cupy_misaligned": 0.12, "cupy_in_place": 0.08, "torch": 0.08,
+                     "torch_bridge": 0.14, "jax": 0.08, "jax_jit": 0.08}
+HAVE_JAX = importlib.util.find_spec("jax") is not None
 #: ||ours - torch|| / ||torch|| bounds by dtype name: the GPU tests' own.
 TOLERANCE = {str(dtype): bound for dtype, bound in _TOLERANCE.items()}
 #: Sides that real models give depthwise layers and GroupNorm (plus primes and odd sizes drawn separately).
@@ -83,14 +93,20 @@ def draw_depthwise(r):
             "op": "depthwise", "dtype": str(r.choice(DTYPES, p=[0.35, 0.3, 0.25, 0.1])),
             "layout": str(r.choice(["NCHW", "NHWC"])), "x_shape": [batch, channels, height, width],
             "filter": [kh, kw], "multiplier": multiplier, "stride": stride, "padding": padding, "dilation": dilation,
-            "bias": bool(r.random() < 0.6), "array": str(r.choice(["cupy", "cupy_misaligned", "torch", "torch_channels_last", "torch_bridge"],
-                                  p=[0.45, 0.15, 0.1, 0.15, 0.15])),
+            "bias": bool(r.random() < 0.6), "array": _array_kind(r, DEPTHWISE_ARRAYS),
             "seed": int(r.integers(2**31)),
         }
         out_hw = _output_size(case)
         elements = batch * channels * multiplier * max(height * width, out_hw[0] * out_hw[1])
         if min(out_hw) >= 1 and elements <= MAX_ELEMENTS:
             return case
+
+
+def _array_kind(r, weights):
+    """One of ``weights``' array kinds, drawn by weight (no JAX kind without JAX)."""
+    kinds = [kind for kind in weights if HAVE_JAX or not kind.startswith("jax")]
+    p = numpy.array([weights[kind] for kind in kinds])
+    return str(r.choice(kinds, p=p / p.sum()))
 
 
 def padding_argument(case):
@@ -146,8 +162,7 @@ def draw_group_norm(r):
             "param_dtype": "float32" if dtype in ("float16", "bfloat16") and r.random() < 0.5 else dtype,
             "activation": str(r.choice(["identity", "silu", "relu", "gelu", "gelu_tanh"])),
             "eps": float(r.choice([1e-5, 1e-6, 1e-3])), "offset": float(r.choice([0.0, 0.0, 0.0, 5.0])),
-            "array": str(r.choice(["cupy", "cupy_misaligned", "cupy_in_place", "torch", "torch_bridge"],
-                                  p=[0.5, 0.15, 0.1, 0.1, 0.15])),
+            "array": _array_kind(r, GROUP_NORM_ARRAYS),
             "seed": int(r.integers(2**31)),
         }
 
@@ -188,6 +203,8 @@ def _as_torch64(value):
 
     if isinstance(value, cupy.ndarray):
         value = torch.from_dlpack(value)
+    elif not isinstance(value, torch.Tensor):  # a jax.Array (bfloat16 too, through ml_dtypes)
+        value = torch.from_numpy(numpy.asarray(value).astype(numpy.float64)).cuda()
     return value.to(torch.float64)
 
 
@@ -226,6 +243,10 @@ def run_depthwise(case):
     geometry = dict(stride=tuple(case["stride"]), dilation=tuple(case["dilation"]), padding=padding_argument(case))
     if case["array"] == "torch_bridge":
         got = _depthwise_through_bridge(x, weight, bias, grad_out, nhwc, geometry)
+    elif case["array"].startswith("jax"):
+        got = _through_jax(case["array"] == "jax_jit",
+                           lambda dwj, *arrays: dwj.depthwise_conv2d(*arrays, layout=layout, **geometry),
+                           (x, weight, bias), grad_out)
     else:
         got = _depthwise_through_ops(case["array"], x, weight, bias, grad_out, y_shape, layout, geometry)
 
@@ -325,6 +346,10 @@ def run_group_norm(case):
 
     if case["array"] == "torch_bridge":
         got = _group_norm_through_bridge(x, groups, weight, bias, grad_out, case["eps"], activation)
+    elif case["array"].startswith("jax"):
+        got = _through_jax(case["array"] == "jax_jit",
+                           lambda dwj, x, w, b: dwj.group_norm(x, groups, w, b, eps=case["eps"], activation=activation),
+                           (x, weight, bias), grad_out)
     else:
         got = _group_norm_through_ops(case["array"], x, groups, weight, bias, grad_out, case["eps"], activation)
 
@@ -411,6 +436,38 @@ def _group_norm_through_bridge(x, groups, weight, bias, grad_out, eps, activatio
     grads = torch.autograd.grad(y, list(leaves.values()), _leaf(grad_out).detach().movedim(-1, 1))
     got = {name: g.movedim(1, -1) if name == "dx" else g for name, g in zip(leaves, grads)}
     return dict(got, y=y.detach().movedim(1, -1))
+
+
+def _jax():
+    """jax, with float64 on and without its preallocation of most of the GPU's memory (CuPy and PyTorch
+    share the GPU in this process; as tests/test_jax.py)."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    return jax
+
+
+def _through_jax(jit, apply, inputs, grad_out):
+    """y, dx, dw, db of ``apply(cupy_dwgn.jax, x, weight, bias)`` under jax.vjp (the op's custom_vjp rules),
+    eagerly or under jax.jit (the traced path: XLA's buffers through jax.experimental.buffer_callback).
+    ``inputs``: NumPy (x, weight, bias), weight or bias None where absent (and then no gradient of it)."""
+    jax = _jax()
+    import jax.numpy as jnp
+
+    from cupy_dwgn import jax as dwj
+
+    present = [i for i, value in enumerate(inputs) if value is not None]
+
+    def call(*leaves):
+        arrays = [None] * len(inputs)
+        for i, leaf in zip(present, leaves):
+            arrays[i] = leaf
+        return apply(dwj, *arrays)
+
+    y, vjp = jax.vjp(jax.jit(call) if jit else call, *(jnp.asarray(inputs[i]) for i in present))
+    grads = vjp(jnp.asarray(grad_out))
+    return dict({("dx", "dw", "db")[i]: grad for i, grad in zip(present, grads)}, y=y)
 
 
 RUNNERS = {"depthwise": (draw_depthwise, run_depthwise), "group_norm": (draw_group_norm, run_group_norm)}

@@ -152,9 +152,10 @@ def test_fuzz_draws_valid_depthwise_calls_and_knows_their_geometry():
 
     fuzz = _fuzz_gpu()
     rng = numpy.random.default_rng(0)
-    forms, filters = set(), set()
+    forms, filters, kinds = set(), set(), set()
     for _ in range(3000):
         case = fuzz.draw_depthwise(rng)
+        kinds.add(case["array"])
         batch, channels, height, width = case["x_shape"]
         shape = (batch, height, width, channels) if case["layout"] == "NHWC" else (batch, channels, height, width)
         padding = fuzz.padding_argument(case)
@@ -166,6 +167,12 @@ def test_fuzz_draws_valid_depthwise_calls_and_knows_their_geometry():
         forms.add(type(padding).__name__ if not isinstance(padding, str) else padding)
         filters.add(case["filter"][0])
     assert forms == {"int", "tuple", "same", "valid"} and {1, 3, 31} <= filters
+    assert kinds == _fuzz_array_kinds(fuzz, fuzz.DEPTHWISE_ARRAYS)
+
+
+def _fuzz_array_kinds(fuzz, weights):
+    """The array kinds the fuzzer should draw: all of them, the JAX ones only where JAX is installed."""
+    return {kind for kind in weights if fuzz.HAVE_JAX or not kind.startswith("jax")}
 
 
 def test_fuzz_draws_valid_group_norm_calls():
@@ -173,11 +180,13 @@ def test_fuzz_draws_valid_group_norm_calls():
 
     fuzz = _fuzz_gpu()
     rng = numpy.random.default_rng(1)
-    ranks = set()
+    ranks, kinds = set(), set()
     for _ in range(3000):
         case = fuzz.draw_group_norm(rng)
+        kinds.add(case["array"])
         shape = case["shape"]
         assert shape[-1] % case["num_groups"] == 0 and numpy.prod(shape) <= fuzz.MAX_ELEMENTS, case
         assert case["activation"] in _checks.ACTIVATIONS and case["dtype"] in fuzz.TOLERANCE
         ranks.add(len(shape) - 2)
     assert ranks == {0, 1, 2, 3}
+    assert kinds == _fuzz_array_kinds(fuzz, fuzz.GROUP_NORM_ARRAYS)
