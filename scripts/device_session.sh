@@ -73,7 +73,7 @@ if has tests; then
   eval python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:--m gpu} 2>&1 | tee "$OUT/pytest.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   # The bridges' CPU tests (PyTorch's CPU path, gradcheck, opcheck, torch.compile on the CPU;
-  # JAX's): CI installs neither torch nor jax, so they run here, where both are.
+  # JAX's): CI runs them too, on torch's and JAX's CPU builds; here on the GPU image's versions.
   if [ -z "${PYTEST_ARGS:-}" ]; then
     python3 -m pytest -q -rs -p no:cacheprovider -m "not gpu" tests/test_torch_bridge.py tests/test_jax.py 2>&1 \
       | tail -n 15 | tee -a "$OUT/pytest.txt"

@@ -1,7 +1,8 @@
 """cupy_dwgn.torch: the PyTorch bridge.
 
-CPU tests run wherever PyTorch is installed (CI installs none; scripts/device_session.sh
-runs them; the CPU kernels of the bridge are the float64 NumPy references): gradcheck,
+CPU tests run wherever PyTorch is installed (CI installs its CPU build, and
+scripts/device_session.sh runs them beside the GPU tests; the CPU kernels of the
+bridge are the float64 NumPy references): gradcheck,
 torch.library.opcheck, equality with PyTorch's own layers on fixed and on random
 (hypothesis) geometries, convert(), torch.compile and a short training loop.  GPU tests
 (marked ``gpu``) check the CUDA kernels through the bridge against float64
