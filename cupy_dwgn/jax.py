@@ -212,7 +212,13 @@ def _group_norm_op(num_groups, eps, activation):
     def primal_body(x, weight, bias):  # eager, no gradient wanted: y only
         return (_core().group_norm(x, num_groups, weight, bias, eps=eps, activation=activation),)
 
-    def backward_body(grad, x, mean, rstd, weight, bias, grad_x=None, grad_weight=None, grad_bias=None):
+    def backward_body(grad, x, mean, rstd, weight, bias, *outs):
+        # outs: none (eager: the op allocates), or XLA's buffers for dx and for the gradients of the
+        # parameters present, in that order (a bias without a weight: its buffer comes second).
+        outs = list(outs)
+        grad_x = outs.pop(0) if outs else None
+        grad_weight = outs.pop(0) if outs and weight is not None else None
+        grad_bias = outs.pop(0) if outs and bias is not None else None
         return _core().group_norm_backward(
             grad, x, mean, rstd, num_groups, weight, bias, activation=activation,
             out=grad_x, grad_weight_out=grad_weight, grad_bias_out=grad_bias,

@@ -233,6 +233,48 @@ def test_group_norm_eager_and_grad_with_reference_ops(fake, rng, affine):
         assert relative_error(got, want) < 1e-5
 
 
+def _fuzzer():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "scripts"))
+    import fuzz_gpu
+
+    return fuzz_gpu
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_fuzzer_runs_both_ops_through_jax_vjp(fake, rng, jit):
+    """scripts/fuzz_gpu.py's jax / jax_jit array kinds (run on GPU machines, against PyTorch in float64):
+    y and each present input's gradient under the oracle's names, none for an absent weight or bias, here
+    through the reference ops."""
+    if jit and dwj._buffer_callback is None:
+        pytest.skip("this JAX has no jax.experimental.buffer_callback")
+    fuzz = _fuzzer()
+    was_x64 = jax.config.jax_enable_x64  # the fuzzer turns float64 on for its float64 cases
+    try:
+        shape, layout, w_shape, options = DW_CASES[1]
+        x, w, b = _dw_inputs(rng, shape, layout, w_shape)
+        ct = random(rng, reference.depthwise_conv2d(x, w, b, layout=layout, **options).shape, F32)
+        for bias in (b, None):
+            got = fuzz._through_jax(jit, lambda ops, *arrays: ops.depthwise_conv2d(*arrays, layout=layout, **options),
+                                    (x, w, bias), ct)
+            assert set(got) == {"y", "dx", "dw"} | ({"db"} if bias is not None else set())
+            assert relative_error(got["y"], reference.depthwise_conv2d(x, w, bias, layout=layout, **options)) < 1e-5
+            assert relative_error(got["dx"], reference.depthwise_conv2d_backward_input(
+                ct, w, x.shape, layout=layout, **options)) < 1e-5
+            assert relative_error(got["dw"], reference.depthwise_conv2d_backward_weight(
+                ct, x, w.shape, layout=layout, **options)) < 1e-5
+        x, ct = random(rng, (2, 5, 16), F32), random(rng, (2, 5, 16), F32)
+        b = random(rng, (16,), F32)
+        got = fuzz._through_jax(jit, lambda ops, x, w, b: ops.group_norm(x, 4, w, b, eps=1e-4, activation="gelu"),
+                                (x, None, b), ct)
+        assert set(got) == {"y", "dx", "db"}
+        assert relative_error(got["y"], reference.group_norm(x, 4, None, b, eps=1e-4, activation="gelu")) < 1e-5
+        dx, _, db = _gn_reference_grads(ct, x, 4, None, b, eps=1e-4, activation="gelu")
+        assert relative_error(got["dx"], dx) < 1e-5 and relative_error(got["db"], db) < 1e-5
+        assert (fake.traced > 0) == jit
+    finally:
+        jax.config.update("jax_enable_x64", was_x64)
+
+
 def test_jit_runs_the_ops_as_xla_custom_calls(fake, rng):
     if dwj._buffer_callback is None:
         pytest.skip("this JAX has no jax.experimental.buffer_callback (jit raises TypeError, tested below)")
@@ -253,6 +295,32 @@ def test_jit_runs_the_ops_as_xla_custom_calls(fake, rng):
     for transform in (lambda f: jax.jit(jax.grad(f, argnums=(0, 1, 2))), lambda f: jax.grad(jax.jit(f), argnums=(0, 1, 2))):
         for got, want in zip(transform(loss)(x, w, b), eager_grads):
             numpy.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
+def test_jitted_group_norm_gradients_of_every_affine_form(fake, rng, affine):
+    """Under jit the backward's output buffers are dx's and those of the parameters present only: a bias
+    without a weight has its buffer second (it was handed to the op as the weight's, and the bias gradient
+    came back unwritten)."""
+    if dwj._buffer_callback is None:
+        pytest.skip("this JAX has no jax.experimental.buffer_callback")
+    x, ct = random(rng, (2, 5, 3, 16), F32), random(rng, (2, 5, 3, 16), F32)
+    w = random(rng, (16,), F32, offset=1.0) if affine in ("both", "weight") else None
+    b = random(rng, (16,), F32) if affine in ("both", "bias") else None
+    leaves = {name: _cpu(value) for name, value in (("x", x), ("w", w), ("b", b)) if value is not None}
+
+    def loss(*values):
+        given = dict(zip(leaves, values))
+        y = dwj.group_norm(given["x"], 4, given.get("w"), given.get("b"), eps=1e-4, activation="silu")
+        return jnp.sum(y * ct)
+
+    argnums = tuple(range(len(leaves)))
+    grads = jax.jit(jax.grad(loss, argnums=argnums))(*leaves.values())
+    assert fake.traced > 0
+    dx, dw, db = _gn_reference_grads(ct, x, 4, w, b, eps=1e-4, activation="silu")
+    expected = {"x": dx, "w": dw, "b": db}
+    for name, got in zip(leaves, grads):
+        assert relative_error(got, expected[name]) < 1e-5, name
 
 
 def test_vmap_runs_one_example_at_a_time(fake, rng):
