@@ -16,6 +16,8 @@ import types
 
 import numpy
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 # JAX takes 75% of the GPU at start by default, which would starve CuPy (and
 # every other test in this process): allocate on demand instead.
@@ -321,6 +323,111 @@ def test_jitted_group_norm_gradients_of_every_affine_form(fake, rng, affine):
     expected = {"x": dx, "w": dw, "b": db}
     for name, got in zip(leaves, grads):
         assert relative_error(got, expected[name]) < 1e-5, name
+
+
+def _vjp_through_jax(jit, apply, inputs, cotangent):
+    """y and the gradients of ``apply(x, weight, bias)`` (absent ones None, and no gradient for them) under
+    jax.vjp, eagerly or under jax.jit."""
+    present = [i for i, value in enumerate(inputs) if value is not None]
+
+    def call(*leaves):
+        arrays = [None] * len(inputs)
+        for i, leaf in zip(present, leaves):
+            arrays[i] = leaf
+        return apply(*arrays)
+
+    y, vjp = jax.vjp(jax.jit(call) if jit else call, *(_cpu(inputs[i]) for i in present))
+    return y, dict(zip(present, vjp(_cpu(cotangent))))
+
+
+_padding_forms = st.one_of(
+    st.integers(0, 4), st.tuples(st.integers(0, 4), st.integers(0, 4)),
+    st.tuples(st.tuples(st.integers(0, 4), st.integers(0, 4)), st.tuples(st.integers(0, 4), st.integers(0, 4))),
+    st.sampled_from(["same", "valid"]),
+)
+_with_fixtures = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_with_fixtures
+@given(
+    jit=st.booleans(), batch=st.integers(1, 2), channels=st.integers(1, 4), multiplier=st.integers(1, 3),
+    kernel=st.tuples(st.integers(1, 5), st.integers(1, 5)), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    dilation=st.tuples(st.integers(1, 3), st.integers(1, 3)), size=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+    padding=_padding_forms, layout=st.sampled_from(["NCHW", "NHWC"]), has_bias=st.booleans(),
+    dtype=st.sampled_from([F32, F16, BFLOAT16]), seed=st.integers(0, 2**32 - 1),
+)
+def test_depthwise_any_call_through_jax_eager_and_jitted(fake, jit, batch, channels, multiplier, kernel, stride,
+                                                         dilation, size, padding, layout, has_bias, dtype, seed):
+    """Any geometry, either layout and dtype, with or without bias, eagerly and under jit: y and every
+    present input's gradient (in its input's dtype) are the reference ops' (the same kernels' results on
+    a GPU); a geometry the reference refuses is refused."""
+    assume(not jit or dwj._buffer_callback is not None)
+    if padding == "same":
+        stride = (1, 1)
+    rng = numpy.random.default_rng(seed)
+    x = random(rng, (batch, channels) + size if layout == "NCHW" else (batch,) + size + (channels,), dtype)
+    w = random(rng, (channels * multiplier, 1) + kernel, dtype)
+    b = random(rng, (channels * multiplier,), dtype) if has_bias else None
+    geo = dict(stride=stride, padding=padding, dilation=dilation, layout=layout)
+    try:
+        ref = reference.depthwise_conv2d(x, w, b, **geo)
+    except ValueError:
+        with pytest.raises(ValueError):
+            _vjp_through_jax(jit, lambda *arrays: dwj.depthwise_conv2d(*arrays, **geo), (x, w, b), x)
+        return
+    ct = random(rng, ref.shape, dtype)
+    y, grads = _vjp_through_jax(jit, lambda *arrays: dwj.depthwise_conv2d(*arrays, **geo), (x, w, b), ct)
+    tolerance = TOLERANCE[dtype]
+    assert y.dtype == dtype and relative_error(y, ref) < tolerance
+    assert sorted(grads) == ([0, 1, 2] if has_bias else [0, 1])
+    assert all(grads[i].dtype == dtype for i in grads)
+    assert relative_error(grads[0], reference.depthwise_conv2d_backward_input(ct, w, x.shape, **geo)) < tolerance
+    assert relative_error(grads[1], reference.depthwise_conv2d_backward_weight(ct, x, w.shape, **geo)) < tolerance
+    if has_bias:
+        axes = (0, 2, 3) if layout == "NCHW" else (0, 1, 2)
+        assert relative_error(grads[2], ct.astype(numpy.float64).sum(axis=axes)) < tolerance
+
+
+@_with_fixtures
+@given(
+    jit=st.booleans(), batch=st.integers(1, 3), groups=st.integers(1, 4), group_channels=st.integers(1, 4),
+    spatial=st.lists(st.integers(1, 5), min_size=0, max_size=3),
+    affine=st.sampled_from(["both", "weight", "bias", "none"]),
+    activation=st.sampled_from(["identity", "relu", "silu", "gelu", "gelu_tanh"]),
+    eps=st.sampled_from([1e-6, 1e-5, 0.1]), dtype=st.sampled_from([F32, F16, BFLOAT16]),
+    float32_parameters=st.booleans(), seed=st.integers(0, 2**32 - 1),
+)
+def test_group_norm_any_call_through_jax_eager_and_jitted(fake, jit, batch, groups, group_channels, spatial, affine,
+                                                          activation, eps, dtype, float32_parameters, seed):
+    """Any rank (0-3 spatial dims), group size, affine form, activation and dtype (half types with
+    float32 parameters too), eagerly and under jit: y and every present input's gradient are the
+    reference ops' from the statistics the forward returns, each gradient in its input's dtype."""
+    assume(not jit or dwj._buffer_callback is not None)
+    rng = numpy.random.default_rng(seed)
+    channels = groups * group_channels
+    shape = (batch, *spatial, channels)
+    param_dtype = F32 if float32_parameters else dtype
+    x, ct = random(rng, shape, dtype), random(rng, shape, dtype)
+    w = random(rng, (channels,), param_dtype, offset=1.0) if affine in ("both", "weight") else None
+    b = random(rng, (channels,), param_dtype) if affine in ("both", "bias") else None
+    y, grads = _vjp_through_jax(
+        jit, lambda x, w, b: dwj.group_norm(x, groups, w, b, eps=eps, activation=activation), (x, w, b), ct)
+    assert y.dtype == dtype
+    assert relative_error(y, reference.group_norm(x, groups, w, b, eps=eps, activation=activation)) < TOLERANCE[dtype]
+    expected = _gn_reference_grads(ct, x, groups, w, b, eps=eps, activation=activation)
+    inputs = (x, w, b)
+    assert sorted(grads) == [i for i, value in enumerate(inputs) if value is not None]
+    # dx of one or two values a group is a small remainder of terms that cancel (zero, or about eps / var
+    # of their size), where rounding it to x's dtype (subnormal in float16) is large relative to it: it
+    # is judged against the size of the terms, rstd * |w| * |grad|, as scripts/fuzz_gpu.py judges it.
+    _, _, rstd = reference.group_norm(x, groups, w, b, eps=eps, activation=activation, return_stats=True)
+    terms = numpy.linalg.norm(ct.astype(numpy.float64)) * rstd.max() * (1.0 if w is None else numpy.abs(w).max())
+    for i, got in grads.items():
+        assert got.dtype == inputs[i].dtype, i
+        got = numpy.asarray(got, numpy.float64)
+        assert numpy.isfinite(got).all(), i
+        scale = max(numpy.linalg.norm(expected[i]), terms if i == 0 else 0.0)
+        assert numpy.linalg.norm(got - expected[i]) <= TOLERANCE[dtype] * scale, i
 
 
 def test_vmap_runs_one_example_at_a_time(fake, rng):
