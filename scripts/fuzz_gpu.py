@@ -438,21 +438,20 @@ def _group_norm_through_bridge(x, groups, weight, bias, grad_out, eps, activatio
     return dict(got, y=y.detach().movedim(1, -1))
 
 
-def _jax():
-    """jax, with float64 on and without its preallocation of most of the GPU's memory (CuPy and PyTorch
-    share the GPU in this process; as tests/test_jax.py)."""
+def _set_up_jax():
+    """Before JAX's first import (main): no preallocation of most of the GPU's memory (CuPy and PyTorch
+    share the GPU in this process; as tests/test_jax.py), and float64 on for the float64 cases."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    return jax
 
 
 def _through_jax(jit, apply, inputs, grad_out):
     """y, dx, dw, db of ``apply(cupy_dwgn.jax, x, weight, bias)`` under jax.vjp (the op's custom_vjp rules),
     eagerly or under jax.jit (the traced path: XLA's buffers through jax.experimental.buffer_callback).
     ``inputs``: NumPy (x, weight, bias), weight or bias None where absent (and then no gradient of it)."""
-    jax = _jax()
+    import jax
     import jax.numpy as jnp
 
     from cupy_dwgn import jax as dwj
@@ -494,6 +493,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         parser.error("needs PyTorch with a CUDA device: it is the float64 oracle")
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    if HAVE_JAX:
+        _set_up_jax()
 
     rng = numpy.random.default_rng(args.seed)
     cases = [json.loads(args.replay)] if args.replay else None

@@ -250,31 +250,27 @@ def test_fuzzer_runs_both_ops_through_jax_vjp(fake, rng, jit):
     if jit and dwj._buffer_callback is None:
         pytest.skip("this JAX has no jax.experimental.buffer_callback")
     fuzz = _fuzzer()
-    was_x64 = jax.config.jax_enable_x64  # the fuzzer turns float64 on for its float64 cases
-    try:
-        shape, layout, w_shape, options = DW_CASES[1]
-        x, w, b = _dw_inputs(rng, shape, layout, w_shape)
-        ct = random(rng, reference.depthwise_conv2d(x, w, b, layout=layout, **options).shape, F32)
-        for bias in (b, None):
-            got = fuzz._through_jax(jit, lambda ops, *arrays: ops.depthwise_conv2d(*arrays, layout=layout, **options),
-                                    (x, w, bias), ct)
-            assert set(got) == {"y", "dx", "dw"} | ({"db"} if bias is not None else set())
-            assert relative_error(got["y"], reference.depthwise_conv2d(x, w, bias, layout=layout, **options)) < 1e-5
-            assert relative_error(got["dx"], reference.depthwise_conv2d_backward_input(
-                ct, w, x.shape, layout=layout, **options)) < 1e-5
-            assert relative_error(got["dw"], reference.depthwise_conv2d_backward_weight(
-                ct, x, w.shape, layout=layout, **options)) < 1e-5
-        x, ct = random(rng, (2, 5, 16), F32), random(rng, (2, 5, 16), F32)
-        b = random(rng, (16,), F32)
-        got = fuzz._through_jax(jit, lambda ops, x, w, b: ops.group_norm(x, 4, w, b, eps=1e-4, activation="gelu"),
-                                (x, None, b), ct)
-        assert set(got) == {"y", "dx", "db"}
-        assert relative_error(got["y"], reference.group_norm(x, 4, None, b, eps=1e-4, activation="gelu")) < 1e-5
-        dx, _, db = _gn_reference_grads(ct, x, 4, None, b, eps=1e-4, activation="gelu")
-        assert relative_error(got["dx"], dx) < 1e-5 and relative_error(got["db"], db) < 1e-5
-        assert (fake.traced > 0) == jit
-    finally:
-        jax.config.update("jax_enable_x64", was_x64)
+    shape, layout, w_shape, options = DW_CASES[1]
+    x, w, b = _dw_inputs(rng, shape, layout, w_shape)
+    ct = random(rng, reference.depthwise_conv2d(x, w, b, layout=layout, **options).shape, F32)
+    for bias in (b, None):
+        got = fuzz._through_jax(jit, lambda ops, *arrays: ops.depthwise_conv2d(*arrays, layout=layout, **options),
+                                (x, w, bias), ct)
+        assert set(got) == {"y", "dx", "dw"} | ({"db"} if bias is not None else set())
+        assert relative_error(got["y"], reference.depthwise_conv2d(x, w, bias, layout=layout, **options)) < 1e-5
+        assert relative_error(got["dx"], reference.depthwise_conv2d_backward_input(
+            ct, w, x.shape, layout=layout, **options)) < 1e-5
+        assert relative_error(got["dw"], reference.depthwise_conv2d_backward_weight(
+            ct, x, w.shape, layout=layout, **options)) < 1e-5
+    x, ct = random(rng, (2, 5, 16), F32), random(rng, (2, 5, 16), F32)
+    b = random(rng, (16,), F32)
+    got = fuzz._through_jax(jit, lambda ops, x, w, b: ops.group_norm(x, 4, w, b, eps=1e-4, activation="gelu"),
+                            (x, None, b), ct)
+    assert set(got) == {"y", "dx", "db"}
+    assert relative_error(got["y"], reference.group_norm(x, 4, None, b, eps=1e-4, activation="gelu")) < 1e-5
+    dx, _, db = _gn_reference_grads(ct, x, 4, None, b, eps=1e-4, activation="gelu")
+    assert relative_error(got["dx"], dx) < 1e-5 and relative_error(got["db"], db) < 1e-5
+    assert (fake.traced > 0) == jit
 
 
 def test_jit_runs_the_ops_as_xla_custom_calls(fake, rng):
@@ -326,18 +322,10 @@ def test_jitted_group_norm_gradients_of_every_affine_form(fake, rng, affine):
 
 
 def _vjp_through_jax(jit, apply, inputs, cotangent):
-    """y and the gradients of ``apply(x, weight, bias)`` (absent ones None, and no gradient for them) under
-    jax.vjp, eagerly or under jax.jit."""
-    present = [i for i, value in enumerate(inputs) if value is not None]
-
-    def call(*leaves):
-        arrays = [None] * len(inputs)
-        for i, leaf in zip(present, leaves):
-            arrays[i] = leaf
-        return apply(*arrays)
-
-    y, vjp = jax.vjp(jax.jit(call) if jit else call, *(_cpu(inputs[i]) for i in present))
-    return y, dict(zip(present, vjp(_cpu(cotangent))))
+    """y and {input index: gradient} of ``apply(ops, x, weight, bias)`` under jax.vjp, eagerly or under
+    jax.jit, through the fuzzer's own helper (scripts/fuzz_gpu.py; absent inputs None, no gradient)."""
+    got = _fuzzer()._through_jax(jit, apply, inputs, cotangent)
+    return got.pop("y"), {("dx", "dw", "db").index(name): grad for name, grad in got.items()}
 
 
 _padding_forms = st.one_of(
@@ -373,10 +361,10 @@ def test_depthwise_any_call_through_jax_eager_and_jitted(fake, jit, batch, chann
         ref = reference.depthwise_conv2d(x, w, b, **geo)
     except ValueError:
         with pytest.raises(ValueError):
-            _vjp_through_jax(jit, lambda *arrays: dwj.depthwise_conv2d(*arrays, **geo), (x, w, b), x)
+            _vjp_through_jax(jit, lambda ops, *arrays: ops.depthwise_conv2d(*arrays, **geo), (x, w, b), x)
         return
     ct = random(rng, ref.shape, dtype)
-    y, grads = _vjp_through_jax(jit, lambda *arrays: dwj.depthwise_conv2d(*arrays, **geo), (x, w, b), ct)
+    y, grads = _vjp_through_jax(jit, lambda ops, *arrays: ops.depthwise_conv2d(*arrays, **geo), (x, w, b), ct)
     tolerance = TOLERANCE[dtype]
     assert y.dtype == dtype and relative_error(y, ref) < tolerance
     assert sorted(grads) == ([0, 1, 2] if has_bias else [0, 1])
@@ -411,7 +399,7 @@ def test_group_norm_any_call_through_jax_eager_and_jitted(fake, jit, batch, grou
     w = random(rng, (channels,), param_dtype, offset=1.0) if affine in ("both", "weight") else None
     b = random(rng, (channels,), param_dtype) if affine in ("both", "bias") else None
     y, grads = _vjp_through_jax(
-        jit, lambda x, w, b: dwj.group_norm(x, groups, w, b, eps=eps, activation=activation), (x, w, b), ct)
+        jit, lambda ops, x, w, b: ops.group_norm(x, groups, w, b, eps=eps, activation=activation), (x, w, b), ct)
     assert y.dtype == dtype
     assert relative_error(y, reference.group_norm(x, groups, w, b, eps=eps, activation=activation)) < TOLERANCE[dtype]
     expected = _gn_reference_grads(ct, x, groups, w, b, eps=eps, activation=activation)
