@@ -4,7 +4,8 @@
 #   time), compute-sanitizer memcheck + racecheck on every kernel, benchmarks.
 # STEPS selects parts (default: all but candidates, rules, fuzz, models, bridge and ncu): facts cold warm examples cli tests sanitizer fuzz candidates rules dwbench gnbench host models bridge ncu
 # (rules: the NHWC direct kernel's settings that rest on H100 runs only, and its float32 3x3 stride-1 contest with
-# the ring kernel, timed on this device: float32 3x3 stride 2 TW 2 / 8 with ALL_ROWS, 5x5 stride 1 TW 7 / 8 at 1 and 2
+# the ring kernel, timed on this device: float32 3x3 stride 2 TW 2 / 8 with ALL_ROWS (and at 64x96x112, whose
+# 56-wide destination the tiled kernel takes, against it), 5x5 stride 1 TW 7 / 8 at 1 and 2
 # items a thread, 3x3 stride 1 TW 4 / 8 against the ring; about 2 minutes; after warm).
 # (fuzz: scripts/fuzz_gpu.py for FUZZ_SECONDS (default 120), random calls of every op against float64; after warm).
 # (bridge: the PyTorch bridge's host cost per training call and real-model steps eager and as CUDA graphs, about 3 minutes).
@@ -130,7 +131,7 @@ if has candidates; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if has rules; then
-  for args in "64x144x56x3x2 64x288x38x3x2 64x192x28x3x2 64x576x14x3x2 --columns 2 8 --all-rows" \
+  for args in "64x96x112x3x2 64x144x56x3x2 64x288x38x3x2 64x192x28x3x2 64x576x14x3x2 --columns 2 8 --all-rows" \
               "64x240x28x5x1 64x576x19x5x1 64x288x38x5x1 64x480x14x5x1 --columns 7 8 --items-per-thread 1 2" \
               "64x144x56x3x1 64x192x56x3x1 --columns 4 8"; do
     echo "== benchmarks/depthwise_nhwc_direct.py --dtypes float32 --shapes $args" | tee -a "$OUT/rules.txt"
