@@ -612,6 +612,51 @@ def _dw_grads(grad_out, x, weight, has_bias, needs, stride, pads, dilation, back
     return grad_x, grad_weight, grad_bias
 
 
+# Higher-order gradients.  The two backward ops are depthwise convolutions
+# too, each linear in both of its tensors, and their gradients are the three
+# ops again: for a gradient gg_x of grad_x = backward_input(grad_out, weight),
+#   grad_out gets forward(gg_x, weight) and weight backward_weight(grad_out, gg_x);
+# for a gradient gg_w of grad_weight = backward_weight(grad_out, x),
+#   grad_out gets forward(x, gg_w) and x backward_input(grad_out, gg_w).
+# So a backward under create_graph=True (gradient penalties, second-order
+# methods, gradgradcheck) records a graph of the same kernels, to any order.
+# ``ops`` is (forward, backward_input, backward_weight): the eager functions
+# below or the custom ops.
+
+
+def _save_backward_op(ctx, first, second, stride, pads, dilation):
+    ctx.save_for_backward(first, second)
+    ctx.geometry = (tuple(stride), tuple(pads), tuple(dilation))
+
+
+def _grads_of_backward_input(ctx, grad_grad_x, ops):
+    """(grad_out's, weight's) gradients of backward_input(grad_out, weight), then
+    None for its four non-tensor arguments."""
+    grad_out, weight = ctx.saved_tensors
+    stride, pads, dilation = ctx.geometry
+    needs = ctx.needs_input_grad
+    forward, _, backward_weight = ops
+    return (
+        forward(grad_grad_x, weight, None, stride, pads, dilation) if needs[0] else None,
+        backward_weight(grad_out, grad_grad_x, tuple(weight.shape), stride, pads, dilation) if needs[1] else None,
+        None, None, None, None,
+    )
+
+
+def _grads_of_backward_weight(ctx, grad_grad_weight, ops):
+    """(grad_out's, x's) gradients of backward_weight(grad_out, x), then None for
+    its four non-tensor arguments."""
+    grad_out, x = ctx.saved_tensors
+    stride, pads, dilation = ctx.geometry
+    needs = ctx.needs_input_grad
+    forward, backward_input, _ = ops
+    return (
+        forward(x, grad_grad_weight, None, stride, pads, dilation) if needs[0] else None,
+        backward_input(grad_out, grad_grad_weight, tuple(x.shape), stride, pads, dilation) if needs[1] else None,
+        None, None, None, None,
+    )
+
+
 class _DepthwiseFunction(torch.autograd.Function):
     """The eager path: the implementation functions without the dispatcher."""
 
@@ -627,9 +672,66 @@ class _DepthwiseFunction(torch.autograd.Function):
         stride, pads, dilation, has_bias = ctx.geometry
         grads = _dw_grads(
             grad_out, x, weight, has_bias, ctx.needs_input_grad, stride, pads, dilation,
-            _dw_backward_input, _dw_backward_weight,
+            _eager_backward_input, _eager_backward_weight,
         )
         return grads + (None, None, None)
+
+
+class _BackwardInputFunction(torch.autograd.Function):
+    """backward_input as a differentiable function of (grad_out, weight): what a
+    backward under create_graph=True records on the eager path."""
+
+    @staticmethod
+    def forward(ctx, grad_out, weight, input_shape, stride, pads, dilation):
+        _save_backward_op(ctx, grad_out, weight, stride, pads, dilation)
+        return _dw_backward_input(grad_out, weight, input_shape, stride, pads, dilation)
+
+    @staticmethod
+    def backward(ctx, grad_grad_x):
+        return _grads_of_backward_input(ctx, grad_grad_x, _EAGER_OPS)
+
+
+class _BackwardWeightFunction(torch.autograd.Function):
+    """backward_weight as a differentiable function of (grad_out, x)."""
+
+    @staticmethod
+    def forward(ctx, grad_out, x, weight_shape, stride, pads, dilation):
+        _save_backward_op(ctx, grad_out, x, stride, pads, dilation)
+        return _dw_backward_weight(grad_out, x, weight_shape, stride, pads, dilation)
+
+    @staticmethod
+    def backward(ctx, grad_grad_weight):
+        return _grads_of_backward_weight(ctx, grad_grad_weight, _EAGER_OPS)
+
+
+def _records(first, second, third=None):
+    """Whether an eager op must record a graph: grad mode on (in a backward:
+    create_graph=True) and a tensor argument that requires grad (written out:
+    the forward's host time)."""
+    return _is_grad_enabled() and (
+        first.requires_grad or second.requires_grad or (third is not None and third.requires_grad)
+    )
+
+
+def _eager_forward(x, weight, bias, stride, pads, dilation):
+    if _records(x, weight, bias):
+        return _DepthwiseFunction.apply(x, weight, bias, stride, pads, dilation)
+    return _dw_forward(x, weight, bias, stride, pads, dilation)
+
+
+def _eager_backward_input(grad_out, weight, input_shape, stride, pads, dilation):
+    if _records(grad_out, weight):
+        return _BackwardInputFunction.apply(grad_out, weight, input_shape, stride, pads, dilation)
+    return _dw_backward_input(grad_out, weight, input_shape, stride, pads, dilation)
+
+
+def _eager_backward_weight(grad_out, x, weight_shape, stride, pads, dilation):
+    if _records(grad_out, x):
+        return _BackwardWeightFunction.apply(grad_out, x, weight_shape, stride, pads, dilation)
+    return _dw_backward_weight(grad_out, x, weight_shape, stride, pads, dilation)
+
+
+_EAGER_OPS = (_eager_forward, _eager_backward_input, _eager_backward_weight)
 
 
 # ---------------------------------------------------------------------------
@@ -799,16 +901,47 @@ class _GroupNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight, bias, mean, rstd = ctx.saved_tensors
-        num_groups, eps, activation = ctx.args
-        dx, dw, db = _gn_backward(grad_out, x, mean, rstd, num_groups, weight, bias, eps, activation)
-        needs = ctx.needs_input_grad
-        return (
-            dx if needs[0] else None, None,
-            dw if weight is not None and needs[2] else None,
-            db if bias is not None and needs[3] else None,
-            None, None,
-        )
+        return _gn_grads(ctx, grad_out, _gn_backward)
+
+
+def _gn_grads(ctx, grad_out, backward):
+    """GroupNorm's gradients for (x, num_groups, weight, bias, eps, activation)
+    from ``backward`` (the implementation function or the custom op); under
+    create_graph=True, as a graph of PyTorch's ops instead."""
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    num_groups, eps, activation = ctx.args
+    needs = ctx.needs_input_grad
+    if _is_grad_enabled():
+        dx, dw, db = _group_norm_recorded_grads(grad_out, x, num_groups, weight, bias, eps, activation, needs)
+    else:
+        dx, dw, db = backward(grad_out, x, mean, rstd, num_groups, weight, bias, eps, activation)
+    return (
+        dx if needs[0] else None, None,
+        dw if weight is not None and needs[2] else None,
+        db if bias is not None and needs[3] else None,
+        None, None,
+    )
+
+
+def _group_norm_recorded_grads(grad_out, x, num_groups, weight, bias, eps, activation, needs):
+    """(dx, dw, db) of a backward under create_graph=True (double backward), as
+    differentiable functions of grad_out and the inputs: y is computed again by
+    PyTorch's group_norm and activation from the saved inputs (which keep their
+    own history) in the kernels' precision (float32 for half types), and
+    differentiated with create_graph.  The first-order values are those of
+    PyTorch's kernels, not ours; our kernels have no second-order form."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    y = F.group_norm(x.to(compute), num_groups, None, None, eps)
+    if weight is not None:
+        y = y * weight.to(compute).reshape(shape)
+    if bias is not None:
+        y = y + bias.to(compute).reshape(shape)
+    y = _torch_activation(y, activation)
+    wanted = [t if t is not None and need else None for t, need in zip((x, weight, bias), needs[0:1] + needs[2:4])]
+    present = [t for t in wanted if t is not None]
+    grads = iter(torch.autograd.grad(y, present, grad_out.to(compute), create_graph=True, allow_unused=True))
+    return tuple(None if t is None else next(grads) for t in wanted)
 
 
 # ---------------------------------------------------------------------------
@@ -918,19 +1051,22 @@ def _group_norm_setup_context(ctx, inputs, output):
 
 
 def _group_norm_backward(ctx, grad_out, grad_mean, grad_rstd):
-    x, weight, bias, mean, rstd = ctx.saved_tensors
-    num_groups, eps, activation = ctx.args
-    dx, dw, db = _op_group_norm_backward(grad_out, x, mean, rstd, num_groups, weight, bias, eps, activation)
-    needs = ctx.needs_input_grad
-    return (
-        dx if needs[0] else None, None,
-        dw if weight is not None and needs[2] else None,
-        db if bias is not None and needs[3] else None,
-        None, None,
-    )
+    return _gn_grads(ctx, grad_out, _op_group_norm_backward)
 
 
+def _backward_op_setup_context(ctx, inputs, output):
+    first, second, _, stride, padding, dilation = inputs
+    _save_backward_op(ctx, first, second, stride, padding, dilation)
+
+
+_CUSTOM_OPS = (_op_depthwise, _op_depthwise_backward_input, _op_depthwise_backward_weight)
 _op_depthwise.register_autograd(_depthwise_backward, setup_context=_depthwise_setup_context)
+_op_depthwise_backward_input.register_autograd(
+    lambda ctx, grad_grad_x: _grads_of_backward_input(ctx, grad_grad_x, _CUSTOM_OPS),
+    setup_context=_backward_op_setup_context)
+_op_depthwise_backward_weight.register_autograd(
+    lambda ctx, grad_grad_weight: _grads_of_backward_weight(ctx, grad_grad_weight, _CUSTOM_OPS),
+    setup_context=_backward_op_setup_context)
 _op_group_norm.register_autograd(_group_norm_backward, setup_context=_group_norm_setup_context)
 
 
@@ -959,11 +1095,7 @@ def _depthwise(x, weight, bias, stride, pads, dilation):
         return _op_depthwise(x, weight, bias, stride, pads, dilation)
     if x.is_cuda:
         x, weight, bias = _autocast_conv(x, weight, bias)
-    if _is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    ):
-        return _DepthwiseFunction.apply(x, weight, bias, stride, pads, dilation)
-    return _dw_forward(x, weight, bias, stride, pads, dilation)
+    return _eager_forward(x, weight, bias, stride, pads, dilation)
 
 
 def depthwise_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1):

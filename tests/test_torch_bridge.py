@@ -458,6 +458,100 @@ def test_group_norm_eager_and_op_paths_identical(rng):
         assert torch.equal(eager, op)
 
 
+# ---------------------------------------------------------------------------
+# CPU: higher-order gradients (a backward under create_graph=True)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("case", DW_CASES, ids=DW_IDS)
+def test_depthwise_gradgradcheck(rng, case, channels_last):
+    # The backward records a graph of the same three ops, so second derivatives in every
+    # pairing of x, weight, bias and grad_out hold, on both paths.
+    x, w, b, geo = dw_inputs(rng, case, channels_last=channels_last, size=(6, 5), batch=1)
+    inputs = [t.detach().requires_grad_() for t in (x, w, b) if t is not None]
+    stride, pads, dilation = explicit(case, w.shape)
+
+    def eager(x, w, b=None):
+        return dwt.depthwise_conv2d(x, w, b, **geo)
+
+    def op(x, w, b=None):
+        return torch.ops.cupy_dwgn.depthwise_conv2d(x, w, b, stride, pads, dilation)
+
+    for function in (eager, op):
+        assert torch.autograd.gradgradcheck(function, inputs)
+
+
+def _penalty_grads(conv, x, w, b, v):
+    """The weight, bias and x gradients of a gradient penalty, sum(v * dL/dx) with
+    L = sum(conv(x)^2): second derivatives, the weight's also through a third-order term."""
+    y = conv(x, w, b)
+    (grad_x,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    penalty = (v * grad_x).sum() + grad_x.square().sum()
+    first = torch.autograd.grad(penalty, (w, b, x), create_graph=True)
+    (third,) = torch.autograd.grad(first[0].square().sum(), w)
+    return first + (third,)
+
+
+@pytest.mark.parametrize("path", ["eager", "op"])
+@pytest.mark.parametrize("case", [DW_CASES[1], DW_CASES[4]], ids=[DW_IDS[1], DW_IDS[4]])
+def test_depthwise_gradient_penalty_matches_conv2d(rng, case, path):
+    x, w, b, geo = dw_inputs(rng, case, channels_last=True, size=(9, 8))
+    stride, pads, dilation = explicit(case, w.shape)
+    v = randn(rng, tuple(x.shape))
+    ours = {
+        "eager": lambda x, w, b: dwt.depthwise_conv2d(x, w, b, **geo),
+        "op": lambda x, w, b: torch.ops.cupy_dwgn.depthwise_conv2d(x, w, b, stride, pads, dilation),
+    }[path]
+    got = _penalty_grads(ours, *(t.detach().clone().requires_grad_() for t in (x, w, b)), v)
+    want = _penalty_grads(lambda x, w, b: torch_depthwise(x, w, b, **geo),
+                          *(t.detach().clone().requires_grad_() for t in (x, w, b)), v)
+    for got_grad, want_grad in zip(got, want):
+        assert rel_error(got_grad, want_grad) <= 1e-12
+
+
+def test_plain_backward_records_nothing(rng, monkeypatch):
+    # Without create_graph the gradients come from the kernels' backward and carry no graph;
+    # GroupNorm's recorded form (PyTorch's ops) is not run.
+    def refuse(*args):
+        raise AssertionError("the recorded GroupNorm gradients ran in a plain backward")
+
+    monkeypatch.setattr(dwt, "_group_norm_recorded_grads", refuse)
+    x, w, b, geo = dw_inputs(rng, DW_CASES[0])
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+    grads = torch.autograd.grad(dwt.depthwise_conv2d(*leaves, **geo).square().sum(), leaves)
+    gx, gw, gb = gn_inputs(rng, "nhwc")
+    gn_leaves = [t.detach().requires_grad_() for t in (gx, gw, gb)]
+    grads += torch.autograd.grad(dwt.group_norm(gn_leaves[0], 3, *gn_leaves[1:], activation="silu").sum(), gn_leaves)
+    assert all(grad.grad_fn is None and not grad.requires_grad for grad in grads)
+
+
+@pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_group_norm_gradgradcheck(rng, activation, affine):
+    # A backward under create_graph=True differentiates PyTorch's group_norm + activation
+    # recomputed from the saved inputs: second derivatives on both paths, every affine form.
+    x, w, b = gn_inputs(rng, "nhwc")
+    w = w if affine in ("both", "weight") else None
+    b = b if affine in ("both", "bias") else None
+    inputs = [None if t is None else t.detach().requires_grad_() for t in (x, w, b)]
+
+    def eager(x, w, b):
+        return dwt.group_norm(x, 3, w, b, eps=1e-5, activation=activation)
+
+    def op(x, w, b):
+        return torch.ops.cupy_dwgn.group_norm(x, 3, w, b, 1e-5, activation)[0]
+
+    for function in (eager, op):
+        assert torch.autograd.gradgradcheck(function, inputs)
+
+
+@pytest.mark.parametrize("layout", ["nc", "ncl", "ndhwc"])
+def test_group_norm_gradgradcheck_other_ranks(rng, layout):
+    x, w, b = gn_inputs(rng, layout)
+    inputs = [t.detach().requires_grad_() for t in (x, w, b)]
+    assert torch.autograd.gradgradcheck(lambda x, w, b: dwt.group_norm(x, 2, w, b, activation="gelu"), inputs)
+
+
 def test_group_norm_contiguous_falls_back_to_torch(rng, monkeypatch):
     x = randn(rng, (2, 6, 4, 3), offset=3.0)
     w, b = randn(rng, (6,)), randn(rng, (6,))
@@ -1021,6 +1115,48 @@ def test_cuda_eager_and_op_paths_identical(rng):
     a = dwt.group_norm(h, 4, gw, gb, activation="silu")
     c = torch.ops.cupy_dwgn.group_norm(h, 4, gw, gb, 1e-5, "silu")[0]
     assert torch.equal(a, c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["eager", "op"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("case", DW_CASES, ids=DW_IDS)
+def test_depthwise_cuda_gradient_penalty(rng, case, channels_last, path):
+    # Second- and third-order gradients through the kernels (float32) against float64 PyTorch.
+    x, w, b, geo = _gpu_dw_case(rng, case, torch.float32, channels_last)
+    b = b if b is not None else torch.zeros(w.shape[0], device="cuda")
+    stride, pads, dilation = explicit(case, w.shape)
+    v = torch.randn_like(x)
+    ours = {
+        "eager": lambda x, w, b: dwt.depthwise_conv2d(x, w, b, **geo),
+        "op": lambda x, w, b: torch.ops.cupy_dwgn.depthwise_conv2d(x, w, b, stride, pads, dilation),
+    }[path]
+    got = _penalty_grads(ours, *(t.detach().clone().requires_grad_() for t in (x, w, b)), v)
+    want = _penalty_grads(lambda x, w, b: torch_depthwise(x, w, b, **geo),
+                          *(t.detach().cpu().double().requires_grad_() for t in (x, w, b)), v.cpu().double())
+    for got_grad, want_grad in zip(got, want):
+        assert got_grad.dtype == torch.float32 and rel_error(got_grad, want_grad) <= 4 * TORCH_TOLERANCE[torch.float32]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=GPU_DTYPE_IDS)
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+def test_group_norm_cuda_gradient_penalty(rng, activation, dtype):
+    param_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    x, w, b = gn_inputs(rng, "nhwc", dtype=dtype, param_dtype=param_dtype, device="cuda", shape=(2, 64, 13, 11))
+    v = torch.randn_like(x)
+
+    def penalty_grads(x, w, b, v):
+        y = dwt.group_norm(x, 8, w, b, activation=activation) if x.is_cuda else torch_group_norm(
+            x, 8, w, b, 1e-5, activation)
+        (grad_x,) = torch.autograd.grad(y.float().square().sum() if x.is_cuda else y.square().sum(), x,
+                                        create_graph=True)
+        return torch.autograd.grad((v * grad_x).sum(), (w, b, x))
+
+    got = penalty_grads(*(t.detach().clone().requires_grad_() for t in (x, w, b)), v)
+    want = penalty_grads(*(t.detach().cpu().double().requires_grad_() for t in (x, w, b)), v.cpu().double())
+    for got_grad, want_grad, leaf in zip(got, want, (w, b, x)):
+        assert got_grad.dtype == leaf.dtype and rel_error(got_grad, want_grad) <= 4 * TORCH_TOLERANCE[dtype]
 
 
 @pytest.mark.gpu
