@@ -39,6 +39,13 @@ weight/bias and accumulate in float32, so a half-precision activation stays
 half precision (PyTorch's autocast instead runs group_norm in float32 and
 returns float32).
 
+Higher-order gradients (a backward under ``create_graph=True``: gradient
+penalties, Hessian-vector products, ``gradgradcheck``): the depthwise
+backward ops are differentiable (their gradients are the same three kernels),
+so any order runs on cupy-dwgn's kernels; GroupNorm's backward under
+``create_graph=True`` differentiates PyTorch's ``group_norm`` + activation,
+recomputed from the saved inputs in float32 (float64 for float64 x).
+
 CUDA graphs: the calls can be captured (``torch.cuda.graph``,
 ``torch.cuda.make_graphed_callables``, ``torch.compile(mode="reduce-overhead")``),
 also as the first call on the capture's stream (its workspace is then allocated
