@@ -36,6 +36,12 @@ How a call runs:
 The gradients come from ``jax.custom_vjp`` rules that call cupy-dwgn's own
 backward kernels (``depthwise_conv2d_backward_input`` / ``_weight``,
 ``group_norm_backward``); the depthwise bias gradient is a JAX sum.
+Higher-order derivatives (``jax.hessian``, ``jax.grad`` of ``jax.grad``,
+``jax.jvp`` of a gradient) work: the depthwise backward's own rule is the
+same kernels again, to any order; GroupNorm's second-order rules
+differentiate the same GroupNorm written in JAX's ops (float32 math for
+half types), recomputed from the inputs.  Forward-mode ``jax.jvp`` of the ops
+themselves is not defined (``jax.custom_vjp``).
 float64 needs ``jax.config.update("jax_enable_x64", True)``.
 """
 
@@ -176,28 +182,50 @@ def _depthwise_op(stride, padding, dilation, layout):
             return _traced_call("depthwise_conv2d", forward_callback, arrays, [(shape, x.dtype)])[0]
         return _eager_call(forward_body, arrays)[0]
 
+    def backward(grad, x, weight):
+        arrays = (grad, x, weight)
+        if _traced(arrays):
+            specs = [(x.shape, x.dtype), (weight.shape, weight.dtype)]
+            return tuple(_traced_call("depthwise_conv2d (backward)", backward_callback, arrays, specs))
+        return _eager_call(backward_body, arrays)
+
     @jax.custom_vjp
     def op(x, weight, bias):
         return forward(x, weight, bias)
 
     def op_fwd(x, weight, bias):
-        return forward(x, weight, bias), (x, weight, bias)
+        # op itself, not forward: a higher-order derivative differentiates this rule too.
+        return op(x, weight, bias), (x, weight, bias)
 
     def op_bwd(residuals, grad):
         x, weight, bias = residuals
         grad = _on_device_of(grad, x)
-        arrays = (grad, x, weight)
-        if _traced(arrays):
-            specs = [(x.shape, x.dtype), (weight.shape, weight.dtype)]
-            grad_x, grad_weight = _traced_call("depthwise_conv2d (backward)", backward_callback, arrays, specs)
-        else:
-            grad_x, grad_weight = _eager_call(backward_body, arrays)
+        grad_x, grad_weight = backward_pair(grad, x, weight)
         grad_bias = None
         if bias is not None:
             grad_bias = jnp.sum(grad, axis=bias_axes, dtype=_accumulator(grad.dtype)).astype(bias.dtype)
         return grad_x, grad_weight, grad_bias
 
+    # (backward_input(grad, weight), backward_weight(grad, x)), differentiable:
+    # both are linear in each argument, and for cotangents (gg_x, gg_weight)
+    # grad gets op(gg_x, weight) + op(x, gg_weight), while x and weight get
+    # backward_pair(grad, gg_x, gg_weight) = (backward_input(grad, gg_weight),
+    # backward_weight(grad, gg_x)): the same kernels, to any order.
+    @jax.custom_vjp
+    def backward_pair(grad, x, weight):
+        return backward(grad, x, weight)
+
+    def backward_pair_fwd(grad, x, weight):
+        return backward_pair(grad, x, weight), (grad, x, weight)
+
+    def backward_pair_bwd(residuals, cotangents):
+        grad, x, weight = residuals
+        grad_grad_x, grad_grad_weight = (_on_device_of(c, x) for c in cotangents)
+        d_x, d_weight = backward_pair(grad, grad_grad_x, grad_grad_weight)
+        return op(grad_grad_x, weight, None) + op(x, grad_grad_weight, None), d_x, d_weight
+
     op.defvjp(op_fwd, op_bwd)
+    backward_pair.defvjp(backward_pair_fwd, backward_pair_bwd)
     return op
 
 
@@ -240,19 +268,7 @@ def _group_norm_op(num_groups, eps, activation):
             return _traced_call("group_norm", forward_callback, arrays, [(x.shape, x.dtype), stats, stats])
         return _eager_call(forward_body, arrays)
 
-    @jax.custom_vjp
-    def op(x, weight, bias):
-        if _traced((x, weight, bias)):
-            return forward(x, weight, bias)[0]
-        return _eager_call(primal_body, (x, weight, bias))[0]
-
-    def op_fwd(x, weight, bias):
-        y, mean, rstd = forward(x, weight, bias)
-        return y, (x, weight, bias, mean, rstd)
-
-    def op_bwd(residuals, grad):
-        x, weight, bias, mean, rstd = residuals
-        grad = _on_device_of(grad, x)
+    def backward(grad, x, weight, bias, mean, rstd):
         arrays = (grad, x, mean, rstd, weight, bias)
         if _traced(arrays):
             specs = [(x.shape, x.dtype)]
@@ -261,12 +277,88 @@ def _group_norm_op(num_groups, eps, activation):
             grad_x = grads.pop(0)
             grad_weight = None if weight is None else grads.pop(0)
             grad_bias = None if bias is None else grads.pop(0)
-        else:
-            grad_x, grad_weight, grad_bias = _eager_call(backward_body, arrays)
-        return grad_x, grad_weight, grad_bias
+            return grad_x, grad_weight, grad_bias
+        return _eager_call(backward_body, arrays)
+
+    @jax.custom_vjp
+    def op(x, weight, bias):
+        if _traced((x, weight, bias)):
+            return forward(x, weight, bias)[0]
+        return _eager_call(primal_body, (x, weight, bias))[0]
+
+    def op_fwd(x, weight, bias):
+        y, mean, rstd = forward_with_stats(x, weight, bias)
+        return y, (x, weight, bias, mean, rstd)
+
+    def op_bwd(residuals, grad):
+        x, weight, bias, mean, rstd = residuals
+        return backward_grads(_on_device_of(grad, x), x, weight, bias, mean, rstd)
+
+    # Higher-order derivatives differentiate op_fwd and op_bwd, whose kernels
+    # have no second-order form: their rules below differentiate the same
+    # GroupNorm written in JAX's ops (_group_norm_in_jax), recomputed from the
+    # inputs (the statistics as functions of x, so mean and rstd get no
+    # cotangent of their own in backward_grads).
+    def in_jax(x, weight, bias):
+        return _group_norm_in_jax(x, num_groups, weight, bias, eps, activation)
+
+    @jax.custom_vjp
+    def forward_with_stats(x, weight, bias):
+        return forward(x, weight, bias)
+
+    def forward_with_stats_fwd(x, weight, bias):
+        return forward_with_stats(x, weight, bias), (x, weight, bias)
+
+    def forward_with_stats_bwd(residuals, cotangents):
+        return jax.vjp(in_jax, *residuals)[1](cotangents)
+
+    @jax.custom_vjp
+    def backward_grads(grad, x, weight, bias, mean, rstd):
+        return backward(grad, x, weight, bias, mean, rstd)
+
+    def backward_grads_fwd(grad, x, weight, bias, mean, rstd):
+        return backward_grads(grad, x, weight, bias, mean, rstd), (grad, x, weight, bias, mean, rstd)
+
+    def backward_grads_bwd(residuals, cotangents):
+        grad, x, weight, bias, mean, rstd = residuals
+
+        def first_order(grad, x, weight, bias):
+            return jax.vjp(lambda *inputs: in_jax(*inputs)[0], x, weight, bias)[1](grad)
+
+        grads = jax.vjp(first_order, grad, x, weight, bias)[1](cotangents)
+        return grads + (jnp.zeros_like(mean), jnp.zeros_like(rstd))
 
     op.defvjp(op_fwd, op_bwd)
+    forward_with_stats.defvjp(forward_with_stats_fwd, forward_with_stats_bwd)
+    backward_grads.defvjp(backward_grads_fwd, backward_grads_bwd)
     return op
+
+
+_JAX_ACTIVATIONS = {
+    "identity": lambda y: y,
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "gelu": lambda y: jax.nn.gelu(y, approximate=False),
+    "gelu_tanh": lambda y: jax.nn.gelu(y, approximate=True),
+}
+
+
+def _group_norm_in_jax(x, num_groups, weight, bias, eps, activation):
+    """(y, mean, rstd) of GroupNorm + activation in JAX's own ops, in the
+    kernels' precision (float32 statistics and math for float16 / bfloat16 /
+    float32 x, float64 for float64): what higher-order derivatives
+    differentiate."""
+    compute = _accumulator(x.dtype)
+    groups = x.astype(compute).reshape(x.shape[0], -1, num_groups, x.shape[-1] // num_groups)
+    mean = groups.mean(axis=(1, 3))
+    centred = groups - mean[:, None, :, None]
+    rstd = jax.lax.rsqrt((centred * centred).mean(axis=(1, 3)) + jnp.asarray(eps, compute))
+    y = (centred * rstd[:, None, :, None]).reshape(x.shape)
+    if weight is not None:
+        y = y * weight.astype(compute)
+    if bias is not None:
+        y = y + bias.astype(compute)
+    return _JAX_ACTIVATIONS[activation](y).astype(x.dtype), mean, rstd
 
 
 # ---------------------------------------------------------------------------

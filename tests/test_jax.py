@@ -418,6 +418,100 @@ def test_group_norm_any_call_through_jax_eager_and_jitted(fake, jit, batch, grou
         assert numpy.linalg.norm(got - expected[i]) <= TOLERANCE[dtype] * scale, i
 
 
+# ---------------------------------------------------------------------------
+# Higher-order derivatives: against the same functions written in JAX's ops.
+
+
+def _lax_depthwise(x, w, b, *, layout, stride=1, padding=0, dilation=1):
+    """A depthwise convolution in jax.lax (explicit padding sides), the independent reference."""
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+    pads = tuple(pair(p) if not isinstance(p, int) else (p, p) for p in
+                 (((padding, padding), (padding, padding)) if isinstance(padding, int) else padding))
+    channels = x.shape[1] if layout == "NCHW" else x.shape[-1]
+    y = jax.lax.conv_general_dilated(x, w, pair(stride), pads, rhs_dilation=pair(dilation),
+                                     dimension_numbers=(layout, "OIHW", layout), feature_group_count=channels,
+                                     precision=jax.lax.Precision.HIGHEST)
+    if b is None:
+        return y
+    return y + (b[:, None, None] if layout == "NCHW" else b)
+
+
+def _two_pass_group_norm(x, num_groups, w, b, *, eps, activation):
+    """GroupNorm + activation of (N, *spatial, C) x in plain jnp (two passes), the independent reference."""
+    groups = x.reshape(x.shape[0], -1, num_groups, x.shape[-1] // num_groups)
+    centred = groups - groups.mean(axis=(1, 3), keepdims=True)
+    y = (centred / jnp.sqrt((centred ** 2).mean(axis=(1, 3), keepdims=True) + eps)).reshape(x.shape)
+    y = y if w is None else y * w
+    y = y if b is None else y + b
+    return {"identity": lambda t: t, "relu": jax.nn.relu, "silu": lambda t: t * jax.nn.sigmoid(t),
+            "gelu": lambda t: 0.5 * t * (1 + jax.scipy.special.erf(t / numpy.sqrt(2.0))),
+            "gelu_tanh": lambda t: jax.nn.gelu(t, approximate=True)}[activation](y)
+
+
+def _penalty_grads(function, inputs, v, jit):
+    """The gradients, with respect to every present input, of a gradient penalty
+    sum(v * dL/dx) + sum((dL/dx)^2) with L = sum(function(*inputs)^2) (second
+    order), then a third-order term: the gradient of sum((d penalty / d inputs[1])^2)
+    with respect to inputs[1]."""
+    present = [i for i, a in enumerate(inputs) if a is not None]
+
+    def penalty(*arrays):
+        def loss(x):
+            return jnp.sum(function(x, *arrays[1:]) ** 2)
+        grad_x = jax.grad(loss)(arrays[0])
+        return jnp.sum(v * grad_x) + jnp.sum(grad_x ** 2)
+
+    second = jax.grad(penalty, argnums=present)
+    third = jax.grad(lambda *arrays: jnp.sum(second(*arrays)[1] ** 2), argnums=1)
+    if jit:
+        second, third = jax.jit(second), jax.jit(third)
+    return tuple(second(*inputs)) + (third(*inputs),)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("shape, layout, w_shape, options", DW_CASES, ids=["NCHW", "NHWC"])
+def test_depthwise_higher_order_matches_lax(fake, rng, shape, layout, w_shape, options, jit):
+    # Second- and third-order derivatives through the ops (their backward's own rule is the same
+    # kernels again: here the reference ops) against jax.lax's convolution.
+    if jit and dwj._buffer_callback is None:
+        pytest.skip("this JAX has no jax.experimental.buffer_callback")
+    x, w, b = (_cpu(a) for a in _dw_inputs(rng, shape, layout, w_shape))
+    v = _cpu(random(rng, shape, F32))
+    got = _penalty_grads(lambda x, w, b: dwj.depthwise_conv2d(x, w, b, layout=layout, **options), (x, w, b), v, jit)
+    want = _penalty_grads(lambda x, w, b: _lax_depthwise(x, w, b, layout=layout, **options), (x, w, b), v, False)
+    for got_grad, want_grad in zip(got, want):
+        assert relative_error(got_grad, numpy.asarray(want_grad, numpy.float64)) < 1e-4
+    assert "depthwise_conv2d_backward_weight" in fake.core.calls and (fake.traced > 0) == jit
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("affine", ["both", "weight", "bias"])
+@pytest.mark.parametrize("activation", ["identity", "silu", "gelu_tanh"])
+def test_group_norm_higher_order_matches_two_pass(fake, rng, affine, activation, jit):
+    if jit and dwj._buffer_callback is None:
+        pytest.skip("this JAX has no jax.experimental.buffer_callback")
+    x = _cpu(random(rng, (2, 5, 3, 16), F32))
+    w = _cpu(random(rng, (16,), F32, offset=1.0)) if affine in ("both", "weight") else None
+    b = _cpu(random(rng, (16,), F32)) if affine in ("both", "bias") else None
+    v = _cpu(random(rng, x.shape, F32))
+    options = dict(eps=1e-4, activation=activation)
+    # the third-order term differentiates the second input: the weight, else the bias
+    inputs = (x, w, b) if w is not None else (x, b, None)
+    bias_first = w is None
+
+    def ours(x, first, second):
+        return dwj.group_norm(x, 4, None if bias_first else first, first if bias_first else second, **options)
+
+    def theirs(x, first, second):
+        return _two_pass_group_norm(x, 4, None if bias_first else first, first if bias_first else second, **options)
+
+    got = _penalty_grads(ours, inputs, v, jit)
+    want = _penalty_grads(theirs, inputs, v, False)
+    for got_grad, want_grad in zip(got, want):
+        assert relative_error(got_grad, numpy.asarray(want_grad, numpy.float64)) < 1e-4
+    assert "group_norm_backward" in fake.core.calls and (fake.traced > 0) == jit
+
+
 def test_vmap_runs_one_example_at_a_time(fake, rng):
     if dwj._buffer_callback is None:
         pytest.skip("this JAX has no jax.experimental.buffer_callback")
@@ -609,6 +703,30 @@ def test_gpu_jit_and_grad_of_jit(rng, dtype):
             _check_jax_out(got, xj)
             assert got.dtype == want.dtype
             assert relative_error(_np(got), _np(want).astype(numpy.float64)) < TOLERANCE[dtype]
+
+
+@pytest.mark.gpu
+@needs_jax_gpu
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("shape, layout, w_shape, options", DW_CASES, ids=["NCHW", "NHWC"])
+def test_gpu_depthwise_and_group_norm_higher_order(rng, shape, layout, w_shape, options, jit):
+    """Second- and third-order derivatives through the kernels (float32) against jax.lax's
+    convolution and a two-pass GroupNorm in jnp, on the same GPU."""
+    if jit and dwj._buffer_callback is None:
+        pytest.skip("this JAX has no jax.experimental.buffer_callback")
+    x, w, b = (_gpu(a) for a in _dw_inputs(rng, shape, layout, w_shape))
+    v = _gpu(random(rng, shape, F32))
+    got = _penalty_grads(lambda x, w, b: dwj.depthwise_conv2d(x, w, b, layout=layout, **options), (x, w, b), v, jit)
+    want = _penalty_grads(lambda x, w, b: _lax_depthwise(x, w, b, layout=layout, **options), (x, w, b), v, False)
+    h = _gpu(random(rng, (2, 6, 5, 32), F32))
+    gamma, beta = _gpu(random(rng, (32,), F32, offset=1.0)), _gpu(random(rng, (32,), F32))
+    u = _gpu(random(rng, h.shape, F32))
+    got += _penalty_grads(lambda h, g, b: dwj.group_norm(h, 8, g, b, activation="silu"), (h, gamma, beta), u, jit)
+    want += _penalty_grads(lambda h, g, b: _two_pass_group_norm(h, 8, g, b, eps=1e-5, activation="silu"),
+                           (h, gamma, beta), u, False)
+    for got_grad, want_grad in zip(got, want):
+        _check_jax_out(got_grad, x)
+        assert relative_error(_np(got_grad), _np(want_grad).astype(numpy.float64)) < 1e-4
 
 
 @pytest.mark.gpu
