@@ -110,6 +110,7 @@ _AUTOCAST_ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)
 
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # a torch.func transform's tensor
 
 
 # ---------------------------------------------------------------------------
@@ -631,9 +632,31 @@ def _dw_grads(grad_out, x, weight, has_bias, needs, stride, pads, dilation, back
 # below or the custom ops.
 
 
-def _save_backward_op(ctx, first, second, stride, pads, dilation):
+def _save_backward_op(ctx, inputs, output=None):
+    """setup_context of a backward op (eager Function or custom op): inputs
+    (first, second, shape, stride, pads, dilation)."""
+    first, second, _, stride, pads, dilation = inputs
     ctx.save_for_backward(first, second)
     ctx.geometry = (tuple(stride), tuple(pads), tuple(dilation))
+
+
+# torch.func.vmap: each op's vmap rule moves the vmapped axis (size B) into
+# the batch where only the images are vmapped, else into the channels: a
+# depthwise convolution treats every channel alone, so B examples' C channels
+# and filters are one convolution over B * C channels (the weight gradient's
+# rule always takes that form: one weight gradient per example).
+
+
+def _along(t, dim, batch):
+    """t with the vmapped axis first (expanded where t is not vmapped: dim None)."""
+    if dim is None:
+        return t.unsqueeze(0).expand((batch,) + tuple(t.shape))
+    return t.movedim(dim, 0)
+
+
+def _into_channels(t, dim, batch):
+    """(B, N, C, ...) -> (N, B * C, ...) of a vmapped image-shaped t."""
+    return _along(t, dim, batch).movedim(0, 1).flatten(1, 2)
 
 
 def _grads_of_backward_input(ctx, grad_grad_x, ops):
@@ -668,10 +691,26 @@ class _DepthwiseFunction(torch.autograd.Function):
     """The eager path: the implementation functions without the dispatcher."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, pads, dilation):
+    def forward(x, weight, bias, stride, pads, dilation):
+        return _dw_forward(x, weight, bias, stride, pads, dilation)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, weight, bias, stride, pads, dilation = inputs
         ctx.save_for_backward(x, weight)
         ctx.geometry = (stride, pads, dilation, bias is not None)
-        return _dw_forward(x, weight, bias, stride, pads, dilation)
+
+    @staticmethod
+    def vmap(info, in_dims, x, weight, bias, stride, pads, dilation):
+        batch = info.batch_size
+        x_dim, weight_dim, bias_dim = in_dims[:3]
+        if weight_dim is None and bias_dim is None:  # the vmapped axis joins the batch
+            y = _eager_forward(x.movedim(x_dim, 0).flatten(0, 1), weight, bias, stride, pads, dilation)
+            return y.unflatten(0, (batch, -1)), 0
+        weight = _along(weight, weight_dim, batch).flatten(0, 1)
+        bias = None if bias is None else _along(bias, bias_dim, batch).flatten(0, 1)
+        y = _eager_forward(_into_channels(x, x_dim, batch), weight, bias, stride, pads, dilation)
+        return y.unflatten(1, (batch, -1)), 1
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -689,35 +728,68 @@ class _BackwardInputFunction(torch.autograd.Function):
     backward under create_graph=True records on the eager path."""
 
     @staticmethod
-    def forward(ctx, grad_out, weight, input_shape, stride, pads, dilation):
-        _save_backward_op(ctx, grad_out, weight, stride, pads, dilation)
+    def forward(grad_out, weight, input_shape, stride, pads, dilation):
         return _dw_backward_input(grad_out, weight, input_shape, stride, pads, dilation)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _save_backward_op(ctx, inputs)
 
     @staticmethod
     def backward(ctx, grad_grad_x):
         return _grads_of_backward_input(ctx, grad_grad_x, _EAGER_OPS)
+
+    @staticmethod
+    def vmap(info, in_dims, grad_out, weight, input_shape, stride, pads, dilation):
+        batch = info.batch_size
+        grad_dim, weight_dim = in_dims[:2]
+        batch_size, channels = input_shape[:2]
+        if weight_dim is None:  # the vmapped axis joins the batch
+            grad_x = _eager_backward_input(grad_out.movedim(grad_dim, 0).flatten(0, 1), weight,
+                                           (batch * batch_size,) + tuple(input_shape[1:]), stride, pads, dilation)
+            return grad_x.unflatten(0, (batch, batch_size)), 0
+        grad_x = _eager_backward_input(
+            _into_channels(grad_out, grad_dim, batch), _along(weight, weight_dim, batch).flatten(0, 1),
+            (batch_size, batch * channels) + tuple(input_shape[2:]), stride, pads, dilation)
+        return grad_x.unflatten(1, (batch, channels)), 1
 
 
 class _BackwardWeightFunction(torch.autograd.Function):
     """backward_weight as a differentiable function of (grad_out, x)."""
 
     @staticmethod
-    def forward(ctx, grad_out, x, weight_shape, stride, pads, dilation):
-        _save_backward_op(ctx, grad_out, x, stride, pads, dilation)
+    def forward(grad_out, x, weight_shape, stride, pads, dilation):
         return _dw_backward_weight(grad_out, x, weight_shape, stride, pads, dilation)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _save_backward_op(ctx, inputs)
 
     @staticmethod
     def backward(ctx, grad_grad_weight):
         return _grads_of_backward_weight(ctx, grad_grad_weight, _EAGER_OPS)
 
+    @staticmethod
+    def vmap(info, in_dims, grad_out, x, weight_shape, stride, pads, dilation):
+        # A weight gradient per vmapped example: the vmapped axis joins the channels.
+        batch = info.batch_size
+        grad_weight = _eager_backward_weight(
+            _into_channels(grad_out, in_dims[0], batch), _into_channels(x, in_dims[1], batch),
+            (batch * weight_shape[0],) + tuple(weight_shape[1:]), stride, pads, dilation)
+        return grad_weight.unflatten(0, (batch, weight_shape[0])), 0
 
-def _records(first, second, third=None):
-    """Whether an eager op must record a graph: grad mode on (in a backward:
-    create_graph=True) and a tensor argument that requires grad (written out:
-    the forward's host time)."""
-    return _is_grad_enabled() and (
-        first.requires_grad or second.requires_grad or (third is not None and third.requires_grad)
-    )
+
+def _records(first, second=None, third=None):
+    """Whether an eager op goes through its autograd Function: grad mode on (in
+    a backward: create_graph=True) and a tensor argument that requires grad, or
+    a torch.func transform's tensor (the Functions hold the vmap rules; the
+    implementation functions need real storage).  Written out: the forward's
+    host time."""
+    return (_is_grad_enabled() and (
+        first.requires_grad or (second is not None and second.requires_grad)
+        or (third is not None and third.requires_grad)
+    )) or _is_wrapped(first) or (second is not None and _is_wrapped(second)) or (
+        third is not None and _is_wrapped(third))
 
 
 def _eager_forward(x, weight, bias, stride, pads, dilation):
@@ -900,15 +972,32 @@ class _GroupNormFunction(torch.autograd.Function):
     """The eager path of the channels-last GroupNorm."""
 
     @staticmethod
-    def forward(ctx, x, num_groups, weight, bias, eps, activation):
-        y, mean, rstd = _gn_forward(x, num_groups, weight, bias, eps, activation)
-        ctx.save_for_backward(x, weight, bias, mean, rstd)
-        ctx.args = (num_groups, eps, activation)
-        return y
+    def forward(x, num_groups, weight, bias, eps, activation):
+        return _gn_forward(x, num_groups, weight, bias, eps, activation)
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def setup_context(ctx, inputs, output):
+        _group_norm_setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_mean, grad_rstd):
         return _gn_grads(ctx, grad_out, _gn_backward)
+
+    @staticmethod
+    def vmap(info, in_dims, x, num_groups, weight, bias, eps, activation):
+        # As the depthwise rules: the vmapped axis joins the batch (parameters not vmapped) or
+        # the channels (B * num_groups groups of the same size); mean and rstd follow.
+        batch = info.batch_size
+        x_dim, _, weight_dim, bias_dim = in_dims[:4]
+        if weight_dim is None and bias_dim is None:
+            outputs = _GroupNormFunction.apply(x.movedim(x_dim, 0).flatten(0, 1), num_groups, weight, bias, eps,
+                                               activation)
+            return tuple(t.unflatten(0, (batch, -1)) for t in outputs), (0, 0, 0)
+        weight = None if weight is None else _along(weight, weight_dim, batch).flatten(0, 1)
+        bias = None if bias is None else _along(bias, bias_dim, batch).flatten(0, 1)
+        outputs = _GroupNormFunction.apply(_into_channels(x, x_dim, batch), batch * num_groups, weight, bias, eps,
+                                           activation)
+        return tuple(t.unflatten(1, (batch, -1)) for t in outputs), (1, 1, 1)
 
 
 def _gn_grads(ctx, grad_out, backward):
@@ -918,7 +1007,7 @@ def _gn_grads(ctx, grad_out, backward):
     x, weight, bias, mean, rstd = ctx.saved_tensors
     num_groups, eps, activation = ctx.args
     needs = ctx.needs_input_grad
-    if _is_grad_enabled():
+    if _is_grad_enabled() or _is_wrapped(grad_out) or _is_wrapped(x):
         dx, dw, db = _group_norm_recorded_grads(grad_out, x, num_groups, weight, bias, eps, activation, needs)
     else:
         dx, dw, db = backward(grad_out, x, mean, rstd, num_groups, weight, bias, eps, activation)
@@ -931,24 +1020,32 @@ def _gn_grads(ctx, grad_out, backward):
 
 
 def _group_norm_recorded_grads(grad_out, x, num_groups, weight, bias, eps, activation, needs):
-    """(dx, dw, db) of a backward under create_graph=True (double backward), as
-    differentiable functions of grad_out and the inputs: y is computed again by
-    PyTorch's group_norm and activation from the saved inputs (which keep their
-    own history) in the kernels' precision (float32 for half types), and
-    differentiated with create_graph.  The first-order values are those of
-    PyTorch's kernels, not ours; our kernels have no second-order form."""
+    """(dx, dw, db) as differentiable functions of grad_out and the inputs, for a
+    backward under create_graph=True (double backward) or inside a torch.func
+    transform: PyTorch's group_norm and activation, recomputed from the saved
+    inputs (which keep their own history) in the kernels' precision (float32
+    for half types), through torch.func.vjp (which composes with both).  The
+    first-order values are PyTorch's, not our kernels'; those have no
+    second-order form."""
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
-    y = F.group_norm(x.to(compute), num_groups, None, None, eps)
-    if weight is not None:
-        y = y * weight.to(compute).reshape(shape)
-    if bias is not None:
-        y = y + bias.to(compute).reshape(shape)
-    y = _torch_activation(y, activation)
-    wanted = [t if t is not None and need else None for t, need in zip((x, weight, bias), needs[0:1] + needs[2:4])]
-    present = [t for t in wanted if t is not None]
-    grads = iter(torch.autograd.grad(y, present, grad_out.to(compute), create_graph=True, allow_unused=True))
-    return tuple(None if t is None else next(grads) for t in wanted)
+    wanted = [i for i, (t, need) in enumerate(zip((x, weight, bias), needs[0:1] + needs[2:4]))
+              if t is not None and need]
+
+    def group_norm(*tensors):
+        inputs = [x, weight, bias]
+        for i, t in zip(wanted, tensors):
+            inputs[i] = t
+        y = F.group_norm(inputs[0].to(compute), num_groups, None, None, eps)
+        if inputs[1] is not None:
+            y = y * inputs[1].to(compute).reshape(shape)
+        if inputs[2] is not None:
+            y = y + inputs[2].to(compute).reshape(shape)
+        return _torch_activation(y, activation)
+
+    _, vjp = torch.func.vjp(group_norm, *[(x, weight, bias)[i] for i in wanted])
+    grads = dict(zip(wanted, vjp(grad_out.to(compute))))
+    return tuple(grads.get(i) for i in range(3))
 
 
 # ---------------------------------------------------------------------------
@@ -1061,19 +1158,14 @@ def _group_norm_backward(ctx, grad_out, grad_mean, grad_rstd):
     return _gn_grads(ctx, grad_out, _op_group_norm_backward)
 
 
-def _backward_op_setup_context(ctx, inputs, output):
-    first, second, _, stride, padding, dilation = inputs
-    _save_backward_op(ctx, first, second, stride, padding, dilation)
-
-
 _CUSTOM_OPS = (_op_depthwise, _op_depthwise_backward_input, _op_depthwise_backward_weight)
 _op_depthwise.register_autograd(_depthwise_backward, setup_context=_depthwise_setup_context)
 _op_depthwise_backward_input.register_autograd(
     lambda ctx, grad_grad_x: _grads_of_backward_input(ctx, grad_grad_x, _CUSTOM_OPS),
-    setup_context=_backward_op_setup_context)
+    setup_context=_save_backward_op)
 _op_depthwise_backward_weight.register_autograd(
     lambda ctx, grad_grad_weight: _grads_of_backward_weight(ctx, grad_grad_weight, _CUSTOM_OPS),
-    setup_context=_backward_op_setup_context)
+    setup_context=_save_backward_op)
 _op_group_norm.register_autograd(_group_norm_backward, setup_context=_group_norm_setup_context)
 
 
@@ -1169,7 +1261,10 @@ def _torch_activation(y, activation):
 
 
 def _group_norm(x, num_groups, weight, bias, eps, activation):
-    if not _has_channels_last_memory(x):
+    # A torch.func transform's x goes to the Function (its vmap rule; the kernels copy it to
+    # channels-last where needed): vmap does not answer the memory-format query.
+    wrapped = not _is_compiling() and _is_wrapped(x)  # (dynamo does not trace the query)
+    if not wrapped and not _has_channels_last_memory(x):
         # Contiguous NCHW(D) with spatial > 1: PyTorch's own kernels (ours are channels-last).
         if weight is None and bias is not None:
             # A bias without a weight is added after PyTorch's group_norm: its own backward of
@@ -1181,12 +1276,8 @@ def _group_norm(x, num_groups, weight, bias, eps, activation):
     weight, bias = _fit_affine(x, weight, bias)
     if _is_compiling():
         return _op_group_norm(x, num_groups, weight, bias, eps, activation)[0]
-    if _is_grad_enabled() and (
-        x.requires_grad
-        or (weight is not None and weight.requires_grad)
-        or (bias is not None and bias.requires_grad)
-    ):
-        return _GroupNormFunction.apply(x, num_groups, weight, bias, eps, activation)
+    if _records(x, weight, bias):
+        return _GroupNormFunction.apply(x, num_groups, weight, bias, eps, activation)[0]
     return _gn_forward(x, num_groups, weight, bias, eps, activation, need_stats=False)[0]
 
 

@@ -552,6 +552,93 @@ def test_group_norm_gradgradcheck_other_ranks(rng, layout):
     assert torch.autograd.gradgradcheck(lambda x, w, b: dwt.group_norm(x, 2, w, b, activation="gelu"), inputs)
 
 
+# ---------------------------------------------------------------------------
+# CPU: torch.func transforms (grad, vmap over images or over parameters, per-example gradients)
+
+
+def _dw_functional(case, w_shape):
+    """(ours, PyTorch's) depthwise convolution of one case as functions of (x, w, b)."""
+    stride, pads, dilation = explicit(case, w_shape)
+    geo = dict(stride=case[3], padding=case[4], dilation=case[5])
+    return (lambda x, w, b: dwt.depthwise_conv2d(x, w, b, **geo)), (lambda x, w, b: torch_depthwise(x, w, b, **geo))
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("case", [DW_CASES[0], DW_CASES[1], DW_CASES[2]], ids=DW_IDS[:3])
+def test_depthwise_torch_func_transforms(rng, case, channels_last):
+    from torch import func
+
+    x, w, b, _ = dw_inputs(rng, case, channels_last=channels_last, batch=3)
+    b = b if b is not None else randn(rng, (w.shape[0],))
+    ours, theirs = _dw_functional(case, w.shape)
+    tol = 1e-12
+
+    def loss(conv):
+        return lambda w, b, x: conv(x, w, b).square().sum()
+
+    # grad, and per-example gradients: vmap(grad) over the images
+    for got, want in zip(func.grad(loss(ours), argnums=(0, 1, 2))(w, b, x),
+                         func.grad(loss(theirs), argnums=(0, 1, 2))(w, b, x)):
+        assert rel_error(got, want) <= tol
+    per_example = func.vmap(func.grad(loss(ours), argnums=(0, 1, 2)), in_dims=(None, None, 0))(w, b, x[:, None])
+    for i in range(x.shape[0]):
+        wants = func.grad(loss(theirs), argnums=(0, 1, 2))(w, b, x[i:i + 1])
+        for got, want in zip(per_example, wants):
+            assert rel_error(got[i], want) <= tol
+    # vmap over the images (the batch rule) and over an ensemble of filters (the channel rule)
+    assert rel_error(func.vmap(ours, in_dims=(0, None, None))(x[:, None], w, b), theirs(x, w, b)[:, None]) <= tol
+    ensemble = torch.stack([w, 2 * w, -w])
+    biases = torch.stack([b, b + 1, -b])
+    got = func.vmap(ours, in_dims=(None, 0, 0))(x, ensemble, biases)
+    for i in range(3):
+        assert rel_error(got[i], theirs(x, ensemble[i], biases[i])) <= tol
+    # jacrev of jacrev: vmap of the backward ops' rules
+    x_small = x[:1, :, :5, :5]
+    hessian = func.jacrev(func.jacrev(lambda w: ours(x_small, w, b).pow(3).sum()))(w)
+    want = func.jacrev(func.jacrev(lambda w: theirs(x_small, w, b).pow(3).sum()))(w)
+    assert rel_error(hessian, want) <= tol
+
+
+@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+def test_group_norm_torch_func_transforms(rng, affine):
+    from torch import func
+
+    x, w, b = gn_inputs(rng, "nhwc", shape=(3, 6, 4, 3))
+    w = w if affine in ("both", "weight") else None
+    b = b if affine == "both" else None
+
+    def ours(x, w, b):
+        return dwt.group_norm(x, 3, w, b, activation="silu")
+
+    def theirs(x, w, b):
+        return torch_group_norm(x, 3, w, b, 1e-5, "silu")
+
+    def loss(norm):
+        return lambda x, w, b: norm(x, w, b).pow(3).sum()
+
+    argnums = (0,) + ((1,) if w is not None else ()) + ((2,) if b is not None else ())
+    for got, want in zip(func.grad(loss(ours), argnums=argnums)(x, w, b),
+                         func.grad(loss(theirs), argnums=argnums)(x, w, b)):
+        assert rel_error(got, want) <= 1e-12
+    examples = x[:, None]  # (3, 1, 6, 4, 3): one image a vmapped example
+    assert rel_error(func.vmap(ours, in_dims=(0, None, None))(examples, w, b), theirs(x, w, b)[:, None]) <= 1e-12
+    per_example = func.vmap(func.grad(loss(ours), argnums=argnums), in_dims=(0, None, None))(examples, w, b)
+    for i in range(x.shape[0]):
+        for got, want in zip(per_example, func.grad(loss(theirs), argnums=argnums)(x[i:i + 1], w, b)):
+            assert rel_error(got[i], want) <= 1e-12
+    if w is not None:  # an ensemble of affine parameters: the channel rule
+        ensemble = torch.stack([w, 2 * w])
+        got = func.vmap(ours, in_dims=(None, 0, None))(x, ensemble, b)
+        for i in range(2):
+            assert rel_error(got[i], theirs(x, ensemble[i], b)) <= 1e-12
+
+
+def test_forward_mode_raises_a_clear_error(rng):
+    x, w, b, geo = dw_inputs(rng, DW_CASES[0])
+    with pytest.raises(NotImplementedError, match="jvp"):
+        torch.func.jvp(lambda w: dwt.depthwise_conv2d(x, w, b, **geo), (w,), (w,))
+
+
 def test_group_norm_contiguous_falls_back_to_torch(rng, monkeypatch):
     x = randn(rng, (2, 6, 4, 3), offset=3.0)
     w, b = randn(rng, (6,)), randn(rng, (6,))
@@ -1157,6 +1244,30 @@ def test_group_norm_cuda_gradient_penalty(rng, activation, dtype):
     want = penalty_grads(*(t.detach().cpu().double().requires_grad_() for t in (x, w, b)), v.cpu().double())
     for got_grad, want_grad, leaf in zip(got, want, (w, b, x)):
         assert got_grad.dtype == leaf.dtype and rel_error(got_grad, want_grad) <= 4 * TORCH_TOLERANCE[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_cuda_per_example_gradients_with_torch_func(rng, channels_last):
+    # vmap(grad) through the kernels (the vmap rules fold the examples into the batch or the
+    # channels) against each example's own autograd backward, float32.
+    from torch import func
+
+    x, w, b, geo = _gpu_dw_case(rng, DW_CASES[1], torch.float32, channels_last)
+    h, gamma, beta = gn_inputs(rng, "nhwc", dtype=torch.float32, device="cuda", shape=(3, 64, 13, 11))
+
+    def loss(w, b, gamma, beta, x, h):
+        y = dwt.depthwise_conv2d(x, w, b, **geo)
+        return y.square().sum() + dwt.group_norm(h, 8, gamma, beta, activation="silu").pow(3).sum()
+
+    params = (w, b, gamma, beta)
+    per_example = func.vmap(func.grad(loss, argnums=(0, 1, 2, 3)), in_dims=(None,) * 4 + (0, 0))(
+        *params, x[:, None], h[:, None])
+    for i in range(x.shape[0]):
+        leaves = [p.detach().clone().requires_grad_() for p in params]
+        loss(*leaves, x[i:i + 1], h[i:i + 1]).backward()
+        for got, leaf in zip(per_example, leaves):
+            assert rel_error(got[i], leaf.grad) <= 4 * TORCH_TOLERANCE[torch.float32]
 
 
 @pytest.mark.gpu
