@@ -193,10 +193,6 @@ def _depthwise_op(stride, padding, dilation, layout):
     def op(x, weight, bias):
         return forward(x, weight, bias)
 
-    def op_fwd(x, weight, bias):
-        # op itself, not forward: a higher-order derivative differentiates this rule too.
-        return op(x, weight, bias), (x, weight, bias)
-
     def op_bwd(residuals, grad):
         x, weight, bias = residuals
         grad = _on_device_of(grad, x)
@@ -215,17 +211,15 @@ def _depthwise_op(stride, padding, dilation, layout):
     def backward_pair(grad, x, weight):
         return backward(grad, x, weight)
 
-    def backward_pair_fwd(grad, x, weight):
-        return backward_pair(grad, x, weight), (grad, x, weight)
-
     def backward_pair_bwd(residuals, cotangents):
         grad, x, weight = residuals
         grad_grad_x, grad_grad_weight = (_on_device_of(c, x) for c in cotangents)
         d_x, d_weight = backward_pair(grad, grad_grad_x, grad_grad_weight)
         return op(grad_grad_x, weight, None) + op(x, grad_grad_weight, None), d_x, d_weight
 
-    op.defvjp(op_fwd, op_bwd)
-    backward_pair.defvjp(backward_pair_fwd, backward_pair_bwd)
+    # (op itself in its fwd rule, not forward: a higher-order derivative differentiates the rule too)
+    op.defvjp(_keeping_inputs(op), op_bwd)
+    backward_pair.defvjp(_keeping_inputs(backward_pair), backward_pair_bwd)
     return op
 
 
@@ -306,18 +300,12 @@ def _group_norm_op(num_groups, eps, activation):
     def forward_with_stats(x, weight, bias):
         return forward(x, weight, bias)
 
-    def forward_with_stats_fwd(x, weight, bias):
-        return forward_with_stats(x, weight, bias), (x, weight, bias)
-
     def forward_with_stats_bwd(residuals, cotangents):
         return jax.vjp(in_jax, *residuals)[1](cotangents)
 
     @jax.custom_vjp
     def backward_grads(grad, x, weight, bias, mean, rstd):
         return backward(grad, x, weight, bias, mean, rstd)
-
-    def backward_grads_fwd(grad, x, weight, bias, mean, rstd):
-        return backward_grads(grad, x, weight, bias, mean, rstd), (grad, x, weight, bias, mean, rstd)
 
     def backward_grads_bwd(residuals, cotangents):
         grad, x, weight, bias, mean, rstd = residuals
@@ -329,8 +317,8 @@ def _group_norm_op(num_groups, eps, activation):
         return grads + (jnp.zeros_like(mean), jnp.zeros_like(rstd))
 
     op.defvjp(op_fwd, op_bwd)
-    forward_with_stats.defvjp(forward_with_stats_fwd, forward_with_stats_bwd)
-    backward_grads.defvjp(backward_grads_fwd, backward_grads_bwd)
+    forward_with_stats.defvjp(_keeping_inputs(forward_with_stats), forward_with_stats_bwd)
+    backward_grads.defvjp(_keeping_inputs(backward_grads), backward_grads_bwd)
     return op
 
 
@@ -595,6 +583,11 @@ def _freeze(value):
     if isinstance(value, (list, tuple)):
         return tuple(_freeze(v) for v in value)
     return value
+
+
+def _keeping_inputs(function):
+    """A custom_vjp fwd rule: ``function``'s result, with its inputs as the residuals."""
+    return lambda *inputs: (function(*inputs), inputs)
 
 
 def _accumulator(dtype):

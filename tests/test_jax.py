@@ -468,6 +468,14 @@ def _penalty_grads(function, inputs, v, jit):
     return tuple(second(*inputs)) + (third(*inputs),)
 
 
+def _dw_penalty_grads(rng, place, shape, layout, w_shape, options, jit):
+    """(ours, jax.lax's) _penalty_grads of a depthwise case, its arrays put by ``place``."""
+    x, w, b = (place(a) for a in _dw_inputs(rng, shape, layout, w_shape))
+    v = place(random(rng, shape, F32))
+    got = _penalty_grads(lambda x, w, b: dwj.depthwise_conv2d(x, w, b, layout=layout, **options), (x, w, b), v, jit)
+    return got, _penalty_grads(lambda x, w, b: _lax_depthwise(x, w, b, layout=layout, **options), (x, w, b), v, False)
+
+
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("shape, layout, w_shape, options", DW_CASES, ids=["NCHW", "NHWC"])
 def test_depthwise_higher_order_matches_lax(fake, rng, shape, layout, w_shape, options, jit):
@@ -475,10 +483,7 @@ def test_depthwise_higher_order_matches_lax(fake, rng, shape, layout, w_shape, o
     # kernels again: here the reference ops) against jax.lax's convolution.
     if jit and dwj._buffer_callback is None:
         pytest.skip("this JAX has no jax.experimental.buffer_callback")
-    x, w, b = (_cpu(a) for a in _dw_inputs(rng, shape, layout, w_shape))
-    v = _cpu(random(rng, shape, F32))
-    got = _penalty_grads(lambda x, w, b: dwj.depthwise_conv2d(x, w, b, layout=layout, **options), (x, w, b), v, jit)
-    want = _penalty_grads(lambda x, w, b: _lax_depthwise(x, w, b, layout=layout, **options), (x, w, b), v, False)
+    got, want = _dw_penalty_grads(rng, _cpu, shape, layout, w_shape, options, jit)
     for got_grad, want_grad in zip(got, want):
         assert relative_error(got_grad, numpy.asarray(want_grad, numpy.float64)) < 1e-4
     assert "depthwise_conv2d_backward_weight" in fake.core.calls and (fake.traced > 0) == jit
@@ -714,10 +719,7 @@ def test_gpu_depthwise_and_group_norm_higher_order(rng, shape, layout, w_shape, 
     convolution and a two-pass GroupNorm in jnp, on the same GPU."""
     if jit and dwj._buffer_callback is None:
         pytest.skip("this JAX has no jax.experimental.buffer_callback")
-    x, w, b = (_gpu(a) for a in _dw_inputs(rng, shape, layout, w_shape))
-    v = _gpu(random(rng, shape, F32))
-    got = _penalty_grads(lambda x, w, b: dwj.depthwise_conv2d(x, w, b, layout=layout, **options), (x, w, b), v, jit)
-    want = _penalty_grads(lambda x, w, b: _lax_depthwise(x, w, b, layout=layout, **options), (x, w, b), v, False)
+    got, want = _dw_penalty_grads(rng, _gpu, shape, layout, w_shape, options, jit)
     h = _gpu(random(rng, (2, 6, 5, 32), F32))
     gamma, beta = _gpu(random(rng, (32,), F32, offset=1.0)), _gpu(random(rng, (32,), F32))
     u = _gpu(random(rng, h.shape, F32))
@@ -725,7 +727,7 @@ def test_gpu_depthwise_and_group_norm_higher_order(rng, shape, layout, w_shape, 
     want += _penalty_grads(lambda h, g, b: _two_pass_group_norm(h, 8, g, b, eps=1e-5, activation="silu"),
                            (h, gamma, beta), u, False)
     for got_grad, want_grad in zip(got, want):
-        _check_jax_out(got_grad, x)
+        _check_jax_out(got_grad, h)
         assert relative_error(_np(got_grad), _np(want_grad).astype(numpy.float64)) < 1e-4
 
 

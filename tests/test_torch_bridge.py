@@ -492,19 +492,30 @@ def _penalty_grads(conv, x, w, b, v):
     return first + (third,)
 
 
-@pytest.mark.parametrize("path", ["eager", "op"])
-@pytest.mark.parametrize("case", [DW_CASES[1], DW_CASES[4]], ids=[DW_IDS[1], DW_IDS[4]])
-def test_depthwise_gradient_penalty_matches_conv2d(rng, case, path):
-    x, w, b, geo = dw_inputs(rng, case, channels_last=True, size=(9, 8))
-    stride, pads, dilation = explicit(case, w.shape)
-    v = randn(rng, tuple(x.shape))
+def _dw_functional(case, w_shape, path="eager"):
+    """(ours on the eager or the custom-op path, PyTorch's) depthwise convolution of one
+    case as functions of (x, w, b)."""
+    stride, pads, dilation = explicit(case, w_shape)
+    geo = dict(stride=case[3], padding=case[4], dilation=case[5])
     ours = {
         "eager": lambda x, w, b: dwt.depthwise_conv2d(x, w, b, **geo),
         "op": lambda x, w, b: torch.ops.cupy_dwgn.depthwise_conv2d(x, w, b, stride, pads, dilation),
     }[path]
+    return ours, (lambda x, w, b: torch_depthwise(x, w, b, **geo))
+
+
+def _dw_penalty_grads(case, path, x, w, b, v, reference=lambda t: t.detach().clone()):
+    """(ours, PyTorch's) _penalty_grads of one case; PyTorch's on ``reference`` copies."""
+    ours, theirs = _dw_functional(case, w.shape, path)
     got = _penalty_grads(ours, *(t.detach().clone().requires_grad_() for t in (x, w, b)), v)
-    want = _penalty_grads(lambda x, w, b: torch_depthwise(x, w, b, **geo),
-                          *(t.detach().clone().requires_grad_() for t in (x, w, b)), v)
+    return got, _penalty_grads(theirs, *(reference(t).requires_grad_() for t in (x, w, b)), reference(v))
+
+
+@pytest.mark.parametrize("path", ["eager", "op"])
+@pytest.mark.parametrize("case", [DW_CASES[1], DW_CASES[4]], ids=[DW_IDS[1], DW_IDS[4]])
+def test_depthwise_gradient_penalty_matches_conv2d(rng, case, path):
+    x, w, b, _ = dw_inputs(rng, case, channels_last=True, size=(9, 8))
+    got, want = _dw_penalty_grads(case, path, x, w, b, randn(rng, tuple(x.shape)))
     for got_grad, want_grad in zip(got, want):
         assert rel_error(got_grad, want_grad) <= 1e-12
 
@@ -554,13 +565,6 @@ def test_group_norm_gradgradcheck_other_ranks(rng, layout):
 
 # ---------------------------------------------------------------------------
 # CPU: torch.func transforms (grad, vmap over images or over parameters, per-example gradients)
-
-
-def _dw_functional(case, w_shape):
-    """(ours, PyTorch's) depthwise convolution of one case as functions of (x, w, b)."""
-    stride, pads, dilation = explicit(case, w_shape)
-    geo = dict(stride=case[3], padding=case[4], dilation=case[5])
-    return (lambda x, w, b: dwt.depthwise_conv2d(x, w, b, **geo)), (lambda x, w, b: torch_depthwise(x, w, b, **geo))
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
@@ -1210,17 +1214,10 @@ def test_cuda_eager_and_op_paths_identical(rng):
 @pytest.mark.parametrize("case", DW_CASES, ids=DW_IDS)
 def test_depthwise_cuda_gradient_penalty(rng, case, channels_last, path):
     # Second- and third-order gradients through the kernels (float32) against float64 PyTorch.
-    x, w, b, geo = _gpu_dw_case(rng, case, torch.float32, channels_last)
+    x, w, b, _ = _gpu_dw_case(rng, case, torch.float32, channels_last)
     b = b if b is not None else torch.zeros(w.shape[0], device="cuda")
-    stride, pads, dilation = explicit(case, w.shape)
-    v = torch.randn_like(x)
-    ours = {
-        "eager": lambda x, w, b: dwt.depthwise_conv2d(x, w, b, **geo),
-        "op": lambda x, w, b: torch.ops.cupy_dwgn.depthwise_conv2d(x, w, b, stride, pads, dilation),
-    }[path]
-    got = _penalty_grads(ours, *(t.detach().clone().requires_grad_() for t in (x, w, b)), v)
-    want = _penalty_grads(lambda x, w, b: torch_depthwise(x, w, b, **geo),
-                          *(t.detach().cpu().double().requires_grad_() for t in (x, w, b)), v.cpu().double())
+    got, want = _dw_penalty_grads(case, path, x, w, b, torch.randn_like(x),
+                                  reference=lambda t: t.detach().cpu().double())
     for got_grad, want_grad in zip(got, want):
         assert got_grad.dtype == torch.float32 and rel_error(got_grad, want_grad) <= 4 * TORCH_TOLERANCE[torch.float32]
 
