@@ -45,6 +45,10 @@ backward ops are differentiable (their gradients are the same three kernels),
 so any order runs on cupy-dwgn's kernels; GroupNorm's backward under
 ``create_graph=True`` differentiates PyTorch's ``group_norm`` + activation,
 recomputed from the saved inputs in float32 (float64 for float64 x).
+``torch.func`` transforms (``grad``, ``vjp``, ``jacrev``, ``vmap``, per-example
+gradients as ``vmap(grad(...))``) work on the eager path: the vmap rules fold
+the vmapped axis into the batch or the channels of one kernel call.  Forward
+mode (``jvp``, ``jacfwd``) is not implemented.
 
 CUDA graphs: the calls can be captured (``torch.cuda.graph``,
 ``torch.cuda.make_graphed_callables``, ``torch.compile(mode="reduce-overhead")``),
